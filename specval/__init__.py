@@ -1,0 +1,3 @@
+"""specval: pre-registered statistical conformance tests for speculative-decoding samplers."""
+
+__version__ = "0.1.0"
