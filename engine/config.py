@@ -1,0 +1,134 @@
+"""Engine, speculative and model configuration: frozen, validated at construction.
+
+Every field is checked in `__post_init__`; a bad value raises ValueError naming the field and the
+value. Checks that need the model (``draft_loops < num_loops``) run when the engine is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("nospec", "sync", "async")
+IMPLEMENTED_MODES = ("nospec", "sync")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MODELS = ("looped",)
+
+
+def _require(condition: bool, name: str, value: object, rule: str) -> None:
+    if not condition:
+        raise ValueError(f"{name}={value!r} is invalid: {rule}")
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    _require(is_int and value >= minimum, name, value, f"expected an integer >= {minimum}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the looped transformer; the weights are built from `seed` unless loaded.
+
+    One loop applies the recurrent stack of `num_layers` layers once; the model has
+    `num_loops` depths, each with its own KV cache, and can read out logits after any of them.
+    """
+
+    vocab_size: int = 256
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_layers: int = 2
+    num_loops: int = 4
+    intermediate_size: int = 384
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    eos_token_id: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_heads", "num_layers", "num_loops",
+                     "intermediate_size"):
+            _require_int(name, getattr(self, name), 1)
+        _require_int("seed", self.seed, 0)
+        _require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
+                 f"must be divisible by num_heads={self.num_heads}")
+        _require((self.hidden_size // self.num_heads) % 2 == 0, "num_heads", self.num_heads,
+                 "head size must be even for rotary embeddings")
+        _require(0 <= self.eos_token_id < self.vocab_size, "eos_token_id", self.eos_token_id,
+                 f"must lie in [0, vocab_size={self.vocab_size})")
+        _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
+        _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_depths(self) -> int:
+        return self.num_loops
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Block speculation: `num_speculative_tokens` drafts read out after `draft_loops` loops."""
+
+    num_speculative_tokens: int = 3
+    draft_loops: int = 2
+
+    def __post_init__(self) -> None:
+        _require_int("num_speculative_tokens", self.num_speculative_tokens, 0)
+        _require_int("draft_loops", self.draft_loops, 1)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs; unknown keyword arguments are a TypeError.
+
+    `model_config=None` loads the committed default weights of `model`; a ModelConfig builds
+    random weights from its seed. `seed` is the source of the seeds that the engine assigns to
+    random requests submitted without one (see docs/engine.md, "RNG consumption").
+    """
+
+    model: str = "looped"
+    dtype: str = "float32"
+    mode: str = "sync"
+    num_speculative_tokens: int = 3
+    draft_loops: int = 2
+    device: str = "cpu"
+    seed: int = 0
+    model_config: ModelConfig | None = None
+    block_size: int = 16
+    num_kv_blocks: int = 16384
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 16384
+    max_model_len: int = 2048
+    sampling_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
+        _require(self.dtype in DTYPES, "dtype", self.dtype, f"expected one of {tuple(DTYPES)}")
+        _require(self.mode in MODES, "mode", self.mode, f"expected one of {MODES}")
+        _require(isinstance(self.device, str) and bool(self.device), "device", self.device,
+                 "expected a torch device string such as 'cpu' or 'cuda'")
+        _require(self.model_config is None or isinstance(self.model_config, ModelConfig),
+                 "model_config", self.model_config, "expected a ModelConfig or None")
+        _require_int("seed", self.seed, 0)
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens",
+                     "max_model_len"):
+            _require_int(name, getattr(self, name), 1)
+        SpeculativeConfig(self.num_speculative_tokens, self.draft_loops)
+        _require(self.max_num_batched_tokens >= self.num_speculative_tokens + 1,
+                 "max_num_batched_tokens", self.max_num_batched_tokens,
+                 f"must be >= num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}")
+
+    @property
+    def speculative(self) -> SpeculativeConfig:
+        return SpeculativeConfig(self.num_speculative_tokens, self.draft_loops)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.mode != "nospec"

@@ -1,0 +1,83 @@
+"""Paged KV cache: per-layer block pools shared by all depths, one block table per depth.
+
+A block holds `block_size` consecutive positions of one (sequence, depth) for every layer of that
+depth. A sequence owns `num_depths` block tables; the shallow depths of a speculative round may
+hold more positions than the deep ones until the round is committed and the rejected tail is
+truncated.
+
+Capacity is reserved at admission (`reserve`): a request is admitted only if its worst case fits
+next to every admitted request's worst case, so `grow` never runs out of blocks mid-round and a
+full pool makes requests queue instead of corrupting anyone's cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of the cache; `num_blocks` counts blocks over all depths together."""
+
+    num_blocks: int
+    block_size: int
+    num_layers: int  # layers per depth
+    num_heads: int
+    head_size: int
+
+
+class PagedKVCache:
+    """Key/value block pools (`key[layer]`, `value[layer]`: [num_blocks, block_size, heads, head])."""
+
+    def __init__(self, layout: KVLayout, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (layout.num_blocks, layout.block_size, layout.num_heads, layout.head_size)
+        self.layout = layout
+        self.key = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
+        self.value = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
+
+
+class BlockManager:
+    """Allocates blocks to per-depth block tables; enforces per-request reservations."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free = list(range(num_blocks - 1, -1, -1))  # stack: pop() hands out low ids first
+        self.num_reserved = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, num_positions: int) -> int:
+        return -(-num_positions // self.block_size)
+
+    def can_reserve(self, num_blocks: int) -> bool:
+        return self.num_reserved + num_blocks <= self.num_blocks
+
+    def reserve(self, num_blocks: int) -> None:
+        if not self.can_reserve(num_blocks):
+            raise RuntimeError(f"cannot reserve {num_blocks} blocks: {self.num_reserved} of "
+                               f"{self.num_blocks} already reserved")
+        self.num_reserved += num_blocks
+
+    def grow(self, table: list[int], num_positions: int) -> None:
+        """Append blocks to `table` until it holds `num_positions` positions."""
+        while len(table) < self.blocks_for(num_positions):
+            if not self._free:
+                raise RuntimeError("block pool exhausted despite reservation (accounting bug)")
+            table.append(self._free.pop())
+
+    def truncate(self, table: list[int], num_positions: int) -> None:
+        """Free the blocks of `table` that lie wholly beyond the first `num_positions` positions."""
+        keep = self.blocks_for(num_positions)
+        while len(table) > keep:
+            self._free.append(table.pop())
+
+    def release(self, tables: list[list[int]], num_reserved: int) -> None:
+        """Free every block of a finished request and drop its reservation."""
+        for table in tables:
+            self.truncate(table, 0)
+        self.num_reserved -= num_reserved
