@@ -175,7 +175,7 @@ def dequantize(contents: GGUFContents, name: str) -> torch.Tensor:
     tensor = contents.tensors[name]
     shape = tuple(int(n) for n in reversed(tensor.shape))
     values = quants.dequantize(tensor.data, tensor.tensor_type)
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32).reshape(shape))
+    return torch.from_numpy(np.array(values, dtype=np.float32, copy=True).reshape(shape))
 
 
 def permute_rotary(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
