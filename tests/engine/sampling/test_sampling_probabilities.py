@@ -1,0 +1,139 @@
+"""batched_probabilities vs the row-wise reference Sampler, on both backends.
+
+Inputs are drawn with fixed seeds; the comparison asks for the same support (exactly) and
+values within float32 rounding (rtol 1e-5). Random logits put no token within rounding of a
+top-p boundary except with negligible probability; the tied cases are built on purpose.
+"""
+
+import pytest
+import torch
+
+from conftest import generator
+from engine.params import SamplingParams
+from engine.sampling import Sampler, batched_probabilities
+
+RTOL, ATOL = 1e-5, 1e-7
+
+
+def row_params(temperature, top_k, top_p):
+    return [
+        SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p))
+        for t, k, p in zip(temperature.tolist(), top_k.tolist(), top_p.tolist())
+    ]
+
+
+def assert_matches_reference(logits, temperature, top_k, top_p, backend):
+    out = batched_probabilities(logits, temperature, top_k, top_p, backend=backend)
+    assert out.dtype == torch.float32 and out.shape == logits.shape
+    for b, params in enumerate(row_params(temperature, top_k, top_p)):
+        ref = Sampler().probabilities(logits[b], params)
+        assert torch.equal(out[b] > 0, ref > 0), f"row {b} ({params}): support differs"
+        torch.testing.assert_close(out[b], ref, rtol=RTOL, atol=ATOL, msg=f"row {b}")
+    return out
+
+
+def params(temps, ks, ps):
+    return (
+        torch.tensor(temps, dtype=torch.float32),
+        torch.tensor(ks, dtype=torch.int64),
+        torch.tensor(ps, dtype=torch.float32),
+    )
+
+
+def test_mixed_rows(backend):
+    """Greedy, truncating and non-truncating rows in one batch; V is not a power of two."""
+    logits = torch.randn(8, 300, generator=generator(1)) * 4
+    t, k, p = params(
+        [1.0, 0.0, 0.7, 1.3, 1.0, 0.0, 2.0, 1.0],
+        [-1, -1, 20, 0, 5, 3, 299, 1],
+        [1.0, 1.0, 0.8, 0.5, 1.0, 0.3, 0.95, 1.0],
+    )
+    assert_matches_reference(logits, t, k, p, backend)
+
+
+def test_tied_logits_keep_all_ties(backend):
+    """Integer logits tie heavily: top-k and top-p keep every token tied at the cut."""
+    logits = torch.randint(0, 6, (6, 257), generator=generator(2)).float()
+    t, k, p = params([1.0] * 6, [1, 3, 10, -1, 40, 2], [1.0, 1.0, 0.5, 0.2, 0.7, 0.9])
+    out = assert_matches_reference(logits, t, k, p, backend)
+    top = logits[0].max()
+    assert int((out[0] > 0).sum()) == int((logits[0] == top).sum())  # all ties of the max
+
+
+def test_greedy_ties_pick_lowest_index(backend):
+    logits = torch.zeros(3, 130)
+    logits[0, [7, 90]] = 5.0
+    logits[1, [0, 129]] = 1.0
+    logits[2, 64:] = 2.0
+    t, k, p = params([0.0, 0.0, 0.0], [-1, 3, -1], [1.0, 0.5, 1.0])
+    out = batched_probabilities(logits, t, k, p, backend=backend)
+    assert out.argmax(1).tolist() == [7, 0, 64]
+    assert torch.equal(out.sum(1), torch.ones(3)) and int((out > 0).sum()) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits(backend, dtype):
+    logits = (torch.randn(4, 200, generator=generator(3)) * 3).to(dtype)
+    t, k, p = params([1.0, 0.0, 0.5, 1.0], [10, -1, -1, 50], [0.9, 1.0, 0.6, 1.0])
+    assert_matches_reference(logits, t, k, p, backend)
+
+
+def test_extreme_temperatures_and_disabled_limits(backend):
+    """Temperatures 1e-3 and 100, k >= V, p = 1 and a tiny p."""
+    logits = torch.randn(6, 211, generator=generator(4)) * 2
+    t, k, p = params(
+        [1e-3, 100.0, 1.0, 1.0, 1.0, 100.0],
+        [-1, -1, 211, 1000, -1, 7],
+        [0.9, 0.9, 1.0, 1.0, 1e-6, 1.0],
+    )
+    out = assert_matches_reference(logits, t, k, p, backend)
+    assert int((out[4] > 0).sum()) == 1  # tiny p keeps only the most probable token
+    assert int((out[3] > 0).sum()) == 211  # k >= V keeps everything
+
+
+def test_large_vocab_torch():
+    """V = 152064 (Qwen-sized) on the torch backend; the Triton kernel at this size is a GPU test."""
+    logits = torch.randn(3, 152064, generator=generator(5)) * 3
+    t, k, p = params([1.0, 0.8, 1.0], [50, -1, 1000], [0.9, 0.95, 1.0])
+    assert_matches_reference(logits, t, k, p, "torch")
+
+
+def test_inputs_not_modified(backend):
+    logits = torch.randn(4, 100, generator=generator(6)).to(torch.bfloat16)
+    t, k, p = params([1.0, 0.0, 0.5, 2.0], [5, -1, 0, 3], [0.9, 1.0, 0.3, 1.0])
+    copies = [x.clone() for x in (logits, t, k, p)]
+    batched_probabilities(logits, t, k, p, backend=backend)
+    for before, after in zip(copies, (logits, t, k, p)):
+        assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: {**a, "logits": a["logits"].long()}, "logits has dtype"),
+        (lambda a: {**a, "logits": a["logits"][0]}, "logits must have 2"),
+        (lambda a: {**a, "logits": a["logits"].t()}, "logits must be contiguous"),
+        (lambda a: {**a, "temperature": a["temperature"].double()}, "temperature has dtype"),
+        (lambda a: {**a, "top_k": a["top_k"][:1]}, "top_k has 1 elements"),
+        (lambda a: {**a, "top_p": a["top_p"].half()}, "top_p has dtype"),
+        (lambda a: {**a, "logits": a["logits"][:, :0]}, "empty vocabulary"),
+        (lambda a: {**a, "backend": "cuda"}, "backend='cuda'"),
+        (lambda a: {**a, "top_p": a["top_p"].to("meta")}, "top_p is on meta"),
+    ],
+)
+def test_bad_arguments(change, message):
+    t, k, p = params([1.0, 1.0], [5, -1], [0.9, 1.0])
+    args = {"logits": torch.randn(2, 8), "temperature": t, "top_k": k, "top_p": p}
+    args = change(args)
+    with pytest.raises(ValueError, match=message):
+        batched_probabilities(
+            args["logits"], args["temperature"], args["top_k"], args["top_p"],
+            backend=args.get("backend", "torch"),
+        )
+
+
+def test_env_var_sets_auto_default(monkeypatch):
+    monkeypatch.setenv("ENGINE_SAMPLING_BACKEND", "bogus")
+    t, k, p = params([1.0], [5], [0.9])
+    with pytest.raises(ValueError, match="ENGINE_SAMPLING_BACKEND='bogus'"):
+        batched_probabilities(torch.randn(1, 8), t, k, p)
