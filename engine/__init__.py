@@ -2,3 +2,11 @@
 
 The engine never imports specval.
 """
+
+from engine.api import LLM, Engine
+from engine.config import EngineConfig, ModelConfig, SpeculativeConfig
+from engine.params import SamplingParams
+from engine.request import RequestOutput
+
+__all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams",
+           "SpeculativeConfig"]

@@ -1,0 +1,206 @@
+"""Public entry points: `Engine` (add_request / step / abort / close) and `LLM.generate`.
+
+Admission checks every request on the host and raises ValueError naming the field and value;
+nothing is queued for a rejected request. Finished, aborted and failed requests free their KV
+blocks; the other requests keep running with their outputs intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from engine.config import IMPLEMENTED_MODES, EngineConfig
+from engine.kv_cache import BlockManager, KVLayout, PagedKVCache
+from engine.models.loader import build_model
+from engine.models.tokenizer import ByteTokenizer
+from engine.params import SamplingParams
+from engine.request import Request, RequestOutput
+from engine.runners.plain import PlainRunner
+from engine.runners.speculative import SpeculativeRunner
+from engine.scheduler import Scheduler, SchedulerLimits
+
+MAX_ASSIGNED_SEED = 2**63 - 1  # assigned seeds are drawn uniformly from [0, MAX_ASSIGNED_SEED)
+
+
+class Engine:
+    """A continuous-batching engine over one model (see docs/engine.md)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if not isinstance(config, EngineConfig):
+            raise ValueError(f"config={config!r} is invalid: expected an EngineConfig")
+        if config.mode not in IMPLEMENTED_MODES:
+            raise NotImplementedError(f"mode={config.mode!r} is not implemented yet; "
+                                      f"supported modes: {IMPLEMENTED_MODES}")
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = build_model(config)
+        if config.is_speculative and config.draft_loops >= self.model.num_depths:
+            raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
+                             f"loops ({self.model.num_depths})")
+        self.tokenizer = ByteTokenizer()
+        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks, config.block_size,
+                                        self.model.num_layers_per_depth, self.model.num_kv_heads,
+                                        self.model.head_size), config.torch_dtype, self.device)
+        self.scheduler = Scheduler(self._limits(), BlockManager(config.num_kv_blocks, config.block_size))
+        self.runner = self._runner()
+        self._requests: dict[str, Request] = {}
+        self._seed_source = np.random.default_rng(config.seed)
+
+    def _limits(self) -> SchedulerLimits:
+        k = self.config.num_speculative_tokens if self.config.is_speculative else 0
+        return SchedulerLimits(self.config.max_num_seqs, self.config.max_num_batched_tokens, k,
+                               self.model.eos_token_id)
+
+    def _runner(self) -> PlainRunner | SpeculativeRunner:
+        args = (self.model, self.kv, self.device, self.config.sampling_backend)
+        if not self.config.is_speculative:
+            return PlainRunner(*args)
+        return SpeculativeRunner(*args, num_speculative_tokens=self.config.num_speculative_tokens,
+                                 draft_depth=self.config.draft_loops)
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int],
+                    params: SamplingParams) -> None:
+        """Validate and queue a request (ValueError naming the field on bad input)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id={request_id!r} is invalid: expected a non-empty str")
+        if request_id in self._requests:
+            raise ValueError(f"request_id={request_id!r} is still in use")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params={params!r} is invalid: expected a SamplingParams")
+        request = Request(request_id, self.prompt_token_ids(prompt), params, self._seed_for(params),
+                          self.model.num_depths)
+        self._check_fits(request)
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+
+    def prompt_token_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or len(ids) == 0:
+            raise ValueError(f"prompt={prompt!r} is invalid: expected a non-empty str or list of ids")
+        vocab = self.model.vocab_size
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+               or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt contains token ids outside [0, {vocab}): {bad[:5]}")
+        return [int(t) for t in ids]
+
+    def _seed_for(self, params: SamplingParams) -> int | None:
+        """The request's stream: its own seed, else (random requests) the next engine seed."""
+        if params.seed is not None or params.is_greedy:
+            return params.seed
+        return int(self._seed_source.integers(0, MAX_ASSIGNED_SEED))
+
+    def _check_fits(self, request: Request) -> None:
+        config, length = self.config, len(request.prompt_token_ids) + request.params.max_tokens
+        if length > config.max_model_len:
+            raise ValueError(f"max_tokens={request.params.max_tokens} is invalid: prompt "
+                             f"({len(request.prompt_token_ids)}) + max_tokens exceeds "
+                             f"max_model_len={config.max_model_len}")
+        needed = self.scheduler.worst_case_blocks(request)
+        if needed > config.num_kv_blocks:
+            raise ValueError(f"num_kv_blocks={config.num_kv_blocks} is too small: the request needs "
+                             f"{needed} blocks")
+        step_cost = len(request.prompt_token_ids) + self.scheduler.limits.num_speculative_tokens
+        if step_cost > config.max_num_batched_tokens:
+            raise ValueError(f"prompt of {len(request.prompt_token_ids)} tokens is too long for "
+                             f"max_num_batched_tokens={config.max_num_batched_tokens}")
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step (prefill newcomers, one round for every scheduled request)."""
+        batch = self.scheduler.schedule()
+        if not batch.is_empty:
+            self.runner.prefill(batch.prefill)
+            outcomes = self.runner.run(batch.decode, batch.num_drafts)
+            for request, outcome in zip(batch.decode, outcomes):
+                self._commit(request, outcome)
+        finished = self.scheduler.take_finished()
+        for output in finished:
+            del self._requests[output.request_id]
+        return finished
+
+    def _commit(self, request: Request, outcome) -> None:
+        request.num_rounds += 1
+        request.num_draft_tokens += outcome.num_drafts
+        request.num_accepted_tokens += outcome.num_accepted
+        if outcome.is_error:
+            self.scheduler.finish(request, "error")
+        else:
+            self.scheduler.commit(request, list(outcome.tokens), list(outcome.sources))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a live request; its output (finish_reason "abort") comes from the next step."""
+        if request_id not in self._requests:
+            raise ValueError(f"request_id={request_id!r} is not a live request")
+        self.scheduler.abort(self._requests[request_id])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def close(self) -> None:
+        """Abort everything still live and release the cache."""
+        for request_id in list(self._requests):
+            self.abort(request_id)
+        self.scheduler.take_finished()
+        self._requests.clear()
+        self.kv = None
+
+
+ProgressCallback = Callable[[int, int], None]  # (num_finished, num_total)
+
+
+class LLM:
+    """Offline batch generation over an `Engine`, plus serial reference logits."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.engine = Engine(config if config is not None else EngineConfig())
+        self.tokenizer = self.engine.tokenizer
+        self._num_calls = 0
+
+    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 progress: ProgressCallback | None = None) -> list[RequestOutput]:
+        """Generate for every prompt (continuous batching); outputs are in input order."""
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise ValueError("prompts is invalid: expected a list of str or a list of token-id lists")
+        per_prompt = self._params_list(params, len(prompts))
+        self._num_calls += 1
+        ids = [f"generate-{self._num_calls}-{i}" for i in range(len(prompts))]
+        for request_id, prompt, request_params in zip(ids, prompts, per_prompt):
+            self.engine.add_request(request_id, prompt, request_params)
+        outputs: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished():
+            for output in self.engine.step():
+                outputs[output.request_id] = output
+            if progress is not None:
+                progress(len(outputs), len(ids))
+        return [outputs[request_id] for request_id in ids]
+
+    @staticmethod
+    def _params_list(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        params = list(params)
+        if len(params) != count:
+            raise ValueError(f"params has {len(params)} entries for {count} prompts")
+        return params
+
+    def full_depth_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """float32[V]: next-token logits after `token_ids` at full depth (serial, cache-free)."""
+        return self._replay_logits(token_ids, self.engine.model.num_depths)
+
+    def draft_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """float32[V]: next-token logits after `token_ids` at the draft depth (draft_loops)."""
+        return self._replay_logits(token_ids, self.engine.config.draft_loops)
+
+    def _replay_logits(self, token_ids: Sequence[int], depth: int) -> torch.Tensor:
+        ids = torch.tensor(self.engine.prompt_token_ids(token_ids), dtype=torch.int64,
+                           device=self.engine.device)
+        return self.engine.model.replay(ids, depth).logits[-1, -1].cpu()
+
+    def close(self) -> None:
+        self.engine.close()

@@ -1,0 +1,115 @@
+"""What every runner shares: the model, the paged KV, prefill, depth ranges and per-row params.
+
+A runner turns a scheduled batch into one `RoundOutcome` per request. Device work lives in
+methods that take and return tensors; the only host reads of a step happen in `collect`-style
+functions at the end (`RoundOutcome`s are built from one `.tolist()` per result tensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv_cache import PagedKVCache
+from engine.models.base import DepthModel
+from engine.request import Request
+from engine.runners.layout import RowLayout, depth_metadata, layout_rows
+from engine.sampling import uniform_blocks
+
+GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume no stream
+GREEDY_SEED = 0  # placeholder seed of greedy rows (their uniforms are never used)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one request got from one step (host values, read once in `collect`)."""
+
+    tokens: tuple[int, ...]  # emitted tokens, in order
+    sources: tuple[str, ...]  # one of engine.request.SOURCES per token
+    num_drafts: int  # K_r
+    num_accepted: int
+    is_error: bool  # the round hit an invalid distribution; the request fails
+
+
+@dataclass(frozen=True)
+class SamplingRows:
+    """Per-request sampling parameters of one step as device tensors."""
+
+    temperature: torch.Tensor  # float32[R]
+    top_k: torch.Tensor  # int64[R]
+    top_p: torch.Tensor  # float32[R]
+    is_greedy: torch.Tensor  # bool[R]
+    seeds: torch.Tensor  # int64[R] request streams (GREEDY_SEED for greedy rows)
+    num_committed: torch.Tensor  # int64[R] committed tokens (prompt + generated) at step start
+
+    @classmethod
+    def from_requests(cls, requests: tuple[Request, ...], device: torch.device) -> "SamplingRows":
+        params = [request.params for request in requests]
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperature=tensor([p.temperature for p in params], torch.float32),
+            top_k=tensor([p.top_k for p in params], torch.int64),
+            top_p=tensor([p.top_p for p in params], torch.float32),
+            is_greedy=tensor([p.is_greedy for p in params], torch.bool),
+            seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
+            num_committed=tensor([len(r.token_ids) for r in requests], torch.int64))
+
+    def repeat(self, counts: torch.Tensor) -> "SamplingRows":
+        """Row r repeated counts[r] times (e.g. once per verify row)."""
+        return SamplingRows(*(torch.repeat_interleave(t, counts) for t in (
+            self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds,
+            self.num_committed)))
+
+    def select(self, index: torch.Tensor) -> "SamplingRows":
+        return SamplingRows(self.temperature[index], self.top_k[index], self.top_p[index],
+                            self.is_greedy[index], self.seeds[index], self.num_committed[index])
+
+
+class ModelRunner:
+    """Holds the model and its KV; runs depth ranges over laid-out rows."""
+
+    def __init__(self, model: DepthModel, kv: PagedKVCache, device: torch.device,
+                 sampling_backend: str) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = device
+        self.block_size = kv.layout.block_size
+        self.sampling_backend = sampling_backend
+
+    def layout(self, starts: list[int], lengths: list[int]) -> RowLayout:
+        return layout_rows(starts, lengths, self.block_size, self.device)
+
+    def run_depths(self, hidden: torch.Tensor, layout: RowLayout, requests: tuple[Request, ...],
+                   first: int, last: int) -> torch.Tensor:
+        """Apply depths first..last (1-based, inclusive) to hidden[N, D]; writes their KV."""
+        for depth in range(first, last + 1):
+            tables = [request.block_tables[depth - 1] for request in requests]
+            metadata = depth_metadata(layout, tables)
+            hidden = self.model.forward_depth(depth, hidden, layout.positions, metadata, self.kv)
+        return hidden
+
+    @torch.inference_mode()
+    def prefill(self, requests: tuple[Request, ...]) -> None:
+        """Compute every depth's KV for all committed tokens but the last of each request."""
+        requests = tuple(r for r in requests if r.num_computed > 0)
+        if not requests:
+            return
+        lengths = [r.num_computed for r in requests]
+        layout = self.layout([0] * len(requests), lengths)
+        tokens = torch.tensor([t for r in requests for t in r.token_ids[:-1]], dtype=torch.int64,
+                              device=self.device)
+        self.run_depths(self.model.embed(tokens), layout, requests, 1, self.model.num_depths)
+
+    def uniforms(self, rows: SamplingRows, width: int) -> torch.Tensor:
+        """float64[R, width]: each random request's block for this step, keyed by
+        (seed, committed tokens); greedy rows get GREEDY_UNIFORM and consume nothing."""
+        block = uniform_blocks(rows.seeds, rows.num_committed, width)
+        return torch.where(rows.is_greedy[:, None], GREEDY_UNIFORM, block).contiguous()
+
+    def last_tokens(self, requests: tuple[Request, ...]) -> torch.Tensor:
+        """int64[R] the last committed token of each request (its next input)."""
+        return torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64, device=self.device)

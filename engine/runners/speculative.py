@@ -1,0 +1,158 @@
+"""Synchronous block speculation: draft -> verify -> accept -> commit, one round per step.
+
+For request r with K_r drafts (0 <= K_r <= K), committed tokens c_1..c_n and input t_0 = c_n:
+1. draft: for j = 1..K_r, run depths 1..draft_depth on t_{j-1} at position n-1+j-1, read out
+   q_j and sample x_j = t_j = categorical(q_j, u[j-1]); the shallow hidden state is kept.
+2. verify: run depths 1..draft_depth on t_{K_r} (the last draft's own shallow pass), then depths
+   draft_depth+1..D on all K_r+1 rows t_0..t_{K_r}, continuing from the kept shallow states, and
+   read out p_1..p_{K_r+1}. Each depth is computed once per position; the shallow KV written
+   while drafting is the KV the verify rows attend to.
+3. accept: `speculative_accept` with the request's block u[0:2K+1].
+4. commit (scheduler): append x_1..x_m and the correction/bonus; truncate the KV to the new
+   committed length minus one, which drops the rejected tail at every depth.
+
+RNG: each random request draws exactly one block uniform_blocks(seed, n, 2K+1) per round, with
+n its committed tokens at the start of the round and K the configured K (also when K_r < K):
+u[0:K] sample drafts, u[K:2K] are the accept tests, u[2K] the correction or bonus.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows
+from engine.sampling import (PLACEHOLDER_TOKEN, AcceptResult, batched_probabilities,
+                             categorical, speculative_accept)
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """Draft step j of a round: the requests with K_r >= j."""
+
+    requests: tuple[Request, ...]
+    active: torch.Tensor  # int64[A] indices of those requests in the round
+    draft_rows: torch.Tensor  # int64[A] flat draft row cu[r] + j - 1
+    verify_rows: torch.Tensor  # int64[A] verify row of t_{j-1}: cu[r] + r + j - 1
+    starts: list[int]  # position of t_{j-1}
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """Everything about a round's shape that the host knows before any device work."""
+
+    num_drafts: tuple[int, ...]  # K_r
+    num_speculative_tokens: int  # K, the width of the uniform block is 2K + 1
+    cu_num_drafts: torch.Tensor  # int64[R+1]
+    num_drafts_t: torch.Tensor  # int64[R]
+    steps: tuple[DraftStep, ...]  # j = 1..max K_r
+    last_rows: torch.Tensor  # int64[R] verify row of t_{K_r}: cu[r+1] + r
+    flat_request: torch.Tensor  # int64[N] request of each flat draft
+    flat_index: torch.Tensor  # int64[N] j - 1 of each flat draft
+
+
+@dataclass(frozen=True)
+class Drafts:
+    tokens: torch.Tensor  # int64[R, max(K, 1)] x_j at column j - 1, PLACEHOLDER_TOKEN beyond K_r
+    probs: torch.Tensor  # float32[N, V] q_j per flat draft row
+    shallow: torch.Tensor  # [N + R, D] hidden after draft_depth for each verify row (last rows unset)
+
+
+def plan_round(requests: tuple[Request, ...], num_drafts: tuple[int, ...], k: int,
+               device: torch.device) -> RoundPlan:
+    counts = torch.tensor(num_drafts, dtype=torch.int64, device=device)
+    cu = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    index = torch.arange(len(requests), device=device)
+    steps = []
+    for j in range(1, max(num_drafts, default=0) + 1):
+        active = [i for i, n in enumerate(num_drafts) if n >= j]
+        active_t = torch.tensor(active, dtype=torch.int64, device=device)
+        steps.append(DraftStep(tuple(requests[i] for i in active), active_t,
+                               cu[active_t] + j - 1, cu[active_t] + active_t + j - 1,
+                               [requests[i].num_computed + j - 1 for i in active]))
+    flat_request = torch.repeat_interleave(index, counts)
+    return RoundPlan(tuple(num_drafts), k, cu, counts, tuple(steps), cu[1:] + index,
+                     flat_request, torch.arange(flat_request.numel(), device=device) - cu[flat_request])
+
+
+class SpeculativeRunner(ModelRunner):
+    """Runs one synchronous speculative round for a batch of requests."""
+
+    def __init__(self, *args, num_speculative_tokens: int, draft_depth: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_speculative_tokens = num_speculative_tokens
+        self.draft_depth = draft_depth
+
+    def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[RoundOutcome]:
+        with torch.inference_mode():
+            plan = plan_round(requests, num_drafts, self.num_speculative_tokens, self.device)
+            rows = SamplingRows.from_requests(requests, self.device)
+            uniforms = self.uniforms(rows, 2 * self.num_speculative_tokens + 1)
+            drafts = self.draft(requests, plan, rows, uniforms)
+            target_probs = self.verify(requests, plan, rows, drafts)
+            result = self.accept(plan, rows, drafts, target_probs, uniforms)
+            return collect(plan, result)
+
+    def draft(self, requests: tuple[Request, ...], plan: RoundPlan, rows: SamplingRows,
+              uniforms: torch.Tensor) -> Drafts:
+        num_rows = sum(plan.num_drafts)
+        tokens = torch.full((len(requests), max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN,
+                            dtype=torch.int64, device=self.device)
+        probs = torch.empty(num_rows, self.model.vocab_size, device=self.device)
+        shallow = None
+        inputs = self.last_tokens(requests)
+        for j, step in enumerate(plan.steps, start=1):
+            step_inputs = inputs[step.active] if j == 1 else tokens[step.active, j - 2]
+            layout = self.layout(step.starts, [1] * len(step.requests))
+            hidden = self.model.embed(step_inputs.clamp(min=0))
+            hidden = self.run_depths(hidden, layout, step.requests, 1, self.draft_depth)
+            if shallow is None:
+                shallow = hidden.new_empty(num_rows + len(requests), hidden.shape[-1])
+            shallow[step.verify_rows] = hidden
+            q = self._probs(hidden, rows.select(step.active))
+            probs[step.draft_rows] = q
+            tokens[step.active, j - 1] = categorical(q, uniforms[step.active, j - 1].contiguous(),
+                                                     backend=self.sampling_backend)
+        return Drafts(tokens, probs, shallow)
+
+    def verify(self, requests: tuple[Request, ...], plan: RoundPlan, rows: SamplingRows,
+               drafts: Drafts) -> torch.Tensor:
+        """float32[N + R, V]: p_1..p_{K_r+1} of every request, packed in request order."""
+        count = len(requests)
+        chain = torch.cat([self.last_tokens(requests)[:, None], drafts.tokens], dim=1)
+        last_inputs = chain[torch.arange(count, device=self.device), plan.num_drafts_t]
+        layout = self.layout([r.num_computed + k for r, k in zip(requests, plan.num_drafts)], [1] * count)
+        hidden = self.run_depths(self.model.embed(last_inputs.clamp(min=0)), layout, requests, 1,
+                                 self.draft_depth)
+        shallow = drafts.shallow if drafts.shallow is not None else hidden.new_empty(count, hidden.shape[-1])
+        shallow[plan.last_rows] = hidden
+        layout = self.layout([r.num_computed for r in requests], [k + 1 for k in plan.num_drafts])
+        deep = self.run_depths(shallow, layout, requests, self.draft_depth + 1, self.model.num_depths)
+        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1))
+
+    def accept(self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts,
+               target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
+        flat_tokens = drafts.tokens[plan.flat_request, plan.flat_index].contiguous()
+        return speculative_accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
+                                  uniforms, rows.is_greedy, backend=self.sampling_backend)
+
+    def _probs(self, hidden: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+        return batched_probabilities(self.model.readout(hidden), rows.temperature, rows.top_k,
+                                     rows.top_p, backend=self.sampling_backend)
+
+
+def collect(plan: RoundPlan, result: AcceptResult) -> list[RoundOutcome]:
+    """The round's single host read: emitted tokens and their sources per request."""
+    tokens, accepted, errors = result.tokens.tolist(), result.num_accepted.tolist(), result.error.tolist()
+    outcomes = []
+    for row, num_accepted, error, num_drafts in zip(tokens, accepted, errors, plan.num_drafts):
+        if error:
+            outcomes.append(RoundOutcome((), (), num_drafts, 0, True))
+            continue
+        last = "bonus" if num_accepted == num_drafts else "correction"
+        outcomes.append(RoundOutcome(tuple(row[:num_accepted + 1]),
+                                     ("accepted",) * num_accepted + (last,), num_drafts,
+                                     num_accepted, False))
+    return outcomes
