@@ -1,19 +1,158 @@
 """Command-line interface of specval (click).
 
-Exit status: 0 PASS, 1 FAIL, 2 usage or input error.
+Exit status: 0 PASS, 1 FAIL (or INCONCLUSIVE, or a bundle that does not verify), 2 usage or
+input error (bad protocol, overlapping seeds, unsupported group, unreadable bundle).
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import click
 
 from specval import __version__
+from specval import bundle as bundles
+from specval import protocol as protocols
+from specval import seeds
+
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+REPORT_FILES = ("report.md", "report.html")
+
+
+def _input_error(err: Exception) -> None:
+    click.echo(f"error: {err}", err=True)
+    sys.exit(EXIT_INPUT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specval")
 def main() -> None:
     """Prove that a speculative-decoding sampler preserves the target distribution."""
+
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
+@click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+              show_default=True, help="Root directory of bundles and of the seed ledger.")
+@click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Continue a killed run in this bundle (its protocol and seeds are reused).")
+@click.option("--confirmatory", is_flag=True, help="Refuse unless the protocol's hash matches the frozen one.")
+@click.option("--seed-offset", default=None, type=click.IntRange(min=0),
+              help="First seed of the run (still checked against the ledger).")
+@click.option("--junit", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def run(protocol_file, profile, output, resume, confirmatory, seed_offset, junit, quiet) -> None:
+    """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path."""
+    from specval import runner
+    from specval.report.junit import write_junit
+    from specval.sut import SUTError
+
+    if (protocol_file is None) == (resume is None):
+        raise click.UsageError("give exactly one of PROTOCOL_FILE or --resume BUNDLE")
+    try:
+        path, summary = runner.run(protocol_file, profile, output, resume=resume, confirmatory=confirmatory,
+                                   seed_offset=seed_offset, progress=not quiet)
+    except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, bundles.BundleError) as err:
+        _input_error(err)
+    if junit:
+        write_junit(summary, junit)
+    for name, test in sorted(summary["tests"].items()):
+        click.echo(f"  {test['verdict']:<12} {test['role']:<9} {name}: {test['reason']}")
+    click.echo(f"{summary['verdict']}: {summary['reason']}")
+    click.echo(f"bundle: {path}")
+    sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def verify(bundle) -> None:
+    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples."""
+    from specval import runner
+
+    problems = runner.verify(bundle)
+    for problem in problems:
+        click.echo(f"DIFFERS {problem}")
+    if problems:
+        click.echo(f"FAIL: {bundle} does not verify ({len(problems)} difference(s))")
+        sys.exit(EXIT_FAIL)
+    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match)")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def report(bundle) -> None:
+    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
+    from specval import runner
+
+    problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in REPORT_FILES]
+    if problems:
+        _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
+    runner.finish(bundle)
+    click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
+
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+def freeze(protocol_file) -> None:
+    """Record PROTOCOL_FILE's canonical hash in the lock file next to it."""
+    try:
+        lock, digest = protocols.freeze(protocol_file)
+    except protocols.ProtocolError as err:
+        _input_error(err)
+    click.echo(f"frozen {protocol_file}: {digest} in {lock}")
+
+
+@main.command(name="seeds")
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--profile", default=None)
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+              show_default=True)
+def seeds_command(protocol_file, profile, output) -> None:
+    """List the seed ranges held in the ledger and those the next run would take."""
+    try:
+        protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile)
+        ledger = seeds.read_ledger(output)
+    except (protocols.ProtocolError, ValueError) as err:
+        _input_error(err)
+    held = [r for r in ledger if r.protocol == protocol.name]
+    for r in held:
+        click.echo(f"held  {r.run:<40} {r.group:<12} [{r.start}, {r.stop})")
+    nxt = seeds.allocate(ledger, protocol.name, "next", [g.name for g in protocol.groups],
+                         protocol.samples_per_group, protocol.seed_base)
+    for r in nxt:
+        click.echo(f"next  {'(next run)':<40} {r.group:<12} [{r.start}, {r.stop})")
+
+
+@main.command(name="ls")
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+              show_default=True)
+def ls_command(output) -> None:
+    """List the bundles under --output with their verdicts."""
+    for path in sorted(p for p in Path(output).glob("*") if (p / bundles.RUN_FILE).exists()):
+        summary_file = path / bundles.SUMMARY_FILE
+        verdict = json.loads(summary_file.read_text())["verdict"] if summary_file.exists() else "INCOMPLETE"
+        sealed = "sealed" if (path / bundles.SUMS_FILE).exists() else "unsealed"
+        click.echo(f"{verdict:<13} {sealed:<9} {path}")
+
+
+@main.command()
+@click.argument("protocol_files", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, exists=True, path_type=Path))
+def validate(protocol_files) -> None:
+    """Parse each protocol (all profiles) and print its canonical hash and frozen state."""
+    for path in protocol_files:
+        try:
+            protocol = protocols.load_protocol(path)
+            for name, _ in protocol.profiles:
+                protocols.resolve(protocol, name)
+        except protocols.ProtocolError as err:
+            _input_error(err)
+        frozen = protocols.read_lock(protocols.lock_path(path)).get(protocol.name)
+        state = "frozen" if frozen == protocol.hash else ("CHANGED since frozen" if frozen else "not frozen")
+        click.echo(f"ok {path}: {protocol.name} {protocol.hash} ({state})")
 
 
 if __name__ == "__main__":  # pragma: no cover

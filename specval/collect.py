@@ -1,0 +1,120 @@
+"""Collection: drive every group's seeds through the SUT and checkpoint raw samples in chunks.
+
+Each chunk is one contiguous seed sub-range of one group, written as one parquet file
+`samples/<group>-<start>-<stop>.parquet` via a temp file and an atomic rename. Guarantees:
+
+- A chunk file exists only if it is complete; resuming skips complete chunks and recomputes the
+  others, so a killed run loses no sample and duplicates none.
+- `load_samples` returns exactly one row per planned seed and refuses missing or duplicated seeds.
+
+Columns: seed, group, t1..tn (tokens), src1..srcn (token sources, see `specval.sut.SOURCES`),
+num_rounds, num_draft_tokens, num_accepted_tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from specval.protocol import Protocol
+from specval.seeds import SeedRange
+from specval.sut import SUT
+
+SAMPLES_DIR = "samples"
+COUNT_COLUMNS = ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
+
+
+def token_columns(positions: int) -> list[str]:
+    return [f"t{k}" for k in range(1, positions + 1)]
+
+
+def source_columns(positions: int) -> list[str]:
+    return [f"src{k}" for k in range(1, positions + 1)]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Seeds [start, stop) of one group: the unit of checkpointing."""
+
+    group: str
+    start: int
+    stop: int
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.group}-{self.start:015d}-{self.stop:015d}.parquet"
+
+
+def plan_chunks(ranges: Sequence[SeedRange], chunk_size: int) -> list[Chunk]:
+    return [Chunk(r.group, s, min(s + chunk_size, r.stop)) for r in ranges for s in range(r.start, r.stop, chunk_size)]
+
+
+def _frame(chunk: Chunk, batches: list, positions: int) -> pd.DataFrame:
+    tokens = np.concatenate([b.tokens for b in batches])
+    sources = np.concatenate([b.sources for b in batches])
+    data = {"seed": np.arange(chunk.start, chunk.stop, dtype=np.int64), "group": chunk.group}
+    data.update({c: tokens[:, i].astype(np.int64) for i, c in enumerate(token_columns(positions))})
+    data.update({c: sources[:, i].astype(str) for i, c in enumerate(source_columns(positions))})
+    for name in COUNT_COLUMNS:
+        data[name] = np.concatenate([getattr(b, name) for b in batches]).astype(np.int64)
+    return pd.DataFrame(data)
+
+
+def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    os.close(fd)
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def collect_chunk(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Chunk) -> pd.DataFrame:
+    """Sample one chunk in batches of `protocol.batch_size` requests."""
+    group = protocol.group(chunk.group)
+    batches = []
+    for start in range(chunk.start, chunk.stop, protocol.batch_size):
+        seeds = np.arange(start, min(start + protocol.batch_size, chunk.stop), dtype=np.int64)
+        batch = sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions)
+        batch.validate(len(seeds), protocol.positions)
+        batches.append(batch)
+    return _frame(chunk, batches, protocol.positions)
+
+
+def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequence[SeedRange],
+            bundle: Path, progress: bool = True) -> int:
+    """Collect every missing chunk into `bundle/samples`; returns the number of samples drawn now."""
+    out = bundle / SAMPLES_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    chunks = plan_chunks(ranges, protocol.chunk_size)
+    todo = [c for c in chunks if not (out / c.file_name).exists()]
+    total = sum(c.stop - c.start for c in chunks)
+    done = total - sum(c.stop - c.start for c in todo)
+    with tqdm(total=total, initial=done, unit="sample", disable=not progress, desc=protocol.name,
+              dynamic_ncols=True) as bar:
+        for chunk in todo:
+            bar.set_postfix_str(chunk.group)
+            _write_atomic(collect_chunk(sut, protocol, prompt_ids, chunk), out / chunk.file_name)
+            bar.update(chunk.stop - chunk.start)
+    return total - done
+
+
+def load_samples(bundle: Path, ranges: Sequence[SeedRange]) -> pd.DataFrame:
+    """All samples sorted by (group, seed); ValueError on missing, duplicated or foreign seeds."""
+    files = sorted((bundle / SAMPLES_DIR).glob("*.parquet"))
+    if not files:
+        raise ValueError(f"{bundle / SAMPLES_DIR}: no sample chunks")
+    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    for r in ranges:
+        seeds = np.sort(frame.loc[frame["group"] == r.group, "seed"].to_numpy())
+        if not np.array_equal(seeds, np.arange(r.start, r.stop)):
+            raise ValueError(f"samples of group {r.group!r}: expected exactly seeds [{r.start}, {r.stop}), "
+                             f"found {len(seeds)} rows ({len(np.unique(seeds))} distinct)")
+    if set(frame["group"]) - {r.group for r in ranges}:
+        raise ValueError(f"samples hold groups outside the plan: {sorted(set(frame['group']))}")
+    return frame.sort_values(["group", "seed"], kind="stable").reset_index(drop=True)

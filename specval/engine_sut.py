@@ -1,0 +1,115 @@
+"""EngineSUT: the default SUT adapter, this project's own `engine` package.
+
+One `engine.LLM` is built per distinct (mode, draft_loops) of the protocol's groups and reused for
+every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens` = the number of
+positions tested and `ignore_eos=True`, so every request yields exactly that many tokens.
+The reference logits come from `LLM.full_depth_logits` (serial, cache-free replay) and the draft
+logits from `LLM.draft_logits` of the group's engine; `accept_single` calls
+`engine.sampling.speculative_accept` with one draft per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.sut import SUT, SampleBatch, SUTError
+
+DEFAULT_DRAFT_LOOPS = 2  # EngineConfig's default; used for groups that do not set draft_loops
+
+
+class EngineSUT(SUT):
+    """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
+
+    prob_dtype = np.float32  # the engine's probabilities are float32
+
+    def __init__(self, spec: SutSpec, num_speculative_tokens: int):
+        super().__init__(spec, num_speculative_tokens)
+        self._llms: dict[tuple[str, int], Any] = {}
+
+    def _llm(self, mode: str, draft_loops: int | None):
+        import engine
+
+        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS)
+        if key not in self._llms:
+            try:
+                config = engine.EngineConfig(model=self.spec.model, dtype=self.spec.dtype, mode=mode,
+                                             num_speculative_tokens=self.num_speculative_tokens,
+                                             draft_loops=key[1], device=self.spec.device, **dict(self.spec.options))
+                self._llms[key] = engine.LLM(config)
+            except (ValueError, TypeError, NotImplementedError) as err:
+                raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]}: {err}") from err
+        return self._llms[key]
+
+    def _any_llm(self):
+        return next(iter(self._llms.values())) if self._llms else self._llm("nospec", None)
+
+    def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
+        for group in groups:
+            try:
+                self._llm(group.mode, group.draft_loops)
+            except SUTError as err:
+                raise SUTError(f"group {group.name!r}: {err}") from err
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._any_llm().engine.model.vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._any_llm().tokenizer.encode(text))
+
+    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
+               seeds: np.ndarray, num_tokens: int) -> SampleBatch:
+        from engine import SamplingParams
+
+        params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                 seed=int(s), max_tokens=num_tokens, ignore_eos=True) for s in seeds]
+        outs = self._llm(group.mode, group.draft_loops).generate([list(prompt_ids)] * len(params), params)
+        bad = [o.finish_reason for o in outs if len(o.token_ids) != num_tokens]
+        if bad:
+            raise SUTError(f"group {group.name!r}: {len(bad)} request(s) ended early ({bad[0]!r})")
+        return SampleBatch(
+            tokens=np.array([o.token_ids for o in outs], dtype=np.int64).reshape(len(outs), num_tokens),
+            sources=np.array([o.token_sources for o in outs], dtype=object).reshape(len(outs), num_tokens),
+            num_rounds=np.array([o.num_rounds for o in outs], dtype=np.int64),
+            num_draft_tokens=np.array([o.num_draft_tokens for o in outs], dtype=np.int64),
+            num_accepted_tokens=np.array([o.num_accepted_tokens for o in outs], dtype=np.int64),
+        )
+
+    def target_logits(self, token_ids: list[int]) -> np.ndarray:
+        return self._any_llm().full_depth_logits(token_ids).float().numpy()
+
+    def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
+        return self._llm(group.mode, group.draft_loops).draft_logits(token_ids).float().numpy()
+
+    def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
+                      uniforms: np.ndarray) -> np.ndarray:
+        import torch
+        from engine.sampling import speculative_accept
+
+        rows = len(draft_tokens)
+        target = np.repeat(np.asarray(target_probs, dtype=np.float32), 2, axis=0)  # [2R, V]: p, then bonus p
+        result = speculative_accept(
+            torch.from_numpy(np.ascontiguousarray(draft_tokens, dtype=np.int64)),
+            torch.arange(rows + 1, dtype=torch.int64),
+            torch.from_numpy(np.ascontiguousarray(draft_probs, dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(target)),
+            torch.from_numpy(np.ascontiguousarray(uniforms, dtype=np.float64)),
+            torch.zeros(rows, dtype=torch.bool),
+        )
+        return result.tokens[:, 0].numpy()
+
+    def describe(self) -> dict[str, Any]:
+        import engine
+
+        facts = super().describe()
+        facts.update(engine=getattr(engine, "__version__", None), model=self.spec.model, dtype=self.spec.dtype,
+                     device=self.spec.device, configs=[f"{m}/draft_loops={d}" for m, d in self._llms])
+        return facts
+
+    def close(self) -> None:
+        for llm in self._llms.values():
+            llm.close()
+        self._llms.clear()

@@ -1,0 +1,440 @@
+"""Protocol: a pre-registered YAML file parsed into frozen dataclasses.
+
+A protocol holds everything decided before any data exists: the system under test, the model,
+the prompt, the sampling parameters, the groups, the sample sizes, the tests and their roles,
+alpha and the multiplicity correction. Guarantees:
+
+- Unknown keys are errors naming the key, the file and the closest valid key.
+- Missing required keys and bad values are errors naming the key, the value and the file.
+- `Protocol.hash` is the sha256 of the canonical JSON of the parsed protocol (sorted keys, fixed
+  separators): comments, whitespace and key order never change it; any value does.
+- Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+TEST_KINDS = ("gof", "homogeneity", "quadrature")
+ROLES = ("control", "primary", "secondary")
+GATING_ROLES = ("control", "primary")
+MULTIPLICITY_METHODS = ("holm",)
+NOSPEC_MODE = "nospec"
+MAX_POSITIONS = 3
+PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
+LOCK_FILE_NAME = "frozen.lock"
+
+
+class ProtocolError(ValueError):
+    """Bad protocol input: the message names the file, the key, the value and a suggestion."""
+
+
+def _fail(file: str, key: str, message: str, value: Any = None, suggestion: str | None = None):
+    text = f"{file}: {key}: {message}"
+    if value is not None:
+        text += f" (got {value!r})"
+    if suggestion:
+        text += f"; did you mean {suggestion!r}?"
+    raise ProtocolError(text)
+
+
+@dataclass(frozen=True)
+class SutSpec:
+    """Which system under test runs the protocol, and how it is configured."""
+
+    adapter: str = "engine"  # "engine" or "package.module:ClassName" or an entry point name
+    model: str = "looped"
+    dtype: str = "float32"
+    device: str = "cpu"
+    options: tuple[tuple[str, Any], ...] = ()  # free-form (key, value) pairs passed to the adapter
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling parameters shared by every request of every group."""
+
+    temperature: float
+    top_k: int = -1
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One arm of the experiment: an engine mode and its draft depth."""
+
+    name: str
+    mode: str
+    draft_loops: int | None = None
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.mode != NOSPEC_MODE
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One statistical test applied to some groups; its criteria gate the run by `role`."""
+
+    kind: str
+    role: str
+    position: int | None = None
+    groups: tuple[str, ...] = ()  # empty: every applicable group
+    baseline: str | None = None  # homogeneity: the group compared against
+    tol: float = 1e-9  # quadrature: max |law - p| allowed
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.kind == "quadrature" else f"t{self.position}_{self.kind}"
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A parsed protocol; `profile` is set once a profile has been applied by `resolve`."""
+
+    name: str
+    prompt: str
+    sampling: SamplingSpec
+    num_speculative_tokens: int
+    positions: int
+    groups: tuple[GroupSpec, ...]
+    samples_per_group: int
+    tests: tuple[TestSpec, ...]
+    description: str = ""
+    sut: SutSpec = SutSpec()
+    seed_base: int = 0
+    alpha: float = 0.01
+    power: float = 0.8
+    stratum_min: int = 200
+    min_expected: float = 5.0
+    multiplicity: str = "holm"
+    confirmatory: bool = False
+    chunk_size: int = 1000
+    batch_size: int = 1000
+    profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    profile: str | None = field(default=None, compare=False)
+
+    def group(self, name: str) -> GroupSpec:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (profile excluded): the input of the canonical hash."""
+        out = _plain(dataclasses.asdict(self))
+        out.pop("profile")
+        out["sut"]["options"] = dict(self.sut.options)
+        out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
+        return out
+
+    @property
+    def hash(self) -> str:
+        return canonical_hash(self.to_dict())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def canonical_hash(obj: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys, no whitespace) of `obj`."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- generic mapping -> dataclass
+
+
+def _check_keys(raw: Mapping, cls: type, file: str, where: str) -> None:
+    names = [f.name for f in dataclasses.fields(cls) if f.name != "profile"]
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            _fail(file, _join(where, key), "unknown key", suggestion=close[0] if close else None)
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and f.name not in raw:
+            _fail(file, _join(where, f.name), "missing required key")
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _mapping(raw: Any, file: str, where: str) -> Mapping:
+    if not isinstance(raw, Mapping):
+        _fail(file, where or "<top level>", "expected a mapping", raw)
+    return raw
+
+
+def _int(value: Any, file: str, key: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(file, key, "expected an integer", value)
+    if minimum is not None and value < minimum:
+        _fail(file, key, f"must be >= {minimum}", value)
+    return value
+
+
+def _float(value: Any, file: str, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(file, key, "expected a number", value)
+    return float(value)
+
+
+def _str(value: Any, file: str, key: str, choices: tuple[str, ...] | None = None) -> str:
+    if not isinstance(value, str) or not value:
+        _fail(file, key, "expected a non-empty string", value)
+    if choices is not None and value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1)
+        _fail(file, key, f"must be one of {list(choices)}", value, close[0] if close else None)
+    return value
+
+
+def _name(value: Any, file: str, key: str) -> str:
+    _str(value, file, key)
+    if not NAME_PATTERN.match(value):
+        _fail(file, key, "must match [a-z][a-z0-9_]*", value)
+    return value
+
+
+def _unit_open(value: Any, file: str, key: str, upper_closed: bool = False) -> float:
+    number = _float(value, file, key)
+    ok = 0.0 < number < 1.0 or (upper_closed and number == 1.0)
+    if not ok:
+        _fail(file, key, "must lie in (0, 1]" if upper_closed else "must lie in (0, 1)", value)
+    return number
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _parse_sut(raw: Any, file: str) -> SutSpec:
+    raw = _mapping(raw, file, "sut")
+    _check_keys(raw, SutSpec, file, "sut")
+    options = _mapping(raw.get("options", {}), file, "sut.options")
+    return SutSpec(
+        adapter=_str(raw.get("adapter", "engine"), file, "sut.adapter"),
+        model=_str(raw.get("model", "looped"), file, "sut.model"),
+        dtype=_str(raw.get("dtype", "float32"), file, "sut.dtype"),
+        device=_str(raw.get("device", "cpu"), file, "sut.device"),
+        options=tuple(sorted((str(k), v) for k, v in options.items())),
+    )
+
+
+def _parse_sampling(raw: Any, file: str) -> SamplingSpec:
+    raw = _mapping(raw, file, "sampling")
+    _check_keys(raw, SamplingSpec, file, "sampling")
+    temperature = _float(raw["temperature"], file, "sampling.temperature")
+    if not temperature > 0.0:
+        _fail(file, "sampling.temperature", "must be > 0 (greedy decoding has no distribution)", raw["temperature"])
+    top_k = _int(raw.get("top_k", -1), file, "sampling.top_k", minimum=-1)
+    top_p = _unit_open(raw.get("top_p", 1.0), file, "sampling.top_p", upper_closed=True)
+    return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def _parse_group(raw: Any, file: str, where: str) -> GroupSpec:
+    raw = _mapping(raw, file, where)
+    _check_keys(raw, GroupSpec, file, where)
+    draft_loops = raw.get("draft_loops")
+    if draft_loops is not None:
+        draft_loops = _int(draft_loops, file, f"{where}.draft_loops", minimum=1)
+    return GroupSpec(
+        name=_name(raw["name"], file, f"{where}.name"),
+        mode=_name(raw["mode"], file, f"{where}.mode"),
+        draft_loops=draft_loops,
+    )
+
+
+def _parse_groups(raw: Any, file: str) -> tuple[GroupSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        _fail(file, "groups", "expected a non-empty list", raw)
+    groups = tuple(_parse_group(g, file, f"groups[{i}]") for i, g in enumerate(raw))
+    names = [g.name for g in groups]
+    for name in names:
+        if names.count(name) > 1:
+            _fail(file, "groups", "duplicate group name", name)
+    return groups
+
+
+def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], positions: int) -> TestSpec:
+    raw = _mapping(raw, file, where)
+    _check_keys(raw, TestSpec, file, where)
+    kind = _str(raw["kind"], file, f"{where}.kind", TEST_KINDS)
+    role = _str(raw["role"], file, f"{where}.role", ROLES)
+    group_names = tuple(g.name for g in groups)
+    listed = raw.get("groups", [])
+    if not isinstance(listed, list):
+        _fail(file, f"{where}.groups", "expected a list of group names", listed)
+    for name in listed:
+        _str(name, file, f"{where}.groups", group_names)
+    position = raw.get("position")
+    if kind != "quadrature":
+        position = _int(position, file, f"{where}.position", minimum=1)
+        if position > positions:
+            _fail(file, f"{where}.position", f"exceeds positions ({positions})", position)
+    elif position is not None:
+        _fail(file, f"{where}.position", "quadrature tests the single-draft step and takes no position", position)
+    baseline = raw.get("baseline")
+    if kind == "homogeneity":
+        baseline = _str(baseline, file, f"{where}.baseline", group_names)
+    elif baseline is not None:
+        _fail(file, f"{where}.baseline", "only homogeneity tests take a baseline", baseline)
+    tol = _float(raw.get("tol", 1e-9), file, f"{where}.tol")
+    if not tol > 0.0:
+        _fail(file, f"{where}.tol", "must be > 0", raw.get("tol"))
+    return TestSpec(kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol)
+
+
+def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: int) -> tuple[TestSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        _fail(file, "tests", "expected a non-empty list", raw)
+    tests = tuple(_parse_test(t, file, f"tests[{i}]", groups, positions) for i, t in enumerate(raw))
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for test in tests:
+        ident = (test.name, test.groups)
+        if ident in seen:
+            _fail(file, "tests", "duplicate test (same kind, position and groups)", test.name)
+        seen.add(ident)
+    return tests
+
+
+def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    raw = _mapping(raw, file, "profiles")
+    profiles = []
+    for name, overrides in sorted(raw.items()):
+        _name(name, file, f"profiles.{name}")
+        overrides = _mapping(overrides, file, f"profiles.{name}")
+        for key, value in overrides.items():
+            where = f"profiles.{name}.{key}"
+            if key not in PROFILE_KEYS:
+                close = difflib.get_close_matches(str(key), PROFILE_KEYS, n=1)
+                _fail(file, where, f"a profile may only set {list(PROFILE_KEYS)}", key, close[0] if close else None)
+            _int(value, file, where, minimum=0 if key == "samples_per_group" else 1)
+        profiles.append((name, tuple(sorted(overrides.items()))))
+    return tuple(profiles)
+
+
+# ---------------------------------------------------------------- top level
+
+
+def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
+    """Parse a YAML mapping into a Protocol; raises ProtocolError naming file, key and value."""
+    raw = _mapping(raw, file, "")
+    _check_keys(raw, Protocol, file, "")
+    positions = _int(raw["positions"], file, "positions", minimum=1)
+    if positions > MAX_POSITIONS:
+        _fail(file, "positions", f"at most {MAX_POSITIONS} positions are supported", positions)
+    groups = _parse_groups(raw["groups"], file)
+    protocol = Protocol(
+        name=_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        sut=_parse_sut(raw.get("sut", {}), file),
+        prompt=_str(raw["prompt"], file, "prompt"),
+        sampling=_parse_sampling(raw["sampling"], file),
+        num_speculative_tokens=_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
+        positions=positions,
+        groups=groups,
+        samples_per_group=_int(raw["samples_per_group"], file, "samples_per_group", minimum=0),
+        tests=_parse_tests(raw["tests"], file, groups, positions),
+        seed_base=_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
+        alpha=_unit_open(raw.get("alpha", 0.01), file, "alpha"),
+        power=_unit_open(raw.get("power", 0.8), file, "power"),
+        stratum_min=_int(raw.get("stratum_min", 200), file, "stratum_min", minimum=1),
+        min_expected=_float(raw.get("min_expected", 5.0), file, "min_expected"),
+        multiplicity=_str(raw.get("multiplicity", "holm"), file, "multiplicity", MULTIPLICITY_METHODS),
+        confirmatory=_bool(raw.get("confirmatory", False), file, "confirmatory"),
+        chunk_size=_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
+        batch_size=_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
+        profiles=_parse_profiles(raw.get("profiles", {}), file),
+    )
+    if not protocol.min_expected > 0.0:
+        _fail(file, "min_expected", "must be > 0", raw.get("min_expected"))
+    return protocol
+
+
+def _bool(value: Any, file: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        _fail(file, key, "expected true or false", value)
+    return value
+
+
+def load_protocol(path: str | Path) -> Protocol:
+    """Read and parse a protocol file; YAML syntax errors become ProtocolError too."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ProtocolError(f"{path}: cannot read protocol ({err.strerror})") from err
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ProtocolError(f"{path}: invalid YAML: {err}") from err
+    return parse_protocol(raw, str(path))
+
+
+def resolve(protocol: Protocol, profile: str | None) -> Protocol:
+    """Apply a profile's overrides; None keeps the protocol's own values."""
+    if profile is None:
+        return protocol
+    profiles = dict(protocol.profiles)
+    if profile not in profiles:
+        close = difflib.get_close_matches(profile, list(profiles), n=1)
+        _fail(protocol.name, "profile", f"unknown profile, choose from {sorted(profiles)}", profile,
+              close[0] if close else None)
+    return dataclasses.replace(protocol, profile=profile, **dict(profiles[profile]))
+
+
+# ---------------------------------------------------------------- freeze
+
+
+def lock_path(protocol_file: str | Path) -> Path:
+    """The lock file kept in git next to the protocol files."""
+    return Path(protocol_file).parent / LOCK_FILE_NAME
+
+
+def read_lock(path: Path) -> dict[str, str]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ProtocolError(f"{path}: lock file is not valid JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{path}: lock file must map protocol name -> hash")
+    return data
+
+
+def freeze(protocol_file: str | Path) -> tuple[Path, str]:
+    """Record the protocol's canonical hash in the lock file; returns (lock file, hash)."""
+    protocol = load_protocol(protocol_file)
+    path = lock_path(protocol_file)
+    lock = read_lock(path)
+    lock[protocol.name] = protocol.hash
+    path.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    return path, protocol.hash
+
+
+def check_frozen(protocol: Protocol, protocol_file: str | Path) -> None:
+    """Refuse (ProtocolError) a confirmatory run whose protocol is not frozen or has changed."""
+    path = lock_path(protocol_file)
+    frozen = read_lock(path).get(protocol.name)
+    if frozen is None:
+        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} is not frozen in {path}; "
+                            f"run `specval freeze {protocol_file}` before a confirmatory run")
+    if frozen != protocol.hash:
+        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} changed since it was frozen "
+                            f"(frozen {frozen[:12]}, now {protocol.hash[:12]}); a confirmatory run refuses it")

@@ -1,0 +1,118 @@
+"""Reference: exact conditional target distributions by serial replay of the target model.
+
+The sampling transform is implemented here in float64 numpy, independently of any engine:
+
+1. divide the logits by the temperature;
+2. top-k (k >= 1; disabled by 0, -1 or k >= V): keep x iff fewer than k tokens have a strictly
+   larger logit, so every tie at the k-th value survives;
+3. top-p (0 < p <= 1; disabled at 1): on the softmax of the survivors, keep x iff the total
+   probability of tokens with strictly larger probability is < p (keeps the crossing token and
+   its ties, never empties a row);
+4. softmax over the kept tokens; every other token has probability exactly 0.
+
+Both rules depend only on values, never on sort order. Guarantee: `transform` equals the
+contract of ARCHITECTURE.md section 2 evaluated in float64; an engine working in float32 may
+differ near a top-p boundary or on float32-rounded ties, which the conformance test of the engine
+documents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from specval.protocol import SamplingSpec
+
+Prefix = tuple[int, ...]
+
+
+def _top_k_mask(logits: np.ndarray, top_k: int) -> np.ndarray:
+    vocab = logits.shape[-1]
+    if top_k <= 0 or top_k >= vocab:
+        return np.ones_like(logits, dtype=bool)
+    kth = -np.partition(-logits, top_k - 1, axis=-1)[..., top_k - 1 : top_k]  # [..., 1]
+    return logits >= kth
+
+
+def _softmax(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    masked = np.where(keep, logits, -np.inf)
+    shifted = masked - masked.max(axis=-1, keepdims=True)
+    weights = np.where(keep, np.exp(shifted), 0.0)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """keep[x] iff sum of probs strictly larger than probs[x] is < top_p (row-wise)."""
+    if top_p >= 1.0:
+        return probs > 0.0
+    desc = -np.sort(-probs, axis=-1)  # [N, V]
+    mass_before = np.cumsum(desc, axis=-1) - desc  # [N, V] mass strictly before each sorted slot
+    keep = np.empty_like(probs, dtype=bool)
+    for row in range(probs.shape[0]):
+        first = np.searchsorted(-desc[row], -probs[row], side="left")  # first slot holding the value
+        keep[row] = (mass_before[row, first] < top_p) & (probs[row] > 0.0)
+    return keep
+
+
+def transform(logits: np.ndarray, sampling: SamplingSpec) -> np.ndarray:
+    """Sampling distribution(s) in float64 for logits f[..., V]; returns f64[..., V] rows summing to 1."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shape = logits.shape
+    rows = logits.reshape(-1, shape[-1]) / sampling.temperature  # [N, V]
+    keep = _top_k_mask(rows, sampling.top_k)
+    probs = _softmax(rows, keep)
+    keep &= _top_p_mask(probs, sampling.top_p)
+    return _softmax(rows, keep).reshape(shape)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Exact p(t_k | prompt, t_1..t_{k-1}) for every needed prefix, float64, dense over V."""
+
+    vocab_size: int
+    prompt_token_ids: tuple[int, ...]
+    dists: Mapping[Prefix, np.ndarray]  # prefix -> f64[V]
+
+    def probs(self, prefix: Sequence[int]) -> np.ndarray:
+        return self.dists[tuple(int(t) for t in prefix)]
+
+    def to_dict(self) -> dict:
+        """Sparse JSON form: only tokens with positive probability are listed (floats round-trip)."""
+        entries = []
+        for prefix in sorted(self.dists, key=lambda p: (len(p), p)):
+            probs = self.dists[prefix]
+            support = np.flatnonzero(probs > 0.0)
+            entries.append({"prefix": list(prefix), "tokens": support.tolist(), "probs": probs[support].tolist()})
+        return {"vocab_size": self.vocab_size, "prompt_token_ids": list(self.prompt_token_ids), "dists": entries}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Reference":
+        vocab = int(data["vocab_size"])
+        dists = {}
+        for entry in data["dists"]:
+            probs = np.zeros(vocab, dtype=np.float64)
+            probs[np.asarray(entry["tokens"], dtype=np.int64)] = entry["probs"]
+            dists[tuple(entry["prefix"])] = probs
+        return cls(vocab, tuple(data["prompt_token_ids"]), dists)
+
+
+def needed_prefixes(tokens: np.ndarray) -> list[Prefix]:
+    """Every prefix (t_1..t_{k-1}) that occurs in samples tokens[N, n], for k = 1..n."""
+    prefixes: set[Prefix] = {()}
+    for k in range(1, tokens.shape[1]):
+        prefixes.update(map(tuple, np.unique(tokens[:, :k], axis=0).tolist()))
+    return sorted(prefixes, key=lambda p: (len(p), p))
+
+
+def build_reference(target_logits: Callable[[list[int]], np.ndarray], prompt_ids: Sequence[int],
+                    prefixes: Iterable[Prefix], sampling: SamplingSpec, vocab_size: int) -> Reference:
+    """Replay the target model serially on prompt + prefix and apply `transform` in float64."""
+    dists = {}
+    for prefix in prefixes:
+        logits = np.asarray(target_logits(list(prompt_ids) + list(prefix)), dtype=np.float64)
+        if logits.shape != (vocab_size,):
+            raise ValueError(f"target logits: expected shape ({vocab_size},), got {logits.shape}")
+        dists[tuple(prefix)] = transform(logits, sampling)
+    return Reference(vocab_size, tuple(prompt_ids), dists)

@@ -1,0 +1,41 @@
+"""Report: report.md and a self-contained report.html rendered from a bundle's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specval import bundle as bundles
+from specval.collect import load_samples
+from specval.reference import Reference
+from specval.report import plots
+from specval.report.html import render_html
+from specval.report.markdown import render_markdown
+from specval.seeds import SeedRange
+
+
+def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
+    """Observed vs expected for every non-control GOF criterion with position > 1, p-values, acceptance."""
+    ranges = [SeedRange(s["protocol"], s["run"], s["group"], s["start"], s["stop"]) for s in manifest["seeds"]]
+    samples = load_samples(path, ranges)
+    reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
+    positions = summary["protocol"]["positions"]
+    out = {}
+    for name, test in sorted(summary["tests"].items()):
+        if test["kind"] == "gof" and test["role"] != "control" and test["strata"]:
+            png = plots.observed_vs_expected(name, test, samples, reference, positions)
+            if png:
+                out[f"observed vs expected: {name}"] = png
+    for title, png in (("p-values across strata", plots.pvalues_across_strata(summary["tests"])),
+                       ("token sources by position", plots.acceptance_by_position(summary["groups"]))):
+        if png:
+            out[title] = png
+    return out
+
+
+def render(path: Path) -> None:
+    """(Re-)write report.md and report.html of the bundle at `path`."""
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
+    pngs = figures(path, summary, manifest)
+    (path / "report.md").write_text(render_markdown(summary, manifest, pngs))
+    (path / "report.html").write_text(render_html(summary, manifest, pngs))

@@ -1,0 +1,37 @@
+"""Self-contained HTML report: the markdown report's content with plots embedded as base64 PNGs."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from specval.report.markdown import CRITERIA_HEADER, GROUP_HEADER, criteria_rows, fmt, group_rows
+
+STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+         "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
+         ".INCONCLUSIVE{color:#a60}")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
+    proto = summary["protocol"]
+    images = "".join(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
+                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for name, png in figures.items())
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
+            f"<style>{STYLE}</style></head><body>"
+            f"<h1>{html.escape(proto['name'])}: <span class='{summary['verdict']}'>{summary['verdict']}</span></h1>"
+            f"<p>{html.escape(summary['reason'])}</p>"
+            f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
+            f"alpha {proto['alpha']} (Holm within each family), git {html.escape(str(manifest.get('git')))}, "
+            f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
+            f"<h2>Criteria</h2>{_table(CRITERIA_HEADER, criteria_rows(summary))}"
+            f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
+            f"with power &ge; {proto['power']}.</p>"
+            f"<h2>Groups</h2>{_table(GROUP_HEADER, group_rows(summary))}"
+            f"<h2>Figures</h2>{images}</body></html>\n")

@@ -1,0 +1,62 @@
+"""Markdown report of a bundle: verdict, criteria table, groups, provenance."""
+
+from __future__ import annotations
+
+
+def fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def criteria_rows(summary: dict) -> list[list[str]]:
+    """One row per criterion: name, role, statistic, df, p, Holm p, MDE (TV), coverage, verdict, reason."""
+    rows = []
+    for name, test in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0])):
+        coverage = test.get("coverage")
+        cover = (f"{coverage['strata_covered']}/{coverage['strata_total']} strata, "
+                 f"{coverage['samples_covered']}/{coverage['samples_total']} samples" if coverage else "-")
+        rows.append([name, test["role"], fmt(test["statistic"]), fmt(test["df"]), fmt(test["p_value"]),
+                     fmt(test["p_adjusted"]), fmt(test["mde_tv"], 3), cover, test["verdict"], test["reason"]])
+    return rows
+
+
+CRITERIA_HEADER = ["criterion", "role", "statistic", "df", "p", "p (Holm)", "MDE (TV)", "coverage", "verdict",
+                   "reason"]
+GROUP_HEADER = ["group", "mode", "draft loops", "seeds", "n (planned / effective)", "acceptance rate"]
+
+
+def group_rows(summary: dict) -> list[list[str]]:
+    return [[name, g["mode"], fmt(g["draft_loops"]), f"[{g['seed_start']}, {g['seed_stop']})",
+             f"{g['planned_n']} / {g['effective_n']}", fmt(g["acceptance_rate"], 3)]
+            for name, g in sorted(summary["groups"].items())]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
+    proto = summary["protocol"]
+    git = manifest.get("git", {})
+    lines = [
+        f"# {proto['name']}: {summary['verdict']}", "",
+        summary["reason"], "",
+        f"- protocol hash: `{proto['hash']}` (profile: {proto['profile']})",
+        f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
+        "iff every control and primary criterion passes",
+        f"- stratum minimum {proto['stratum_min']} samples, cells pooled to expected count >= {proto['min_expected']}",
+        f"- git {git.get('commit')} (dirty: {git.get('dirty')}); started {manifest.get('started')}, "
+        f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
+        "", "## Criteria", "", _table(CRITERIA_HEADER, criteria_rows(summary)), "",
+        "MDE (TV): deviations of total-variation distance >= this value would have been detected with power "
+        f">= {proto['power']} at the run's sample size.", "",
+        "## Groups", "", _table(GROUP_HEADER, group_rows(summary)), "",
+        "## Figures", "",
+    ]
+    lines += [f"- `{name}` (embedded in report.html)" for name in figures]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,207 @@
+"""Runner: one protocol run, from the frozen protocol to a verified bundle, in one linear story.
+
+    protocol -> seed ranges (ledger) -> collect (SUT) -> reference -> quadrature -> verdict
+             -> report -> manifest -> SHA256SUMS
+
+`run` refuses before any sampling: a confirmatory protocol whose hash differs from the frozen one,
+seed ranges that overlap the ledger, groups the SUT does not support. `resume` continues a
+killed run in its own bundle with the seed ranges recorded in run.json. `verify` re-hashes a
+bundle and recomputes its summary from the raw samples.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specval import bundle as bundles
+from specval import collect, report, seeds
+from specval.protocol import Protocol, SutSpec, check_frozen, load_protocol, parse_protocol, resolve
+from specval.reference import Reference, build_reference, needed_prefixes, transform
+from specval.stats.quadrature import adversarial_pairs, quadrature_check
+from specval.sut import SUT, open_sut
+from specval.verdict import evaluate, quadrature_names
+
+SutFactory = Callable[[SutSpec, int], SUT]
+ADVERSARIAL_VOCAB = 16  # vocabulary of the synthetic adversarial (p, q) pairs
+ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, not of the run
+
+
+def _timestamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _new_bundle(output: Path, name: str) -> Path:
+    stamp = _timestamp()
+    path, suffix = output / f"{name}-{stamp}", 1
+    while path.exists():
+        suffix += 1
+        path = output / f"{name}-{stamp}-{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def _ranges(plan: bundles.RunPlan, run: str) -> list[seeds.SeedRange]:
+    return [seeds.SeedRange(plan.protocol, run, g, a, b) for g, a, b in plan.ranges]
+
+
+# ---------------------------------------------------------------- start or resume
+
+
+def start(protocol_file: Path, profile: str | None, output: Path, confirmatory: bool = False,
+          seed_offset: int | None = None) -> tuple[Path, Protocol, list[seeds.SeedRange]]:
+    """Validate, claim disjoint seed ranges and create the bundle (nothing is sampled yet)."""
+    base = load_protocol(protocol_file)
+    if confirmatory or base.confirmatory:
+        check_frozen(base, protocol_file)
+    protocol = resolve(base, profile)
+    output.mkdir(parents=True, exist_ok=True)
+    names = [g.name for g in protocol.groups]
+    run = f"{protocol.name}-{_timestamp()}"
+    ranges = seeds.allocate(seeds.read_ledger(output), protocol.name, run, names, protocol.samples_per_group,
+                            protocol.seed_base, seed_offset)
+    seeds.check_disjoint(seeds.read_ledger(output), ranges)
+    path = _new_bundle(output, protocol.name)
+    ranges = [seeds.SeedRange(r.protocol, path.name, r.group, r.start, r.stop) for r in ranges]
+    seeds.claim(output, ranges)
+    shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
+    bundles.write_json(path / bundles.PROTOCOL_JSON, protocol.to_dict())
+    plan = bundles.RunPlan(protocol.name, protocol.hash, profile, tuple((r.group, r.start, r.stop) for r in ranges))
+    bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
+    return path, protocol, ranges
+
+
+def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
+    """The resolved protocol and seed ranges a bundle was (or is being) run with."""
+    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    protocol = parse_protocol(bundles.read_json(path / bundles.PROTOCOL_JSON), str(path / bundles.PROTOCOL_JSON))
+    if protocol.hash != plan.protocol_hash:
+        raise bundles.BundleError(f"{path / bundles.PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from "
+                                  f"run.json's {plan.protocol_hash[:12]}")
+    return resolve(protocol, plan.profile), _ranges(plan, path.name)
+
+
+# ---------------------------------------------------------------- analysis steps
+
+
+def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict[str, list[dict]]:
+    """Exact single-draft laws of the SUT's accept kernel: p, q from the model at the prompt
+    (per speculative group's draft depth) and the synthetic adversarial pairs."""
+    tests = [t for t in protocol.tests if t.kind == "quadrature"]
+    if not tests:
+        return {}
+    laws = {}
+    p = transform(sut.target_logits(prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+    for name in quadrature_names(protocol, tests[0])[:-1]:
+        q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+        laws[name] = [_law("model_prompt", p, q, sut, tests[0].tol)]
+    rng = np.random.default_rng(ADVERSARIAL_SEED)
+    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), pair.q.astype(sut.prob_dtype), sut,
+                                tests[0].tol)
+                           for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)]
+    return laws
+
+
+def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
+    result = quadrature_check(p, q, sut.accept_single, tol)
+    return {"name": name, "p": np.asarray(p, dtype=np.float64).tolist(),
+            "q": np.asarray(q, dtype=np.float64).tolist(), "law": result.law.tolist(),
+            "target": result.target.tolist(), "error_mass": result.error_mass,
+            "max_abs_error": result.max_abs_error, "num_cells": result.num_cells}
+
+
+def _reference(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:
+    return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens), protocol.sampling,
+                           sut.vocab_size)
+
+
+def _token_matrix(frame, positions: int) -> np.ndarray:
+    return frame[collect.token_columns(positions)].to_numpy(dtype=np.int64)
+
+
+def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT) -> dict:
+    """Reference, quadrature and verdict of a bundle whose samples are complete."""
+    prompt_ids = sut.encode(protocol.prompt)
+    samples = collect.load_samples(path, ranges)
+    reference = _reference(sut, protocol, prompt_ids, _token_matrix(samples, protocol.positions))
+    bundles.write_json(path / bundles.REFERENCE_FILE, reference.to_dict())
+    laws = quadrature_laws(sut, protocol, prompt_ids)
+    bundles.write_json(path / bundles.QUADRATURE_FILE, laws)
+    summary = recompute(path, protocol, ranges)
+    bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+    return summary
+
+
+def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> dict:
+    """The summary recomputed from the bundle's files alone (raw samples, reference, laws)."""
+    samples = collect.load_samples(path, ranges)
+    reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
+    laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
+    spans = {r.group: (r.start, r.stop) for r in ranges}
+    return json.loads(json.dumps(evaluate(protocol, samples, reference, laws, spans)))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
+        confirmatory: bool = False, seed_offset: int | None = None, progress: bool = True,
+        sut_factory: SutFactory | None = None, command: list[str] | None = None) -> tuple[Path, dict]:
+    """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary)."""
+    started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
+    if resume is None:
+        path, protocol, ranges = start(Path(protocol_file), profile, output, confirmatory, seed_offset)
+    else:
+        path = Path(resume)
+        protocol, ranges = load_bundle_protocol(path)
+    sut = (sut_factory or open_sut)(protocol.sut, protocol.num_speculative_tokens)
+    try:
+        sut.check_groups(protocol.groups)
+        prompt_ids = sut.encode(protocol.prompt)
+        t0 = time.perf_counter()
+        drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+        collect_s = time.perf_counter() - t0
+        summary = analyse(path, protocol, ranges, sut)
+        device = {**bundles.device_facts(), "sut": sut.describe()}
+    finally:
+        sut.close()
+    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+              "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
+              "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    write_manifest(path, protocol, ranges, device, timing, command or sys.argv)
+    finish(path)
+    return path, summary
+
+
+def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], device: dict,
+                   timing: dict, command: list[str]) -> None:
+    manifest = {"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
+                "git": bundles.git_state(Path.cwd()), "command": list(command),
+                "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
+                "seeds": [r.to_dict() for r in ranges], **timing}
+    bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
+
+
+def finish(path: Path) -> None:
+    """Render the report and seal the bundle with SHA256SUMS."""
+    report.render(path)
+    bundles.write_sums(path)
+
+
+def verify(path: Path) -> list[str]:
+    """Every difference between the bundle and its checksums and recomputed summary."""
+    problems = bundles.check_sums(path)
+    try:
+        protocol, ranges = load_bundle_protocol(path)
+        recomputed = recompute(path, protocol, ranges)
+        stored = bundles.read_json(path / bundles.SUMMARY_FILE)
+    except (ValueError, KeyError, OSError) as err:
+        return problems + [f"cannot recompute the summary: {err}"]
+    return problems + [f"summary.json: {d}" for d in bundles.diff(stored, recomputed)]

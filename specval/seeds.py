@@ -1,0 +1,111 @@
+"""Seed ledger: every group of every run of a protocol gets its own seed range.
+
+The ledger is one JSON file per output root (`<output>/ledger.json`). Each entry records a
+half-open range [start, stop) of request seeds owned by one group of one run (bundle).
+
+Guarantees:
+- `allocate` gives the groups of a new run consecutive disjoint ranges, starting at the protocol's
+  `seed_base` or after the highest range any earlier run of the same protocol took.
+- `claim` refuses (SeedOverlapError) any range that intersects a range already held by another
+  group or another run of the same protocol, before anything is written or sampled.
+- The ledger file is replaced atomically (temp file + rename), so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+LEDGER_FILE_NAME = "ledger.json"
+
+
+class SeedOverlapError(ValueError):
+    """A requested seed range intersects one already in the ledger."""
+
+
+@dataclass(frozen=True)
+class SeedRange:
+    """Seeds [start, stop) owned by one group of one run."""
+
+    protocol: str
+    run: str
+    group: str
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def overlaps(self, other: "SeedRange") -> bool:
+        return self.start < other.stop and other.start < self.stop
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ledger_path(output: str | Path) -> Path:
+    return Path(output) / LEDGER_FILE_NAME
+
+
+def read_ledger(output: str | Path) -> list[SeedRange]:
+    path = ledger_path(output)
+    if not path.exists():
+        return []
+    try:
+        entries = json.loads(path.read_text())["ranges"]
+        return [SeedRange(**entry) for entry in entries]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: corrupt seed ledger ({err})") from err
+
+
+def _write_ledger(output: str | Path, ranges: Sequence[SeedRange]) -> None:
+    path = ledger_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"ranges": [r.to_dict() for r in ranges]}, indent=1) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger-")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def allocate(ledger: Iterable[SeedRange], protocol: str, run: str, groups: Sequence[str],
+             size: int, base: int, offset: int | None = None) -> list[SeedRange]:
+    """Plan one run's ranges: `size` seeds per group, consecutive, after every earlier range.
+
+    `offset` forces the first seed (for replication on a chosen range); `claim` still checks it.
+    """
+    start = offset
+    if start is None:
+        taken = [r.stop for r in ledger if r.protocol == protocol]
+        start = max([base, *taken])
+    return [SeedRange(protocol, run, g, start + i * size, start + (i + 1) * size) for i, g in enumerate(groups)]
+
+
+def check_disjoint(ledger: Iterable[SeedRange], ranges: Sequence[SeedRange]) -> None:
+    """Raise SeedOverlapError if `ranges` intersect each other or another run's ranges."""
+    ledger = [r for r in ledger if r.protocol in {n.protocol for n in ranges}]
+    for i, new in enumerate(ranges):
+        for other in ranges[i + 1:]:
+            if new.size and other.size and new.overlaps(other):
+                raise SeedOverlapError(f"seed ranges of groups {new.group!r} and {other.group!r} overlap: "
+                                       f"[{new.start}, {new.stop}) and [{other.start}, {other.stop})")
+        for old in ledger:
+            same_owner = (old.run, old.group) == (new.run, new.group)
+            if new.size and old.size and new.overlaps(old) and not same_owner:
+                raise SeedOverlapError(
+                    f"seed range [{new.start}, {new.stop}) of group {new.group!r} overlaps "
+                    f"[{old.start}, {old.stop}) held by group {old.group!r} of run {old.run!r} "
+                    f"of protocol {old.protocol!r}")
+
+
+def claim(output: str | Path, ranges: Sequence[SeedRange]) -> None:
+    """Check `ranges` against the ledger, then record them (idempotent for the same run)."""
+    ledger = read_ledger(output)
+    check_disjoint(ledger, ranges)
+    known = set(ledger)
+    _write_ledger(output, ledger + [r for r in ranges if r not in known])

@@ -1,0 +1,131 @@
+"""System under test (SUT): the only door between the harness and an inference engine.
+
+A SUT adapter is one small class implementing `SUT`. The harness never imports an engine
+anywhere else. The protocol selects the adapter with `sut.adapter`:
+
+- `engine` (default): this project's own engine, through `EngineSUT`;
+- `package.module:ClassName`: any importable class;
+- any other name: an entry point of the group `specval.sut`.
+
+Token sources are reported with the codes of `SOURCES`: "plain" (no speculation), "accepted"
+(an accepted draft token), "correction" (drawn from max(p - q, 0) after a rejection), "bonus"
+(drawn from p after every draft was accepted).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import numpy as np
+
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+
+SOURCES = ("plain", "accepted", "correction", "bonus")
+ENTRY_POINT_GROUP = "specval.sut"
+DEFAULT_ADAPTER = "engine"
+
+
+class SUTError(ValueError):
+    """The SUT refused a configuration (e.g. a mode it does not support)."""
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Tokens generated for one batch of requests, one row per seed."""
+
+    tokens: np.ndarray  # int64[N, n] committed tokens t_1..t_n
+    sources: np.ndarray  # object[N, n] one of SOURCES per token
+    num_rounds: np.ndarray  # int64[N] speculative rounds (0 for nospec)
+    num_draft_tokens: np.ndarray  # int64[N] draft tokens proposed
+    num_accepted_tokens: np.ndarray  # int64[N] draft tokens accepted
+
+    def validate(self, num_seeds: int, num_tokens: int) -> None:
+        if self.tokens.shape != (num_seeds, num_tokens) or self.sources.shape != (num_seeds, num_tokens):
+            raise SUTError(f"SUT returned tokens of shape {self.tokens.shape}, expected {(num_seeds, num_tokens)}")
+        bad = set(np.unique(self.sources).tolist()) - set(SOURCES)
+        if bad:
+            raise SUTError(f"SUT returned unknown token sources {sorted(bad)}; expected {SOURCES}")
+
+
+class SUT(abc.ABC):
+    """Adapter interface. Constructed as `Adapter(spec, num_speculative_tokens)`.
+
+    Guarantees expected from an implementation: `sample` is a pure function of (group, prompt,
+    sampling, seed) per request, whatever the batch composition; `target_logits` is the target
+    model at full depth on exactly the given tokens (serial, cache-free); `accept_single` runs the
+    SUT's own acceptance kernel on single-draft rows.
+    """
+
+    prob_dtype = np.float64  # dtype of the probabilities `accept_single` is given
+
+    def __init__(self, spec: SutSpec, num_speculative_tokens: int):
+        self.spec = spec
+        self.num_speculative_tokens = num_speculative_tokens
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abc.abstractmethod
+    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
+               seeds: np.ndarray, num_tokens: int) -> SampleBatch:
+        """Generate exactly `num_tokens` tokens (EOS ignored) for each seed in int64[N]."""
+
+    @abc.abstractmethod
+    def target_logits(self, token_ids: list[int]) -> np.ndarray:
+        """Full-depth next-token logits f32[V] after `token_ids`."""
+
+    @abc.abstractmethod
+    def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
+        """Draft next-token logits f32[V] of `group`'s draft model after `token_ids`."""
+
+    @abc.abstractmethod
+    def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
+                      uniforms: np.ndarray) -> np.ndarray:
+        """First committed token int64[N] of single-draft rows: draft_tokens[N], probs f64[N, V],
+        uniforms f64[N, 3] laid out as (draft sample, accept test, correction/bonus)."""
+
+    def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
+        """Raise SUTError naming the group if any group's mode or depth is unsupported."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name, version and device facts for the manifest."""
+        return {"adapter": type(self).__name__, "python": platform.python_version()}
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def load_adapter(name: str) -> type[SUT]:
+    """Resolve `sut.adapter` to a SUT subclass; ValueError naming the adapter on failure."""
+    if name == DEFAULT_ADAPTER:
+        from specval.engine_sut import EngineSUT
+
+        return EngineSUT
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as err:
+            raise SUTError(f"sut.adapter: cannot import {name!r} ({err})") from err
+    else:
+        points = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not points:
+            raise SUTError(f"sut.adapter: no adapter {name!r}: use 'engine', 'module:Class' or an entry point "
+                           f"of group {ENTRY_POINT_GROUP!r}")
+        cls = points[0].load()
+    if not (isinstance(cls, type) and issubclass(cls, SUT)):
+        raise SUTError(f"sut.adapter: {name!r} is not a subclass of specval.sut.SUT")
+    return cls
+
+
+def open_sut(spec: SutSpec, num_speculative_tokens: int) -> SUT:
+    return load_adapter(spec.adapter)(spec, num_speculative_tokens)
