@@ -39,6 +39,7 @@ DraftFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 CHUNK_ELEMENTS = 1 << 22  # rows * V per call of the implementation, bounds its memory
 NUM_UNIFORMS = 3  # 2K + 1 uniforms for K = 1
 MIDPOINT = 0.5  # the interior point of a uniform whose value cannot change the first token
+DEFAULT_MAX_CELLS = 20_000_000  # refuse larger enumerations (pass max_cells=None to lift it)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -83,8 +84,11 @@ def _intervals(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     return tokens, (lower[tokens] + upper[tokens]) / (2 * total), (upper[tokens] - lower[tokens]) / total
 
 
-def _single_draft_cells(p: np.ndarray, q: np.ndarray) -> Cells:
-    """Enumerate the cells of the module docstring for float64 p [V], q [V]."""
+def _single_draft_cells(p: np.ndarray, q: np.ndarray, max_cells: int | None) -> Cells:
+    """Enumerate the cells of the module docstring for float64 p [V], q [V].
+
+    The number of cells is counted, and checked against `max_cells`, before anything is built.
+    """
     drafts, u_draft, w_draft = _intervals(q)
     ratio = np.minimum(1.0, p[drafts] / q[drafts])
     residual = np.maximum(p - q, 0.0)
@@ -93,6 +97,7 @@ def _single_draft_cells(p: np.ndarray, q: np.ndarray) -> Cells:
     else:  # only reachable when p and q have different totals: the implementation must flag it
         u_res, w_res = np.array([MIDPOINT]), np.array([1.0])
     acc = ratio > 0
+    _num_cells_allowed(int(acc.sum()) + int((ratio < 1).sum()) * len(u_res), max_cells)
     acc_uniforms = np.column_stack([u_draft[acc], ratio[acc] / 2, np.full(acc.sum(), MIDPOINT)])
     rej = ratio < 1
     reps = len(u_res)
@@ -122,11 +127,11 @@ def _validated_pair(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def _num_cells_allowed(num_cells: int, max_cells: int | None) -> None:
     if max_cells is not None and num_cells > max_cells:
         raise ValueError(f"max_cells = {max_cells} is below the {num_cells} cells this pair needs; "
-                         f"raise max_cells or truncate p and q")
+                         f"raise max_cells, or restrict p and q to the union of their supports")
 
 
 def single_draft_law(
-    p: np.ndarray, q: np.ndarray, accept_fn: AcceptFn, *, max_cells: int | None = None
+    p: np.ndarray, q: np.ndarray, accept_fn: AcceptFn, *, max_cells: int | None = DEFAULT_MAX_CELLS
 ) -> tuple[np.ndarray, float, int]:
     """Exact law of the first emitted token of `accept_fn` for target p [V] and draft q [V].
 
@@ -139,12 +144,14 @@ def single_draft_law(
     their values upcast to float64.
     Guarantee: law + error_mass sums to 1 up to float64 rounding (~1e-15 for V <= 1e4).
     Scaling: num_cells <= |supp q| * (1 + |supp max(p - q, 0)|); `accept_fn` is called in
-    chunks of CHUNK_ELEMENTS / V rows; `max_cells` refuses pairs that would need more.
+    chunks of CHUNK_ELEMENTS / V rows, so the work is num_cells * V; `max_cells` (None: no limit)
+    refuses pairs that need more cells, before anything is allocated. Tokens outside
+    supp p U supp q never change the law of a per-token rule, so a large vocabulary can be cut
+    to that union first.
     """
     p64, q64 = _validated_pair(p, q)
-    cells = _single_draft_cells(p64, q64)
+    cells = _single_draft_cells(p64, q64, max_cells)
     num_cells = int(cells.volumes.size)
-    _num_cells_allowed(num_cells, max_cells)
     tokens = _evaluate(np.asarray(p), np.asarray(q), cells, accept_fn)
     valid = (tokens >= 0) & (tokens < p64.size)
     law = np.bincount(tokens[valid], weights=cells.volumes[valid], minlength=p64.size)
@@ -227,7 +234,7 @@ def _compare(law: np.ndarray, target: np.ndarray, error_mass: float, num_cells: 
 
 def quadrature_check(
     p: np.ndarray, q: np.ndarray, accept_fn: AcceptFn, tol: float = 1e-9, *,
-    max_cells: int | None = None,
+    max_cells: int | None = DEFAULT_MAX_CELLS,
 ) -> QuadratureResult:
     """Compare the exact first-token law of `accept_fn` with the analytic target p / T_p.
 
@@ -258,6 +265,20 @@ def draft_quadrature_check(q: np.ndarray, draft_fn: DraftFn, tol: float = 1e-9) 
     error_mass = float(max(0.0, 1.0 - law.sum()))
     num_cells = int(np.count_nonzero(q64))
     return _compare(law, q64 / q64.sum(), error_mass, num_cells, tol, 0.0)
+
+
+def restrict_to_support(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p[tokens], q[tokens], tokens) with tokens = supp p U supp q, in vocabulary order.
+
+    For a rule that treats tokens one by one (as the single-draft rule does) the law on these
+    tokens is unchanged and every other token has probability 0, while the quadrature's work
+    (num_cells * V) shrinks with V. Caveat: a bug that only shows with the zero entries present
+    (e.g. an indexing error beyond the support) is not exercised on the restricted pair.
+    """
+    p_arr, q_arr = np.asarray(p), np.asarray(q)
+    _validated_pair(p_arr, q_arr)
+    tokens = np.flatnonzero((p_arr > 0) | (q_arr > 0))
+    return p_arr[tokens], q_arr[tokens], tokens
 
 
 def _require_float32(name: str, array: np.ndarray) -> None:

@@ -4,6 +4,8 @@ These checks are deterministic (no sampling), so they have no false-fail rate: a
 has error ~1e-16 plus the stated float32 normalisation slack.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from specval.stats.quadrature import (
     engine_draft_fn,
     normalisation_slack,
     quadrature_check,
+    restrict_to_support,
     single_draft_law,
 )
 
@@ -167,3 +170,35 @@ def test_engine_adapter_refuses_float64():
     pair = _pairs(MIN_VOCAB)["dense"]
     with pytest.raises(ValueError, match="float32"):
         quadrature_check(pair.p, pair.q, engine_accept_fn(backend="torch"))
+
+
+def test_restricting_to_the_support_keeps_the_law():
+    pair = _pairs(33)["topp_target"]
+    p = np.r_[pair.p, np.zeros(7)]
+    q = np.r_[pair.q, np.zeros(7)]
+    p_cut, q_cut, tokens = restrict_to_support(p, q)
+    full, _, _ = single_draft_law(p, q, CORRECT)
+    cut, _, _ = single_draft_law(p_cut, q_cut, CORRECT)
+    assert tokens.max() < 33 and np.allclose(full[tokens], cut, atol=1e-15)
+    assert full.sum() == pytest.approx(cut.sum(), abs=1e-15)
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.gpu),
+])
+def test_engine_speculative_accept_triton_is_exact(device):
+    # The Triton kernel on CUDA, or on the CPU under TRITON_INTERPRET=1 (small pairs: the
+    # interpreter is slow).
+    _engine_sampling()
+    pytest.importorskip("engine.sampling.accept_kernel", reason="no Triton accept kernel in engine.sampling")
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("TRITON_INTERPRET=1 is not set: Triton cannot run on the CPU")
+    accept = engine_accept_fn(backend="triton", device=device)
+    vocab = MIN_VOCAB if device == "cpu" else 33
+    for name, pair in _pairs(vocab, seed=3).items():
+        result = quadrature_check(pair.p.astype(np.float32), pair.q.astype(np.float32), accept)
+        assert result.passed, (name, result.to_dict())
