@@ -98,22 +98,40 @@ def _merge_small(
     cell_of_token: np.ndarray,
     cell_expected: list[float],
 ) -> None:
-    """Greedy merge of the sorted small tokens (rule steps 3-4); fills the two outputs in place."""
-    group: list[int] = []
-    group_sum = 0.0
-    for token in small:
-        group.append(int(token))
-        group_sum += float(expected[token])
-        if group_sum >= min_expected:
-            cell_of_token[group] = len(cell_expected)
-            cell_expected.append(group_sum)
-            group, group_sum = [], 0.0
-    if not group:
+    """Greedy merge of the sorted small tokens (rule steps 3-4); fills the two outputs in place.
+
+    A group's running sum is csum[j] - csum[start - 1] over one float64 cumulative sum, so the
+    loop runs once per group (not per token) and stays deterministic.
+    """
+    csum = np.cumsum(expected[small])
+    start, base = 0, 0.0
+    while start < small.size:
+        end = _group_end(csum, start, base, min_expected)
+        if end == small.size:
+            break
+        cell_of_token[small[start : end + 1]] = len(cell_expected)
+        cell_expected.append(float(csum[end] - base))
+        start, base = end + 1, float(csum[end])
+    if start == small.size:
         return
+    remainder = small[start:]
+    remainder_sum = float(csum[-1] - base)
+    target = int(np.argmin(cell_expected)) if cell_expected else 0
     if not cell_expected:
-        cell_of_token[group] = 0
-        cell_expected.append(group_sum)
-        return
-    target = int(np.argmin(cell_expected))
-    cell_of_token[group] = target
-    cell_expected[target] += group_sum
+        cell_expected.append(0.0)
+    cell_of_token[remainder] = target
+    cell_expected[target] += remainder_sum
+
+
+def _group_end(csum: np.ndarray, start: int, base: float, min_expected: float) -> int:
+    """First j >= start with csum[j] - base >= min_expected (len(csum) if none).
+
+    csum[j] - base is non-decreasing in j, so a binary search gives a candidate that is then
+    corrected by the exact test against rounding of base + min_expected.
+    """
+    j = max(start, int(np.searchsorted(csum, base + min_expected, side="left")))
+    while j > start and csum[j - 1] - base >= min_expected:
+        j -= 1
+    while j < csum.size and csum[j] - base < min_expected:
+        j += 1
+    return j
