@@ -4,11 +4,13 @@ Every result has `to_dict()` giving JSON-safe plain types. Modules, one noun eac
 pooling (chi-square cells from expected counts), gof (goodness of fit), homogeneity (two-sample),
 aggregate (sum over strata), power (minimum detectable TV, sample sizes), multiplicity (Holm),
 quadrature (exact single-draft law) with adversarial (synthetic p, q pairs), mcnemar (paired
-correctness), rates (failure-rate intervals, p-value uniformity).
+correctness), rates (failure-rate intervals, p-value uniformity), confirmation (two-stage error
+rates).
 """
 
 from specval.stats.adversarial import ProbPair, adversarial_pairs
 from specval.stats.aggregate import AggregateResult, aggregate_chi2
+from specval.stats.confirmation import TwoStageRates, two_stage
 from specval.stats.gof import GofResult, aggregate_gof, goodness_of_fit
 from specval.stats.homogeneity import HomogeneityResult, aggregate_homogeneity, homogeneity
 from specval.stats.mcnemar import McNemarResult, paired_comparison
@@ -20,6 +22,7 @@ from specval.stats.power import (
     mde_tv,
     mde_tv_two_sample,
     samples_for_tv,
+    samples_for_tv_two_sample,
     simulate_power,
 )
 from specval.stats.quadrature import (
@@ -37,5 +40,5 @@ __all__ = [
     "aggregate_gof", "aggregate_homogeneity", "bonferroni", "draft_quadrature_check",
     "goodness_of_fit", "holm", "homogeneity", "mde_tv", "mde_tv_two_sample", "paired_comparison",
     "pool_cells", "pvalue_uniformity", "quadrature_check", "rate_ci", "samples_for_tv",
-    "simulate_power", "single_draft_law",
+    "simulate_power", "single_draft_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
 ]

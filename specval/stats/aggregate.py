@@ -37,8 +37,11 @@ def aggregate_chi2(
     Guarantee: under H0 the false-fail rate at level alpha is alpha up to the chi-square
     approximation of each stratum; p_value is 1.0 when the summed df is 0, and 0.0 when any
     sample was out of support (an immediate FAIL, as in each stratum).
-    Scaling: the noncentralities add up, so many weak deviations of the same sign of evidence
-    are detected together; use `power.mde_tv(sum n, sum df + 1, ...)` only as a rough guide.
+    Scaling: the noncentralities add up: with n_s samples and deviation TV_s in stratum s,
+    lambda = sum n_s w_s^2 >= 4 sum n_s TV_s^2 (w >= 2 TV per stratum). So
+    `power.mde_tv(sum n, sum df + 1, alpha, power)` is the minimum detectable ROOT-MEAN-SQUARE
+    TV over strata (weighted by n_s): if every stratum deviates by at least d, the aggregate
+    detects it with the stated power; a deviation confined to one small stratum may not be.
     """
     if not (len(statistics) == len(dfs) == len(ns)):
         raise ValueError(f"statistics, dfs and ns must have one entry per stratum, got "

@@ -64,6 +64,16 @@ def samples_for_tv(tv: float, n_bins: int, alpha: float, power: float = 0.8) -> 
     return int(math.ceil(float(n)))
 
 
+def samples_for_tv_two_sample(tv: float, n_bins: int, alpha: float, power: float = 0.8) -> int:
+    """Samples PER GROUP (equal groups) the homogeneity test needs to detect TV >= `tv`.
+
+    Assumptions: as `mde_tv_two_sample`; equal groups of n give n_eff = n / 2.
+    Guarantee: mde_tv_two_sample(n, n, ...) <= tv for the returned n.
+    Scaling: twice the one-sample size (per group), four times in total.
+    """
+    return int(math.ceil(2 * samples_for_tv(tv, n_bins, alpha, power)))
+
+
 def effective_n(n_a: float, n_b: float) -> float:
     """n_eff = n_a n_b / (n_a + n_b): the two-sample test's equivalent one-sample size (0 if empty)."""
     n_a = checks.non_negative("n_a", n_a)
