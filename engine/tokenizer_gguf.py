@@ -104,11 +104,11 @@ def _category_class(prefix: str) -> str:
 
 @functools.cache
 def pretokenizer_patterns() -> tuple[re.Pattern, re.Pattern]:
-    """(numeric character, GPT-2 split) patterns with exact \\p{L}, \\p{N} and \\s classes."""
+    """(isolate-each-numeric-character, GPT-2 split) patterns with exact \\p{L}, \\p{N} and \\s classes."""
     letters, numbers, space = _category_class("L"), _category_class("N"), WHITE_SPACE
     split = (rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{space}{letters}{numbers}]+"
              rf"|[{space}]+(?![^{space}])|[{space}]+")
-    return re.compile(f"[{numbers}]"), re.compile(split)
+    return re.compile(f"([{numbers}])"), re.compile(split)
 
 
 class GGUFTokenizer:
@@ -150,7 +150,7 @@ class GGUFTokenizer:
             if is_special:
                 ids.append(self._ids[span])
             else:
-                for piece in self._pieces(span):
+                for piece in self.pre_tokenize(span):
                     ids.extend(self._bpe(piece))
         return ids
 
@@ -191,10 +191,11 @@ class GGUFTokenizer:
             spans.append((text[start:], False))
         return spans
 
-    def _pieces(self, text: str) -> list[str]:
+    def pre_tokenize(self, text: str) -> list[str]:
+        """The pieces BPE sees for `text` (no special-token handling): step 2 of the module docstring."""
         parts = [text]
         if self.spec.pre == "smollm":
-            parts = [p for p in re.split(f"({self._digit.pattern})", text) if p]
+            parts = [part for part in self._digit.split(text) if part]
         return [piece for part in parts for piece in self._split.findall(part)]
 
     def _bpe(self, piece: str) -> tuple[int, ...]:

@@ -105,10 +105,9 @@ def llama_config(contents: GGUFContents) -> LlamaConfig:
     if architecture != ARCHITECTURE:
         raise GGUFError(f"GGUF file {contents.path}: general.architecture={architecture!r} is not supported "
                         f"(only {ARCHITECTURE!r})")
-    tokens = meta.get("tokenizer.ggml.tokens") or []
     try:
         config = LlamaConfig(
-            vocab_size=int(meta.get("llama.vocab_size", len(tokens))),
+            vocab_size=_vocab_size(contents),
             hidden_size=int(_required(contents, "llama.embedding_length")),
             intermediate_size=int(_required(contents, "llama.feed_forward_length")),
             num_layers=int(_required(contents, "llama.block_count")),
@@ -128,6 +127,17 @@ def llama_config(contents: GGUFContents) -> LlamaConfig:
         raise GGUFError(f"GGUF file {contents.path}: llama.rope.dimension_count={rope_dims} (partial rotary) "
                         f"is not supported; head_dim is {config.head_dim}")
     return config
+
+
+def _vocab_size(contents: GGUFContents) -> int:
+    """llama.vocab_size, else the tokenizer's token count, else the embedding's row count."""
+    meta = contents.metadata
+    if "llama.vocab_size" in meta:
+        return int(meta["llama.vocab_size"])
+    if "tokenizer.ggml.tokens" in meta:
+        return len(meta["tokenizer.ggml.tokens"])
+    embedding = contents.tensors.get("token_embd.weight")
+    return int(embedding.shape[-1]) if embedding is not None else 0
 
 
 def _required(contents: GGUFContents, key: str) -> Any:

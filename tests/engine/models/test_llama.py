@@ -1,0 +1,138 @@
+"""Llama-family forward on small random weights: properties that pin each component down.
+
+Deterministic (fixed torch seeds, no sampling): no false-fail rate beyond float tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.models.llama import (ContiguousAttention, LayerWeights, LlamaConfig, LlamaModel, LlamaWeights,
+                                 apply_rope, rms_norm, rope_cos_sin)
+
+TINY = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+                   num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, context_length=64,
+                   tie_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+
+def random_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.3) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * scale
+
+    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    layers = tuple(
+        LayerWeights(attn_norm=1 + rand(h, scale=0.1), wq=rand(config.num_heads * d, h),
+                     wk=rand(config.num_kv_heads * d, h), wv=rand(config.num_kv_heads * d, h),
+                     wo=rand(h, config.num_heads * d), ffn_norm=1 + rand(h, scale=0.1),
+                     w_gate=rand(i, h), w_up=rand(i, h), w_down=rand(h, i))
+        for _ in range(config.num_layers))
+    embed = rand(config.vocab_size, h, scale=1.0)
+    return LlamaWeights(embed=embed, layers=layers, final_norm=1 + rand(h, scale=0.1), lm_head=embed)
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaModel:
+    return LlamaModel(TINY, random_weights(TINY))
+
+
+def tokens(n: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, TINY.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_rms_norm_matches_definition():
+    x, w = torch.randn(5, 8), torch.randn(8)
+    expected = x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), expected)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    q, k = torch.randn(1, 1, 16), torch.randn(1, 1, 16)
+
+    def score(m: int, n: int) -> float:
+        cq, sq = rope_cos_sin(torch.tensor([m]), 16, 10000.0)
+        ck, sk = rope_cos_sin(torch.tensor([n]), 16, 10000.0)
+        return float((apply_rope(q, cq, sq) * apply_rope(k, ck, sk)).sum())
+
+    assert score(7, 3) == pytest.approx(score(104, 100), rel=1e-4)
+    assert score(7, 3) != pytest.approx(score(7, 4), rel=1e-3)
+    cos, sin = rope_cos_sin(torch.tensor([5]), 16, 10000.0)
+    assert float(apply_rope(q, cos, sin).norm()) == pytest.approx(float(q.norm()), rel=1e-5)
+
+
+def test_incremental_decoding_matches_full_forward(model):
+    ids = tokens(9)
+    full = model.forward(ids)
+    attend = ContiguousAttention(TINY.num_layers)
+    chunks = [(0, 5), (5, 6), (6, 9)]  # prefill, one decode step, a 3-token verify block
+    for start, stop in chunks:
+        positions = torch.arange(start, stop)
+        hidden = model.run_layers(model.embed(ids[start:stop]), positions, 0, TINY.num_layers, attend)
+        torch.testing.assert_close(model.readout(hidden), full[start:stop], atol=1e-5, rtol=1e-5)
+    assert attend.length(TINY.num_layers - 1) == 9
+
+
+def test_causality_later_tokens_do_not_change_earlier_logits(model):
+    ids = tokens(8)
+    changed = ids.clone()
+    changed[5:] = (changed[5:] + 1) % TINY.vocab_size
+    a, b = model.forward(ids), model.forward(changed)
+    torch.testing.assert_close(a[:5], b[:5])
+    assert not torch.allclose(a[5:], b[5:])
+
+
+def test_early_exit_equals_truncated_model(model):
+    ids = tokens(6)
+    shallow, full = model.early_exit(ids, (1, TINY.num_layers))
+    truncated_config = replace(TINY, num_layers=1)
+    truncated = LlamaModel(truncated_config, replace(model.weights, layers=model.weights.layers[:1]))
+    torch.testing.assert_close(shallow, truncated.forward(ids))
+    torch.testing.assert_close(full, model.forward(ids))
+    assert not torch.allclose(shallow, full)
+
+
+def test_grouped_query_attention_equals_duplicated_kv_heads(model):
+    """GQA with 2 kv heads == full multi-head attention whose kv heads repeat each group's weights."""
+    group, d = TINY.num_heads // TINY.num_kv_heads, TINY.head_dim
+
+    def widen(w: torch.Tensor) -> torch.Tensor:
+        return w.view(TINY.num_kv_heads, d, -1).repeat_interleave(group, dim=0).reshape(TINY.num_heads * d, -1)
+
+    layers = tuple(replace(layer, wk=widen(layer.wk), wv=widen(layer.wv)) for layer in model.weights.layers)
+    mha = LlamaModel(replace(TINY, num_kv_heads=TINY.num_heads), replace(model.weights, layers=layers))
+    ids = tokens(7)
+    torch.testing.assert_close(mha.forward(ids), model.forward(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_bf16_forward_tracks_fp32(model):
+    ids = tokens(6)
+    low = LlamaModel(TINY, model.weights.to(torch.bfloat16))
+    assert low.weights.lm_head is low.weights.embed
+    ref, out = model.forward(ids), low.forward(ids)
+    assert out.dtype == torch.float32
+    assert float((out - ref).abs().max()) < 0.05 * float(ref.abs().max())
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        replace(TINY, num_kv_heads=3)
+    with pytest.raises(ValueError, match="hidden_size"):
+        replace(TINY, hidden_size=30)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        replace(TINY, eos_token_id=50)
+
+
+def test_bad_weights_and_inputs_are_rejected(model):
+    bad = replace(model.weights, final_norm=torch.ones(31))
+    with pytest.raises(ValueError, match="final_norm"):
+        LlamaModel(TINY, bad)
+    with pytest.raises(ValueError, match="token_ids"):
+        model.forward(torch.tensor([0, TINY.vocab_size]))
+    with pytest.raises(ValueError, match="context_length"):
+        model.forward(torch.zeros(TINY.context_length + 1, dtype=torch.int64))
+    with pytest.raises(ValueError, match="depths"):
+        model.early_exit(tokens(3), (2, 1))
