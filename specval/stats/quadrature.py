@@ -96,11 +96,11 @@ def _single_draft_cells(p: np.ndarray, q: np.ndarray, max_cells: int | None) -> 
         _, u_res, w_res = _intervals(residual)
     else:  # only reachable when p and q have different totals: the implementation must flag it
         u_res, w_res = np.array([MIDPOINT]), np.array([1.0])
-    acc = ratio > 0
-    _num_cells_allowed(int(acc.sum()) + int((ratio < 1).sum()) * len(u_res), max_cells)
+    acc, rej, reps = ratio > 0, ratio < 1, len(u_res)
+    _num_cells_allowed(int(acc.sum()) + int(rej.sum()) * reps, max_cells)
+    # Accepted cells: [0, t) in u_accept; u_final is free (it only draws the bonus token).
     acc_uniforms = np.column_stack([u_draft[acc], ratio[acc] / 2, np.full(acc.sum(), MIDPOINT)])
-    rej = ratio < 1
-    reps = len(u_res)
+    # Rejected cells: [t, 1) in u_accept, times every interval of the residual's CDF.
     rej_uniforms = np.column_stack([
         np.repeat(u_draft[rej], reps),
         np.repeat((1 + ratio[rej]) / 2, reps),
