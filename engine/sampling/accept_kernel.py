@@ -25,6 +25,13 @@ from engine.sampling.categorical_kernel import _draw_row, _is_bad
 
 BLOCK_V = 1024
 NUM_WARPS = 4
+# the result codes as compile-time constants of the kernel
+_PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN)
+_BAD_OFFSETS = tl.constexpr(ERR_BAD_OFFSETS)
+_BAD_DRAFT_TOKEN = tl.constexpr(ERR_BAD_DRAFT_TOKEN)
+_INVALID_TARGET = tl.constexpr(ERR_INVALID_TARGET)
+_INVALID_DRAFT = tl.constexpr(ERR_INVALID_DRAFT)
+_EMPTY_RESIDUAL = tl.constexpr(ERR_EMPTY_RESIDUAL)
 
 
 @triton.jit
@@ -123,17 +130,17 @@ def _accept_kernel(
 
     error = tl.zeros([1], tl.int32).sum(0)
     rejected = (has_q != 0)
-    error = tl.where(rejected & (drawn < 0), ERR_EMPTY_RESIDUAL, error)
-    error = tl.where(rejected & ~q_ok, ERR_INVALID_DRAFT, error)
-    error = tl.where(~p_ok, ERR_INVALID_TARGET, error)
-    error = tl.where(~is_bonus & stop_token_bad, ERR_BAD_DRAFT_TOKEN, error)
-    error = tl.where(bad_offsets, ERR_BAD_OFFSETS, error)
+    error = tl.where(rejected & (drawn < 0), _EMPTY_RESIDUAL, error)
+    error = tl.where(rejected & ~q_ok, _INVALID_DRAFT, error)
+    error = tl.where(~p_ok, _INVALID_TARGET, error)
+    error = tl.where(~is_bonus & stop_token_bad, _BAD_DRAFT_TOKEN, error)
+    error = tl.where(bad_offsets, _BAD_OFFSETS, error)
     is_ok = error == 0
 
     col = tl.arange(0, BLOCK_K)
     drafts = tl.load(draft_tokens_ptr + start + col, mask=col < j, other=0).to(tl.int64)
-    row = tl.where(col < j, drafts, tl.where(col == j, final, PLACEHOLDER_TOKEN))
-    row = tl.where(is_ok, row, PLACEHOLDER_TOKEN)
+    row = tl.where(col < j, drafts, tl.where(col == j, final, _PLACEHOLDER))
+    row = tl.where(is_ok, row, _PLACEHOLDER)
     tl.store(tokens_ptr + r.to(tl.int64) * (K + 1) + col, row, mask=col < K + 1)
     tl.store(num_accepted_ptr + r, tl.where(is_ok, j, 0))
     tl.store(error_ptr + r, error)
