@@ -137,3 +137,22 @@ def test_env_var_sets_auto_default(monkeypatch):
     t, k, p = params([1.0], [5], [0.9])
     with pytest.raises(ValueError, match="ENGINE_SAMPLING_BACKEND='bogus'"):
         batched_probabilities(torch.randn(1, 8), t, k, p)
+
+
+@pytest.mark.skipif(not __import__("conftest").triton_can_run_on(torch.device("cpu")),
+                    reason="needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("capacity", [8, 64, 512])
+def test_triton_paths_small_blocks(capacity):
+    """Multi-block loops (block 64 < V), candidate scratch and the whole-row fallback."""
+    from engine.sampling.probabilities_kernel import probabilities_triton
+
+    logits = torch.randn(6, 300, generator=generator(7)) * 3
+    logits[5] = torch.randint(0, 4, (300,), generator=generator(8)).float()  # heavy ties
+    t, k, p = params(
+        [1.0, 0.5, 100.0, 1.0, 1e-3, 1.0], [20, -1, -1, 3, 5, 7], [0.8, 0.9, 0.5, 1.0, 0.3, 0.6]
+    )
+    out = probabilities_triton(logits, t, k, p, candidate_capacity=capacity, block=64)
+    for b, prm in enumerate(row_params(t, k, p)):
+        ref = Sampler().probabilities(logits[b], prm)
+        assert torch.equal(out[b] > 0, ref > 0), f"row {b}: support differs"
+        torch.testing.assert_close(out[b], ref, rtol=RTOL, atol=ATOL)
