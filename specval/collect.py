@@ -91,6 +91,8 @@ def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequenc
     """Collect every missing chunk into `bundle/samples`; returns the number of samples drawn now."""
     out = bundle / SAMPLES_DIR
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*"):  # temp files of a chunk that was being written when the run died
+        stale.unlink()
     chunks = plan_chunks(ranges, protocol.chunk_size)
     todo = [c for c in chunks if not (out / c.file_name).exists()]
     total = sum(c.stop - c.start for c in chunks)

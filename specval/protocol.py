@@ -122,6 +122,7 @@ class Protocol:
     batch_size: int = 1000
     profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     profile: str | None = field(default=None, compare=False)
+    file_hash: str | None = field(default=None, compare=False, repr=False)  # set by `resolve`
 
     def group(self, name: str) -> GroupSpec:
         for group in self.groups:
@@ -130,16 +131,18 @@ class Protocol:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (profile excluded): the input of the canonical hash."""
+        """Plain JSON-able form (profile excluded): for an unresolved protocol, the input of the hash."""
         out = _plain(dataclasses.asdict(self))
         out.pop("profile")
+        out.pop("file_hash")
         out["sut"]["options"] = dict(self.sut.options)
         out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
         return out
 
     @property
     def hash(self) -> str:
-        return canonical_hash(self.to_dict())
+        """Canonical hash of the protocol as written in its file (profiles do not change it)."""
+        return self.file_hash or canonical_hash(self.to_dict())
 
 
 def _plain(value: Any) -> Any:
@@ -160,7 +163,7 @@ def canonical_hash(obj: Any) -> str:
 
 
 def _check_keys(raw: Mapping, cls: type, file: str, where: str) -> None:
-    names = [f.name for f in dataclasses.fields(cls) if f.name != "profile"]
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in ("profile", "file_hash")]
     for key in raw:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
@@ -395,7 +398,7 @@ def resolve(protocol: Protocol, profile: str | None) -> Protocol:
         close = difflib.get_close_matches(profile, list(profiles), n=1)
         _fail(protocol.name, "profile", f"unknown profile, choose from {sorted(profiles)}", profile,
               close[0] if close else None)
-    return dataclasses.replace(protocol, profile=profile, **dict(profiles[profile]))
+    return dataclasses.replace(protocol, profile=profile, file_hash=protocol.hash, **dict(profiles[profile]))
 
 
 # ---------------------------------------------------------------- freeze

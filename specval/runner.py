@@ -72,7 +72,7 @@ def start(protocol_file: Path, profile: str | None, output: Path, confirmatory: 
     ranges = [seeds.SeedRange(r.protocol, path.name, r.group, r.start, r.stop) for r in ranges]
     seeds.claim(output, ranges)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
-    bundles.write_json(path / bundles.PROTOCOL_JSON, protocol.to_dict())
+    bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, profile, tuple((r.group, r.start, r.stop) for r in ranges))
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
     return path, protocol, ranges

@@ -1,0 +1,41 @@
+"""A small protocol for the fake SUT (tests/specval/fake_sut.py), as a dict and as a YAML file."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+FAKE_PROTOCOL = {
+    "name": "fake_t2",
+    "sut": {"adapter": "fake_sut:FakeSUT"},
+    "prompt": "abc",
+    "sampling": {"temperature": 1.0, "top_k": 8, "top_p": 0.95},
+    "num_speculative_tokens": 3,
+    "positions": 2,
+    "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 2}],
+    "samples_per_group": 1200,
+    "chunk_size": 400,
+    "batch_size": 200,
+    "stratum_min": 200,
+    "tests": [
+        {"kind": "quadrature", "role": "control"},
+        {"kind": "gof", "position": 1, "role": "control"},
+        {"kind": "gof", "position": 2, "role": "primary"},
+        {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"},
+    ],
+    "profiles": {"ci": {"samples_per_group": 800}, "full": {"samples_per_group": 20000}},
+}
+
+
+def fake_protocol_dict(**overrides) -> dict:
+    raw = copy.deepcopy(FAKE_PROTOCOL)
+    raw.update(overrides)
+    return raw
+
+
+def write_protocol(directory: Path, raw: dict, name: str = "protocol.yaml") -> Path:
+    path = Path(directory) / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path

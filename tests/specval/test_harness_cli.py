@@ -1,0 +1,83 @@
+"""CLI: exit 0 PASS, 1 FAIL / does not verify, 2 usage or input error; every subcommand runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fake_protocol import fake_protocol_dict, write_protocol
+
+from specval.cli import main
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # `fake_sut:FakeSUT` is importable
+    monkeypatch.chdir(tmp_path)
+    return CliRunner()
+
+
+def _run(cli, *args):
+    return cli.invoke(main, list(args), catch_exceptions=False)
+
+
+def test_run_pass_then_verify_then_seeds_ls_and_junit(cli, tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict())
+    result = _run(cli, "run", str(file), "--profile", "ci", "--quiet", "--junit", "junit.xml")
+    assert result.exit_code == 0, result.output
+    assert "PASS: all" in result.output
+    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
+    assert bundle.parent == Path("results") and (tmp_path / bundle / "SHA256SUMS").exists()
+    assert "<testsuite" in (tmp_path / "junit.xml").read_text()
+    assert _run(cli, "verify", str(bundle)).exit_code == 0
+    seeds = _run(cli, "seeds", str(file), "--profile", "ci")
+    assert "held" in seeds.output and "[0, 800)" in seeds.output and "[1600, 2400)" in seeds.output
+    assert "PASS" in _run(cli, "ls").output
+    assert _run(cli, "report", str(bundle)).exit_code == 0
+    summary = tmp_path / bundle / "summary.json"
+    summary.write_text(summary.read_text().replace('"verdict": "PASS"', '"verdict": "FAIL"', 1))
+    result = _run(cli, "verify", str(bundle))
+    assert result.exit_code == 1 and "summary.json: sha256 differs" in result.output
+    assert _run(cli, "report", str(bundle)).exit_code == 2  # refuses to re-seal a changed bundle
+
+
+def test_failing_sut_exits_1(cli, tmp_path):
+    raw = fake_protocol_dict(sut={"adapter": "fake_sut:BuggyFakeSUT"})
+    result = _run(cli, "run", str(write_protocol(tmp_path, raw)), "--profile", "ci", "--quiet")
+    assert result.exit_code == 1 and "FAIL: failed:" in result.output
+
+
+def test_input_errors_exit_2_before_any_sampling(cli, tmp_path):
+    bad = write_protocol(tmp_path, fake_protocol_dict(alhpa=0.01), "bad.yaml")
+    result = _run(cli, "validate", str(bad))
+    assert result.exit_code == 2 and "alhpa: unknown key; did you mean 'alpha'?" in result.output
+    unsupported = fake_protocol_dict(groups=[{"name": "nospec", "mode": "nospec"}, {"name": "async", "mode": "async"}])
+    result = _run(cli, "run", str(write_protocol(tmp_path, unsupported, "u.yaml")), "--quiet")
+    assert result.exit_code == 2 and "mode 'async' is not supported" in result.output
+    assert not list(Path("results").glob("*/samples/*.parquet"))
+    good = write_protocol(tmp_path, fake_protocol_dict())
+    assert _run(cli, "run", str(good), "--confirmatory", "--quiet").exit_code == 2
+    assert _run(cli, "run", str(good), "--profile", "cj", "--quiet").exit_code == 2
+    assert _run(cli, "run", "--quiet").exit_code == 2  # neither a protocol nor --resume
+
+
+def test_freeze_validate_and_confirmatory_run(cli, tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict(samples_per_group=400))
+    assert "not frozen" in _run(cli, "validate", str(file)).output
+    assert _run(cli, "freeze", str(file)).exit_code == 0
+    lock = json.loads((tmp_path / "frozen.lock").read_text())
+    assert "(frozen)" in _run(cli, "validate", str(file)).output
+    assert _run(cli, "run", str(file), "--confirmatory", "--quiet").exit_code == 0
+    write_protocol(tmp_path, fake_protocol_dict(samples_per_group=401))
+    result = _run(cli, "run", str(file), "--confirmatory", "--quiet")
+    assert result.exit_code == 2 and "changed since it was frozen" in result.output and str(file) in result.output
+    assert json.loads((tmp_path / "frozen.lock").read_text()) == lock
+
+
+def test_seed_offset_overlapping_the_ledger_is_refused(cli, tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict(samples_per_group=400))
+    assert _run(cli, "run", str(file), "--quiet").exit_code == 0
+    result = _run(cli, "run", str(file), "--quiet", "--seed-offset", "100")
+    assert result.exit_code == 2 and "overlaps" in result.output
