@@ -41,7 +41,7 @@ class Engine:
             raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
                              f"loops ({self.model.num_depths})")
         self.tokenizer = ByteTokenizer()
-        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks, config.block_size,
+        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + 1, config.block_size,
                                         self.model.num_layers_per_depth, self.model.num_kv_heads,
                                         self.model.head_size), config.torch_dtype, self.device)
         self.scheduler = Scheduler(self._limits(), BlockManager(config.num_kv_blocks, config.block_size))
@@ -111,6 +111,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step (prefill newcomers, one round for every scheduled request)."""
         batch = self.scheduler.schedule()
+        self.kv.zero_blocks(self.scheduler.blocks.take_allocated())
         if not batch.is_empty:
             self.runner.prefill(batch.prefill)
             outcomes = self.runner.run(batch.decode, batch.num_drafts)

@@ -5,6 +5,11 @@ depth. A sequence owns `num_depths` block tables; the shallow depths of a specul
 hold more positions than the deep ones until the round is committed and the rejected tail is
 truncated.
 
+Block PAD_BLOCK (0) is never handed out: block tables are padded with it, and it stays zero, so
+padded key slots can never carry another request's values (a NaN times a zero attention weight
+would still be NaN). Blocks are zeroed when handed out, for the same reason: a failed request
+may leave non-finite values behind.
+
 Capacity is reserved at admission (`reserve`): a request is admitted only if its worst case fits
 next to every admitted request's worst case, so `grow` never runs out of blocks mid-round and a
 full pool makes requests queue instead of corrupting anyone's cache.
@@ -16,10 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+PAD_BLOCK = 0  # reserved all-zero block that pads block tables
+
 
 @dataclass(frozen=True)
 class KVLayout:
-    """Shape of the cache; `num_blocks` counts blocks over all depths together."""
+    """Shape of the cache; `num_blocks` counts every block of the pool (PAD_BLOCK included)."""
 
     num_blocks: int
     block_size: int
@@ -37,14 +44,26 @@ class PagedKVCache:
         self.key = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
         self.value = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
 
+    def zero_blocks(self, blocks: list[int]) -> None:
+        """Clear freshly allocated blocks in every layer."""
+        if blocks:
+            index = torch.tensor(blocks, dtype=torch.int64, device=self.key[0].device)
+            for pool in self.key + self.value:
+                pool.index_fill_(0, index, 0)
+
 
 class BlockManager:
-    """Allocates blocks to per-depth block tables; enforces per-request reservations."""
+    """Allocates blocks to per-depth block tables; enforces per-request reservations.
+
+    `num_blocks` usable blocks are managed (ids 1..num_blocks; PAD_BLOCK is extra). Ids handed
+    out since the last `take_allocated` call are recorded so the caller can zero them.
+    """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free = list(range(num_blocks - 1, -1, -1))  # stack: pop() hands out low ids first
+        self._free = list(range(num_blocks, PAD_BLOCK, -1))  # stack: pop() hands out low ids first
+        self._allocated: list[int] = []
         self.num_reserved = 0
 
     @property
@@ -69,6 +88,12 @@ class BlockManager:
             if not self._free:
                 raise RuntimeError("block pool exhausted despite reservation (accounting bug)")
             table.append(self._free.pop())
+            self._allocated.append(table[-1])
+
+    def take_allocated(self) -> list[int]:
+        """Blocks handed out since the previous call (to be zeroed before use)."""
+        allocated, self._allocated = self._allocated, []
+        return allocated
 
     def truncate(self, table: list[int], num_positions: int) -> None:
         """Free the blocks of `table` that lie wholly beyond the first `num_positions` positions."""

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv_cache import PAD_BLOCK
 from engine.models.base import AttentionMetadata
-
-PAD_BLOCK = 0  # block id used to pad block tables; padded keys are always masked out
 
 
 @dataclass(frozen=True)
