@@ -13,6 +13,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 QWEN_VOCAB = 152064
+# On the GPU tl.exp is exp2(x * log2 e) in hardware: relative error grows like |x - max| * 2**-23,
+# so values of rows with large scaled logits (temperature 1e-3) differ from torch.exp by ~1e-5.
+GPU_RTOL = 1e-4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -29,7 +32,7 @@ def test_large_vocab_kernel_matches_reference(dtype):
         ref = Sampler().probabilities(logits[b], SamplingParams(temperature=temp, top_k=top_k,
                                                                  top_p=top_p))
         assert torch.equal(out[b] > 0, ref > 0), f"row {b}: support differs"
-        torch.testing.assert_close(out[b], ref, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(out[b], ref, rtol=GPU_RTOL, atol=1e-7)
 
 
 def test_uniform_blocks_bitwise_equal_on_cpu_and_cuda():

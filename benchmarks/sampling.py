@@ -1,0 +1,130 @@
+"""Benchmark of batched_probabilities on a CUDA device.
+
+Prints, for B in {1, 64, 256, 1024} and V in {32000, 152064} (temperature 0.8, top-k 50,
+top-p 0.9 on every row), the median time per call of the Triton kernel, the torch backend
+and a plain sort-based torch implementation, next to the floor: the bytes that must move
+(logits read once + probabilities written once) over the measured device copy bandwidth.
+Timing: triton.testing.do_bench (CUDA events, median), after a warm-up, rotating through
+input sets totalling >= 4x the L2 cache so repeated calls do not measure the cache.
+
+Usage: PYTHONPATH=. python3 benchmarks/sampling.py [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import torch
+import triton
+import triton.testing
+
+from engine.sampling import batched_probabilities
+
+BATCHES = (1, 64, 256, 1024)
+VOCABS = (32000, 152064)
+TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.9
+LOGIT_SCALE = 4.0  # standard deviation of the random logits
+L2_BYTES = 50 * 2**20
+WARMUP_MS, REP_MS = 50, 300
+
+
+def sort_based(logits, temperature, top_k, top_p):
+    """The common sort-based implementation (sort, mask by rank and cumsum, scatter back)."""
+    x = logits.float() / temperature.unsqueeze(1)
+    sorted_x, order = torch.sort(x, dim=1, descending=True)
+    rank = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+    sorted_x = sorted_x.masked_fill(rank >= top_k.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(sorted_x, dim=1)
+    before = torch.cumsum(probs, dim=1) - probs
+    sorted_x = sorted_x.masked_fill(before >= top_p.unsqueeze(1), float("-inf"))
+    out = torch.empty_like(x).scatter_(1, order, sorted_x)
+    return torch.softmax(out, dim=1)
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s (bytes read + bytes written), 1 GiB buffers."""
+    src = torch.randn(2**28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=100, rep=500, return_mode="median")
+    return 2 * src.numel() * 4 / (ms * 1e-3)
+
+
+def inputs(batch: int, vocab: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(batch, vocab, device="cuda", generator=g) * LOGIT_SCALE
+    full = lambda value, dtype: torch.full((batch,), value, dtype=dtype, device="cuda")  # noqa
+    return (logits, full(TEMPERATURE, torch.float32), full(TOP_K, torch.int64),
+            full(TOP_P, torch.float32))
+
+
+def time_ms(fn, sets) -> float:
+    cycle = itertools.cycle(sets)
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
+                                   return_mode="median")
+
+
+def implementations():
+    return {
+        "triton": lambda *a: batched_probabilities(*a, backend="triton"),
+        "torch": lambda *a: batched_probabilities(*a, backend="torch"),
+        "sort": sort_based,
+    }
+
+
+def row(batch, vocab, bandwidth):
+    nbytes = batch * vocab * 4 * 2
+    num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
+    sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
+    times = {name: time_ms(fn, sets) for name, fn in implementations().items()}
+    floor_ms = nbytes / bandwidth * 1e3
+    return (batch, vocab, times["triton"], times["torch"], times["sort"], floor_ms)
+
+
+def variants(bandwidth, batch=256, vocab=152064):
+    """Other row mixes at one size: which paths cost what."""
+    cases = {"no truncation": (-1, 1.0), "top-k 50 only": (50, 1.0),
+             "top-p 0.9 only": (-1, 0.9), "top-k 1000 + top-p 0.95": (1000, 0.95)}
+    lines = []
+    for name, (k, p) in cases.items():
+        sets = []
+        for seed in range(2):
+            logits, t, _, _ = inputs(batch, vocab, seed)
+            sets.append((logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p)))
+        ms = time_ms(lambda *a: batched_probabilities(*a, backend="triton"), sets)
+        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / (batch * vocab * 8 / bandwidth * 1e3):.2f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the markdown table to this file")
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    header = [
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
+        f"rows: temperature {TEMPERATURE}, top-k {TOP_K}, top-p {TOP_P}, logits ~ N(0, "
+        f"{LOGIT_SCALE}^2), float32; times in microseconds (median)",
+        "",
+        "| B | V | triton | torch backend | sort-based | floor | triton/floor | sort/triton |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines = list(header)
+    for batch, vocab in itertools.product(BATCHES, VOCABS):
+        b, v, tri, tor, srt, flo = row(batch, vocab, bandwidth)
+        lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {tor * 1e3:.1f} | {srt * 1e3:.1f} | "
+                     f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} |")
+        print(lines[-1], flush=True)
+    lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
+              "| rows | triton (us) | triton/floor |", "|---|---:|---:|"]
+    lines += variants(bandwidth)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
