@@ -92,11 +92,11 @@ class EngineSUT(SUT):
         rows = len(draft_tokens)
         target = np.repeat(np.asarray(target_probs, dtype=np.float32), 2, axis=0)  # [2R, V]: p, then bonus p
         result = speculative_accept(
-            torch.from_numpy(np.ascontiguousarray(draft_tokens, dtype=np.int64)),
+            torch.from_numpy(np.array(draft_tokens, dtype=np.int64)),
             torch.arange(rows + 1, dtype=torch.int64),
-            torch.from_numpy(np.ascontiguousarray(draft_probs, dtype=np.float32)),
-            torch.from_numpy(np.ascontiguousarray(target)),
-            torch.from_numpy(np.ascontiguousarray(uniforms, dtype=np.float64)),
+            torch.from_numpy(np.array(draft_probs, dtype=np.float32)),  # a writable copy
+            torch.from_numpy(target),
+            torch.from_numpy(np.array(uniforms, dtype=np.float64)),
             torch.zeros(rows, dtype=torch.bool),
         )
         return result.tokens[:, 0].numpy()

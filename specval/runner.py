@@ -55,27 +55,31 @@ def _ranges(plan: bundles.RunPlan, run: str) -> list[seeds.SeedRange]:
 # ---------------------------------------------------------------- start or resume
 
 
-def start(protocol_file: Path, profile: str | None, output: Path, confirmatory: bool = False,
-          seed_offset: int | None = None) -> tuple[Path, Protocol, list[seeds.SeedRange]]:
-    """Validate, claim disjoint seed ranges and create the bundle (nothing is sampled yet)."""
+def prepare(protocol_file: Path, profile: str | None, confirmatory: bool = False) -> tuple[Protocol, Protocol]:
+    """Load the protocol, refuse a changed confirmatory one, apply the profile: (as written, resolved)."""
     base = load_protocol(protocol_file)
     if confirmatory or base.confirmatory:
         check_frozen(base, protocol_file)
-    protocol = resolve(base, profile)
+    return base, resolve(base, profile)
+
+
+def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
+          seed_offset: int | None = None) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim disjoint seed ranges and create the bundle (nothing is sampled yet)."""
     output.mkdir(parents=True, exist_ok=True)
     names = [g.name for g in protocol.groups]
-    run = f"{protocol.name}-{_timestamp()}"
-    ranges = seeds.allocate(seeds.read_ledger(output), protocol.name, run, names, protocol.samples_per_group,
-                            protocol.seed_base, seed_offset)
-    seeds.check_disjoint(seeds.read_ledger(output), ranges)
+    planned = seeds.allocate(seeds.read_ledger(output), protocol.name, "", names, protocol.samples_per_group,
+                             protocol.seed_base, seed_offset)
+    seeds.check_disjoint(seeds.read_ledger(output), planned)
     path = _new_bundle(output, protocol.name)
-    ranges = [seeds.SeedRange(r.protocol, path.name, r.group, r.start, r.stop) for r in ranges]
+    ranges = [seeds.SeedRange(r.protocol, path.name, r.group, r.start, r.stop) for r in planned]
     seeds.claim(output, ranges)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
-    plan = bundles.RunPlan(protocol.name, protocol.hash, profile, tuple((r.group, r.start, r.stop) for r in ranges))
+    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
+                           tuple((r.group, r.start, r.stop) for r in ranges))
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
-    return path, protocol, ranges
+    return path, ranges
 
 
 def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
@@ -157,13 +161,16 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary)."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     if resume is None:
-        path, protocol, ranges = start(Path(protocol_file), profile, output, confirmatory, seed_offset)
+        base, protocol = prepare(Path(protocol_file), profile, confirmatory)
     else:
-        path = Path(resume)
-        protocol, ranges = load_bundle_protocol(path)
+        protocol, ranges = load_bundle_protocol(Path(resume))
     sut = (sut_factory or open_sut)(protocol.sut, protocol.num_speculative_tokens)
     try:
-        sut.check_groups(protocol.groups)
+        sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
+        if resume is None:
+            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset)
+        else:
+            path = Path(resume)
         prompt_ids = sut.encode(protocol.prompt)
         t0 = time.perf_counter()
         drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)

@@ -1,0 +1,100 @@
+"""End to end on the real engine: `specval run protocols/t2_fp32.yaml --profile ci` PASSes and its
+bundle verifies; the same protocol with a planted sampler bug FAILs.
+
+Error rates. Correct engine: the run fails only if a control or primary family rejects, which
+Holm bounds by alpha = 0.01 per family (two gating families, so <= 0.02), plus the quadrature
+controls, which are deterministic. The seeds are fixed (the ledger of a fresh output root starts
+at seed_base), so the outcome is reproducible and this test does not flake from run to run.
+Planted bug (correction drawn from p instead of max(p - q, 0)): its exact TV from the target at t1
+is 0.042 (draft_loops 2) and 0.060 (draft_loops 1) for the default model at the protocol's prompt;
+t1_gof.sync_d1 alone detects it with power 0.99 at the ci size (3,000 samples per group,
+Cohen's w = 0.14), so the FAIL is missed with probability <= 0.01.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from specval import bundle as bundles
+from specval import runner
+from specval.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOL = REPO / "protocols" / "t2_fp32.yaml"
+
+
+def _run_cli(output: Path) -> tuple[int, str, Path]:
+    result = CliRunner().invoke(main, ["run", str(PROTOCOL), "--profile", "ci", "--output", str(output), "--quiet"],
+                                catch_exceptions=False)
+    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
+    return result.exit_code, result.output, bundle
+
+
+@pytest.fixture(scope="session")
+def t2_ci_run(tmp_path_factory):
+    """One real ci run of t2_fp32, shared by every test that needs it."""
+    return _run_cli(tmp_path_factory.mktemp("t2_fp32_ci"))
+
+
+def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
+    exit_code, output, bundle = t2_ci_run
+    assert exit_code == 0, output
+    assert "PASS: all 11 control and primary criteria passed" in output
+    assert bundle.name.startswith("t2_fp32-") and (bundle / "SHA256SUMS").exists()
+    assert runner.verify(bundle) == []
+    summary = bundles.read_json(bundle / "summary.json")
+    for name in ("t2_gof.sync", "t2_gof.sync_d1", "t2_homogeneity.sync_vs_nospec"):
+        test = summary["tests"][name]
+        assert test["coverage"]["strata_covered"] >= 2 and test["mde_tv"] < 0.1, (name, test["coverage"])
+    sources = summary["groups"]["sync"]["sources"]["t2"]
+    assert {"accepted", "correction", "bonus"} <= set(sources)  # every speculative path was exercised
+
+
+def _residual_from_p(real):
+    """The planted bug: at a rejection, redraw the correction from p with the same u_final."""
+
+    def accept(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, **kwargs):
+        result = real(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, **kwargs)
+        tokens = result.tokens.clone()
+        for r in range(len(is_greedy)):
+            num_drafts = int(cu_num_drafts[r + 1] - cu_num_drafts[r])
+            stop = int(result.num_accepted[r])
+            if bool(is_greedy[r]) or int(result.error[r]) or stop == num_drafts:
+                continue
+            cdf = torch.cumsum(target_probs[int(cu_num_drafts[r]) + r + stop].double(), 0)
+            token = torch.searchsorted(cdf, uniforms[r, -1] * cdf[-1], right=True)
+            tokens[r, stop] = torch.clamp(token, max=cdf.numel() - 1)
+        return type(result)(tokens, result.num_accepted, result.error)
+
+    return accept
+
+
+def test_planted_sampler_bug_fails_the_same_protocol(tmp_path, monkeypatch):
+    # Until the engine ships named mutants, the bug is planted in-process by monkeypatching the
+    # accept function the speculative runner calls (the harness's quadrature check goes through
+    # engine.sampling.speculative_accept and still sees the correct kernel).
+    import engine.runners.speculative as speculative
+
+    monkeypatch.setattr(speculative, "speculative_accept", _residual_from_p(speculative.speculative_accept))
+    exit_code, output, bundle = _run_cli(tmp_path)
+    assert exit_code == 1, output
+    summary = bundles.read_json(bundle / "summary.json")
+    failed = {n for n, t in summary["tests"].items() if t["verdict"] == "FAIL"}
+    assert failed & {"t1_gof.sync_d1", "t2_gof.sync_d1", "t2_homogeneity.sync_d1_vs_nospec"}, output
+    assert summary["tests"]["t1_gof.nospec"]["verdict"] == "PASS"  # the bug leaves nospec alone
+    assert runner.verify(bundle) == []  # a FAIL bundle verifies like any other
+
+
+def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
+    text = PROTOCOL.read_text().replace("  - {name: sync_d1, mode: sync, draft_loops: 1}",
+                                        "  - {name: async, mode: async, draft_loops: 2}")
+    file = tmp_path / "t2_async.yaml"
+    file.write_text(text)
+    result = CliRunner().invoke(main, ["run", str(file), "--profile", "ci", "--output", str(tmp_path), "--quiet"])
+    assert result.exit_code == 2
+    assert "group 'async'" in result.output and "mode='async'" in result.output
+    assert [p.name for p in tmp_path.iterdir()] == ["t2_async.yaml"]  # no bundle, no ledger entry
