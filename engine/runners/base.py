@@ -58,9 +58,10 @@ class SamplingRows:
             seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
             num_committed=tensor([len(r.token_ids) for r in requests], torch.int64))
 
-    def repeat(self, counts: torch.Tensor) -> "SamplingRows":
-        """Row r repeated counts[r] times (e.g. once per verify row)."""
-        return SamplingRows(*(torch.repeat_interleave(t, counts) for t in (
+    def repeat(self, counts: torch.Tensor, total: int) -> "SamplingRows":
+        """Row r repeated counts[r] times (e.g. once per verify row); `total` = sum(counts),
+        known on the host, so no device read is needed to size the result."""
+        return SamplingRows(*(torch.repeat_interleave(t, counts, output_size=total) for t in (
             self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds,
             self.num_committed)))
 

@@ -29,7 +29,8 @@ def layout_rows(starts: list[int], lengths: list[int], block_size: int,
     starts_t = torch.tensor(starts, dtype=torch.int64, device=device)
     lengths_t = torch.tensor(lengths, dtype=torch.int64, device=device)
     cu = torch.cumsum(lengths_t, 0) - lengths_t
-    row_seq = torch.repeat_interleave(torch.arange(len(starts), device=device), lengths_t)
+    row_seq = torch.repeat_interleave(torch.arange(len(starts), device=device), lengths_t,
+                                      output_size=sum(lengths))
     row_slot = torch.arange(row_seq.numel(), device=device) - cu[row_seq]
     num_blocks = -(-max(s + n for s, n in zip(starts, lengths)) // block_size)
     query_pos = starts_t[:, None] + torch.arange(max(lengths), device=device)[None, :]

@@ -72,7 +72,7 @@ def plan_round(requests: tuple[Request, ...], num_drafts: tuple[int, ...], k: in
         steps.append(DraftStep(tuple(requests[i] for i in active), active_t,
                                cu[active_t] + j - 1, cu[active_t] + active_t + j - 1,
                                [requests[i].num_computed + j - 1 for i in active]))
-    flat_request = torch.repeat_interleave(index, counts)
+    flat_request = torch.repeat_interleave(index, counts, output_size=sum(num_drafts))
     return RoundPlan(tuple(num_drafts), k, cu, counts, tuple(steps), cu[1:] + index,
                      flat_request, torch.arange(flat_request.numel(), device=device) - cu[flat_request])
 
@@ -130,7 +130,7 @@ class SpeculativeRunner(ModelRunner):
         shallow[plan.last_rows] = hidden
         layout = self.layout([r.num_computed for r in requests], [k + 1 for k in plan.num_drafts])
         deep = self.run_depths(shallow, layout, requests, self.draft_depth + 1, self.model.num_depths)
-        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1))
+        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1, sum(plan.num_drafts) + count))
 
     def accept(self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts,
                target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
