@@ -125,8 +125,12 @@ class Scheduler:
         self._finished.append(request.to_output())
 
     def abort(self, request: Request) -> None:
+        """Finish a live request now: it leaves the queue or the running list at once, so the
+        next `schedule` never grows blocks for it."""
         if request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+        elif request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
         self.finish(request, "abort")
 
     def take_finished(self) -> list[RequestOutput]:

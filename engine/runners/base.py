@@ -15,10 +15,19 @@ from engine.kv_cache import PagedKVCache
 from engine.models.base import DepthModel
 from engine.request import Request
 from engine.runners.layout import RowLayout, depth_metadata, layout_rows
-from engine.sampling import uniform_blocks
+from engine.sampling import batched_probabilities, uniform_blocks
 
 GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume no stream
 GREEDY_SEED = 0  # placeholder seed of greedy rows (their uniforms are never used)
+
+
+def probabilities(logits: torch.Tensor, rows: "SamplingRows", backend: str) -> torch.Tensor:
+    """float32[N, V] sampling distributions; a row whose logits hold NaN or +inf becomes all
+    NaN, so that greedy rows fail like random ones (a one-hot argmax of NaN logits would
+    otherwise look like a valid distribution) and the request ends with an error."""
+    probs = batched_probabilities(logits, rows.temperature, rows.top_k, rows.top_p, backend=backend)
+    is_broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=1, keepdim=True)
+    return torch.where(is_broken, float("nan"), probs)
 
 
 @dataclass(frozen=True)

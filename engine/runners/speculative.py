@@ -23,9 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import Request
-from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows
-from engine.sampling import (PLACEHOLDER_TOKEN, AcceptResult, batched_probabilities,
-                             categorical, speculative_accept)
+from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows, probabilities
+from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult, categorical, speculative_accept
 
 
 @dataclass(frozen=True)
@@ -139,8 +138,7 @@ class SpeculativeRunner(ModelRunner):
                                   uniforms, rows.is_greedy, backend=self.sampling_backend)
 
     def _probs(self, hidden: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-        return batched_probabilities(self.model.readout(hidden), rows.temperature, rows.top_k,
-                                     rows.top_p, backend=self.sampling_backend)
+        return probabilities(self.model.readout(hidden), rows, self.sampling_backend)
 
 
 def collect(plan: RoundPlan, result: AcceptResult) -> list[RoundOutcome]:
