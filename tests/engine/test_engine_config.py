@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, ModelConfig, SpeculativeConfig
-from conftest import TINY_MODEL
+from engine_helpers import TINY_MODEL
 
 
 @pytest.mark.parametrize("field, value", [

@@ -1,8 +1,10 @@
-"""Shared helpers for the engine tests (model, KV, scheduler, runners, API)."""
+"""Shared helpers for the engine tests (model, KV, scheduler, runners, API).
+
+A plain module (not conftest.py) so that its name cannot collide with other test packages'
+conftest modules when the whole suite runs in one process.
+"""
 
 from __future__ import annotations
-
-import pytest
 
 from engine import LLM, EngineConfig, ModelConfig
 
@@ -15,8 +17,3 @@ def tiny_llm(**overrides) -> LLM:
     options = dict(model_config=TINY_MODEL, block_size=4, num_kv_blocks=4096)
     options.update(overrides)
     return LLM(EngineConfig(**options))
-
-
-@pytest.fixture
-def tiny_model_config() -> ModelConfig:
-    return TINY_MODEL
