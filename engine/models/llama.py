@@ -261,6 +261,29 @@ class LlamaModel:
             done = depth
         return logits
 
+    def greedy_continuation(self, token_ids: torch.Tensor, max_new_tokens: int,
+                            stop_token_ids: tuple[int, ...] = ()) -> list[int]:
+        """Reference greedy decoding (argmax, lowest index on ties) with the contiguous cache.
+
+        Returns the generated ids, ending with a stop token if one was produced.
+        """
+        self._check_length(token_ids)
+        if token_ids.shape[0] + max_new_tokens > self.config.context_length:
+            raise ValueError(f"prompt of {token_ids.shape[0]} tokens + max_new_tokens={max_new_tokens} exceeds "
+                             f"context_length={self.config.context_length}")
+        attend, generated = ContiguousAttention(self.config.num_layers), []
+        step_ids, start = token_ids, 0
+        while len(generated) < max_new_tokens:
+            positions = torch.arange(start, start + step_ids.shape[0])
+            hidden = self.run_layers(self.embed(step_ids), positions, 0, self.config.num_layers, attend)
+            next_id = int(self.readout(hidden[-1:]).argmax(-1))
+            generated.append(next_id)
+            if next_id in stop_token_ids:
+                break
+            start += step_ids.shape[0]
+            step_ids = torch.tensor([next_id])
+        return generated
+
     def _check_depths(self, depths: tuple[int, ...]) -> None:
         valid = all(1 <= d <= self.config.num_layers for d in depths)
         if not depths or not valid or list(depths) != sorted(set(depths)):
