@@ -26,6 +26,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.models.attention import paged_attention
+from engine.models.base import AttentionMetadata, PagedKV, ReplayResult
+
 # attend(layer, q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, D], positions[T]) -> out[T, Hq, D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -294,3 +297,71 @@ class LlamaModel:
         if token_ids.dim() != 1 or token_ids.shape[0] > self.config.context_length:
             raise ValueError(f"token_ids must be 1-D with at most context_length="
                              f"{self.config.context_length} tokens, got shape {tuple(token_ids.shape)}")
+
+
+class LlamaDepthModel:
+    """Serves a `LlamaModel` through `engine.models.base.DepthModel`: one depth = a group of
+    `layers_per_depth` consecutive layers, so a draft after d depths is the early exit after
+    d * layers_per_depth layers, and the verify pass continues from its hidden states.
+
+    The engine's paged attention expects as many key/value heads as query heads, so each layer's
+    keys/values are expanded to the query heads (head h reads kv head h // group) before they are
+    cached: `num_kv_heads` reports the expanded count. Exact, at group-times the KV memory.
+    """
+
+    def __init__(self, model: LlamaModel, layers_per_depth: int = 1):
+        num_layers = model.config.num_layers
+        if isinstance(layers_per_depth, bool) or not isinstance(layers_per_depth, int) or layers_per_depth < 1 \
+                or num_layers % layers_per_depth:
+            raise ValueError(f"layers_per_depth={layers_per_depth!r} must be a positive divisor of "
+                             f"num_layers={num_layers}")
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+        self.num_layers_per_depth = layers_per_depth
+        self.num_depths = num_layers // layers_per_depth
+        self.num_kv_heads = model.config.num_heads
+        self.head_size = model.config.head_dim
+        self.eos_token_id = model.config.eos_token_id
+        self._group = model.config.num_heads // model.config.num_kv_heads
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(token_ids)
+
+    def forward_depth(self, depth: int, hidden: torch.Tensor, positions: torch.Tensor,
+                      metadata: AttentionMetadata, kv: PagedKV) -> torch.Tensor:
+        """Layers of depth `depth` (1-based) on packed rows; writes their KV into `kv`'s pools."""
+        self._check_depth(depth)
+        first = (depth - 1) * self.num_layers_per_depth
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+            index = layer - first
+            return paged_attention(q, k.repeat_interleave(self._group, dim=1), v.repeat_interleave(self._group, dim=1),
+                                   kv.key[index], kv.value[index], metadata)
+
+        return self.model.run_layers(hidden, positions, first, first + self.num_layers_per_depth, attend)
+
+    def readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.readout(hidden)
+
+    @torch.no_grad()
+    def replay(self, token_ids: torch.Tensor, num_depths: int) -> ReplayResult:
+        """Serial cache-free evaluation (see DepthModel.replay); keys/values expanded to query heads."""
+        self._check_depth(num_depths)
+        self.model._check_length(token_ids)
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+        attend = ContiguousAttention(self.model.config.num_layers)
+        hidden, logits = self.embed(token_ids), []
+        for depth in range(1, num_depths + 1):
+            first = (depth - 1) * self.num_layers_per_depth
+            hidden = self.model.run_layers(hidden, positions, first, first + self.num_layers_per_depth, attend)
+            logits.append(self.readout(hidden))
+        layers = range(num_depths * self.num_layers_per_depth)
+        keys = torch.stack([attend.keys[i].repeat_interleave(self._group, dim=1).float() for i in layers])
+        values = torch.stack([attend.values[i].repeat_interleave(self._group, dim=1).float() for i in layers])
+        shape = (num_depths, self.num_layers_per_depth) + tuple(keys.shape[1:])
+        return ReplayResult(torch.stack(logits), keys.view(shape), values.view(shape))
+
+    def _check_depth(self, depth: int) -> None:
+        if not 1 <= depth <= self.num_depths:
+            raise ValueError(f"depth={depth!r} is invalid: expected 1..{self.num_depths}")
+

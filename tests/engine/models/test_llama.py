@@ -136,3 +136,45 @@ def test_bad_weights_and_inputs_are_rejected(model):
         model.forward(torch.zeros(TINY.context_length + 1, dtype=torch.int64))
     with pytest.raises(ValueError, match="depths"):
         model.early_exit(tokens(3), (2, 1))
+
+
+def _paged_step(adapter, cache, tables, starts, chunks, depths):
+    """Run packed rows of several sequences through depths 1..depths; return readout [N, V]."""
+    from engine.runners.layout import depth_metadata, layout_rows
+
+    layout = layout_rows(starts, [len(c) for c in chunks], cache.layout.block_size, torch.device("cpu"))
+    hidden = adapter.embed(torch.cat(chunks))
+    for depth in range(1, depths + 1):
+        metadata = depth_metadata(layout, [table[depth - 1] for table in tables])
+        hidden = adapter.forward_depth(depth, hidden, layout.positions, metadata, cache)
+    return adapter.readout(hidden)
+
+
+@pytest.mark.parametrize("layers_per_depth", [1, 3])
+def test_depth_adapter_on_paged_cache_matches_reference(model, layers_per_depth):
+    """Two sequences, prefill then a 2-token verify block, through the engine's paged attention."""
+    from engine.kv_cache import KVLayout, PagedKVCache
+    from engine.models.llama import LlamaDepthModel
+
+    adapter = LlamaDepthModel(model, layers_per_depth)
+    cache = PagedKVCache(KVLayout(num_blocks=1 + 2 * adapter.num_depths * 3, block_size=4,
+                                  num_layers=layers_per_depth, num_heads=adapter.num_kv_heads,
+                                  head_size=adapter.head_size), torch.float32, "cpu")
+    blocks = iter(range(1, cache.layout.num_blocks))
+    tables = [[[next(blocks) for _ in range(3)] for _ in range(adapter.num_depths)] for _ in range(2)]
+    seqs = [tokens(8, seed=3), tokens(5, seed=4)]
+    prefill = _paged_step(adapter, cache, tables, [0, 0], [seqs[0][:6], seqs[1][:3]], adapter.num_depths)
+    verify = _paged_step(adapter, cache, tables, [6, 3], [seqs[0][6:], seqs[1][3:]], adapter.num_depths)
+    expected = [model.forward(s) for s in seqs]
+    torch.testing.assert_close(prefill, torch.cat([expected[0][:6], expected[1][:3]]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(verify, torch.cat([expected[0][6:], expected[1][3:]]), atol=1e-5, rtol=1e-5)
+    replay = adapter.replay(seqs[0], 1)
+    torch.testing.assert_close(replay.logits[0], model.early_exit(seqs[0], (layers_per_depth,))[0])
+    assert replay.keys.shape == (1, layers_per_depth, 8, TINY.num_heads, TINY.head_dim)
+
+
+def test_depth_adapter_rejects_bad_grouping(model):
+    from engine.models.llama import LlamaDepthModel
+
+    with pytest.raises(ValueError, match="layers_per_depth=2"):
+        LlamaDepthModel(model, 2)
