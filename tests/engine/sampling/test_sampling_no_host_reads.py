@@ -16,7 +16,9 @@ from engine.sampling import batched_probabilities, categorical, speculative_acce
 
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"]
 KERNELS = [
-    ("engine.sampling.probabilities_kernel", "_probabilities_kernel"),
+    ("engine.sampling.probabilities_kernel", "_chunk_kernel"),
+    ("engine.sampling.probabilities_kernel", "_select_kernel"),
+    ("engine.sampling.probabilities_kernel", "_write_kernel"),
     ("engine.sampling.categorical_kernel", "_categorical_kernel"),
     ("engine.sampling.accept_kernel", "_accept_kernel"),
     ("engine.sampling.rng_kernel", "_uniform_blocks_kernel"),

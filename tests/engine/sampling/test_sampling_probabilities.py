@@ -139,20 +139,83 @@ def test_env_var_sets_auto_default(monkeypatch):
         batched_probabilities(torch.randn(1, 8), t, k, p)
 
 
-@pytest.mark.skipif(not __import__("conftest").triton_can_run_on(torch.device("cpu")),
-                    reason="needs TRITON_INTERPRET=1")
-@pytest.mark.parametrize("capacity", [8, 64, 512])
-def test_triton_paths_small_blocks(capacity):
-    """Multi-block loops (block 64 < V), candidate scratch and the whole-row fallback."""
-    from engine.sampling.probabilities_kernel import probabilities_triton
+needs_interpreter = pytest.mark.skipif(
+    not __import__("conftest").triton_can_run_on(torch.device("cpu")),
+    reason="needs TRITON_INTERPRET=1")
+
+
+def assert_rows_match(out, logits, t, k, p):
+    for b, prm in enumerate(row_params(t, k, p)):
+        ref = Sampler().probabilities(logits[b], prm)
+        assert torch.equal(out[b] > 0, ref > 0), f"row {b} ({prm}): support differs"
+        torch.testing.assert_close(out[b], ref, rtol=RTOL, atol=ATOL, msg=f"row {b}")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("chunk_capacity, row_capacity", [(1, 8), (1, 512), (16, 8), (64, 64)])
+def test_triton_paths_small_blocks(chunk_capacity, row_capacity):
+    """Several chunks per row (chunk 64 < V), the chunk candidates, and both whole-row paths
+    (row scratch, whole-row radix search) of the fallback."""
+    from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
 
     logits = torch.randn(6, 300, generator=generator(7)) * 3
     logits[5] = torch.randint(0, 4, (300,), generator=generator(8)).float()  # heavy ties
     t, k, p = params(
         [1.0, 0.5, 100.0, 1.0, 1e-3, 1.0], [20, -1, -1, 3, 5, 7], [0.8, 0.9, 0.5, 1.0, 0.3, 0.6]
     )
-    out = probabilities_triton(logits, t, k, p, candidate_capacity=capacity, block=64)
-    for b, prm in enumerate(row_params(t, k, p)):
-        ref = Sampler().probabilities(logits[b], prm)
-        assert torch.equal(out[b] > 0, ref > 0), f"row {b}: support differs"
-        torch.testing.assert_close(out[b], ref, rtol=RTOL, atol=ATOL)
+    config = KernelConfig(chunk=64, chunk_capacity=chunk_capacity, block=64,
+                          candidate_capacity=row_capacity)
+    result = run_probabilities(logits, t, k, p, config)
+    assert_rows_match(result.probs, logits, t, k, p)
+    modes = result.row_mode.tolist()
+    if chunk_capacity == 1:  # 5 chunks hold at most 5 candidates: k = 7 and k = 20 cannot fit
+        assert modes[0] == modes[5] == RowMode.FALLBACK
+    else:
+        assert modes.count(RowMode.SPARSE) >= 4, modes
+
+
+@needs_interpreter
+def test_triton_chunked_random_rows():
+    """Fresh random rows over many chunks: random k, p, temperature, masked (-inf) logits."""
+    from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
+
+    g = generator(9)
+    num_rows, vocab = 12, 1000
+    logits = torch.randn(num_rows, vocab, generator=g) * (1 + 4 * torch.rand(num_rows, 1,
+                                                                            generator=g))
+    logits[3, 100:400] = float("-inf")  # a whole chunk and parts of others masked out
+    logits[7, ::3] = float("-inf")
+    t = 0.3 + 2 * torch.rand(num_rows, generator=g)
+    k = torch.randint(1, 60, (num_rows,), generator=g)
+    k[::4] = -1
+    p = torch.where(torch.rand(num_rows, generator=g) < 0.7,
+                    0.5 + 0.49 * torch.rand(num_rows, generator=g), torch.ones(num_rows))
+    result = run_probabilities(logits, t, k, p, KernelConfig(chunk=128, chunk_capacity=32))
+    assert_rows_match(result.probs, logits, t, k, p)
+    assert RowMode.SPARSE in result.row_mode.tolist()
+
+
+@pytest.mark.parametrize("field, value", [("chunk", 1000), ("chunk_capacity", 0),
+                                          ("num_warps", 3), ("block", 2.0)])
+def test_kernel_config_rejects_bad_values(field, value):
+    from engine.sampling.probabilities_kernel import KernelConfig
+
+    with pytest.raises(ValueError, match=f"KernelConfig.{field}={value!r}"):
+        KernelConfig(**{field: value})
+
+
+def test_kernel_config_grows_chunk_for_huge_vocabularies():
+    from engine.sampling.probabilities_kernel import KernelConfig
+
+    config = KernelConfig()
+    assert config.chunk_size(152064) == config.chunk
+    big = config.chunk_size(2**20 + 1)
+    assert big > config.chunk
+    assert triton_next_pow2(-(-(2**20 + 1) // big)) * config.chunk_capacity \
+        <= config.max_candidates
+    with pytest.raises(ValueError, match="chunk_capacity=256"):
+        KernelConfig(chunk=128, chunk_capacity=256)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
