@@ -10,6 +10,11 @@ never share draws.
 Prompt (few-shot, plain text): "Q: What is 12 + 7?\\nA: 19\\n\\n" repeated `num_shots` times, then
 "Q: What is <item>?\\nA:". Scoring: the first integer (optional minus sign, commas allowed as
 thousands separators) in the completion cut at the first blank line; no integer scores wrong.
+
+Difficulty: the defaults (one-digit operands, + and -, two operands, three shots, plain prompt) put
+SmolLM2-135M-Instruct in the 30-70% band that paired comparisons need (greedy, fp32: 21 of the
+first 40 seed-0 items); two-digit addition drops it to ~18%, and its chat prompt scores lower than
+the plain one. The table is in docs/real-model.md.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ class ArithConfig:
     """Task definition; every field changes the items, so protocols record all of them."""
 
     num_items: int = 100
-    num_digits: int = 2  # operands are drawn uniformly from [0, 10**num_digits)
+    num_digits: int = 1  # operands are drawn uniformly from [0, 10**num_digits)
     num_operands: int = 2
     operators: tuple[str, ...] = ("+", "-")
     allow_negative: bool = False  # False: redraw until every prefix result is >= 0
