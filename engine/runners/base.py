@@ -104,15 +104,40 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, requests: tuple[Request, ...]) -> None:
-        """Compute every depth's KV for all committed tokens but the last of each request."""
-        requests = tuple(r for r in requests if r.num_computed > 0)
-        if not requests:
+        """Compute every depth's KV for all committed tokens but the last of each request.
+
+        Requests of one step with the same tokens share the work: the first of each group is
+        computed and its blocks are copied to the others (the harness sends one prompt
+        thousands of times). A copy holds exactly what the follower's own prefill in a batch
+        of the same shape would have written.
+        """
+        groups: dict[tuple[int, ...], list[Request]] = {}
+        for request in requests:
+            if request.num_computed > 0:
+                groups.setdefault(tuple(request.token_ids[:-1]), []).append(request)
+        if not groups:
             return
-        lengths = [r.num_computed for r in requests]
-        layout = self.layout([0] * len(requests), lengths)
-        tokens = torch.tensor([t for r in requests for t in r.token_ids[:-1]], dtype=torch.int64,
+        leaders = tuple(group[0] for group in groups.values())
+        layout = self.layout([0] * len(leaders), [r.num_computed for r in leaders])
+        tokens = torch.tensor([t for key in groups for t in key], dtype=torch.int64,
                               device=self.device)
-        self.run_depths(self.model.embed(tokens), layout, requests, 1, self.model.num_depths)
+        self.run_depths(self.model.embed(tokens), layout, leaders, 1, self.model.num_depths)
+        self._copy_blocks(groups.values())
+
+    def _copy_blocks(self, groups) -> None:
+        """Copy each group leader's prefilled blocks (every depth) into its followers' blocks."""
+        sources, targets = [], []
+        for leader, *followers in groups:
+            num_blocks = -(-leader.num_computed // self.block_size)
+            for follower in followers:
+                for source, target in zip(leader.block_tables, follower.block_tables):
+                    sources += source[:num_blocks]
+                    targets += target[:num_blocks]
+        if targets:
+            source_t = torch.tensor(sources, dtype=torch.int64, device=self.device)
+            target_t = torch.tensor(targets, dtype=torch.int64, device=self.device)
+            for pool in self.kv.key + self.kv.value:
+                pool.index_copy_(0, target_t, pool.index_select(0, source_t))
 
     def uniforms(self, rows: SamplingRows, width: int) -> torch.Tensor:
         """float64[R, width]: each random request's block for this step, keyed by

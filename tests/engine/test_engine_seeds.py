@@ -59,3 +59,13 @@ def test_assigned_seeds_are_recorded_and_replay():
     assert [o.token_ids for o in replayed] == [o.token_ids for o in outputs]
     assert [o.seed for o in tiny_llm(mode="sync", seed=99).generate(
         [PROMPTS[2]] * 3, random_params(None))] == seeds
+
+
+def test_shared_prompt_prefill_matches_separate_runs():
+    """One prompt, many seeds in one step: the prefill is computed once and copied; every
+    request must still produce what it produces alone."""
+    seeds = [31, 32, 33, 34, 35]
+    together = tiny_llm(mode="sync").generate([PROMPTS[2]] * 5, [random_params(s) for s in seeds])
+    for seed, output in zip(seeds, together):
+        alone = tiny_llm(mode="sync").generate([PROMPTS[2]], [random_params(seed)])[0]
+        assert output.token_ids == alone.token_ids
