@@ -80,7 +80,8 @@ def collect_chunk(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Ch
     batches = []
     for start in range(chunk.start, chunk.stop, protocol.batch_size):
         seeds = np.arange(start, min(start + protocol.batch_size, chunk.stop), dtype=np.int64)
-        batch = sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions)
+        batch = sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions,
+                           protocol.max_tokens(group))
         batch.validate(len(seeds), protocol.positions)
         batches.append(batch)
     return _frame(chunk, batches, protocol.positions)

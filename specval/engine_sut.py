@@ -1,8 +1,9 @@
 """EngineSUT: the default SUT adapter, this project's own `engine` package.
 
 One `engine.LLM` is built per distinct (mode, draft_loops) of the protocol's groups and reused for
-every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens` = the number of
-positions tested and `ignore_eos=True`, so every request yields exactly that many tokens.
+every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens` from
+`Protocol.max_tokens(group)` and `ignore_eos=True`, so every request yields exactly that many
+tokens; the first `positions` of them are returned.
 The reference logits come from `LLM.full_depth_logits` (serial, cache-free replay) and the draft
 logits from `LLM.draft_logits` of the group's engine; `accept_single` calls
 `engine.sampling.speculative_accept` with one draft per request.
@@ -61,18 +62,18 @@ class EngineSUT(SUT):
         return list(self._any_llm().tokenizer.encode(text))
 
     def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int) -> SampleBatch:
+               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
         from engine import SamplingParams
 
         params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 seed=int(s), max_tokens=num_tokens, ignore_eos=True) for s in seeds]
+                                 seed=int(s), max_tokens=max_tokens, ignore_eos=True) for s in seeds]
         outs = self._llm(group.mode, group.draft_loops).generate([list(prompt_ids)] * len(params), params)
-        bad = [o.finish_reason for o in outs if len(o.token_ids) != num_tokens]
+        bad = [o.finish_reason for o in outs if len(o.token_ids) != max_tokens]
         if bad:
             raise SUTError(f"group {group.name!r}: {len(bad)} request(s) ended early ({bad[0]!r})")
         return SampleBatch(
-            tokens=np.array([o.token_ids for o in outs], dtype=np.int64).reshape(len(outs), num_tokens),
-            sources=np.array([o.token_sources for o in outs], dtype=object).reshape(len(outs), num_tokens),
+            tokens=np.array([o.token_ids[:num_tokens] for o in outs], dtype=np.int64).reshape(len(outs), num_tokens),
+            sources=np.array([o.token_sources[:num_tokens] for o in outs], dtype=object).reshape(len(outs), num_tokens),
             num_rounds=np.array([o.num_rounds for o in outs], dtype=np.int64),
             num_draft_tokens=np.array([o.num_draft_tokens for o in outs], dtype=np.int64),
             num_accepted_tokens=np.array([o.num_accepted_tokens for o in outs], dtype=np.int64),
@@ -92,11 +93,11 @@ class EngineSUT(SUT):
         rows = len(draft_tokens)
         target = np.repeat(np.asarray(target_probs, dtype=np.float32), 2, axis=0)  # [2R, V]: p, then bonus p
         result = speculative_accept(
-            torch.from_numpy(np.array(draft_tokens, dtype=np.int64)),
+            torch.from_numpy(np.array(draft_tokens, dtype=np.int64, order="C")),
             torch.arange(rows + 1, dtype=torch.int64),
-            torch.from_numpy(np.array(draft_probs, dtype=np.float32)),  # a writable copy
+            torch.from_numpy(np.array(draft_probs, dtype=np.float32, order="C")),  # writable C-order copy
             torch.from_numpy(target),
-            torch.from_numpy(np.array(uniforms, dtype=np.float64)),
+            torch.from_numpy(np.array(uniforms, dtype=np.float64, order="C")),
             torch.zeros(rows, dtype=torch.bool),
         )
         return result.tokens[:, 0].numpy()

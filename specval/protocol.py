@@ -118,11 +118,18 @@ class Protocol:
     min_expected: float = 5.0
     multiplicity: str = "holm"
     confirmatory: bool = False
+    draft_headroom: bool = True
     chunk_size: int = 1000
     batch_size: int = 1000
     profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     profile: str | None = field(default=None, compare=False)
     file_hash: str | None = field(default=None, compare=False, repr=False)  # set by `resolve`
+
+    def max_tokens(self, group: GroupSpec) -> int:
+        """Tokens each request generates: the tested positions, plus K for a speculative group when
+        `draft_headroom` is on, so that no round's drafts are cut short by the length limit."""
+        extra = self.num_speculative_tokens if group.is_speculative and self.draft_headroom else 0
+        return self.positions + extra
 
     def group(self, name: str) -> GroupSpec:
         for group in self.groups:
@@ -360,6 +367,7 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         min_expected=_float(raw.get("min_expected", 5.0), file, "min_expected"),
         multiplicity=_str(raw.get("multiplicity", "holm"), file, "multiplicity", MULTIPLICITY_METHODS),
         confirmatory=_bool(raw.get("confirmatory", False), file, "confirmatory"),
+        draft_headroom=_bool(raw.get("draft_headroom", True), file, "draft_headroom"),
         chunk_size=_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
         batch_size=_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
         profiles=_parse_profiles(raw.get("profiles", {}), file),

@@ -76,8 +76,9 @@ class SUT(abc.ABC):
 
     @abc.abstractmethod
     def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int) -> SampleBatch:
-        """Generate exactly `num_tokens` tokens (EOS ignored) for each seed in int64[N]."""
+               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        """Generate `max_tokens` tokens (EOS ignored) for each seed in int64[N]; return the first
+        `num_tokens` of them (the counts cover the whole request)."""
 
     @abc.abstractmethod
     def target_logits(self, token_ids: list[int]) -> np.ndarray:

@@ -105,12 +105,12 @@ class FakeSUT(SUT):
         src.append("bonus")
         return new, src, k_max
 
-    def sample(self, group, prompt_ids, sampling, seeds, num_tokens) -> SampleBatch:
+    def sample(self, group, prompt_ids, sampling, seeds, num_tokens, max_tokens) -> SampleBatch:
         self.num_sample_calls += 1
-        rows = [self._one(group, prompt_ids, sampling, int(s), num_tokens) for s in seeds]
+        rows = [self._one(group, prompt_ids, sampling, int(s), max_tokens) for s in seeds]
         return SampleBatch(
-            tokens=np.array([r[0] for r in rows], dtype=np.int64).reshape(len(rows), num_tokens),
-            sources=np.array([r[1] for r in rows], dtype=object).reshape(len(rows), num_tokens),
+            tokens=np.array([r[0][:num_tokens] for r in rows], dtype=np.int64).reshape(len(rows), num_tokens),
+            sources=np.array([r[1][:num_tokens] for r in rows], dtype=object).reshape(len(rows), num_tokens),
             num_rounds=np.array([r[2] for r in rows], dtype=np.int64),
             num_draft_tokens=np.array([r[3] for r in rows], dtype=np.int64),
             num_accepted_tokens=np.array([r[4] for r in rows], dtype=np.int64),

@@ -51,7 +51,7 @@ def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
         test = summary["tests"][name]
         assert test["coverage"]["strata_covered"] >= 2 and test["mde_tv"] < 0.1, (name, test["coverage"])
     sources = summary["groups"]["sync"]["sources"]["t2"]
-    assert {"accepted", "correction", "bonus"} <= set(sources)  # every speculative path was exercised
+    assert {"accepted", "correction"} <= set(sources)  # t2 is drafted (draft_headroom), not only a bonus
 
 
 def _residual_from_p(real):
@@ -91,6 +91,7 @@ def test_planted_sampler_bug_fails_the_same_protocol(tmp_path, monkeypatch):
 
 def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
     text = PROTOCOL.read_text().replace("  - {name: sync_d1, mode: sync, draft_loops: 1}",
+                                        "  - {name: sync_d1, mode: sync, draft_loops: 1}\n"
                                         "  - {name: async, mode: async, draft_loops: 2}")
     file = tmp_path / "t2_async.yaml"
     file.write_text(text)
