@@ -18,6 +18,7 @@ from engine.models.loader import build_model
 from engine.models.tokenizer import ByteTokenizer
 from engine.params import SamplingParams
 from engine.request import Request, RequestOutput
+from engine.runners.base import RoundOutcome
 from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
 from engine.scheduler import Scheduler, SchedulerLimits
@@ -122,7 +123,7 @@ class Engine:
             del self._requests[output.request_id]
         return finished
 
-    def _commit(self, request: Request, outcome) -> None:
+    def _commit(self, request: Request, outcome: RoundOutcome) -> None:
         request.num_rounds += 1
         request.num_draft_tokens += outcome.num_drafts
         request.num_accepted_tokens += outcome.num_accepted

@@ -14,6 +14,17 @@ MODES = ("nospec", "sync", "async")
 IMPLEMENTED_MODES = ("nospec", "sync")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELS = ("looped",)
+SAMPLING_BACKENDS = ("auto", "triton", "torch")  # see engine.sampling.backend
+
+
+def _is_device(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        torch.device(value)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _require(condition: bool, name: str, value: object, rule: str) -> None:
@@ -108,8 +119,10 @@ class EngineConfig:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"expected one of {tuple(DTYPES)}")
         _require(self.mode in MODES, "mode", self.mode, f"expected one of {MODES}")
-        _require(isinstance(self.device, str) and bool(self.device), "device", self.device,
+        _require(_is_device(self.device), "device", self.device,
                  "expected a torch device string such as 'cpu' or 'cuda'")
+        _require(self.sampling_backend in SAMPLING_BACKENDS, "sampling_backend",
+                 self.sampling_backend, f"expected one of {SAMPLING_BACKENDS}")
         _require(self.model_config is None or isinstance(self.model_config, ModelConfig),
                  "model_config", self.model_config, "expected a ModelConfig or None")
         _require_int("seed", self.seed, 0)

@@ -11,7 +11,8 @@ from engine_helpers import TINY_MODEL
 @pytest.mark.parametrize("field, value", [
     ("num_speculative_tokens", -1), ("draft_loops", 0), ("dtype", "float16"), ("dtype", "fp32"),
     ("mode", "pipeline"), ("model", "gpt2"), ("block_size", 0), ("max_num_seqs", 0),
-    ("seed", -3), ("num_kv_blocks", 1.5),
+    ("seed", -3), ("num_kv_blocks", 1.5), ("device", "gpu0"), ("device", ""),
+    ("sampling_backend", "cuda"),
 ])
 def test_bad_engine_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
