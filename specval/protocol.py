@@ -303,6 +303,11 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], 
         baseline = _str(baseline, file, f"{where}.baseline", group_names)
     elif baseline is not None:
         _fail(file, f"{where}.baseline", "only homogeneity tests take a baseline", baseline)
+    if kind != "gof":
+        for name in listed:
+            group = next(g for g in groups if g.name == name)
+            if not group.is_speculative or name == baseline:
+                _fail(file, f"{where}.groups", f"{kind} applies to speculative groups other than the baseline", name)
     tol = _float(raw.get("tol", 1e-9), file, f"{where}.tol")
     if not tol > 0.0:
         _fail(file, f"{where}.tol", "must be > 0", raw.get("tol"))

@@ -45,8 +45,10 @@ def test_run_pass_then_verify_then_seeds_ls_and_junit(cli, tmp_path):
 
 def test_failing_sut_exits_1(cli, tmp_path):
     raw = fake_protocol_dict(sut={"adapter": "fake_sut:BuggyFakeSUT"})
-    result = _run(cli, "run", str(write_protocol(tmp_path, raw)), "--profile", "ci", "--quiet")
+    result = _run(cli, "run", str(write_protocol(tmp_path, raw)), "--profile", "ci", "--quiet", "--junit", "j.xml")
     assert result.exit_code == 1 and "FAIL: failed:" in result.output
+    junit = (tmp_path / "j.xml").read_text()
+    assert '<testcase classname="control" name="quadrature.adversarial"><failure' in junit
 
 
 def test_input_errors_exit_2_before_any_sampling(cli, tmp_path):
