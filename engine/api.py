@@ -8,12 +8,14 @@ blocks; the other requests keep running with their outputs intact.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from engine.config import IMPLEMENTED_MODES, EngineConfig
 from engine.kv_cache import BlockManager, KVLayout, PagedKVCache
+from engine.models.base import DepthModel
 from engine.models.loader import build_model
 from engine.models.tokenizer import ByteTokenizer
 from engine.params import SamplingParams
@@ -23,13 +25,25 @@ from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
 from engine.scheduler import Scheduler, SchedulerLimits
 
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
 MAX_ASSIGNED_SEED = 2**63 - 1  # assigned seeds are drawn uniformly from [0, MAX_ASSIGNED_SEED)
 
 
 class Engine:
-    """A continuous-batching engine over one model (see docs/engine.md)."""
+    """A continuous-batching engine over one model (see docs/engine.md).
 
-    def __init__(self, config: EngineConfig) -> None:
+    `model` (optional) serves a ready-built `DepthModel` instead of the one named by the config
+    (which then only supplies the engine settings); it must already be in `config.dtype` on
+    `config.device`. `tokenizer` (optional) replaces the byte tokenizer for text prompts.
+    """
+
+    def __init__(self, config: EngineConfig, model: DepthModel | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config={config!r} is invalid: expected an EngineConfig")
         if config.mode not in IMPLEMENTED_MODES:
@@ -37,11 +51,11 @@ class Engine:
                                       f"supported modes: {IMPLEMENTED_MODES}")
         self.config = config
         self.device = torch.device(config.device)
-        self.model = build_model(config)
+        self.model = build_model(config) if model is None else model
         if config.is_speculative and config.draft_loops >= self.model.num_depths:
             raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
                              f"loops ({self.model.num_depths})")
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
         self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + 1, config.block_size,
                                         self.model.num_layers_per_depth, self.model.num_kv_heads,
                                         self.model.head_size), config.torch_dtype, self.device)
@@ -156,8 +170,10 @@ ProgressCallback = Callable[[int, int], None]  # (num_finished, num_total)
 class LLM:
     """Offline batch generation over an `Engine`, plus serial reference logits."""
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
-        self.engine = Engine(config if config is not None else EngineConfig())
+    def __init__(self, config: EngineConfig | None = None, model: DepthModel | None = None,
+                 tokenizer: Tokenizer | None = None) -> None:
+        """See `Engine` for `model` and `tokenizer` (both optional)."""
+        self.engine = Engine(config if config is not None else EngineConfig(), model, tokenizer)
         self.tokenizer = self.engine.tokenizer
         self._num_calls = 0
 

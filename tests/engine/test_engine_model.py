@@ -57,3 +57,16 @@ def test_bfloat16_engine_generates(mode):
                                               SamplingParams(seed=4, max_tokens=5)])
     assert all(len(o.token_ids) == 5 and o.finish_reason == "length" for o in outputs)
     assert llm.full_depth_logits([1, 2, 3]).dtype == torch.float32
+
+
+def test_engine_serves_an_injected_depth_model():
+    """A ready-built DepthModel replaces the configured one; the config only sets the engine."""
+    model = LoopedModel.from_seed(TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "seed": 5}))
+    injected = tiny_llm(mode="sync", model_config=TINY_MODEL)
+    injected = type(injected)(injected.engine.config, model=model)
+    built = tiny_llm(mode="sync", model_config=TINY_MODEL.__class__(**{**TINY_MODEL.__dict__,
+                                                                       "seed": 5}))
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    assert injected.engine.model is model
+    assert injected.generate([[1, 2, 3]], greedy)[0].token_ids == \
+        built.generate([[1, 2, 3]], greedy)[0].token_ids
