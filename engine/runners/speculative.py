@@ -56,7 +56,8 @@ class RoundPlan:
 class Drafts:
     tokens: torch.Tensor  # int64[R, max(K, 1)] x_j at column j - 1, PLACEHOLDER_TOKEN beyond K_r
     probs: torch.Tensor  # float32[N, V] q_j per flat draft row
-    shallow: torch.Tensor  # [N + R, D] hidden after draft_depth for each verify row (last rows unset)
+    shallow: torch.Tensor  # [N + R, D] hidden after draft_depth per verify row (verify fills the
+    #                        last row of each request, t_{K_r}, whose shallow pass it runs)
 
 
 def plan_round(requests: tuple[Request, ...], num_drafts: tuple[int, ...], k: int,
@@ -100,15 +101,14 @@ class SpeculativeRunner(ModelRunner):
         tokens = torch.full((len(requests), max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN,
                             dtype=torch.int64, device=self.device)
         probs = torch.empty(num_rows, self.model.vocab_size, device=self.device)
-        shallow = None
         inputs = self.last_tokens(requests)
+        template = self.model.embed(inputs[:0])  # [0, D]: the hidden size and dtype
+        shallow = template.new_empty(num_rows + len(requests), template.shape[-1])
         for j, step in enumerate(plan.steps, start=1):
             step_inputs = inputs[step.active] if j == 1 else tokens[step.active, j - 2]
             layout = self.layout(step.starts, [1] * len(step.requests))
             hidden = self.model.embed(step_inputs.clamp(min=0))
             hidden = self.run_depths(hidden, layout, step.requests, 1, self.draft_depth)
-            if shallow is None:
-                shallow = hidden.new_empty(num_rows + len(requests), hidden.shape[-1])
             shallow[step.verify_rows] = hidden
             q = self._probs(hidden, rows.select(step.active))
             probs[step.draft_rows] = q
@@ -122,10 +122,11 @@ class SpeculativeRunner(ModelRunner):
         count = len(requests)
         chain = torch.cat([self.last_tokens(requests)[:, None], drafts.tokens], dim=1)
         last_inputs = chain[torch.arange(count, device=self.device), plan.num_drafts_t]
-        layout = self.layout([r.num_computed + k for r, k in zip(requests, plan.num_drafts)], [1] * count)
+        layout = self.layout([r.num_computed + k for r, k in zip(requests, plan.num_drafts)],
+                             [1] * count)
         hidden = self.run_depths(self.model.embed(last_inputs.clamp(min=0)), layout, requests, 1,
                                  self.draft_depth)
-        shallow = drafts.shallow if drafts.shallow is not None else hidden.new_empty(count, hidden.shape[-1])
+        shallow = drafts.shallow
         shallow[plan.last_rows] = hidden
         layout = self.layout([r.num_computed for r in requests], [k + 1 for k in plan.num_drafts])
         deep = self.run_depths(shallow, layout, requests, self.draft_depth + 1, self.model.num_depths)
