@@ -25,7 +25,10 @@ from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
 from engine.scheduler import Scheduler, SchedulerLimits
 
+
 class Tokenizer(Protocol):
+    """What `Engine` needs from a tokenizer (text prompts in, generated text out)."""
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: list[int]) -> str: ...
