@@ -3,7 +3,7 @@
 Uses the trained default model at temperature 1 / top_k 20 (acceptance ~0.9 at draft_loops 2),
 so rounds accept non-argmax drafts and also reject some. Tolerance: paged (batched) and serial
 (dense) evaluation of the same positions differ only by float32 rounding; 1e-4 absolute on keys
-and values of magnitude O(1) is ~100x the observed difference.
+and values of magnitude O(1) (and on logits) is ~100x the observed difference.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.sampling import Sampler, categorical, speculative_accept, uniform_blocks
 
 KV_ATOL = 1e-4
+LOGIT_ATOL = 1e-4
 PROMPT = "Return a new list of"
 
 
@@ -31,15 +32,29 @@ def paged(pool: torch.Tensor, table: list[int], length: int) -> torch.Tensor:
 def check_against_replay(engine: Engine, request) -> None:
     model, kv = engine.model, engine.kv
     length = request.num_computed
-    assert request.token_ids[-1] == request.token_ids[length]  # the next input token ...
-    replay = model.replay(torch.tensor(request.token_ids[:-1]), model.num_depths)
+    replay = model.replay(torch.tensor(request.token_ids), model.num_depths)
     for depth, table in enumerate(request.block_tables):
         assert len(table) == -(-length // kv.layout.block_size)  # rejected tail truncated
         for layer in range(model.num_layers_per_depth):
             torch.testing.assert_close(paged(kv.key[layer], table, length),
-                                       replay.keys[depth, layer], atol=KV_ATOL, rtol=0)
+                                       replay.keys[depth, layer, :length], atol=KV_ATOL, rtol=0)
             torch.testing.assert_close(paged(kv.value[layer], table, length),
-                                       replay.values[depth, layer], atol=KV_ATOL, rtol=0)
+                                       replay.values[depth, layer, :length], atol=KV_ATOL, rtol=0)
+    torch.testing.assert_close(frontier_logits(engine, request), replay.logits[-1, -1],
+                               atol=LOGIT_ATOL, rtol=0)
+
+
+def frontier_logits(engine: Engine, request) -> torch.Tensor:
+    """Full-depth logits of the next round's first row, built the way the runner builds it
+    (its input token and position), over the paged cache. The KV it writes at the frontier is
+    what the next step writes there too."""
+    runner, requests = engine.runner, (request,)
+    for table in request.block_tables:
+        engine.scheduler.blocks.grow(table, request.num_computed + 1)
+    layout = runner.layout([request.num_computed], [1])
+    hidden = runner.run_depths(engine.model.embed(runner.last_tokens(requests)), layout, requests,
+                               1, engine.model.num_depths)
+    return engine.model.readout(hidden)[0]
 
 
 def test_committed_state_equals_serial_replay(engine):
