@@ -11,16 +11,18 @@ parameters (engine.sampling.reference.Sampler, the engine's contract):
 * tokens per round for K drafts, (1 - alpha^(K+1)) / (1 - alpha): the expected tokens emitted per
   round if acceptances were independent with the mean rate (an approximation: they are not).
 
-This measures the draft quality offline, on teacher-forced text; acceptance through the engine
-(its own rounds, on the model's own samples) is the second half and is measured separately.
+This measures the draft quality offline, on teacher-forced text. With --engine it also runs the
+engine's sync speculative mode (K drafts per round) on GSM8K chat prompts, with the model's own
+samples, and reports the measured per-draft acceptance rate accepted / drafted.
 
-    .venv/bin/python benchmarks/early_exit.py --positions 400
+    .venv/bin/python benchmarks/early_exit.py --positions 400 [--engine]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import re
 import sys
 import time
@@ -32,13 +34,14 @@ if not __package__:  # run as a file: benchmarks/engine.py would shadow the `eng
 import torch  # noqa: E402
 
 from engine.models.gguf import load_llama, smollm2_path  # noqa: E402
-from engine.models.llama import LlamaModel  # noqa: E402
+from engine.models.llama import LlamaDepthModel, LlamaModel  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from engine.sampling.reference import Sampler  # noqa: E402
 from engine.tokenizer_gguf import GGUFTokenizer  # noqa: E402
 from specval.tasks.gsm8k import load_gsm8k  # noqa: E402
 
 DEPTHS = (4, 8, 12, 16, 20, 24)
+LAYERS_PER_DEPTH = 2  # engine depth = 2 layers, so every draft depth above is a whole number of depths
 SETTINGS = {"t0.7_p0.95": SamplingParams(temperature=0.7, top_p=0.95),
             "t1_k20": SamplingParams(temperature=1.0, top_k=20)}
 CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
@@ -81,6 +84,30 @@ def measure(model: LlamaModel, samples: list[tuple[torch.Tensor, int]]) -> dict:
             "expected_acceptance": {n: {d: a / count for d, a in v.items()} for n, v in alpha.items()}}
 
 
+def engine_acceptance(model: LlamaModel, tokenizer: GGUFTokenizer, num_prompts: int, max_tokens: int,
+                      k: int) -> dict:
+    """Per-draft acceptance accepted / drafted through the engine, per setting and draft depth."""
+    import engine.api
+    from engine import LLM, EngineConfig
+
+    # The engine cannot yet be configured to build this model; swap its builder for the run.
+    engine.api.build_model = lambda config: LlamaDepthModel(model, LAYERS_PER_DEPTH)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": item.question}]))
+               for item in load_gsm8k(limit=num_prompts)]
+    result = {}
+    for name, params in SETTINGS.items():
+        result[name] = {}
+        for depth in DEPTHS:
+            llm = LLM(EngineConfig(mode="sync", draft_loops=depth // LAYERS_PER_DEPTH, num_speculative_tokens=k,
+                                   num_kv_blocks=1024, block_size=16))
+            per_request = [replace(params, seed=1000 + i, max_tokens=max_tokens) for i in range(len(prompts))]
+            outputs = llm.generate(prompts, per_request)
+            llm.close()
+            drafted = sum(o.num_draft_tokens for o in outputs)
+            result[name][depth] = sum(o.num_accepted_tokens for o in outputs) / max(drafted, 1)
+    return result
+
+
 def tokens_per_round(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
@@ -104,6 +131,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4, help="draft tokens per round for the tokens/round column")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="also write the raw numbers here")
+    parser.add_argument("--engine", action="store_true", help="also measure acceptance through the engine")
+    parser.add_argument("--prompts", type=int, default=8, help="GSM8K prompts for --engine")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request for --engine")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     path = smollm2_path()
@@ -112,6 +142,13 @@ def main() -> None:
     result = measure(model, texts(tokenizer, args.positions))
     print(f"{result['positions']} positions, {time.perf_counter() - started:.0f} s, fp32, CPU")
     print(table(result, args.k))
+    if args.engine:
+        started = time.perf_counter()
+        result["engine_acceptance"] = engine_acceptance(model, tokenizer, args.prompts, args.max_tokens, args.k)
+        print(f"engine, sync, K={args.k}, {args.prompts} prompts x {args.max_tokens} tokens, "
+              f"{time.perf_counter() - started:.0f} s: per-draft acceptance")
+        for name, by_depth in result["engine_acceptance"].items():
+            print(name, " ".join(f"d{d}={a:.3f}" for d, a in by_depth.items()))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(result, out, indent=2)

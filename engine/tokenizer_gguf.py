@@ -64,9 +64,9 @@ class TokenizerSpec:
                 raise ValueError(f"{source}: metadata key {key!r} is missing")
         tokens = tuple(metadata["tokenizer.ggml.tokens"])
         types = tuple(metadata.get("tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(tokens)))
+        eos = int(metadata["tokenizer.ggml.eos_token_id"])
         return cls(tokens=tokens, token_types=types, merges=tuple(metadata["tokenizer.ggml.merges"]), pre=pre,
-                   bos_token_id=int(metadata.get("tokenizer.ggml.bos_token_id", metadata["tokenizer.ggml.eos_token_id"])),
-                   eos_token_id=int(metadata["tokenizer.ggml.eos_token_id"]),
+                   bos_token_id=int(metadata.get("tokenizer.ggml.bos_token_id", eos)), eos_token_id=eos,
                    add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
                    chat_template=metadata.get("tokenizer.chat_template"))
 

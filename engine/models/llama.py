@@ -118,13 +118,16 @@ class LlamaWeights:
             for name, shape in layer.expected_shapes(config).items():
                 _check_shape(f"layers[{index}].{name}", getattr(layer, name), shape)
 
-    def to(self, dtype: torch.dtype) -> "LlamaWeights":
-        """A copy in `dtype` (norm weights too); keeps the embedding/LM-head tie."""
-        embed = self.embed.to(dtype)
-        lm_head = embed if self.lm_head is self.embed else self.lm_head.to(dtype)
-        layers = tuple(replace(layer, **{f.name: getattr(layer, f.name).to(dtype) for f in fields(layer)})
+    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "LlamaWeights":
+        """A copy in `dtype` and on `device` (norm weights too); keeps the embedding/LM-head tie."""
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.to(device=device, dtype=dtype)
+
+        embed = move(self.embed)
+        lm_head = embed if self.lm_head is self.embed else move(self.lm_head)
+        layers = tuple(replace(layer, **{f.name: move(getattr(layer, f.name)) for f in fields(layer)})
                        for layer in self.layers)
-        return LlamaWeights(embed=embed, layers=layers, final_norm=self.final_norm.to(dtype), lm_head=lm_head)
+        return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
 
 
 def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -141,7 +144,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, head_dim] (float32) for the half-split rotary layout."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    even = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
+    inv_freq = 1.0 / (theta ** (even / head_dim))
     angles = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
     angles = torch.cat([angles, angles], dim=-1)  # [T, D]
     return angles.cos(), angles.sin()
@@ -255,7 +259,7 @@ class LlamaModel:
         """
         self._check_depths(depths)
         self._check_length(token_ids)
-        positions = torch.arange(token_ids.shape[0])
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
         attend = ContiguousAttention(self.config.num_layers)
         hidden, done, logits = self.embed(token_ids), 0, []
         for depth in depths:
@@ -277,14 +281,14 @@ class LlamaModel:
         attend, generated = ContiguousAttention(self.config.num_layers), []
         step_ids, start = token_ids, 0
         while len(generated) < max_new_tokens:
-            positions = torch.arange(start, start + step_ids.shape[0])
+            positions = torch.arange(start, start + step_ids.shape[0], device=token_ids.device)
             hidden = self.run_layers(self.embed(step_ids), positions, 0, self.config.num_layers, attend)
             next_id = int(self.readout(hidden[-1:]).argmax(-1))
             generated.append(next_id)
             if next_id in stop_token_ids:
                 break
             start += step_ids.shape[0]
-            step_ids = torch.tensor([next_id])
+            step_ids = torch.tensor([next_id], device=token_ids.device)
         return generated
 
     def _check_depths(self, depths: tuple[int, ...]) -> None:
