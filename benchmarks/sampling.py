@@ -7,19 +7,24 @@ and a plain sort-based torch implementation, next to the floor: the bytes that m
 Timing: triton.testing.do_bench (CUDA events, median), after a warm-up, rotating through
 input sets totalling >= 4x the L2 cache so repeated calls do not measure the cache.
 
-Usage: PYTHONPATH=. python3 benchmarks/sampling.py [--out table.md]
+With --sweep it also times other kernel configurations at B=256, V=152064, and prints the
+time of each of the three kernels (torch.profiler) for the default configuration.
+
+Usage, from the repository root: python3 -m benchmarks.sampling [--out table.md] [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import time
 
 import torch
 import triton
 import triton.testing
 
 from engine.sampling import batched_probabilities
+from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
 
 BATCHES = (1, 64, 256, 1024)
 VOCABS = (32000, 152064)
@@ -72,13 +77,26 @@ def implementations():
     }
 
 
+def host_us(fn, args, calls=50) -> float:
+    """Host time per call to enqueue `fn` (no synchronisation inside the timed loop)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def row(batch, vocab, bandwidth):
     nbytes = batch * vocab * 4 * 2
     num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
     sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
     times = {name: time_ms(fn, sets) for name, fn in implementations().items()}
     floor_ms = nbytes / bandwidth * 1e3
-    return (batch, vocab, times["triton"], times["torch"], times["sort"], floor_ms)
+    host = host_us(implementations()["triton"], sets[0])
+    return (batch, vocab, times["triton"], times["torch"], times["sort"], floor_ms, host)
 
 
 def variants(bandwidth, batch=256, vocab=152064):
@@ -92,13 +110,55 @@ def variants(bandwidth, batch=256, vocab=152064):
             logits, t, _, _ = inputs(batch, vocab, seed)
             sets.append((logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p)))
         ms = time_ms(lambda *a: batched_probabilities(*a, backend="triton"), sets)
-        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / (batch * vocab * 8 / bandwidth * 1e3):.2f} |")
+        modes = run_probabilities(*sets[0]).row_mode
+        fallback = int((modes == RowMode.FALLBACK).sum())
+        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / (batch * vocab * 8 / bandwidth * 1e3):.2f} "
+                     f"| {fallback}/{batch} |")
+    return lines
+
+
+SWEEP = (KernelConfig(), KernelConfig(chunk_warps=16), KernelConfig(chunk_capacity=64),
+         KernelConfig(chunk=2048, chunk_capacity=64), KernelConfig(chunk=2048, chunk_capacity=64,
+                                                                   chunk_warps=4),
+         KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=4))
+
+
+def sweep(bandwidth, batch=256, vocab=152064):
+    """Time per call of other kernel configurations (the benchmark's rows)."""
+    sets = [inputs(batch, vocab, seed) for seed in range(2)]
+    floor_ms = batch * vocab * 8 / bandwidth * 1e3
+    lines = ["| chunk | capacity | chunk warps | triton (us) | triton/floor | fallback rows |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for config in SWEEP:
+        ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
+        fallback = int((run_probabilities(*sets[0], config).row_mode == RowMode.FALLBACK).sum())
+        lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
+                     f"{ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback}/{batch} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def kernel_profile(batch=256, vocab=152064, calls=20):
+    """Mean device time of each kernel of one call (torch.profiler, CUDA activity)."""
+    args = inputs(batch, vocab, 0)
+    run_probabilities(*args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run_probabilities(*args)
+        torch.cuda.synchronize()
+    lines = ["| kernel | device time per call (us) |", "|---|---:|"]
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            lines.append(f"| {event.key[:60]} | {total / calls:.1f} |")
     return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the markdown table to this file")
+    parser.add_argument("--sweep", action="store_true", help="also time other configurations")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     header = [
@@ -107,22 +167,33 @@ def main() -> None:
         f"rows: temperature {TEMPERATURE}, top-k {TOP_K}, top-p {TOP_P}, logits ~ N(0, "
         f"{LOGIT_SCALE}^2), float32; times in microseconds (median)",
         "",
-        "| B | V | triton | torch backend | sort-based | floor | triton/floor | sort/triton |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| B | V | triton | torch backend | sort-based | floor | triton/floor | sort/triton "
+        "| triton host |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines = list(header)
     for batch, vocab in itertools.product(BATCHES, VOCABS):
-        b, v, tri, tor, srt, flo = row(batch, vocab, bandwidth)
+        b, v, tri, tor, srt, flo, host = row(batch, vocab, bandwidth)
         lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {tor * 1e3:.1f} | {srt * 1e3:.1f} | "
-                     f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} |")
+                     f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} | {host:.0f} |")
         print(lines[-1], flush=True)
     lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
-              "| rows | triton (us) | triton/floor |", "|---|---:|---:|"]
+              "| rows | triton (us) | triton/floor | fallback rows |", "|---|---:|---:|---:|"]
     lines += variants(bandwidth)
+    emit(lines, args.out, "w")
+    if args.sweep:
+        emit(["", "B=256, V=152064, other kernel configurations:", ""] + sweep(bandwidth),
+             args.out, "a")
+        emit(["", "B=256, V=152064, default configuration, per kernel:", ""] + kernel_profile(),
+             args.out, "a")
+
+
+def emit(lines, path, mode) -> None:
+    """Print `lines` and, with --out, write (mode "w") or append ("a") them to the file."""
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
+    print(text, flush=True)
+    if path:
+        with open(path, mode) as f:
             f.write(text + "\n")
 
 

@@ -196,7 +196,7 @@ def test_triton_chunked_random_rows():
 
 
 @pytest.mark.parametrize("field, value", [("chunk", 1000), ("chunk_capacity", 0),
-                                          ("num_warps", 3), ("block", 2.0)])
+                                          ("chunk_warps", 3), ("block", 2.0)])
 def test_kernel_config_rejects_bad_values(field, value):
     from engine.sampling.probabilities_kernel import KernelConfig
 
