@@ -140,3 +140,9 @@ def test_shipped_protocols_parse_with_both_profiles(name):
     assert protocol.name == name
     assert resolve(protocol, "full").samples_per_group == 20000
     assert 0 < resolve(protocol, "ci").samples_per_group < 20000
+
+
+@pytest.mark.parametrize("name", ["t1_quadrature", "t2_fp32", "t3_fp32", "t2_bf16"])
+def test_shipped_protocols_match_their_frozen_hash(name):
+    # Pre-registration: a shipped protocol may only change together with `specval freeze`.
+    protocols.check_frozen(load_protocol(REPO / "protocols" / f"{name}.yaml"), REPO / "protocols" / f"{name}.yaml")
