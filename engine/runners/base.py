@@ -14,7 +14,8 @@ import torch
 from engine.kv_cache import PagedKVCache
 from engine.models.base import DepthModel
 from engine.request import Request
-from engine.runners.layout import RowLayout, depth_metadata, layout_rows
+from engine.runners.layout import (RowLayout, block_table_tensor, depth_metadata, layout_rows,
+                                   metadata_for)
 from engine.sampling import batched_probabilities, uniform_blocks
 
 GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume no stream
@@ -53,7 +54,10 @@ class SamplingRows:
     num_committed: torch.Tensor  # int64[R] committed tokens (prompt + generated) at step start
 
     @classmethod
-    def from_requests(cls, requests: tuple[Request, ...], device: torch.device) -> "SamplingRows":
+    def from_requests(cls, requests: tuple[Request, ...], device: torch.device,
+                      num_committed: torch.Tensor | None = None) -> "SamplingRows":
+        """`num_committed` (device int64[R]) replaces the host counts when the committed
+        lengths live on the device (asynchronous rounds)."""
         params = [request.params for request in requests]
 
         def tensor(values, dtype):
@@ -65,7 +69,8 @@ class SamplingRows:
             top_p=tensor([p.top_p for p in params], torch.float32),
             is_greedy=tensor([p.is_greedy for p in params], torch.bool),
             seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
-            num_committed=tensor([len(r.token_ids) for r in requests], torch.int64))
+            num_committed=(tensor([len(r.token_ids) for r in requests], torch.int64)
+                           if num_committed is None else num_committed))
 
     def repeat(self, counts: torch.Tensor, total: int) -> "SamplingRows":
         """Row r repeated counts[r] times (e.g. once per verify row); `total` = sum(counts),
@@ -77,6 +82,24 @@ class SamplingRows:
     def select(self, index: torch.Tensor) -> "SamplingRows":
         return SamplingRows(self.temperature[index], self.top_k[index], self.top_p[index],
                             self.is_greedy[index], self.seeds[index], self.num_committed[index])
+
+
+@dataclass(frozen=True)
+class RoundFrame:
+    """Where the requests of a round stand: their next input and position, and their KV.
+
+    Built from host values by the synchronous runner, and from the device-side frontier by
+    the asynchronous one; the round's device functions only read these tensors.
+    """
+
+    inputs: torch.Tensor  # int64[R] t_0, the last committed token (the round's first input)
+    starts: torch.Tensor  # int64[R] position of t_0 (= committed tokens - 1)
+    tables: torch.Tensor  # int64[D, R, num_blocks] every depth's block table, PAD_BLOCK-padded
+    num_blocks: int  # host bound: no position of the round lies beyond num_blocks * block_size
+
+    def select(self, index: torch.Tensor) -> "RoundFrame":
+        return RoundFrame(self.inputs[index], self.starts[index], self.tables[:, index],
+                          self.num_blocks)
 
 
 class ModelRunner:
@@ -101,6 +124,37 @@ class ModelRunner:
             metadata = depth_metadata(layout, tables)
             hidden = self.model.forward_depth(depth, hidden, layout.positions, metadata, self.kv)
         return hidden
+
+    def run_depths_on(self, hidden: torch.Tensor, layout: RowLayout, tables: torch.Tensor,
+                      first: int, last: int) -> torch.Tensor:
+        """`run_depths` with device block tables int64[D, B, >= layout.num_blocks] (no host
+        data involved, so it can be captured in a CUDA Graph)."""
+        for depth in range(first, last + 1):
+            metadata = metadata_for(layout, tables[depth - 1])
+            hidden = self.model.forward_depth(depth, hidden, layout.positions, metadata, self.kv)
+        return hidden
+
+    def frame(self, requests: tuple[Request, ...], num_positions: list[int]) -> RoundFrame:
+        """Frame of a round from host state; request r's tables must already hold
+        num_positions[r] positions (the scheduler grew them)."""
+        num_blocks = -(-max(num_positions) // self.block_size)
+        tables = [block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
+                                     tuple(num_positions), self.block_size, self.device)
+                  for d in range(self.model.num_depths)]
+        starts = torch.tensor([r.num_computed for r in requests], dtype=torch.int64,
+                              device=self.device)
+        return RoundFrame(self.last_tokens(requests), starts, torch.stack(tables), num_blocks)
+
+    def execute(self, requests: tuple[Request, ...],
+                num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
+        """Run one round for `requests` and return the outcomes that are ready now. Synchronous
+        runners return this round's; the asynchronous runner returns the previous round's."""
+        if not requests:
+            return []
+        return list(zip(requests, self.run(requests, num_drafts)))
+
+    def release(self, request: Request) -> None:
+        """Forget a finished request (the asynchronous runner frees its frontier slot)."""
 
     @torch.inference_mode()
     def prefill(self, requests: tuple[Request, ...]) -> None:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import Request
-from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows, probabilities
+from engine.runners.base import ModelRunner, RoundFrame, RoundOutcome, SamplingRows, probabilities
+from engine.runners.layout import RowLayout, device_layout
 from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult, categorical, speculative_accept
 
 
@@ -31,11 +32,10 @@ from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult, categorical, specul
 class DraftStep:
     """Draft step j of a round: the requests with K_r >= j."""
 
-    requests: tuple[Request, ...]
+    num_active: int  # A
     active: torch.Tensor  # int64[A] indices of those requests in the round
     draft_rows: torch.Tensor  # int64[A] flat draft row cu[r] + j - 1
     verify_rows: torch.Tensor  # int64[A] verify row of t_{j-1}: cu[r] + r + j - 1
-    starts: list[int]  # position of t_{j-1}
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,10 @@ class RoundPlan:
     flat_request: torch.Tensor  # int64[N] request of each flat draft
     flat_index: torch.Tensor  # int64[N] j - 1 of each flat draft
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_drafts)
+
 
 @dataclass(frozen=True)
 class Drafts:
@@ -60,25 +64,29 @@ class Drafts:
     #                        last row of each request, t_{K_r}, whose shallow pass it runs)
 
 
-def plan_round(requests: tuple[Request, ...], num_drafts: tuple[int, ...], k: int,
-               device: torch.device) -> RoundPlan:
+def plan_round(num_drafts: tuple[int, ...], k: int, device: torch.device) -> RoundPlan:
+    """The round's shape from host values only (K_r per request, K)."""
     counts = torch.tensor(num_drafts, dtype=torch.int64, device=device)
     cu = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
-    index = torch.arange(len(requests), device=device)
+    index = torch.arange(len(num_drafts), device=device)
     steps = []
     for j in range(1, max(num_drafts, default=0) + 1):
         active = [i for i, n in enumerate(num_drafts) if n >= j]
         active_t = torch.tensor(active, dtype=torch.int64, device=device)
-        steps.append(DraftStep(tuple(requests[i] for i in active), active_t,
-                               cu[active_t] + j - 1, cu[active_t] + active_t + j - 1,
-                               [requests[i].num_computed + j - 1 for i in active]))
+        steps.append(DraftStep(len(active), active_t, cu[active_t] + j - 1,
+                               cu[active_t] + active_t + j - 1))
     flat_request = torch.repeat_interleave(index, counts, output_size=sum(num_drafts))
     return RoundPlan(tuple(num_drafts), k, cu, counts, tuple(steps), cu[1:] + index,
                      flat_request, torch.arange(flat_request.numel(), device=device) - cu[flat_request])
 
 
 class SpeculativeRunner(ModelRunner):
-    """Runs one synchronous speculative round for a batch of requests."""
+    """Runs one synchronous speculative round for a batch of requests.
+
+    `draft`, `verify` and `accept` are the round's device work: they read only the `RoundFrame`,
+    the plan and the sampling rows, never the host state of a request, so the asynchronous
+    runner drives them unchanged from its device-side frontier.
+    """
 
     def __init__(self, *args, num_speculative_tokens: int, draft_depth: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -87,28 +95,33 @@ class SpeculativeRunner(ModelRunner):
 
     def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[RoundOutcome]:
         with torch.inference_mode():
-            plan = plan_round(requests, num_drafts, self.num_speculative_tokens, self.device)
+            plan = plan_round(num_drafts, self.num_speculative_tokens, self.device)
+            frame = self.frame(requests, [r.num_computed + k + 1 for r, k in zip(requests, num_drafts)])
             rows = SamplingRows.from_requests(requests, self.device)
-            uniforms = self.uniforms(rows, 2 * self.num_speculative_tokens + 1)
-            drafts = self.draft(requests, plan, rows, uniforms)
-            target_probs = self.verify(requests, plan, rows, drafts)
-            result = self.accept(plan, rows, drafts, target_probs, uniforms)
+            result = self.round(frame, plan, rows)
             return collect(plan, result)
 
-    def draft(self, requests: tuple[Request, ...], plan: RoundPlan, rows: SamplingRows,
+    def round(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows) -> AcceptResult:
+        """draft -> verify -> accept, all on the device; `rows.num_committed` keys the uniforms."""
+        uniforms = self.uniforms(rows, 2 * self.num_speculative_tokens + 1)
+        drafts = self.draft(frame, plan, rows, uniforms)
+        target_probs = self.verify(frame, plan, rows, drafts)
+        return self.accept(plan, rows, drafts, target_probs, uniforms)
+
+    def draft(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
               uniforms: torch.Tensor) -> Drafts:
-        num_rows = sum(plan.num_drafts)
-        tokens = torch.full((len(requests), max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN,
+        num_rows, count = sum(plan.num_drafts), plan.num_requests
+        tokens = torch.full((count, max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN,
                             dtype=torch.int64, device=self.device)
         probs = torch.empty(num_rows, self.model.vocab_size, device=self.device)
-        inputs = self.last_tokens(requests)
-        template = self.model.embed(inputs[:0])  # [0, D]: the hidden size and dtype
-        shallow = template.new_empty(num_rows + len(requests), template.shape[-1])
+        template = self.model.embed(frame.inputs[:0])  # [0, D]: the hidden size and dtype
+        shallow = template.new_empty(num_rows + count, template.shape[-1])
         for j, step in enumerate(plan.steps, start=1):
-            step_inputs = inputs[step.active] if j == 1 else tokens[step.active, j - 2]
-            layout = self.layout(step.starts, [1] * len(step.requests))
+            step_inputs = frame.inputs[step.active] if j == 1 else tokens[step.active, j - 2]
+            layout = self._single_rows(frame.starts[step.active] + (j - 1), frame.num_blocks)
             hidden = self.model.embed(step_inputs.clamp(min=0))
-            hidden = self.run_depths(hidden, layout, step.requests, 1, self.draft_depth)
+            hidden = self.run_depths_on(hidden, layout, frame.tables[:, step.active], 1,
+                                        self.draft_depth)
             shallow[step.verify_rows] = hidden
             q = self._probs(hidden, rows.select(step.active))
             probs[step.draft_rows] = q
@@ -116,27 +129,37 @@ class SpeculativeRunner(ModelRunner):
                                                      backend=self.sampling_backend)
         return Drafts(tokens, probs, shallow)
 
-    def verify(self, requests: tuple[Request, ...], plan: RoundPlan, rows: SamplingRows,
+    def verify(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
                drafts: Drafts) -> torch.Tensor:
         """float32[N + R, V]: p_1..p_{K_r+1} of every request, packed in request order."""
-        count = len(requests)
-        chain = torch.cat([self.last_tokens(requests)[:, None], drafts.tokens], dim=1)
+        count = plan.num_requests
+        chain = torch.cat([frame.inputs[:, None], drafts.tokens], dim=1)
         last_inputs = chain[torch.arange(count, device=self.device), plan.num_drafts_t]
-        layout = self.layout([r.num_computed + k for r, k in zip(requests, plan.num_drafts)],
-                             [1] * count)
-        hidden = self.run_depths(self.model.embed(last_inputs.clamp(min=0)), layout, requests, 1,
-                                 self.draft_depth)
+        layout = self._single_rows(frame.starts + plan.num_drafts_t, frame.num_blocks)
+        hidden = self.run_depths_on(self.model.embed(last_inputs.clamp(min=0)), layout,
+                                    frame.tables, 1, self.draft_depth)
         shallow = drafts.shallow
         shallow[plan.last_rows] = hidden
-        layout = self.layout([r.num_computed for r in requests], [k + 1 for k in plan.num_drafts])
-        deep = self.run_depths(shallow, layout, requests, self.draft_depth + 1, self.model.num_depths)
-        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1, sum(plan.num_drafts) + count))
+        num_rows = sum(plan.num_drafts) + count
+        layout = device_layout(frame.starts, plan.num_drafts_t + 1, num_rows=num_rows,
+                               max_length=max(plan.num_drafts) + 1, num_blocks=frame.num_blocks,
+                               block_size=self.block_size)
+        deep = self.run_depths_on(shallow, layout, frame.tables, self.draft_depth + 1,
+                                  self.model.num_depths)
+        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1, num_rows))
 
     def accept(self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts,
                target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
         flat_tokens = drafts.tokens[plan.flat_request, plan.flat_index].contiguous()
         return speculative_accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
                                   uniforms, rows.is_greedy, backend=self.sampling_backend)
+
+    def _single_rows(self, starts: torch.Tensor, num_blocks: int) -> RowLayout:
+        """One query row per sequence at device positions `starts`."""
+        count = starts.shape[0]
+        return device_layout(starts, torch.ones(count, dtype=torch.int64, device=self.device),
+                             num_rows=count, max_length=1, num_blocks=num_blocks,
+                             block_size=self.block_size)
 
     def _probs(self, hidden: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         return probabilities(self.model.readout(hidden), rows, self.sampling_backend)

@@ -50,12 +50,14 @@ def test_speculative_round_has_no_host_reads(monkeypatch):
     runner, device = engine.runner, engine.device
     assert batch.num_drafts == (3, 3, 1)  # the max_tokens=2 row is ragged
     with torch.inference_mode():
-        plan = plan_round(batch.decode, batch.num_drafts, runner.num_speculative_tokens, device)
+        plan = plan_round(batch.num_drafts, runner.num_speculative_tokens, device)
+        frame = runner.frame(batch.decode, [r.num_computed + k + 1
+                                            for r, k in zip(batch.decode, batch.num_drafts)])
         rows = SamplingRows.from_requests(batch.decode, device)
         with no_host_reads(monkeypatch):
             uniforms = runner.uniforms(rows, 2 * runner.num_speculative_tokens + 1)
-            drafts = runner.draft(batch.decode, plan, rows, uniforms)
-            target = runner.verify(batch.decode, plan, rows, drafts)
+            drafts = runner.draft(frame, plan, rows, uniforms)
+            target = runner.verify(frame, plan, rows, drafts)
             result = runner.accept(plan, rows, drafts, target, uniforms)
     assert result.tokens.shape == (3, 4)
 
