@@ -91,10 +91,13 @@ class TestSpec:
     groups: tuple[str, ...] = ()  # empty: every applicable group
     baseline: str | None = None  # homogeneity: the group compared against
     tol: float = 1e-9  # quadrature: max |law - p| allowed
+    by_path: bool = False  # gof: strata of (t_1..t_{k-1}, how each was produced)
 
     @property
     def name(self) -> str:
-        return self.kind if self.kind == "quadrature" else f"t{self.position}_{self.kind}"
+        if self.kind == "quadrature":
+            return self.kind
+        return f"t{self.position}_{self.kind}" + ("_by_path" if self.by_path else "")
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,11 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], 
     tol = _float(raw.get("tol", 1e-9), file, f"{where}.tol")
     if not tol > 0.0:
         _fail(file, f"{where}.tol", "must be > 0", raw.get("tol"))
-    return TestSpec(kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol)
+    by_path = _bool(raw.get("by_path", False), file, f"{where}.by_path")
+    if by_path and kind != "gof":
+        _fail(file, f"{where}.by_path", "only gof tests take path-aware strata", by_path)
+    return TestSpec(kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol,
+                    by_path=by_path)
 
 
 def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: int) -> tuple[TestSpec, ...]:

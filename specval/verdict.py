@@ -30,6 +30,7 @@ from specval.reference import Reference
 from specval.stats import multiplicity, power
 from specval.stats.gof import aggregate_gof, goodness_of_fit
 from specval.stats.homogeneity import aggregate_homogeneity, homogeneity
+from specval.sut import SOURCES
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 SCHEMA_VERSION = 1
@@ -50,6 +51,21 @@ def strata(tokens: np.ndarray, position: int) -> list[tuple[tuple[int, ...], np.
     return [(tuple(int(t) for t in p), part) for p, part in zip(prefixes, np.split(target[order], bounds))]
 
 
+def path_strata(tokens: np.ndarray, paths: np.ndarray, position: int) -> list[tuple[tuple[int, ...], tuple[int, ...],
+                                                                                  np.ndarray]]:
+    """Strata of (prefix, path): paths[N, n] holds each token's source code (index in SOURCES)."""
+    keyed = np.concatenate([tokens[:, : position - 1], paths[:, : position - 1]], axis=1)
+    with_key = np.concatenate([keyed, tokens[:, position - 1 : position]], axis=1)
+    width = position - 1
+    return [(key[:width], key[width:], target) for key, target in strata(with_key, 2 * width + 1)]
+
+
+def _paths(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
+    rows = samples[samples["group"] == group]
+    codes = {name: i for i, name in enumerate(SOURCES)}
+    return np.stack([rows[f"src{k}"].map(codes).to_numpy(dtype=np.int64) for k in range(1, positions + 1)], axis=1)
+
+
 def _tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
     rows = samples[samples["group"] == group]
     return rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
@@ -65,15 +81,19 @@ def _coverage(num_strata: int, covered: list[int], total: int) -> dict[str, Any]
 
 def _gof(protocol: Protocol, test: TestSpec, group: str, samples: pd.DataFrame, ref: Reference) -> dict:
     tokens = _tokens(samples, group, protocol.positions)
-    all_strata = strata(tokens, test.position)
+    if test.by_path:
+        all_strata = path_strata(tokens, _paths(samples, group, protocol.positions), test.position)
+    else:
+        all_strata = [(prefix, None, target) for prefix, target in strata(tokens, test.position)]
     results, rows, out_of_support = [], [], 0
-    for prefix, target in all_strata:
+    for prefix, path, target in all_strata:
         probs = ref.probs(prefix)
         counts = np.bincount(target, minlength=ref.vocab_size)
         if len(target) >= protocol.stratum_min:
             result = goodness_of_fit(counts, probs, min_expected=protocol.min_expected)
             results.append(result)
-            rows.append({"prefix": list(prefix), **result.to_dict()})
+            where = {"prefix": list(prefix)} | ({"path": [SOURCES[c] for c in path]} if path is not None else {})
+            rows.append({**where, **result.to_dict()})
         else:
             out_of_support += int(counts[probs == 0.0].sum())
     agg = aggregate_gof(results)

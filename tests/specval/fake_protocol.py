@@ -24,6 +24,7 @@ FAKE_PROTOCOL = {
         {"kind": "gof", "position": 1, "role": "control"},
         {"kind": "gof", "position": 2, "role": "primary"},
         {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"},
+        {"kind": "gof", "position": 2, "role": "secondary", "groups": ["sync"], "by_path": True},
     ],
     "profiles": {"ci": {"samples_per_group": 800}, "full": {"samples_per_group": 20000}},
 }

@@ -38,6 +38,12 @@ def test_fresh_bundle_verifies_and_holds_every_documented_file(fake_bundle):
     manifest = json.loads((fake_bundle / "manifest.json").read_text())
     assert {"protocol", "git", "command", "packages", "device", "seeds", "started", "finished"} <= set(manifest)
     assert "data:image/png;base64," in (fake_bundle / "report.html").read_text()
+    summary = json.loads((fake_bundle / "summary.json").read_text())
+    by_path = summary["tests"]["t2_gof_by_path.sync"]
+    plain = summary["tests"]["t2_gof.sync"]
+    # the fake SUT samples t1 at prefill, so every path is ("plain",) and the strata coincide
+    assert [(s["prefix"], s["path"], s["n"]) for s in by_path["strata"]] == \
+        [(s["prefix"], ["plain"], s["n"]) for s in plain["strata"]]
 
 
 def _all_files(bundle: Path) -> list[str]:

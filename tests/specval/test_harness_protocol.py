@@ -65,6 +65,7 @@ BAD_FIELDS = [
     (["tests", 1, "baseline"], "nospec", ["tests[1].baseline", "only homogeneity"]),
     (["tests", 3, "baseline"], KeyError, ["tests[3].baseline", "non-empty string"]),
     (["tests", 0, "tol"], -1.0, ["tests[0].tol", "> 0"]),
+    (["tests", 3, "by_path"], True, ["tests[3].by_path", "only gof"]),
     (["tests", 0, "groups"], ["nospec"], ["tests[0].groups", "speculative groups", "'nospec'"]),
     (["tests", 3, "groups"], ["nospec"], ["tests[3].groups", "other than the baseline"]),
     (["profiles", "ci", "samples"], 5, ["profiles.ci.samples", "'samples_per_group'"]),

@@ -72,3 +72,14 @@ def test_reference_round_trips_exactly_and_prefixes_cover_every_stratum():
     assert back.prompt_token_ids == (9, 9)
     for prefix, probs in dists.items():
         assert np.array_equal(back.probs(prefix), probs)
+
+
+def test_path_strata_refine_the_token_strata():
+    from specval.verdict import path_strata, strata
+
+    tokens = np.array([[1, 5], [1, 6], [1, 7], [2, 5], [1, 5]])
+    paths = np.array([[1, 1], [2, 1], [1, 2], [1, 1], [2, 3]])  # codes of SOURCES
+    by_path = {(prefix, path): sorted(t.tolist()) for prefix, path, t in path_strata(tokens, paths, 2)}
+    assert by_path == {((1,), (1,)): [5, 7], ((1,), (2,)): [5, 6], ((2,), (1,)): [5]}
+    plain = {prefix: sorted(t.tolist()) for prefix, t in strata(tokens, 2)}
+    assert plain == {(1,): [5, 5, 6, 7], (2,): [5]}
