@@ -14,14 +14,15 @@ from specval.seeds import SeedRange
 
 
 def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
-    """Observed vs expected for every non-control GOF criterion with position > 1, p-values, acceptance."""
+    """Observed vs expected for every non-control token-stratified GOF criterion, p-values, token sources."""
     ranges = [SeedRange(s["protocol"], s["run"], s["group"], s["start"], s["stop"]) for s in manifest["seeds"]]
     samples = load_samples(path, ranges)
     reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
     positions = summary["protocol"]["positions"]
     out = {}
     for name, test in sorted(summary["tests"].items()):
-        if test["kind"] == "gof" and test["role"] != "control" and test["strata"]:
+        by_path = bool(test["strata"]) and "path" in test["strata"][0]
+        if test["kind"] == "gof" and test["role"] != "control" and test["strata"] and not by_path:
             png = plots.observed_vs_expected(name, test, samples, reference, positions)
             if png:
                 out[f"observed vs expected: {name}"] = png
