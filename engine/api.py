@@ -20,7 +20,8 @@ from engine.models.loader import build_model
 from engine.models.tokenizer import ByteTokenizer
 from engine.params import SamplingParams
 from engine.request import Request, RequestOutput
-from engine.runners.base import RoundOutcome
+from engine.runners.async_speculative import AsyncSpeculativeRunner
+from engine.runners.base import ModelRunner, RoundOutcome
 from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
 from engine.scheduler import Scheduler, SchedulerLimits
@@ -72,12 +73,15 @@ class Engine:
         return SchedulerLimits(self.config.max_num_seqs, self.config.max_num_batched_tokens, k,
                                self.model.eos_token_id)
 
-    def _runner(self) -> PlainRunner | SpeculativeRunner:
+    def _runner(self) -> ModelRunner:
         args = (self.model, self.kv, self.device, self.config.sampling_backend)
-        if not self.config.is_speculative:
+        speculative = dict(num_speculative_tokens=self.config.num_speculative_tokens,
+                           draft_depth=self.config.draft_loops)
+        if self.config.mode == "nospec":
             return PlainRunner(*args)
-        return SpeculativeRunner(*args, num_speculative_tokens=self.config.num_speculative_tokens,
-                                 draft_depth=self.config.draft_loops)
+        if self.config.mode == "sync":
+            return SpeculativeRunner(*args, **speculative)
+        return AsyncSpeculativeRunner(*args, **speculative, max_num_seqs=self.config.max_num_seqs)
 
     def add_request(self, request_id: str, prompt: str | Sequence[int],
                     params: SamplingParams) -> None:
@@ -127,27 +131,43 @@ class Engine:
                              f"max_num_batched_tokens={config.max_num_batched_tokens}")
 
     def step(self) -> list[RequestOutput]:
-        """Run one step (prefill newcomers, one round for every scheduled request)."""
+        """Run one step: prefill newcomers, submit one round for every scheduled request, and
+        commit the outcomes that are ready (this round's; the previous round's in async mode).
+
+        Outcomes with an error flag go first through `_fail`, the one fatal-cleanup path, before
+        any commit: the flagged request finishes with finish_reason "error", the others go on.
+        """
         batch = self.scheduler.schedule()
         self.kv.zero_blocks(self.scheduler.blocks.take_allocated())
-        if not batch.is_empty:
-            self.runner.prefill(batch.prefill)
-            outcomes = self.runner.run(batch.decode, batch.num_drafts)
-            for request, outcome in zip(batch.decode, outcomes):
-                self._commit(request, outcome)
+        self.runner.prefill(batch.prefill)
+        ready = self.runner.execute(batch.decode, batch.num_drafts)
+        self.scheduler.submitted(batch)
+        for request, outcome in ready:
+            if outcome.is_error:
+                self._fail(request, outcome)
+        for request, outcome in ready:
+            if not outcome.is_error and not request.is_finished:
+                self._count(request, outcome)
+                self.scheduler.commit(request, list(outcome.tokens), list(outcome.sources))
         finished = self.scheduler.take_finished()
         for output in finished:
-            del self._requests[output.request_id]
+            self.runner.release(self._requests.pop(output.request_id))
         return finished
 
-    def _commit(self, request: Request, outcome: RoundOutcome) -> None:
+    @staticmethod
+    def _count(request: Request, outcome: RoundOutcome) -> None:
         request.num_rounds += 1
         request.num_draft_tokens += outcome.num_drafts
         request.num_accepted_tokens += outcome.num_accepted
-        if outcome.is_error:
-            self.scheduler.finish(request, "error")
-        else:
-            self.scheduler.commit(request, list(outcome.tokens), list(outcome.sources))
+
+    def _fail(self, request: Request, outcome: RoundOutcome) -> None:
+        """Fatal cleanup of one request whose round raised an error flag: it finishes with
+        "error" and no tokens from that round; its blocks, reservation, rounds in flight and
+        frontier slot are released (the slot when its output is taken at the end of the step)."""
+        if request.is_finished:
+            return
+        self._count(request, outcome)
+        self.scheduler.fail(request)
 
     def abort(self, request_id: str) -> None:
         """Abort a live request; its output (finish_reason "abort") comes from the next step."""
@@ -163,7 +183,10 @@ class Engine:
         for request_id in list(self._requests):
             self.abort(request_id)
         self.scheduler.take_finished()
+        for request in self._requests.values():
+            self.runner.release(request)
         self._requests.clear()
+        self.runner.close()
         self.kv = None
 
 

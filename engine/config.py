@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 MODES = ("nospec", "sync", "async")
-IMPLEMENTED_MODES = ("nospec", "sync")
+IMPLEMENTED_MODES = ("nospec", "sync", "async")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELS = ("looped",)
 SAMPLING_BACKENDS = ("auto", "triton", "torch")  # see engine.sampling.backend
@@ -98,6 +98,8 @@ class EngineConfig:
     `model_config=None` loads the committed default weights of `model`; a ModelConfig builds
     random weights from its seed. `seed` is the source of the seeds that the engine assigns to
     random requests submitted without one (see docs/engine.md, "RNG consumption").
+    `enforce_eager=True` turns off CUDA Graph capture of asynchronous decode rounds (see
+    docs/async-speculative.md); on the CPU rounds always run eagerly.
     """
 
     model: str = "looped"
@@ -114,6 +116,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 16384
     max_model_len: int = 2048
     sampling_backend: str = "auto"
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
@@ -126,6 +129,8 @@ class EngineConfig:
         _require(self.model_config is None or isinstance(self.model_config, ModelConfig),
                  "model_config", self.model_config, "expected a ModelConfig or None")
         _require_int("seed", self.seed, 0)
+        _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager,
+                 "expected a bool")
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens",
                      "max_model_len"):
             _require_int(name, getattr(self, name), 1)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.runners.transfer import to_device
 PAD_BLOCK = 0  # reserved all-zero block that pads block tables
 
 
@@ -47,7 +48,7 @@ class PagedKVCache:
     def zero_blocks(self, blocks: list[int]) -> None:
         """Clear freshly allocated blocks in every layer."""
         if blocks:
-            index = torch.tensor(blocks, dtype=torch.int64, device=self.key[0].device)
+            index = to_device(blocks, torch.int64, self.key[0].device)
             for pool in self.key + self.value:
                 pool.index_fill_(0, index, 0)
 

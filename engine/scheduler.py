@@ -8,11 +8,21 @@ Policy, read top to bottom by `schedule`:
    reached and their worst-case KV fits the pool's reservations. The first that does not fit stops
    admission, so no request is overtaken.
 A newly admitted request is prefilled and runs its first round in the same step.
+
+Rounds in flight (asynchronous mode): `submitted` records the K_r of every round handed to the
+runner and `commit` / `finish` retire them, oldest first. A request whose previous round is still
+in flight gets its next round only if that round's K_r cannot depend on the previous outcome,
+i.e. tokens still allowed - (K_prev + 1) - 1 >= min(K, budget left - 1): so K_r equals the
+synchronous choice, a round never drafts past `max_tokens`, and every position a round may
+write lies inside the request's reservation. Otherwise it waits one step for the collection
+(at most twice per request, near its end). Its block tables are grown for both rounds
+(committed + K_prev + 1 + K_r + 1 positions) and commits keep the positions of the round still
+in flight.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 from engine.kv_cache import BlockManager
@@ -49,6 +59,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished: list[RequestOutput] = []
+        self.in_flight: defaultdict[Request, deque[int]] = defaultdict(deque)  # K_r, oldest first
 
     def worst_case_blocks(self, request: Request) -> int:
         """Blocks over all depths for the request's longest possible sequence."""
@@ -67,14 +78,36 @@ class Scheduler:
         for request in self.running:
             if budget < 1:
                 break
-            drafts.append(self._num_drafts(request, budget))
+            num_drafts = self._num_drafts(request, budget)
+            if not self._can_submit(request, num_drafts):
+                continue
+            drafts.append(num_drafts)
             decode.append(request)
             budget -= drafts[-1] + 1
         prefill = self._admit(budget, decode, drafts)
         for request, num_drafts in zip(decode, drafts):
             for table in request.block_tables:
-                self.blocks.grow(table, request.num_computed + num_drafts + 1)
+                self.blocks.grow(table, self.num_positions(request) + num_drafts + 1)
         return ScheduledBatch(tuple(prefill), tuple(decode), tuple(drafts))
+
+    def num_positions(self, request: Request) -> int:
+        """Positions the request's KV may hold now: committed - 1, plus every position that its
+        rounds in flight may commit."""
+        return request.num_computed + sum(k + 1 for k in self.in_flight.get(request, ()))
+
+    def _can_submit(self, request: Request, num_drafts: int) -> bool:
+        """True when the next round's K_r does not depend on the outcome of rounds in flight."""
+        pending = self.in_flight.get(request)
+        if not pending:
+            return True
+        if len(pending) > 1:
+            return False  # at most two rounds in flight
+        return request.num_remaining - (pending[0] + 1) - 1 >= num_drafts
+
+    def submitted(self, batch: ScheduledBatch) -> None:
+        """Record the rounds just handed to the runner (retired by commit / finish)."""
+        for request, num_drafts in zip(batch.decode, batch.num_drafts):
+            self.in_flight[request].append(num_drafts)
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         return max(0, min(self.limits.num_speculative_tokens, request.num_remaining - 1, budget - 1))
@@ -100,7 +133,11 @@ class Scheduler:
         return admitted
 
     def commit(self, request: Request, tokens: list[int], sources: list[str]) -> None:
-        """Append a round's emitted tokens, applying stop tokens and max_tokens, then trim KV."""
+        """Retire the request's oldest round in flight: append its emitted tokens, applying stop
+        tokens and max_tokens, then trim the KV to what is committed or still in flight."""
+        pending = self.in_flight.get(request)
+        if pending:
+            pending.popleft()
         stops = set(request.params.stop_token_ids)
         if not request.params.ignore_eos:
             stops.add(self.limits.eos_token_id)
@@ -112,7 +149,7 @@ class Scheduler:
             if request.num_remaining == 0:
                 return self.finish(request, "length")
         for table in request.block_tables:
-            self.blocks.truncate(table, request.num_computed)
+            self.blocks.truncate(table, self.num_positions(request))
 
     def finish(self, request: Request, reason: str) -> None:
         """Mark finished, free its blocks and reservation, queue its output (idempotent)."""
@@ -120,9 +157,15 @@ class Scheduler:
             return
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        self.in_flight.pop(request, None)  # a queued round of a finished request is discarded
         self.blocks.release(request.block_tables, request.num_reserved_blocks)
         request.num_reserved_blocks = 0
         self._finished.append(request.to_output())
+
+    def fail(self, request: Request) -> None:
+        """A round of the request raised an error flag: finish it with "error" (this drops its
+        rounds in flight and frees its blocks and reservation)."""
+        self.finish(request, "error")
 
     def abort(self, request: Request) -> None:
         """Finish a live request now: it leaves the queue or the running list at once, so the

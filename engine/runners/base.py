@@ -16,6 +16,7 @@ from engine.models.base import DepthModel
 from engine.request import Request
 from engine.runners.layout import (RowLayout, block_table_tensor, depth_metadata, layout_rows,
                                    metadata_for)
+from engine.runners.transfer import to_device
 from engine.sampling import batched_probabilities, uniform_blocks
 
 GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume no stream
@@ -61,7 +62,7 @@ class SamplingRows:
         params = [request.params for request in requests]
 
         def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, dtype, device)
 
         return cls(
             temperature=tensor([p.temperature for p in params], torch.float32),
@@ -141,8 +142,7 @@ class ModelRunner:
         tables = [block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
                                      tuple(num_positions), self.block_size, self.device)
                   for d in range(self.model.num_depths)]
-        starts = torch.tensor([r.num_computed for r in requests], dtype=torch.int64,
-                              device=self.device)
+        starts = to_device([r.num_computed for r in requests], torch.int64, self.device)
         return RoundFrame(self.last_tokens(requests), starts, torch.stack(tables), num_blocks)
 
     def execute(self, requests: tuple[Request, ...],
@@ -155,6 +155,9 @@ class ModelRunner:
 
     def release(self, request: Request) -> None:
         """Forget a finished request (the asynchronous runner frees its frontier slot)."""
+
+    def close(self) -> None:
+        """Drop any work not collected yet (nothing for synchronous runners)."""
 
     @torch.inference_mode()
     def prefill(self, requests: tuple[Request, ...]) -> None:
@@ -173,8 +176,7 @@ class ModelRunner:
             return
         leaders = tuple(group[0] for group in groups.values())
         layout = self.layout([0] * len(leaders), [r.num_computed for r in leaders])
-        tokens = torch.tensor([t for key in groups for t in key], dtype=torch.int64,
-                              device=self.device)
+        tokens = to_device([t for key in groups for t in key], torch.int64, self.device)
         self.run_depths(self.model.embed(tokens), layout, leaders, 1, self.model.num_depths)
         self._copy_blocks(groups.values())
 
@@ -188,8 +190,8 @@ class ModelRunner:
                     sources += source[:num_blocks]
                     targets += target[:num_blocks]
         if targets:
-            source_t = torch.tensor(sources, dtype=torch.int64, device=self.device)
-            target_t = torch.tensor(targets, dtype=torch.int64, device=self.device)
+            source_t = to_device(sources, torch.int64, self.device)
+            target_t = to_device(targets, torch.int64, self.device)
             for pool in self.kv.key + self.kv.value:
                 pool.index_copy_(0, target_t, pool.index_select(0, source_t))
 
@@ -201,4 +203,4 @@ class ModelRunner:
 
     def last_tokens(self, requests: tuple[Request, ...]) -> torch.Tensor:
         """int64[R] the last committed token of each request (its next input)."""
-        return torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.int64, device=self.device)
+        return to_device([r.token_ids[-1] for r in requests], torch.int64, self.device)

@@ -16,6 +16,7 @@ import torch
 
 from engine.kv_cache import PAD_BLOCK
 from engine.models.base import AttentionMetadata
+from engine.runners.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ def layout_rows(starts: list[int], lengths: list[int], block_size: int,
                 device: torch.device) -> RowLayout:
     """Lay out rows whose starts and lengths are host values (exact bounds)."""
     ends = tuple(s + n for s, n in zip(starts, lengths))
-    layout = device_layout(torch.tensor(starts, dtype=torch.int64, device=device),
-                           torch.tensor(lengths, dtype=torch.int64, device=device),
+    layout = device_layout(to_device(starts, torch.int64, device),
+                           to_device(lengths, torch.int64, device),
                            num_rows=sum(lengths), max_length=max(lengths),
                            num_blocks=-(-max(ends) // block_size), block_size=block_size)
     return RowLayout(layout.positions, layout.row_seq, layout.row_slot, layout.attend_mask,
@@ -70,7 +71,7 @@ def block_table_tensor(tables: list[list[int]], num_blocks: int, ends: tuple[int
             raise RuntimeError(f"block table of {len(table)} blocks cannot hold position {end - 1}")
     padded = [table[:num_blocks] + [PAD_BLOCK] * (num_blocks - len(table[:num_blocks]))
               for table in tables]
-    return torch.tensor(padded, dtype=torch.int64, device=device)
+    return to_device(padded, torch.int64, device)
 
 
 def metadata_for(layout: RowLayout, block_tables: torch.Tensor) -> AttentionMetadata:

@@ -25,6 +25,7 @@ import torch
 from engine.request import Request
 from engine.runners.base import ModelRunner, RoundFrame, RoundOutcome, SamplingRows, probabilities
 from engine.runners.layout import RowLayout, device_layout
+from engine.runners.transfer import to_device
 from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult, categorical, speculative_accept
 
 
@@ -66,13 +67,13 @@ class Drafts:
 
 def plan_round(num_drafts: tuple[int, ...], k: int, device: torch.device) -> RoundPlan:
     """The round's shape from host values only (K_r per request, K)."""
-    counts = torch.tensor(num_drafts, dtype=torch.int64, device=device)
+    counts = to_device(num_drafts, torch.int64, device)
     cu = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
     index = torch.arange(len(num_drafts), device=device)
     steps = []
     for j in range(1, max(num_drafts, default=0) + 1):
         active = [i for i, n in enumerate(num_drafts) if n >= j]
-        active_t = torch.tensor(active, dtype=torch.int64, device=device)
+        active_t = to_device(active, torch.int64, device)
         steps.append(DraftStep(len(active), active_t, cu[active_t] + j - 1,
                                cu[active_t] + active_t + j - 1))
     flat_request = torch.repeat_interleave(index, counts, output_size=sum(num_drafts))
@@ -167,14 +168,16 @@ class SpeculativeRunner(ModelRunner):
 
 def collect(plan: RoundPlan, result: AcceptResult) -> list[RoundOutcome]:
     """The round's single host read: emitted tokens and their sources per request."""
-    tokens, accepted, errors = result.tokens.tolist(), result.num_accepted.tolist(), result.error.tolist()
-    outcomes = []
-    for row, num_accepted, error, num_drafts in zip(tokens, accepted, errors, plan.num_drafts):
-        if error:
-            outcomes.append(RoundOutcome((), (), num_drafts, 0, True))
-            continue
-        last = "bonus" if num_accepted == num_drafts else "correction"
-        outcomes.append(RoundOutcome(tuple(row[:num_accepted + 1]),
-                                     ("accepted",) * num_accepted + (last,), num_drafts,
-                                     num_accepted, False))
-    return outcomes
+    rows = zip(result.tokens.tolist(), result.num_accepted.tolist(), result.error.tolist())
+    return [outcome(num_drafts, tokens, num_accepted, error)
+            for (tokens, num_accepted, error), num_drafts in zip(rows, plan.num_drafts)]
+
+
+def outcome(num_drafts: int, tokens: list[int], num_accepted: int, error: int) -> RoundOutcome:
+    """Decode one request's result row with explicit ranges: only tokens[:num_accepted + 1]
+    is read; an error flag, or an accepted count outside [0, K_r], yields no tokens."""
+    if error or not 0 <= num_accepted <= num_drafts:
+        return RoundOutcome((), (), num_drafts, 0, True)
+    last = "bonus" if num_accepted == num_drafts else "correction"
+    return RoundOutcome(tuple(tokens[:num_accepted + 1]), ("accepted",) * num_accepted + (last,),
+                        num_drafts, num_accepted, False)
