@@ -21,8 +21,8 @@ def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
     positions = summary["protocol"]["positions"]
     out = {}
     for name, test in sorted(summary["tests"].items()):
-        by_path = bool(test["strata"]) and "path" in test["strata"][0]
-        if test["kind"] == "gof" and test["role"] != "control" and test["strata"] and not by_path:
+        rows = test.get("strata") or []
+        if test["kind"] == "gof" and test["role"] != "control" and rows and "path" not in rows[0]:
             png = plots.observed_vs_expected(name, test, samples, reference, positions)
             if png:
                 out[f"observed vs expected: {name}"] = png
