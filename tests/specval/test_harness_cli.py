@@ -55,7 +55,8 @@ def test_input_errors_exit_2_before_any_sampling(cli, tmp_path):
     bad = write_protocol(tmp_path, fake_protocol_dict(alhpa=0.01), "bad.yaml")
     result = _run(cli, "validate", str(bad))
     assert result.exit_code == 2 and "alhpa: unknown key; did you mean 'alpha'?" in result.output
-    unsupported = fake_protocol_dict(groups=[{"name": "nospec", "mode": "nospec"}, {"name": "async", "mode": "async"}])
+    groups = fake_protocol_dict()["groups"] + [{"name": "async", "mode": "async"}]
+    unsupported = fake_protocol_dict(groups=groups)
     result = _run(cli, "run", str(write_protocol(tmp_path, unsupported, "u.yaml")), "--quiet")
     assert result.exit_code == 2 and "mode 'async' is not supported" in result.output
     assert not Path("results").exists()  # refused before any seed was claimed
