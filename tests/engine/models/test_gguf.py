@@ -167,3 +167,19 @@ def test_foreign_and_missing_files(tmp_path):
 def test_missing_distribution_is_named():
     with pytest.raises(ModuleNotFoundError, match="no-such-model-package"):
         packaged_file("no-such-model-package", ".gguf")
+
+
+def test_packaged_smollm2_loads_as_engine_model():
+    from engine.models.gguf import SMOLLM2_LAYERS_PER_DEPTH, load_smollm2
+
+    try:
+        model = load_smollm2()
+    except ModuleNotFoundError as error:
+        pytest.skip(str(error))
+    cfg = model.model.config
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) == (49152, 576, 1536, 30)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta, cfg.tie_embeddings) == (9, 3, 100000.0, True)
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.context_length) == (1, 2, 8192)
+    assert model.num_depths * SMOLLM2_LAYERS_PER_DEPTH == 30 and model.num_kv_heads == 9
+    with pytest.raises(ValueError, match="context_length=8192"):
+        model.model.forward(torch.zeros(8193, dtype=torch.int64))

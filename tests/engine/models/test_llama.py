@@ -181,17 +181,16 @@ def test_depth_adapter_rejects_bad_grouping(model):
 
 
 @pytest.mark.parametrize("mode", ["nospec", "sync"])
-def test_engine_serves_llama_depth_model(model, monkeypatch, mode):
-    """End to end through the engine (its model builder swapped for the adapter): greedy output
-    equals the reference greedy decoding, with and without early-exit speculation."""
-    import engine.api
+def test_engine_serves_llama_depth_model(model, mode):
+    """End to end through the engine: greedy output equals the reference greedy decoding, with and
+    without early-exit speculation."""
     from engine import LLM, EngineConfig, SamplingParams
     from engine.models.llama import LlamaDepthModel
 
-    monkeypatch.setattr(engine.api, "build_model", lambda config: LlamaDepthModel(model, 1))
     prompt = [3, 7, 11, 5]
     expected = model.greedy_continuation(torch.tensor(prompt), 6)
-    llm = LLM(EngineConfig(mode=mode, draft_loops=1, num_speculative_tokens=2, num_kv_blocks=64, block_size=4))
+    config = EngineConfig(mode=mode, draft_loops=1, num_speculative_tokens=2, num_kv_blocks=64, block_size=4)
+    llm = LLM(config, model=LlamaDepthModel(model, 1))
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     llm.close()
     assert output.token_ids == expected
