@@ -50,9 +50,9 @@ def test_draft_loops_is_irrelevant_for_nospec():
     Engine(EngineConfig(model_config=TINY_MODEL, mode="nospec", draft_loops=3)).close()
 
 
-def test_async_mode_is_refused_with_its_name():
-    with pytest.raises(NotImplementedError, match="async"):
-        Engine(EngineConfig(model_config=TINY_MODEL, mode="async"))
+def test_enforce_eager_must_be_a_bool():
+    with pytest.raises(ValueError, match="enforce_eager='yes'"):
+        EngineConfig(mode="async", enforce_eager="yes")
 
 
 def test_batch_budget_must_cover_one_round():
