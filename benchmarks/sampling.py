@@ -7,8 +7,8 @@ and a plain sort-based torch implementation, next to the floor: the bytes that m
 Timing: triton.testing.do_bench (CUDA events, median), after a warm-up, rotating through
 input sets totalling >= 4x the L2 cache so repeated calls do not measure the cache.
 
-With --sweep it also times other kernel configurations at B=256, V=152064, and prints the
-time of each of the three kernels (torch.profiler) for the default configuration.
+With --sweep it also times kernel configurations at B=256, V=152064, in total and per kernel
+(torch.profiler), including one that sends every row through the whole-row fallback.
 
 Usage, from the repository root: python3 -m benchmarks.sampling [--out table.md] [--sweep]
 """
@@ -108,51 +108,63 @@ def variants(bandwidth, batch=256, vocab=152064):
         sets = []
         for seed in range(2):
             logits, t, _, _ = inputs(batch, vocab, seed)
-            sets.append((logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p)))
+            top_k = torch.full_like(t, k, dtype=torch.int64)
+            sets.append((logits, t, top_k, torch.full_like(t, p)))
         ms = time_ms(lambda *a: batched_probabilities(*a, backend="triton"), sets)
-        modes = run_probabilities(*sets[0]).row_mode
-        fallback = int((modes == RowMode.FALLBACK).sum())
-        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / (batch * vocab * 8 / bandwidth * 1e3):.2f} "
-                     f"| {fallback}/{batch} |")
+        fallback = int((run_probabilities(*sets[0]).row_mode == RowMode.FALLBACK).sum())
+        floor_ms = batch * vocab * 8 / bandwidth * 1e3
+        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback}/{batch} |")
     return lines
 
 
-SWEEP = (KernelConfig(), KernelConfig(chunk_warps=16), KernelConfig(chunk_capacity=64),
-         KernelConfig(chunk=2048, chunk_capacity=64), KernelConfig(chunk=2048, chunk_capacity=64,
-                                                                   chunk_warps=4),
-         KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=4))
+SWEEP = (
+    KernelConfig(),
+    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4),
+    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=2),
+    KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=1),
+    KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=2),
+    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4, select_warps=4),
+    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4, select_warps=16),
+    KernelConfig(chunk_capacity=1),  # every benchmark row takes the whole-row fallback
+)
 
 
 def sweep(bandwidth, batch=256, vocab=152064):
-    """Time per call of other kernel configurations (the benchmark's rows)."""
+    """Time per call, and per kernel, of other kernel configurations (the benchmark's rows)."""
     sets = [inputs(batch, vocab, seed) for seed in range(2)]
     floor_ms = batch * vocab * 8 / bandwidth * 1e3
-    lines = ["| chunk | capacity | chunk warps | triton (us) | triton/floor | fallback rows |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| chunk | capacity | chunk warps | select warps | triton (us) | triton/floor "
+             "| chunk / select / write kernels (us) | fallback rows |",
+             "|---:|---:|---:|---:|---:|---:|---|---:|"]
     for config in SWEEP:
         ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
         fallback = int((run_probabilities(*sets[0], config).row_mode == RowMode.FALLBACK).sum())
+        times = kernel_times(sets[0], config)
+        kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)
         lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
-                     f"{ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback}/{batch} |")
+                     f"{config.select_warps} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {kernels} | "
+                     f"{fallback}/{batch} |")
         print(lines[-1], flush=True)
     return lines
 
 
-def kernel_profile(batch=256, vocab=152064, calls=20):
-    """Mean device time of each kernel of one call (torch.profiler, CUDA activity)."""
-    args = inputs(batch, vocab, 0)
-    run_probabilities(*args)
+KERNEL_NAMES = ("_chunk_kernel", "_select_kernel", "_write_kernel")
+
+
+def kernel_times(args, config, calls=20) -> dict:
+    """Mean device time (us) of each kernel of one call (torch.profiler, CUDA activity)."""
+    run_probabilities(*args, config)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            run_probabilities(*args)
+            run_probabilities(*args, config)
         torch.cuda.synchronize()
-    lines = ["| kernel | device time per call (us) |", "|---|---:|"]
+    times = {}
     for event in prof.key_averages():
         total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if total:
-            lines.append(f"| {event.key[:60]} | {total / calls:.1f} |")
-    return lines
+        if event.key in KERNEL_NAMES:
+            times[event.key] = total / calls
+    return times
 
 
 def main() -> None:
@@ -182,9 +194,7 @@ def main() -> None:
     lines += variants(bandwidth)
     emit(lines, args.out, "w")
     if args.sweep:
-        emit(["", "B=256, V=152064, other kernel configurations:", ""] + sweep(bandwidth),
-             args.out, "a")
-        emit(["", "B=256, V=152064, default configuration, per kernel:", ""] + kernel_profile(),
+        emit(["", "B=256, V=152064, kernel configurations:", ""] + sweep(bandwidth),
              args.out, "a")
 
 

@@ -53,7 +53,7 @@ NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
-NUM_WARPS = 8  # select and write kernels (fewer make the whole-row fallback spill)
+NUM_WARPS = 8  # write kernel (fewer make its whole-row fallback spill registers)
 # planes of the packed scratch tensors
 CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 CHUNK_ARGMAX, CHUNK_COUNT = tl.constexpr(0), tl.constexpr(1)
@@ -70,12 +70,13 @@ class KernelConfig:
     chunk_capacity: int = 128  # candidate slots per chunk
     max_candidates: int = 8192  # select kernel's register block: padded chunks * capacity
     chunk_warps: int = 8  # warps per program of the chunk kernel
+    select_warps: int = 8  # warps per program of the select kernel
     block: int = 2048  # vocabulary step of the whole-row fallback
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
 
     def __post_init__(self):
-        for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "block",
-                     "candidate_capacity"):
+        for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "select_warps",
+                     "block", "candidate_capacity"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
@@ -389,7 +390,7 @@ def run_probabilities(logits, temperature, top_k, top_p,
         _select_kernel[(num_rows,)](
             temperature, top_k, top_p, chunk_f32, chunk_i32, cand_val, row_f32, row_i64, vocab,
             num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
-            CAPACITY=config.chunk_capacity, num_warps=NUM_WARPS,
+            CAPACITY=config.chunk_capacity, num_warps=config.select_warps,
         )
         _write_kernel[grid](
             logits, temperature, top_k, top_p, out, chunk_i32, cand_val, cand_idx, row_f32,

@@ -69,7 +69,8 @@ def assert_row_matches(out, logits, params):
         gap = (exact_mass_above(x, params.top_k)[differ] - params.top_p).abs()
         assert (gap <= boundary_tolerance(x)).all(), f"{params}: support differs, gap {gap}"
         common = (out > 0) & (ref > 0)
-        out, ref = [torch.where(common, r, 0.0) / torch.where(common, r, 0.0).sum() for r in (out, ref)]
+        out, ref = [torch.where(common, r, 0.0) for r in (out, ref)]
+        out, ref = out / out.sum(), ref / ref.sum()
     torch.testing.assert_close(out, ref, rtol=GPU_RTOL, atol=1e-7, msg=str(params))
 
 
@@ -85,20 +86,22 @@ def poison_allocator(shape):
     torch.full(shape, float("nan"), device="cuda")
 
 
-@pytest.mark.parametrize("chunk_capacity", [128, 1])
-def test_chunked_kernel_on_fresh_random_rows(chunk_capacity):
-    """48 fresh random rows at full vocabulary; capacity 1 sends every truncating row with
-    k > 38 (the number of chunks) or a large p through the whole-row fallback."""
+@pytest.mark.parametrize("chunk, capacity, warps", [(4096, 128, 8), (2048, 64, 4), (1024, 32, 1),
+                                                     (4096, 1, 8)])
+def test_chunked_kernel_on_fresh_random_rows(chunk, capacity, warps):
+    """48 fresh random rows at full vocabulary, for the default and the benchmark's fastest
+    configurations; capacity 1 sends every truncating row with k > the number of chunks (38)
+    or a large p through the whole-row fallback."""
     from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
 
-    logits, t, k, p = random_rows(48, 76 + chunk_capacity)
+    logits, t, k, p = random_rows(48, 76 + chunk + capacity)
     t[:6], k[:6], p[:6] = 0.8, 50, 0.9  # the benchmark's rows
     poison_allocator(logits.shape)
-    result = run_probabilities(logits.cuda(), t.cuda(), k.cuda(), p.cuda(),
-                               KernelConfig(chunk_capacity=chunk_capacity))
+    config = KernelConfig(chunk=chunk, chunk_capacity=capacity, chunk_warps=warps)
+    result = run_probabilities(logits.cuda(), t.cuda(), k.cuda(), p.cuda(), config)
     modes = result.row_mode.cpu()
     assert_matches_reference_rows(result.probs.cpu(), logits, t, k, p)
-    expected = RowMode.SPARSE if chunk_capacity > 1 else RowMode.FALLBACK
+    expected = RowMode.SPARSE if capacity > 1 else RowMode.FALLBACK
     assert (modes[:6] == expected).all(), modes
 
 
