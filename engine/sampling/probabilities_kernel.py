@@ -98,6 +98,8 @@ DEFAULT_CONFIG = KernelConfig()
 
 @dataclass(frozen=True)
 class KernelOutput:
+    """Result of `run_probabilities`: the probabilities and the path each row took."""
+
     probs: torch.Tensor  # [B, V] float32
     row_mode: torch.Tensor  # [B] int64, a RowMode per row (device tensor, never read here)
 
