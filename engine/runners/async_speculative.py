@@ -123,6 +123,11 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         self._pending: deque[InFlightRound] = deque()
         self._num_submitted = 0
 
+    @property
+    def in_flight(self) -> tuple[InFlightRound, ...]:
+        """Rounds submitted and not collected yet, oldest first."""
+        return tuple(self._pending)
+
     def execute(self, requests: tuple[Request, ...],
                 num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
         """Submit this step's round (if any), then collect every older round."""
