@@ -169,17 +169,42 @@ def test_missing_distribution_is_named():
         packaged_file("no-such-model-package", ".gguf")
 
 
-def test_packaged_smollm2_loads_as_engine_model():
-    from engine.models.gguf import SMOLLM2_LAYERS_PER_DEPTH, load_smollm2
+@pytest.fixture(scope="module")
+def smollm2():
+    from engine.models.gguf import load_smollm2
 
     try:
-        model = load_smollm2()
+        return load_smollm2()
     except ModuleNotFoundError as error:
         pytest.skip(str(error))
-    cfg = model.model.config
+
+
+def test_packaged_smollm2_loads_as_engine_model(smollm2):
+    from engine.models.gguf import SMOLLM2_LAYERS_PER_DEPTH
+
+    cfg = smollm2.model.config
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) == (49152, 576, 1536, 30)
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta, cfg.tie_embeddings) == (9, 3, 100000.0, True)
     assert (cfg.bos_token_id, cfg.eos_token_id, cfg.context_length) == (1, 2, 8192)
-    assert model.num_depths * SMOLLM2_LAYERS_PER_DEPTH == 30 and model.num_kv_heads == 9
+    assert smollm2.num_depths * SMOLLM2_LAYERS_PER_DEPTH == 30 and smollm2.num_kv_heads == 9
     with pytest.raises(ValueError, match="context_length=8192"):
-        model.model.forward(torch.zeros(8193, dtype=torch.int64))
+        smollm2.model.forward(torch.zeros(8193, dtype=torch.int64))
+
+
+def test_engine_generates_with_smollm2(smollm2):
+    """The real model through the engine with its own tokenizer: greedy sync speculation (draft
+    after 24 layers) reproduces the reference greedy decoding (nospec is covered on small models)."""
+    from engine import LLM, EngineConfig, SamplingParams
+    from engine.models.gguf import SMOLLM2_DRAFT_DEPTH, smollm2_path
+    from engine.tokenizer_gguf import GGUFTokenizer
+
+    tokenizer = GGUFTokenizer.from_gguf(smollm2_path())
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}])
+    expected = smollm2.model.greedy_continuation(torch.tensor(tokenizer.encode(prompt)), 6)
+    config = EngineConfig(mode="sync", draft_loops=SMOLLM2_DRAFT_DEPTH, num_speculative_tokens=3,
+                          num_kv_blocks=64, block_size=16)
+    llm = LLM(config, model=smollm2, tokenizer=tokenizer)
+    output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    llm.close()
+    assert output.token_ids == expected
+    assert output.num_draft_tokens > 0
