@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from engine.config import IMPLEMENTED_MODES, EngineConfig
-from engine.kv_cache import BlockManager, KVLayout, PagedKVCache
+from engine.kv_cache import NUM_RESERVED_BLOCKS, BlockManager, KVLayout, PagedKVCache, scratch_block
 from engine.models.base import DepthModel
 from engine.models.loader import build_model
 from engine.models.tokenizer import ByteTokenizer
@@ -60,7 +60,7 @@ class Engine:
             raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
                              f"loops ({self.model.num_depths})")
         self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
-        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + 1, config.block_size,
+        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + NUM_RESERVED_BLOCKS, config.block_size,
                                         self.model.num_layers_per_depth, self.model.num_kv_heads,
                                         self.model.head_size), config.torch_dtype, self.device)
         self.scheduler = Scheduler(self._limits(), BlockManager(config.num_kv_blocks, config.block_size))
@@ -81,7 +81,10 @@ class Engine:
             return PlainRunner(*args)
         if self.config.mode == "sync":
             return SpeculativeRunner(*args, **speculative)
-        return AsyncSpeculativeRunner(*args, **speculative, max_num_seqs=self.config.max_num_seqs)
+        use_graphs = self.device.type == "cuda" and not self.config.enforce_eager
+        return AsyncSpeculativeRunner(*args, **speculative, max_num_seqs=self.config.max_num_seqs,
+                                      scratch_block=scratch_block(self.config.num_kv_blocks)
+                                      if use_graphs else None)
 
     def add_request(self, request_id: str, prompt: str | Sequence[int],
                     params: SamplingParams) -> None:

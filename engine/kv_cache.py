@@ -10,6 +10,9 @@ padded key slots can never carry another request's values (a NaN times a zero at
 would still be NaN). Blocks are zeroed when handed out, for the same reason: a failed request
 may leave non-finite values behind.
 
+The pool also holds one scratch block after the usable ones (`scratch_block`), never handed
+out: padding rows of captured decode rounds write there (see engine.runners.graphs).
+
 Capacity is reserved at admission (`reserve`): a request is admitted only if its worst case fits
 next to every admitted request's worst case, so `grow` never runs out of blocks mid-round and a
 full pool makes requests queue instead of corrupting anyone's cache.
@@ -23,6 +26,12 @@ import torch
 
 from engine.runners.transfer import to_device
 PAD_BLOCK = 0  # reserved all-zero block that pads block tables
+NUM_RESERVED_BLOCKS = 2  # PAD_BLOCK and the scratch block: pool size = usable blocks + 2
+
+
+def scratch_block(num_usable_blocks: int) -> int:
+    """Id of the scratch block of a pool whose usable blocks are 1..num_usable_blocks."""
+    return num_usable_blocks + 1
 
 
 @dataclass(frozen=True)

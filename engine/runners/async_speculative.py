@@ -29,12 +29,13 @@ uniforms, and give the same tokens wherever their logits are bitwise equal.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from engine.request import Request
 from engine.runners.base import RoundFrame, RoundOutcome, SamplingRows
+from engine.runners.graphs import RoundGraphs, StaticRound, padded_frame
 from engine.runners.layout import block_table_tensor
 from engine.runners.speculative import SpeculativeRunner, outcome, plan_round
 from engine.runners.transfer import to_device
@@ -113,9 +114,14 @@ def pack(result: AcceptResult) -> torch.Tensor:
 class AsyncSpeculativeRunner(SpeculativeRunner):
     """Queues each round on the device and hands back the previous round's outcomes."""
 
-    def __init__(self, *args, max_num_seqs: int, **kwargs) -> None:
+    def __init__(self, *args, max_num_seqs: int, scratch_block: int | None = None,
+                 **kwargs) -> None:
+        """`scratch_block` (a KV block never handed out) turns on padded uniform rounds,
+        captured as CUDA Graphs on CUDA (see engine.runners.graphs); None: always eager."""
         super().__init__(*args, **kwargs)
         self.frontier = Frontier(max_num_seqs, self.device)
+        self.graphs = None if scratch_block is None else RoundGraphs(
+            self, scratch_block, capture=self.device.type == "cuda")
         width = self.num_speculative_tokens + 1 + NUM_RESULT_EXTRA_COLUMNS
         pin = self.device.type == "cuda"
         self.host_buffers = tuple(torch.empty((max_num_seqs, width), dtype=torch.int64,
@@ -141,24 +147,44 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
     def submit(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> InFlightRound:
         """Queue one round on the device; reads nothing back from it."""
         with torch.inference_mode():
-            slots = to_device(self.frontier.slots_for(requests), torch.int64, self.device)
-            frame = self._frame(requests, slots)
-            rows = SamplingRows.from_requests(requests, self.device, frame.starts + 1)
-            result = self.round(frame, plan_round(num_drafts, self.num_speculative_tokens,
-                                                  self.device), rows)
-            self.frontier.advance(slots, frame, result)
-            return self._copy_out(requests, num_drafts, pack(result))
+            slots = self.frontier.slots_for(requests)
+            tables = self._tables(requests)
+            packed = None
+            if self.graphs is not None and all(k == self.num_speculative_tokens for k in num_drafts):
+                packed = self.graphs.run(requests, slots, tables)
+            if packed is None:
+                packed = self._eager_round(requests, num_drafts, slots, tables)
+            return self._copy_out(requests, num_drafts, packed)
 
-    def _frame(self, requests: tuple[Request, ...], slots: torch.Tensor) -> RoundFrame:
-        """Inputs and positions from the frontier; block tables from the host, whose capacity
-        (grown by the scheduler for every round in flight) bounds the positions."""
+    def _eager_round(self, requests, num_drafts, slots: list[int], tables: torch.Tensor):
+        """int64[R, K+3]: inputs and positions gathered from the frontier, which the round
+        then advances."""
+        slots_t = to_device(slots, torch.int64, self.device)
+        frame = RoundFrame(self.frontier.tokens[slots_t], self.frontier.positions[slots_t],
+                           tables, tables.shape[-1])
+        rows = SamplingRows.from_requests(requests, self.device, frame.starts + 1)
+        result = self.round(frame, plan_round(num_drafts, self.num_speculative_tokens,
+                                              self.device), rows)
+        self.frontier.advance(slots_t, frame, result)
+        return pack(result)
+
+    def static_round(self, static: StaticRound) -> torch.Tensor:
+        """The round of a padded static shape (captured by RoundGraphs): int64[B, K+3]."""
+        with torch.inference_mode():
+            frame = padded_frame(self, static)
+            rows = replace(static.rows, num_committed=frame.starts + 1)
+            result = self.round(frame, static.plan, rows)
+            self.frontier.advance(static.slots, frame, result)
+            return pack(result)
+
+    def _tables(self, requests: tuple[Request, ...]) -> torch.Tensor:
+        """int64[D, R, num_blocks] block tables from the host. Their capacity, grown by the
+        scheduler for every round in flight, bounds the positions a round may touch."""
         capacity = tuple(min(len(t) for t in r.block_tables) * self.block_size for r in requests)
         num_blocks = max(capacity) // self.block_size
-        tables = torch.stack([block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
-                                                 capacity, self.block_size, self.device)
-                              for d in range(self.model.num_depths)])
-        return RoundFrame(self.frontier.tokens[slots], self.frontier.positions[slots], tables,
-                          num_blocks)
+        return torch.stack([block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
+                                               capacity, self.block_size, self.device)
+                            for d in range(self.model.num_depths)])
 
     def _copy_out(self, requests, num_drafts, packed: torch.Tensor) -> InFlightRound:
         buffer = self.host_buffers[self._num_submitted % NUM_HOST_BUFFERS][:len(requests)]
