@@ -7,8 +7,9 @@ and a plain sort-based torch implementation, next to the floor: the bytes that m
 Timing: triton.testing.do_bench (CUDA events, median), after a warm-up, rotating through
 input sets totalling >= 4x the L2 cache so repeated calls do not measure the cache.
 
-With --sweep it also times kernel configurations at B=256, V=152064, in total and per kernel
-(torch.profiler), including one that sends every row through the whole-row fallback.
+With --sweep it first times the kernel configurations that may be the default
+(`CANDIDATE_CONFIGS`) at B=256, V=152064, in total and per kernel (torch.profiler), and one
+that sends every row through the whole-row fallback.
 
 Usage, from the repository root: python3 -m benchmarks.sampling [--out table.md] [--sweep]
 """
@@ -24,7 +25,8 @@ import triton
 import triton.testing
 
 from engine.sampling import batched_probabilities
-from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
+from engine.sampling.probabilities_kernel import (CANDIDATE_CONFIGS, KernelConfig, RowMode,
+                                                  run_probabilities)
 
 BATCHES = (1, 64, 256, 1024)
 VOCABS = (32000, 152064)
@@ -117,33 +119,25 @@ def variants(bandwidth, batch=256, vocab=152064):
     return lines
 
 
-SWEEP = (
-    KernelConfig(),
-    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4),
-    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=2),
-    KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=1),
-    KernelConfig(chunk=1024, chunk_capacity=32, chunk_warps=2),
-    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4, select_warps=4),
-    KernelConfig(chunk=2048, chunk_capacity=64, chunk_warps=4, select_warps=16),
-    KernelConfig(chunk_capacity=1),  # every benchmark row takes the whole-row fallback
-)
+# the GPU tests check every one of these configurations too
+SWEEP = (*CANDIDATE_CONFIGS, KernelConfig(chunk_capacity=1))  # last: every row falls back
 
 
 def sweep(bandwidth, batch=256, vocab=152064):
     """Time per call, and per kernel, of other kernel configurations (the benchmark's rows)."""
     sets = [inputs(batch, vocab, seed) for seed in range(2)]
     floor_ms = batch * vocab * 8 / bandwidth * 1e3
-    lines = ["| chunk | capacity | chunk warps | select warps | triton (us) | triton/floor "
-             "| chunk / select / write kernels (us) | fallback rows |",
-             "|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = ["| chunk | capacity | chunk warps | compact | select warps | triton (us) "
+             "| triton/floor | chunk / select / write kernels (us) | fallback rows |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for config in SWEEP:
         ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
         fallback = int((run_probabilities(*sets[0], config).row_mode == RowMode.FALLBACK).sum())
         times = kernel_times(sets[0], config)
         kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)
         lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
-                     f"{config.select_warps} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {kernels} | "
-                     f"{fallback}/{batch} |")
+                     f"{config.compact} | {config.select_warps} | {ms * 1e3:.1f} | "
+                     f"{ms / floor_ms:.2f} | {kernels} | {fallback}/{batch} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -183,7 +177,11 @@ def main() -> None:
         "| triton host |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines = list(header)
+    emit(header[:2], args.out, "w")
+    if args.sweep:  # first: the configurations decide the default
+        emit(["", "B=256, V=152064, kernel configurations:", ""] + sweep(bandwidth),
+             args.out, "a")
+    lines = ["", *header[2:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
         b, v, tri, tor, srt, flo, host = row(batch, vocab, bandwidth)
         lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {tor * 1e3:.1f} | {srt * 1e3:.1f} | "
@@ -192,10 +190,7 @@ def main() -> None:
     lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
               "| rows | triton (us) | triton/floor | fallback rows |", "|---|---:|---:|---:|"]
     lines += variants(bandwidth)
-    emit(lines, args.out, "w")
-    if args.sweep:
-        emit(["", "B=256, V=152064, kernel configurations:", ""] + sweep(bandwidth),
-             args.out, "a")
+    emit(lines, args.out, "a")
 
 
 def emit(lines, path, mode) -> None:

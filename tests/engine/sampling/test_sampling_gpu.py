@@ -86,23 +86,29 @@ def poison_allocator(shape):
     torch.full(shape, float("nan"), device="cuda")
 
 
-@pytest.mark.parametrize("chunk, capacity, warps", [(4096, 128, 8), (2048, 64, 4), (1024, 32, 1),
-                                                     (4096, 1, 8)])
-def test_chunked_kernel_on_fresh_random_rows(chunk, capacity, warps):
-    """48 fresh random rows at full vocabulary, for the default and the benchmark's fastest
-    configurations; capacity 1 sends every truncating row with k > the number of chunks (38)
-    or a large p through the whole-row fallback."""
-    from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
+def kernel_configs():
+    """Every configuration the benchmark sweeps, plus one whose truncating rows all fall back."""
+    from engine.sampling.probabilities_kernel import CANDIDATE_CONFIGS, KernelConfig
 
-    logits, t, k, p = random_rows(48, 76 + chunk + capacity)
+    return [*CANDIDATE_CONFIGS, KernelConfig(chunk_capacity=1)]
+
+
+@pytest.mark.parametrize("index", range(len(kernel_configs())))
+def test_chunked_kernel_on_fresh_random_rows(index):
+    """48 fresh random rows at full vocabulary for each configuration that may be the default;
+    capacity 1 sends every truncating row with k > 1 through the whole-row fallback."""
+    from engine.sampling.probabilities_kernel import RowMode, run_probabilities
+
+    config = kernel_configs()[index]
+    logits, t, k, p = random_rows(48, 76 + config.chunk + config.chunk_capacity + index)
     t[:6], k[:6], p[:6] = 0.8, 50, 0.9  # the benchmark's rows
-    poison_allocator(logits.shape)
-    config = KernelConfig(chunk=chunk, chunk_capacity=capacity, chunk_warps=warps)
-    result = run_probabilities(logits.cuda(), t.cuda(), k.cuda(), p.cuda(), config)
+    on_device = [a.cuda() for a in (logits, t, k, p)]
+    poison_allocator(logits.shape)  # after the inputs, so the output gets the NaN block
+    result = run_probabilities(*on_device, config)
     modes = result.row_mode.cpu()
     assert_matches_reference_rows(result.probs.cpu(), logits, t, k, p)
-    expected = RowMode.SPARSE if capacity > 1 else RowMode.FALLBACK
-    assert (modes[:6] == expected).all(), modes
+    expected = RowMode.SPARSE if config.chunk_capacity > 1 else RowMode.FALLBACK
+    assert (modes[:6] == expected).all(), (config, modes)
 
 
 def test_uniform_blocks_bitwise_equal_on_cpu_and_cuda():

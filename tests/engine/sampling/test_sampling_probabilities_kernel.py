@@ -1,0 +1,86 @@
+"""Paths of the chunked Triton kernel of batched_probabilities, at small sizes (interpreter).
+
+Every case is also compared with the row-wise reference (same support, values within float32
+rounding), so a path that is taken but wrong fails as well as one that is not taken.
+"""
+
+import pytest
+import torch
+
+from conftest import generator, triton_can_run_on
+from test_sampling_probabilities import assert_rows_match, params
+
+pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
+                                reason="needs TRITON_INTERPRET=1")
+
+
+def kernel():
+    from engine.sampling import probabilities_kernel
+
+    return probabilities_kernel
+
+
+def test_heavy_upper_tail_takes_the_pivot_search():
+    """One chunk with 6 tokens far above the rest: the quick floor (mean + z std) lets all 6
+    through, more than the 4 slots, so the chunk searches the pivot levels instead; the row
+    is still proven on the candidates (SPARSE), which needs the searched floor."""
+    k = kernel()
+    logits = torch.randn(2, 64, generator=generator(21)) * 0.1
+    logits[:, :6] = 10 + torch.rand(2, 6, generator=generator(22))
+    t, top_k, p = params([1.0, 1.0], [2, -1], [1.0, 0.5])
+    config = k.KernelConfig(chunk=64, chunk_capacity=4)
+    result = k.run_probabilities(logits, t, top_k, p, config)
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 2
+
+
+def test_compact_overflow_falls_back_exactly():
+    """More candidates at or above the row floor than `compact` slots: the row takes the
+    whole-row fallback and is still exact; with room for them the same row is SPARSE."""
+    k = kernel()
+    logits = torch.randn(3, 1000, generator=generator(23)) * 3
+    t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
+    small = k.run_probabilities(logits, t, top_k, p,
+                                k.KernelConfig(chunk=128, chunk_capacity=32, compact=8))
+    assert_rows_match(small.probs, logits, t, top_k, p)
+    assert small.row_mode.tolist() == [k.RowMode.FALLBACK] * 3
+    roomy = k.run_probabilities(logits, t, top_k, p,
+                                k.KernelConfig(chunk=128, chunk_capacity=32, compact=512))
+    assert torch.equal(roomy.probs > 0, small.probs > 0)
+    assert roomy.row_mode.tolist() == [k.RowMode.SPARSE] * 3
+
+
+def poisoned_empty(real_empty):
+    """torch.empty that fills float tensors with NaN and integer tensors with -7."""
+    def empty(*shape, dtype=None, device=None, **kw):
+        out = real_empty(*shape, dtype=dtype, device=device, **kw)
+        return out.fill_(float("nan") if out.is_floating_point() else -7)
+    return empty
+
+
+def test_every_output_element_is_written(monkeypatch):
+    """Greedy (ties across chunks), dense, sparse and fallback rows over several chunks, with
+    every buffer the launcher allocates pre-filled with garbage: an element no program writes
+    shows up as NaN, a scratch value read before it is written as a wrong row."""
+    k = kernel()
+    logits = torch.randn(5, 700, generator=generator(24)) * 2
+    logits[0, [130, 650]] = 9.0  # greedy tie in chunks 1 and 5: lowest index
+    t, top_k, p = params([0.0, 1.0, 0.8, 1.0, 1.3], [-1, -1, 10, 300, -1], [1.0, 1.0, 0.9, 1.0, 0.6])
+    monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
+    result = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=16))
+    monkeypatch.undo()
+    assert not result.probs.isnan().any()
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert int(result.probs[0].argmax()) == 130
+    modes = result.row_mode.tolist()
+    assert modes[:4] == [k.RowMode.GREEDY, k.RowMode.DENSE, k.RowMode.SPARSE, k.RowMode.FALLBACK]
+
+
+def test_quick_floor_aims_at_a_quarter_of_the_slots():
+    """On normal logits the quick floor keeps about CAPACITY / 4 tokens per chunk: z of the
+    default configuration is the normal quantile of 1 - 32 / (4 * 512)."""
+    from statistics import NormalDist
+
+    config = kernel().KernelConfig()
+    assert config.pivot_sigmas(512) == pytest.approx(NormalDist().inv_cdf(1 - 1 / 64))
+    assert config.pivot_sigmas(1024) > config.pivot_sigmas(512)
