@@ -7,9 +7,9 @@ controls, which are deterministic. The seeds are fixed (the ledger of a fresh ou
 at seed_base), so the outcome is reproducible and this test does not flake from run to run.
 Planted bug (correction drawn from p instead of max(p - q, 0)): its exact TV from the target at t1
 is 0.042 (draft_loops 2) and 0.060 (draft_loops 1) for the default model at the protocol's prompt;
-at the ci size (2,000 samples per group) t1_gof.sync_d1 alone detects it with power 0.91
+at the ci size (3,000 samples per group) t1_gof.sync_d1 alone detects it with power 0.99
 (Cohen's w = 0.14) and t1_gof.async_d1 independently again, so the FAIL is missed with
-probability <= 0.01 even before the t2 criteria are counted.
+probability <= 0.001 even before the t2 criteria are counted.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
     assert runner.verify(bundle) == []
     for name in ("t2_gof.sync", "t2_gof.sync_d1", "t2_homogeneity.sync_vs_nospec"):
         test = summary["tests"][name]
-        assert test["coverage"]["strata_covered"] >= 2 and test["mde_tv"] < 0.12, (name, test["coverage"])
+        assert test["coverage"]["strata_covered"] >= 2 and test["mde_tv"] < 0.1, (name, test["coverage"])
     sources = summary["groups"]["sync"]["sources"]["t2"]
     assert {"accepted", "correction"} <= set(sources)  # t2 is drafted (draft_headroom), not only a bonus
 
