@@ -58,16 +58,19 @@ def poisoned_empty(real_empty):
     return empty
 
 
-def test_every_output_element_is_written(monkeypatch):
+@pytest.mark.parametrize("write_chunk", [64, 2048])
+def test_every_output_element_is_written(monkeypatch, write_chunk):
     """Greedy (ties across chunks), dense, sparse and fallback rows over several chunks, with
     every buffer the launcher allocates pre-filled with garbage: an element no program writes
-    shows up as NaN, a scratch value read before it is written as a wrong row."""
+    shows up as NaN, a scratch value read before it is written as a wrong row. The write
+    kernel's chunk is independent of the chunk kernel's (smaller and larger here)."""
     k = kernel()
     logits = torch.randn(5, 700, generator=generator(24)) * 2
     logits[0, [130, 650]] = 9.0  # greedy tie in chunks 1 and 5: lowest index
     t, top_k, p = params([0.0, 1.0, 0.8, 1.0, 1.3], [-1, -1, 10, 300, -1], [1.0, 1.0, 0.9, 1.0, 0.6])
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
-    result = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=16))
+    config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=write_chunk)
+    result = k.run_probabilities(logits, t, top_k, p, config)
     monkeypatch.undo()
     assert not result.probs.isnan().any()
     assert_rows_match(result.probs, logits, t, top_k, p)
@@ -77,10 +80,11 @@ def test_every_output_element_is_written(monkeypatch):
 
 
 def test_quick_floor_aims_at_a_quarter_of_the_slots():
-    """On normal logits the quick floor keeps about CAPACITY / 4 tokens per chunk: z of the
-    default configuration is the normal quantile of 1 - 32 / (4 * 512)."""
+    """On normal logits the quick floor keeps about CAPACITY / 4 tokens per chunk: z is the
+    normal quantile of 1 - CAPACITY / (4 * chunk), 1 - 1 / 64 for the default."""
     from statistics import NormalDist
 
     config = kernel().KernelConfig()
-    assert config.pivot_sigmas(512) == pytest.approx(NormalDist().inv_cdf(1 - 1 / 64))
-    assert config.pivot_sigmas(1024) > config.pivot_sigmas(512)
+    assert config.chunk_capacity / (4 * config.chunk) == 1 / 64
+    assert config.pivot_sigmas(config.chunk) == pytest.approx(NormalDist().inv_cdf(1 - 1 / 64))
+    assert config.pivot_sigmas(2 * config.chunk) > config.pivot_sigmas(config.chunk)
