@@ -127,16 +127,17 @@ def sweep(bandwidth, batch=256, vocab=152064):
     """Time per call, and per kernel, of other kernel configurations (the benchmark's rows)."""
     sets = [inputs(batch, vocab, seed) for seed in range(2)]
     floor_ms = batch * vocab * 8 / bandwidth * 1e3
-    lines = ["| chunk | capacity | chunk warps | compact | select warps | triton (us) "
-             "| triton/floor | chunk / select / write kernels (us) | fallback rows |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = ["| chunk | capacity | chunk warps | compact | select warps | write chunk "
+             "| triton (us) | triton/floor | chunk / select / write kernels (us) | fallback rows |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for config in SWEEP:
         ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
         fallback = int((run_probabilities(*sets[0], config).row_mode == RowMode.FALLBACK).sum())
         times = kernel_times(sets[0], config)
         kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)
         lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
-                     f"{config.compact} | {config.select_warps} | {ms * 1e3:.1f} | "
+                     f"{config.compact} | {config.select_warps} | {config.write_chunk} | "
+                     f"{ms * 1e3:.1f} | "
                      f"{ms / floor_ms:.2f} | {kernels} | {fallback}/{batch} |")
         print(lines[-1], flush=True)
     return lines
