@@ -25,8 +25,8 @@ import triton
 import triton.testing
 
 from engine.sampling import batched_probabilities
-from engine.sampling.probabilities_kernel import (CANDIDATE_CONFIGS, KernelConfig, RowMode,
-                                                  run_probabilities)
+from engine.sampling.probabilities_kernel import (CANDIDATE_CONFIGS, DEFAULT_CONFIG, KernelConfig,
+                                                  RowMode, run_probabilities)
 
 BATCHES = (1, 64, 256, 1024)
 VOCABS = (32000, 152064)
@@ -71,9 +71,12 @@ def time_ms(fn, sets) -> float:
                                    return_mode="median")
 
 
-def implementations():
+def implementations(config: KernelConfig | None = None):
+    """The timed implementations; `config` None is the public default of `batched_probabilities`."""
+    triton_fn = (lambda *a: batched_probabilities(*a, backend="triton")) if config is None else (
+        lambda *a: run_probabilities(*a, config).probs)
     return {
-        "triton": lambda *a: batched_probabilities(*a, backend="triton"),
+        "triton": triton_fn,
         "torch": lambda *a: batched_probabilities(*a, backend="torch"),
         "sort": sort_based,
     }
@@ -91,17 +94,17 @@ def host_us(fn, args, calls=50) -> float:
     return elapsed / calls * 1e6
 
 
-def row(batch, vocab, bandwidth):
+def row(batch, vocab, bandwidth, config=None):
     nbytes = batch * vocab * 4 * 2
     num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
     sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
-    times = {name: time_ms(fn, sets) for name, fn in implementations().items()}
+    times = {name: time_ms(fn, sets) for name, fn in implementations(config).items()}
     floor_ms = nbytes / bandwidth * 1e3
-    host = host_us(implementations()["triton"], sets[0])
+    host = host_us(implementations(config)["triton"], sets[0])
     return (batch, vocab, times["triton"], times["torch"], times["sort"], floor_ms, host)
 
 
-def variants(bandwidth, batch=256, vocab=152064):
+def variants(bandwidth, batch=256, vocab=152064, config=None):
     """Other row mixes at one size: which paths cost what."""
     cases = {"no truncation": (-1, 1.0), "top-k 50 only": (50, 1.0),
              "top-p 0.9 only": (-1, 0.9), "top-k 1000 + top-p 0.95": (1000, 0.95)}
@@ -112,8 +115,9 @@ def variants(bandwidth, batch=256, vocab=152064):
             logits, t, _, _ = inputs(batch, vocab, seed)
             top_k = torch.full_like(t, k, dtype=torch.int64)
             sets.append((logits, t, top_k, torch.full_like(t, p)))
-        ms = time_ms(lambda *a: batched_probabilities(*a, backend="triton"), sets)
-        fallback = int((run_probabilities(*sets[0]).row_mode == RowMode.FALLBACK).sum())
+        ms = time_ms(implementations(config)["triton"], sets)
+        fallback = int((run_probabilities(*sets[0], config or DEFAULT_CONFIG).row_mode
+                        == RowMode.FALLBACK).sum())
         floor_ms = batch * vocab * 8 / bandwidth * 1e3
         lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback}/{batch} |")
     return lines
@@ -166,31 +170,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--sweep", action="store_true", help="also time other configurations")
+    parser.add_argument("--config", type=int, default=None,
+                        help="time CANDIDATE_CONFIGS[N] instead of the default in the main tables")
     args = parser.parse_args()
+    config = None if args.config is None else CANDIDATE_CONFIGS[args.config]
     bandwidth = copy_bandwidth()
     header = [
         f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"triton {triton.__version__}, copy bandwidth {bandwidth / 1e12:.2f} TB/s",
         f"rows: temperature {TEMPERATURE}, top-k {TOP_K}, top-p {TOP_P}, logits ~ N(0, "
         f"{LOGIT_SCALE}^2), float32; times in microseconds (median)",
+        f"triton kernel configuration: {config or DEFAULT_CONFIG}",
         "",
         "| B | V | triton | torch backend | sort-based | floor | triton/floor | sort/triton "
         "| triton host |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    emit(header[:2], args.out, "w")
+    emit(header[:3], args.out, "w")
     if args.sweep:  # first: the configurations decide the default
         emit(["", "B=256, V=152064, kernel configurations:", ""] + sweep(bandwidth),
              args.out, "a")
-    lines = ["", *header[2:]]
+    lines = ["", *header[3:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
-        b, v, tri, tor, srt, flo, host = row(batch, vocab, bandwidth)
+        b, v, tri, tor, srt, flo, host = row(batch, vocab, bandwidth, config)
         lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {tor * 1e3:.1f} | {srt * 1e3:.1f} | "
                      f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} | {host:.0f} |")
         print(lines[-1], flush=True)
     lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
               "| rows | triton (us) | triton/floor | fallback rows |", "|---|---:|---:|---:|"]
-    lines += variants(bandwidth)
+    lines += variants(bandwidth, config=config)
     emit(lines, args.out, "a")
 
 
