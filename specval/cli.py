@@ -26,6 +26,30 @@ def _input_error(err: Exception) -> None:
     sys.exit(EXIT_INPUT)
 
 
+QUALITY_KIND = "quality"  # top-level `kind:` of a paired quality protocol (specval.quality)
+
+
+def _protocol_kind(path: Path | None) -> str:
+    """QUALITY_KIND for a paired quality protocol, else "distribution" (the default schema)."""
+    if path is None or not path.is_file():
+        return "distribution"
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        _input_error(ValueError(f"{path}: not valid YAML: {err}"))
+    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+
+
+def _bundle_kind(bundle: Path) -> str:
+    """The `kind` recorded in a bundle's summary (QUALITY_KIND or "distribution")."""
+    summary_file = bundle / bundles.SUMMARY_FILE
+    if not summary_file.exists():
+        return "distribution"
+    return json.loads(summary_file.read_text()).get("kind", "distribution")
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specval")
 def main() -> None:
@@ -52,6 +76,8 @@ def run(protocol_file, profile, output, resume, confirmatory, seed_offset, junit
 
     if (protocol_file is None) == (resume is None):
         raise click.UsageError("give exactly one of PROTOCOL_FILE or --resume BUNDLE")
+    if _protocol_kind(protocol_file) == QUALITY_KIND:
+        from specval import quality as runner  # same run() contract, paired quality protocols
     try:
         path, summary = runner.run(protocol_file, profile, output, resume=resume, confirmatory=confirmatory,
                                    seed_offset=seed_offset, progress=not quiet)
@@ -71,6 +97,9 @@ def run(protocol_file, profile, output, resume, confirmatory, seed_offset, junit
 def verify(bundle) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples."""
     from specval import runner
+
+    if _bundle_kind(bundle) == QUALITY_KIND:
+        from specval import quality as runner  # same verify() contract
 
     problems = runner.verify(bundle)
     for problem in problems:
