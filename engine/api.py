@@ -16,6 +16,7 @@ import torch
 from engine.config import IMPLEMENTED_MODES, EngineConfig
 from engine.kv_cache import NUM_RESERVED_BLOCKS, BlockManager, KVLayout, PagedKVCache, scratch_block
 from engine.models.base import DepthModel
+from engine.mutants import sampling_ops
 from engine.models.loader import build_model
 from engine.models.tokenizer import ByteTokenizer
 from engine.params import SamplingParams
@@ -74,7 +75,8 @@ class Engine:
                                self.model.eos_token_id)
 
     def _runner(self) -> ModelRunner:
-        args = (self.model, self.kv, self.device, self.config.sampling_backend)
+        args = (self.model, self.kv, self.device, self.config.sampling_backend,
+                sampling_ops(self.config.mutant))
         speculative = dict(num_speculative_tokens=self.config.num_speculative_tokens,
                            draft_depth=self.config.draft_loops)
         if self.config.mode == "nospec":

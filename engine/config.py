@@ -100,6 +100,7 @@ class EngineConfig:
     random requests submitted without one (see docs/engine.md, "RNG consumption").
     `enforce_eager=True` turns off CUDA Graph capture of asynchronous decode rounds (see
     docs/async-speculative.md); on the CPU rounds always run eagerly.
+    `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
     """
 
     model: str = "looped"
@@ -117,6 +118,7 @@ class EngineConfig:
     max_model_len: int = 2048
     sampling_backend: str = "auto"
     enforce_eager: bool = False
+    mutant: str | None = None  # a planted bug by name (engine.mutants); None in every real use
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
@@ -131,6 +133,10 @@ class EngineConfig:
         _require_int("seed", self.seed, 0)
         _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager,
                  "expected a bool")
+        if self.mutant is not None:
+            from engine.mutants import get  # validates the name; imported only when a mutant is named
+
+            get(self.mutant)
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens",
                      "max_model_len"):
             _require_int(name, getattr(self, name), 1)

@@ -8,6 +8,7 @@ functions at the end (`RoundOutcome`s are built from one `.tolist()` per result 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -17,7 +18,7 @@ from engine.request import Request
 from engine.runners.layout import (RowLayout, block_table_tensor, depth_metadata, layout_rows,
                                    metadata_for)
 from engine.runners.transfer import to_device
-from engine.sampling import batched_probabilities, uniform_blocks
+from engine.sampling import batched_probabilities, categorical, speculative_accept, uniform_blocks
 
 GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume no stream
 GREEDY_SEED = 0  # placeholder seed of greedy rows (their uniforms are never used)
@@ -30,6 +31,38 @@ def probabilities(logits: torch.Tensor, rows: "SamplingRows", backend: str) -> t
     probs = batched_probabilities(logits, rows.temperature, rows.top_k, rows.top_p, backend=backend)
     is_broken = (torch.isnan(logits) | (logits == float("inf"))).any(dim=1, keepdim=True)
     return torch.where(is_broken, float("nan"), probs)
+
+
+def draft_probabilities(logits: torch.Tensor, rows: "SamplingRows",
+                        backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distribution the drafts are sampled from, distribution the accept ratio and the residual
+    use): both are q, float32[N, V]; a planted bug may make them differ (engine.mutants)."""
+    q = probabilities(logits, rows, backend)
+    return q, q
+
+
+def draw(probs: torch.Tensor, u: torch.Tensor, backend: str) -> torch.Tensor:
+    """int64[N] categorical(probs, u) on the runner's sampling backend."""
+    return categorical(probs, u, backend=backend)
+
+
+@dataclass(frozen=True)
+class SamplingOps:
+    """The sampling operations a runner calls, chosen once when the runner is built.
+
+    `DEFAULT_OPS` are the engine's own; `engine.mutants` builds variants with one planted bug
+    (never active unless a mutant is named in `EngineConfig.mutant`).
+    """
+
+    probabilities: Callable = probabilities  # (logits, rows, backend) -> f32[N, V], plain steps
+    verify_probabilities: Callable = probabilities  # same signature, p of the verify rows
+    draft_probabilities: Callable = draft_probabilities  # -> (sample q, ratio q)
+    draw_plain: Callable = draw  # (probs, u, backend) -> int64[N], plain steps
+    draw_draft: Callable = draw  # same signature, the draft tokens
+    accept: Callable = speculative_accept  # signature of engine.sampling.speculative_accept
+
+
+DEFAULT_OPS = SamplingOps()
 
 
 @dataclass(frozen=True)
@@ -107,8 +140,9 @@ class ModelRunner:
     """Holds the model and its KV; runs depth ranges over laid-out rows."""
 
     def __init__(self, model: DepthModel, kv: PagedKVCache, device: torch.device,
-                 sampling_backend: str) -> None:
+                 sampling_backend: str, ops: SamplingOps = DEFAULT_OPS) -> None:
         self.model = model
+        self.ops = ops
         self.kv = kv
         self.device = device
         self.block_size = kv.layout.block_size

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from engine.request import Request
-from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows, probabilities
-from engine.sampling import PLACEHOLDER_TOKEN, categorical
+from engine.runners.base import ModelRunner, RoundOutcome, SamplingRows
+from engine.sampling import PLACEHOLDER_TOKEN
 
 PLAIN_SOURCE = "plain"
 
@@ -29,9 +29,9 @@ class PlainRunner(ModelRunner):
         layout = self.layout([r.num_computed for r in requests], [1] * len(requests))
         hidden = self.model.embed(self.last_tokens(requests))
         hidden = self.run_depths(hidden, layout, requests, 1, self.model.num_depths)
-        probs = probabilities(self.model.readout(hidden), rows, self.sampling_backend)
-        return categorical(probs, self.uniforms(rows, 1)[:, 0].contiguous(),
-                           backend=self.sampling_backend)
+        probs = self.ops.probabilities(self.model.readout(hidden), rows, self.sampling_backend)
+        return self.ops.draw_plain(probs, self.uniforms(rows, 1)[:, 0].contiguous(),
+                                   self.sampling_backend)
 
 
 def collect(tokens: torch.Tensor) -> list[RoundOutcome]:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import Request
-from engine.runners.base import ModelRunner, RoundFrame, RoundOutcome, SamplingRows, probabilities
+from engine.runners.base import ModelRunner, RoundFrame, RoundOutcome, SamplingRows
 from engine.runners.layout import RowLayout, device_layout
 from engine.runners.transfer import to_device
-from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult, categorical, speculative_accept
+from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult
 
 
 @dataclass(frozen=True)
@@ -124,10 +124,12 @@ class SpeculativeRunner(ModelRunner):
             hidden = self.run_depths_on(hidden, layout, frame.tables[:, step.active], 1,
                                         self.draft_depth)
             shallow[step.verify_rows] = hidden
-            q = self._probs(hidden, rows.select(step.active))
-            probs[step.draft_rows] = q
-            tokens[step.active, j - 1] = categorical(q, uniforms[step.active, j - 1].contiguous(),
-                                                     backend=self.sampling_backend)
+            logits = self.model.readout(hidden)
+            q, q_ratio = self.ops.draft_probabilities(logits, rows.select(step.active),
+                                                      self.sampling_backend)
+            probs[step.draft_rows] = q_ratio
+            tokens[step.active, j - 1] = self.ops.draw_draft(
+                q, uniforms[step.active, j - 1].contiguous(), self.sampling_backend)
         return Drafts(tokens, probs, shallow)
 
     def verify(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
@@ -147,13 +149,15 @@ class SpeculativeRunner(ModelRunner):
                                block_size=self.block_size)
         deep = self.run_depths_on(shallow, layout, frame.tables, self.draft_depth + 1,
                                   self.model.num_depths)
-        return self._probs(deep, rows.repeat(plan.num_drafts_t + 1, num_rows))
+        return self.ops.verify_probabilities(self.model.readout(deep),
+                                             rows.repeat(plan.num_drafts_t + 1, num_rows),
+                                             self.sampling_backend)
 
     def accept(self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts,
                target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
         flat_tokens = drafts.tokens[plan.flat_request, plan.flat_index].contiguous()
-        return speculative_accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
-                                  uniforms, rows.is_greedy, backend=self.sampling_backend)
+        return self.ops.accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
+                               uniforms, rows.is_greedy, backend=self.sampling_backend)
 
     def _single_rows(self, starts: torch.Tensor, num_blocks: int) -> RowLayout:
         """One query row per sequence at device positions `starts`."""
@@ -161,9 +165,6 @@ class SpeculativeRunner(ModelRunner):
         return device_layout(starts, torch.ones(count, dtype=torch.int64, device=self.device),
                              num_rows=count, max_length=1, num_blocks=num_blocks,
                              block_size=self.block_size)
-
-    def _probs(self, hidden: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
-        return probabilities(self.model.readout(hidden), rows, self.sampling_backend)
 
 
 def collect(plan: RoundPlan, result: AcceptResult) -> list[RoundOutcome]:

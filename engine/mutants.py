@@ -1,0 +1,279 @@
+"""Mutants: a registry of planted sampling bugs, used to prove that the harness catches them.
+
+A mutant is switched on only by naming it in `EngineConfig.mutant`; the default (None) builds
+the runners with `engine.runners.base.DEFAULT_OPS` and nothing here runs. A named mutant
+replaces one or two of the sampling operations the runners call (`SamplingOps`), chosen once
+when the runner is built: no function is reassigned at run time.
+
+Vocabulary: p is the target distribution, q the draft distribution, x a draft token, u the
+round's uniforms (u_draft, u_accept, u_final; see engine.sampling.accept). "TV at t1" is the
+exact total-variation distance between the law of the first emitted token of a single-draft
+step and p; `specval.mutate` computes it for every mutant from the model's p and q at the
+protocol's prompt (0 means the bug cannot show at t1; see `Mutant.visible_at`).
+`layer="harness"` marks a mutant planted in the harness, not in the engine (the seed
+collision: the seed ledger must refuse the run before any sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from engine.runners.base import DEFAULT_OPS, SamplingOps, probabilities
+from engine.sampling import speculative_accept
+from engine.sampling.categorical import INVALID_ROW, categorical_torch
+
+ENGINE_LAYER, HARNESS_LAYER = "engine", "harness"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: what it breaks, where it acts and whether it is equivalent."""
+
+    name: str
+    breaks: str  # one sentence: what the bug does
+    visible_at: str  # where a correct harness can see it (t1, t2, stop point, ledger, nowhere)
+    equivalent: bool = False  # same output law as the correct engine (must PASS)
+    layer: str = ENGINE_LAYER
+    ops: SamplingOps = DEFAULT_OPS
+
+
+# ---------------------------------------------------------------- mutated accept rule
+
+
+@dataclass(frozen=True)
+class AcceptMutation:
+    """Which part of the rejection-sampling rule is wrong (None: the correct part)."""
+
+    accept_rule: Callable | None = None  # (u[R,K], q_x[R,K], p_x[R,K]) -> bool[R,K]
+    residual: Callable | None = None  # (p[R,V], q[R,V]) -> weights[R,V] of the correction
+    bonus_row: Callable | None = None  # (p, q, start, count, stop_target) -> weights[R,V]
+    draw: Callable = categorical_torch  # (weights[R,V], u[R]) -> int64[R]
+    reuse_uniform: bool = False  # one accept uniform for every position of a round
+
+
+def _correct_accept(u, q_x, p_x):
+    return u * q_x < p_x
+
+
+def _correct_residual(p, q):
+    return (p - q).clamp_min(0.0)
+
+
+def _draw_unnormalised(weights, u):
+    """Inverse CDF against u * 1 instead of u * total, clamped to the last positive weight."""
+    cdf = torch.cumsum(weights, dim=1)
+    hit = (weights > 0) & (cdf > u.unsqueeze(1))
+    last = weights.shape[1] - 1 - torch.argmax((weights.flip(1) > 0).to(torch.int8), dim=1)
+    index = torch.where(hit.any(dim=1), torch.argmax(hit.to(torch.int8), dim=1), last)
+    return torch.where(weights.sum(dim=1) > 0, index, INVALID_ROW)
+
+
+def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft_probs, target_probs,
+                    uniforms, is_greedy, *, backend: str = "auto"):
+    """`speculative_accept` with one part of the rule replaced (torch, random rows only: greedy rows
+    and rows the correct rule flags as errors keep the correct result)."""
+    real = speculative_accept(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+                              backend=backend)
+    num_requests, k = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
+    num_drafts, dev = draft_tokens.shape[0], uniforms.device
+    start, count = cu_num_drafts[:-1].long(), cu_num_drafts[1:].long() - cu_num_drafts[:-1].long()
+    in_range = torch.arange(k, device=dev).unsqueeze(0) < count.unsqueeze(1)  # [R, K]
+    draft_row = torch.where(in_range, start.unsqueeze(1) + torch.arange(k, device=dev), 0)  # [R, K]
+    target_row = draft_row + torch.arange(num_requests, device=dev).unsqueeze(1)  # [R, K]
+    safe = max(num_drafts, 1)
+    x = torch.cat([draft_tokens.long(), draft_tokens.new_zeros(1).long()])[draft_row.clamp(max=safe - 1)]
+    x = torch.where(in_range, x.clamp(min=0), 0)  # [R, K]
+    q_all = draft_probs if num_drafts else target_probs.new_zeros(1, target_probs.shape[1])
+    q_x = q_all[draft_row.clamp(max=safe - 1), x].double()
+    p_x = target_probs[target_row.clamp(max=target_probs.shape[0] - 1), x].double()
+    u_accept = uniforms[:, k:2 * k]
+    if mutation.reuse_uniform:
+        u_accept = u_accept[:, :1].expand(-1, k)
+    accepted = (mutation.accept_rule or _correct_accept)(u_accept, q_x, p_x) & in_range
+    num_accepted = torch.cumprod(accepted.long(), dim=1).sum(dim=1)  # [R]
+    is_bonus = num_accepted == count
+    stop_target = start + num_accepted + torch.arange(num_requests, device=dev)
+    p_stop = target_probs[stop_target].double()
+    q_stop = q_all[(start + num_accepted).clamp(max=safe - 1)].double()
+    residual = (mutation.residual or _correct_residual)(p_stop, q_stop)
+    bonus = p_stop if mutation.bonus_row is None else mutation.bonus_row(
+        target_probs.double(), q_all.double(), start, count, stop_target)
+    final = mutation.draw(torch.where(is_bonus.unsqueeze(1), bonus, residual), uniforms[:, 2 * k])
+    return _merge(real, x, num_accepted, final, is_greedy | (real.error != 0) | (final < 0))
+
+
+def _merge(real, x, num_accepted, final, keep_real):
+    """The mutated rows laid out like AcceptResult.tokens; rows in keep_real[R] stay as `real`."""
+    col = torch.arange(real.tokens.shape[1], device=x.device).unsqueeze(0)
+    drafts = torch.cat([x, x.new_zeros(x.shape[0], 1)], dim=1)
+    na = num_accepted.unsqueeze(1)
+    tokens = torch.where(col < na, drafts, torch.where(col == na, final.unsqueeze(1), real.tokens))
+    tokens = torch.where(col > na, real.tokens.new_full((), -1), tokens)
+    keep = keep_real.unsqueeze(1)
+    return type(real)(torch.where(keep, real.tokens, tokens), torch.where(keep_real, real.num_accepted,
+                                                                          num_accepted), real.error)
+
+
+def accept_op(mutation: AcceptMutation) -> Callable:
+    """An accept operation with `mutation` planted (same signature as speculative_accept)."""
+
+    def accept(*args, backend: str = "auto"):
+        return _mutated_accept(mutation, *args, backend=backend)
+
+    return accept
+
+
+def _bonus_previous_position(p, q, start, count, stop_target):
+    """p_{K_r} instead of p_{K_r+1} (falls back to the right row when K_r = 0)."""
+    return p[torch.where(count > 0, stop_target - 1, stop_target)]
+
+
+def _bonus_from_q(p, q, start, count, stop_target):
+    """q_{K_r} (the last draft's distribution) instead of p_{K_r+1}."""
+    return torch.where((count > 0).unsqueeze(1), q[(start + count - 1).clamp(min=0, max=q.shape[0] - 1)],
+                       p[stop_target])
+
+
+# ---------------------------------------------------------------- mutated distributions and draws
+
+
+def _scaled(logits, rows):
+    safe = torch.where(rows.is_greedy, 1.0, rows.temperature)
+    return logits.float() / safe.unsqueeze(1)
+
+
+def _temperature_only(logits, rows, backend):
+    """q with temperature only (top-k / top-p skipped): the 'raw' q of a filtered draft."""
+    raw = torch.softmax(_scaled(logits, rows), dim=1)
+    return torch.where(rows.is_greedy.unsqueeze(1), probabilities(logits, rows, backend), raw)
+
+
+def _draft_filtered_ratio_raw(logits, rows, backend):
+    return probabilities(logits, rows, backend), _temperature_only(logits, rows, backend)
+
+
+def _temperature_twice(logits, rows, backend):
+    safe = torch.where(rows.is_greedy, 1.0, rows.temperature)
+    return probabilities(logits / safe.unsqueeze(1).to(logits.dtype), rows, backend)
+
+
+def _draft_temperature_twice(logits, rows, backend):
+    q = _temperature_twice(logits, rows, backend)
+    return q, q
+
+
+def _top_k_ties_dropped(logits, rows, backend):
+    """Top-k keeps exactly k tokens (the first k in a stable descending sort), dropping ties."""
+    probs = probabilities(logits, rows, backend)
+    x = _scaled(logits, rows)
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices
+    k = torch.where((rows.top_k <= 0) | (rows.top_k >= x.shape[1]), x.shape[1], rows.top_k)
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(x.shape[1], device=x.device).expand_as(order))
+    keep = (rank < k.unsqueeze(1)) & (probs > 0)
+    kept = torch.where(keep, probs, 0.0)
+    return torch.where(rows.is_greedy.unsqueeze(1), probs, kept / kept.sum(dim=1, keepdim=True))
+
+
+def _top_p_boundary_excluded(logits, rows, backend):
+    """Top-p drops the token that crosses p (keeps mass_before + own < p; p = 1 stays disabled)."""
+    probs = probabilities(logits, rows, backend)
+    desc = torch.sort(probs.double(), dim=1, descending=True)
+    cum = torch.cumsum(desc.values, dim=1)
+    keep_sorted = (cum < rows.top_p.double().unsqueeze(1)) | (torch.arange(probs.shape[1], device=probs.device) == 0)
+    keep = torch.empty_like(keep_sorted).scatter_(1, desc.indices, keep_sorted)
+    keep = keep | (rows.top_p >= 1.0).unsqueeze(1)
+    kept = torch.where(keep, probs, 0.0)
+    return torch.where(rows.is_greedy.unsqueeze(1), probs, kept / kept.sum(dim=1, keepdim=True))
+
+
+def _verify_unfiltered(logits, rows, backend):
+    return _temperature_only(logits, rows, backend)
+
+
+def _draw_float32_cdf(probs, u, backend):
+    """Inverse CDF with a float32 cumulative sum (and total)."""
+    cdf = torch.cumsum(probs.float(), dim=1)
+    hit = (probs > 0) & (cdf.double() > (u * cdf[:, -1].double()).unsqueeze(1))
+    last = probs.shape[1] - 1 - torch.argmax((probs.flip(1) > 0).to(torch.int8), dim=1)
+    return torch.where(hit.any(dim=1), torch.argmax(hit.to(torch.int8), dim=1), last)
+
+
+def _draw_argmax(probs, u, backend):
+    del u, backend  # the bug: the draft is the mode of q, but the ratio still treats it as q-sampled
+    return torch.argmax(probs, dim=1)
+
+
+def _with(**ops) -> SamplingOps:
+    return dataclasses.replace(DEFAULT_OPS, **ops)
+
+
+def _accept(**mutation) -> SamplingOps:
+    return _with(accept=accept_op(AcceptMutation(**mutation)))
+
+
+# ---------------------------------------------------------------- the registry
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("residual_from_p", "the correction after a rejection is drawn from p instead of max(p - q, 0)",
+           "t1", ops=_accept(residual=lambda p, q: p)),
+    Mutant("residual_unnormalised", "the correction's inverse CDF compares with u instead of u * total "
+           "(not renormalised; the overflow is clamped to the last positive token)", "t1",
+           ops=_accept(draw=_draw_unnormalised)),
+    Mutant("residual_abs", "the correction is drawn from |p - q| instead of max(p - q, 0)", "t1",
+           ops=_accept(residual=lambda p, q: (p - q).abs())),
+    Mutant("ratio_inverted", "accept iff u * p(x) < q(x) (the ratio q / p instead of p / q)", "t1",
+           ops=_accept(accept_rule=lambda u, q_x, p_x: u * p_x < q_x)),
+    Mutant("accept_le", "accept iff u * q(x) <= p(x): at u = 0 a token with p = 0 is accepted", "stop point",
+           ops=_accept(accept_rule=lambda u, q_x, p_x: u * q_x <= p_x)),
+    Mutant("uniform_reused", "one accept uniform is reused at every position of a round", "t2",
+           ops=_accept(reuse_uniform=True)),
+    Mutant("bonus_wrong_position", "the bonus token is drawn from p_K instead of p_{K+1}",
+           "t_{K+1} after K accepts", ops=_accept(bonus_row=_bonus_previous_position)),
+    Mutant("bonus_from_q", "the bonus token is drawn from the last draft's q instead of p_{K+1}",
+           "t_{K+1} after K accepts", ops=_accept(bonus_row=_bonus_from_q)),
+    Mutant("draft_filtered_ratio_raw", "drafts are sampled from the top-k/top-p filtered q, but the accept "
+           "ratio and the residual use the unfiltered q", "t1",
+           ops=_with(draft_probabilities=_draft_filtered_ratio_raw)),
+    Mutant("target_unfiltered", "top-k/top-p is applied to the draft but not to the target of the verify "
+           "rows", "t1", ops=_with(verify_probabilities=_verify_unfiltered)),
+    Mutant("temperature_twice", "the logits are divided by the temperature twice (every runner); "
+           "equivalent at temperature 1", "t1 when T != 1",
+           ops=_with(probabilities=_temperature_twice, verify_probabilities=_temperature_twice,
+                     draft_probabilities=_draft_temperature_twice)),
+    Mutant("argmax_draft", "the draft token is argmax q, but the accept rule treats it as a sample of q",
+           "t1", ops=_with(draw_draft=_draw_argmax)),
+    Mutant("top_k_ties_dropped", "top-k keeps exactly k tokens, dropping ties at the k-th value "
+           "(every runner)", "t1 when the k-th value is tied",
+           ops=_with(probabilities=_top_k_ties_dropped, verify_probabilities=_top_k_ties_dropped,
+                     draft_probabilities=lambda lg, r, b: (_top_k_ties_dropped(lg, r, b),) * 2)),
+    Mutant("top_p_boundary_excluded", "top-p drops the token that crosses p (every runner)",
+           "t1 when top_p < 1",
+           ops=_with(probabilities=_top_p_boundary_excluded, verify_probabilities=_top_p_boundary_excluded,
+                     draft_probabilities=lambda lg, r, b: (_top_p_boundary_excluded(lg, r, b),) * 2)),
+    Mutant("float32_cdf", "plain and draft draws use a float32 CDF (steps of 2**-24 of the total)",
+           "t1, by at most ~V * 2**-24", ops=_with(draw_plain=_draw_float32_cdf, draw_draft=_draw_float32_cdf)),
+    Mutant("seed_collision", "every group of a run gets the same seed range", "the seed ledger (refused "
+           "before sampling)", layer=HARNESS_LAYER),
+    Mutant("accept_by_division", "accept iff u < p(x) / q(x): the same rule up to float rounding",
+           "nowhere (equivalent)", equivalent=True,
+           ops=_accept(accept_rule=lambda u, q_x, p_x: u < p_x / q_x)),
+)
+MUTANT_NAMES = tuple(m.name for m in MUTANTS)
+
+
+def get(name: str) -> Mutant:
+    """The registered mutant `name`; ValueError naming the field and the value otherwise."""
+    for mutant in MUTANTS:
+        if mutant.name == name:
+            return mutant
+    raise ValueError(f"mutant={name!r} is invalid: expected None or one of {MUTANT_NAMES}")
+
+
+def sampling_ops(name: str | None) -> SamplingOps:
+    """The operations a runner is built with: DEFAULT_OPS for None, else the mutant's."""
+    return DEFAULT_OPS if name is None else get(name).ops
