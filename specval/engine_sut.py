@@ -6,7 +6,8 @@ every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens`
 tokens; the first `positions` of them are returned.
 The reference logits come from `LLM.full_depth_logits` (serial, cache-free replay) and the draft
 logits from `LLM.draft_logits` of the group's engine; `accept_single` calls
-`engine.sampling.speculative_accept` with one draft per request.
+`engine.sampling.speculative_accept` with one draft per request (or, when `sut.options.mutant`
+names a planted bug, that mutant's accept rule, so the quadrature sees the rule the runners use).
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ class EngineSUT(SUT):
     def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
                       uniforms: np.ndarray) -> np.ndarray:
         import torch
-        from engine.sampling import speculative_accept
+        from engine.mutants import sampling_ops
 
+        speculative_accept = sampling_ops(dict(self.spec.options).get("mutant")).accept  # a named mutant's rule
         rows = len(draft_tokens)
         target = np.repeat(np.asarray(target_probs, dtype=np.float32), 2, axis=0)  # [2R, V]: p, then bonus p
         result = speculative_accept(
