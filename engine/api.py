@@ -17,8 +17,7 @@ from engine.config import IMPLEMENTED_MODES, EngineConfig
 from engine.kv_cache import NUM_RESERVED_BLOCKS, BlockManager, KVLayout, PagedKVCache, scratch_block
 from engine.models.base import DepthModel
 from engine.mutants import sampling_ops
-from engine.models.loader import build_model
-from engine.models.tokenizer import ByteTokenizer
+from engine.models.loader import build_model, build_tokenizer
 from engine.params import SamplingParams
 from engine.request import Request, RequestOutput
 from engine.runners.async_speculative import AsyncSpeculativeRunner
@@ -44,7 +43,7 @@ class Engine:
 
     `model` (optional) serves a ready-built `DepthModel` instead of the one named by the config
     (which then only supplies the engine settings); it must already be in `config.dtype` on
-    `config.device`. `tokenizer` (optional) replaces the byte tokenizer for text prompts.
+    `config.device`. `tokenizer` (optional) replaces the model's own tokenizer for text prompts.
     """
 
     def __init__(self, config: EngineConfig, model: DepthModel | None = None,
@@ -60,7 +59,7 @@ class Engine:
         if config.is_speculative and config.draft_loops >= self.model.num_depths:
             raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
                              f"loops ({self.model.num_depths})")
-        self.tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
+        self.tokenizer = build_tokenizer(config) if tokenizer is None else tokenizer
         self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + NUM_RESERVED_BLOCKS, config.block_size,
                                         self.model.num_layers_per_depth, self.model.num_kv_heads,
                                         self.model.head_size), config.torch_dtype, self.device)

