@@ -184,5 +184,29 @@ def validate(protocol_files) -> None:
         click.echo(f"ok {path}: {protocol.name} {protocol.hash} ({state})")
 
 
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--profile", default="ci", show_default=True, help="Scale profile of every mutant run.")
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+              show_default=True, help="Root under which the mutate directory (bundles, kill table) is made.")
+@click.option("--mutant", "names", multiple=True, help="Only these mutants (repeatable; default: all).")
+@click.option("--samples", default=None, type=click.IntRange(min=1),
+              help="Samples per group instead of the profile's (reduced runs, e.g. in tests).")
+def mutate(protocol_file, profile, output, names, samples) -> None:
+    """Run PROTOCOL_FILE against every planted bug and write the kill table (exit 0 iff every
+    mutant behaves as targeted: equivalent ones pass, those above the MDE are killed)."""
+    from specval import mutate as mutation
+
+    try:
+        root, table = mutation.mutate(protocol_file, profile, output, tuple(names), samples,
+                                        " ".join(["specval", *sys.argv[1:]]))
+    except (protocols.ProtocolError, ValueError) as err:
+        _input_error(err)
+    click.echo((root / mutation.KILL_TABLE_MD).read_text())
+    click.echo(f"kill table: {root / mutation.KILL_TABLE_JSON}")
+    sys.exit(EXIT_PASS if all(row["as_expected"] for row in table) else EXIT_FAIL)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
