@@ -208,5 +208,43 @@ def mutate(protocol_file, profile, output, names, samples) -> None:
     sys.exit(EXIT_PASS if all(row["as_expected"] for row in table) else EXIT_FAIL)
 
 
+
+@main.command()
+@click.option("--tv", default=None, type=float, help="Target total-variation distance: print the samples needed.")
+@click.option("--n", "num_samples", default=None, type=click.IntRange(min=1), help="Samples: print the MDE.")
+@click.option("--bins", default=None, type=click.IntRange(min=2), help="Cells of the test (default: the protocol's top_k).")
+@click.option("--alpha", default=None, type=float, help="Level (default: the protocol's, else 0.01).")
+@click.option("--power", default=None, type=float, help="Power (default: the protocol's, else 0.8).")
+@click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
+def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
+    """Samples needed for a target TV (--tv), or the MDE of a sample size (--n or --protocol)."""
+    from specval import plan as planning
+
+    try:
+        protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
+        alpha = alpha if alpha is not None else (protocol.alpha if protocol else 0.01)
+        power = power if power is not None else (protocol.power if protocol else 0.8)
+        if bins is None:
+            if protocol is None:
+                raise ValueError("--bins is required without --protocol")
+            bins = planning.protocol_bins(protocol)
+        if tv is not None:
+            result = planning.samples_for(tv, bins, alpha, power)
+            click.echo(f"TV >= {tv:g} over {bins} cells at alpha {alpha:g}, power {power:g}: "
+                       f"{result.samples_gof} samples (goodness of fit), "
+                       f"{result.samples_per_group_homogeneity} per group (homogeneity)")
+            return
+        n = num_samples or (protocol.samples_per_group if protocol else None)
+        if n is None:
+            raise ValueError("give --tv, --n or --protocol")
+        result = planning.mde_for(n, bins, alpha, power)
+    except (protocols.ProtocolError, ValueError) as err:
+        _input_error(err)
+    click.echo(f"n = {n} over {bins} cells at alpha {alpha:g}: deviations of TV >= {result.mde_gof:.4g} "
+               f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
+               f"have been detected with power >= {power:g}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
