@@ -246,5 +246,37 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
                f"have been detected with power >= {power:g}")
 
 
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--replicates", default=200, show_default=True, type=click.IntRange(min=1))
+@click.option("--samples", default=None, type=click.IntRange(min=1),
+              help="Samples per group of each replicate (default: the profile's samples_per_group).")
+@click.option("--profile", default=None)
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+              show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def calibrate(protocol_file, replicates, samples, profile, output, quiet) -> None:
+    """A/A calibration: FAIL rate per criterion (95% CI) next to alpha, and KS of p-value uniformity."""
+    from specval import calibrate as calibration
+    from specval.sut import SUTError
+
+    try:
+        size = samples or protocols.resolve(protocols.load_protocol(protocol_file), profile).samples_per_group
+        path, result = calibration.calibrate(protocol_file, profile, output, replicates, size, progress=not quiet)
+    except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
+        _input_error(err)
+    for name, row in result["criteria"].items():
+        ks = row.get("ks_uniformity")
+        ks_text = f"; KS p = {ks['p_value']:.3g}" if ks else ""
+        low, high = row["rate_ci95"]
+        click.echo(f"  {name}: {row['failures']}/{row['replicates']} FAIL = {row['rate']:.3f} "
+                   f"[{low:.3f}, {high:.3f}] vs alpha {row['alpha']}{ks_text}")
+    run = result["run"]
+    click.echo(f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.3f} "
+               f"[{run['rate_ci95'][0]:.3f}, {run['rate_ci95'][1]:.3f}] vs bound {run['bound']:.3g}")
+    click.echo(f"calibration: {path / calibration.CALIBRATION_FILE}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

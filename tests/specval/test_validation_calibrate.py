@@ -1,0 +1,59 @@
+"""A/A calibration: the rate and KS arithmetic on known inputs, and a small run on the exact fake SUT.
+
+False-fail rate of the run test: the fake SUT is exact, so each p-valued criterion FAILs a replicate
+with probability <= alpha = 0.01 (Holm). With 20 replicates, the assertion "at most 3 FAILs of one
+criterion" fails with probability <= 1 - P(Binom(20, 0.01) <= 3) ~ 4e-5 per criterion. Seeds are
+fixed (fresh ledger), so the outcome is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from fake_protocol import fake_protocol_dict, write_protocol
+from specval import calibrate as calibration
+from specval.cli import main
+from specval.verdict import FAIL, PASS
+
+REPLICATES, SAMPLES = 20, 300
+
+
+def _summary(verdicts: dict[str, tuple[str, float]], run: str) -> dict:
+    return {"verdict": run, "tests": {n: {"role": "primary", "verdict": v, "p_value": p} for n, (v, p) in verdicts.items()}}
+
+
+def test_summarise_counts_rates_intervals_and_uniformity():
+    rng = np.random.default_rng(0)
+    p = rng.random(100)
+    summaries = [_summary({"a": (FAIL if i < 5 else PASS, p[i])}, FAIL if i < 5 else PASS) for i in range(100)]
+    result = calibration.summarise(summaries, 0.01)
+    row = result["criteria"]["a"]
+    assert (row["failures"], row["rate"]) == (5, 0.05)
+    low, high = row["rate_ci95"]
+    assert low == pytest.approx(0.01643, abs=1e-4) and high == pytest.approx(0.11283, abs=1e-4)  # exact binomial
+    assert row["ks_uniformity"]["p_value"] > 0.05  # uniform p-values
+    skewed = calibration.summarise([_summary({"a": (PASS, v ** 4)}, PASS) for v in p], 0.01)
+    assert skewed["criteria"]["a"]["ks_uniformity"]["p_value"] < 1e-6
+    assert result["run"]["failures"] == 5 and result["run"]["bound"] == 0.01
+
+
+def test_calibrate_runs_disjoint_replicates_on_the_exact_fake_sut(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    raw = fake_protocol_dict()
+    raw["tests"] = raw["tests"][:3]  # quadrature, t1 gof, t2 gof
+    file = write_protocol(tmp_path, raw)
+    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", str(REPLICATES), "--samples",
+                                       str(SAMPLES), "--output", str(tmp_path / "out"), "--quiet"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "out"
+    data = __import__("json").loads(next(path.glob("*/calibration.json")).read_text())
+    assert data["replicates"] == REPLICATES
+    for name, row in data["criteria"].items():
+        assert row["failures"] <= 3, (name, row)
+    assert data["criteria"]["t1_gof.sync"]["replicates"] == REPLICATES
+    ledger = __import__("json").loads((path / "ledger.json").read_text())
+    sizes = {r["stop"] - r["start"] for r in (ledger if isinstance(ledger, list) else ledger["ranges"])}
+    assert sizes == {REPLICATES * SAMPLES}
