@@ -3,7 +3,10 @@
 One `engine.LLM` is built per distinct (mode, draft_loops) of the protocol's groups and reused for
 every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens` from
 `Protocol.max_tokens(group)` and `ignore_eos=True`, so every request yields exactly that many
-tokens; the first `positions` of them are returned.
+tokens; the first `positions` of them are returned. All engines of one adapter share the first
+engine's model and tokenizer (one load of the weights).
+For paired quality protocols (`specval.quality`), `render_chat` applies the model's chat template
+and `complete` generates text completions of many prompts (EOS stops a request).
 The reference logits come from `LLM.full_depth_logits` (serial, cache-free replay) and the draft
 logits from `LLM.draft_logits` of the group's engine; `accept_single` calls
 `engine.sampling.speculative_accept` with one draft per request (or, when `sut.options.mutant`
@@ -12,14 +15,25 @@ names a planted bug, that mutant's accept rule, so the quadrature sees the rule 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.sut import SUT, SampleBatch, SUTError
 
-DEFAULT_DRAFT_LOOPS = 2  # EngineConfig's default; used for groups that do not set draft_loops
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated completion and its speculative counts."""
+
+    text: str
+    num_tokens: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    finish_reason: str
 
 
 class EngineSUT(SUT):
@@ -34,13 +48,16 @@ class EngineSUT(SUT):
     def _llm(self, mode: str, draft_loops: int | None):
         import engine
 
-        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS)
+        from engine.config import DEFAULT_DRAFT_LOOPS
+
+        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1))
         if key not in self._llms:
+            shared = next(iter(self._llms.values()), None)  # same model, dtype and device: load once
             try:
                 config = engine.EngineConfig(model=self.spec.model, dtype=self.spec.dtype, mode=mode,
                                              num_speculative_tokens=self.num_speculative_tokens,
                                              draft_loops=key[1], device=self.spec.device, **dict(self.spec.options))
-                self._llms[key] = engine.LLM(config)
+                self._llms[key] = engine.LLM(config, *((shared.engine.model, shared.tokenizer) if shared else ()))
             except (ValueError, TypeError, NotImplementedError) as err:
                 raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]}: {err}") from err
         return self._llms[key]
@@ -79,6 +96,26 @@ class EngineSUT(SUT):
             num_draft_tokens=np.array([o.num_draft_tokens for o in outs], dtype=np.int64),
             num_accepted_tokens=np.array([o.num_accepted_tokens for o in outs], dtype=np.int64),
         )
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The model's chat template applied to `messages`, ending with the assistant's turn."""
+        tokenizer = self._any_llm().tokenizer
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise SUTError(f"sut.model={self.spec.model!r} has no chat template; use prompt_format: plain")
+        return tokenizer.apply_chat_template(messages)
+
+    def complete(self, group: GroupSpec, prompts: Sequence[str], sampling: SamplingSpec, seeds: np.ndarray,
+                 max_tokens: int, progress: Callable[[int, int], None] | None = None) -> list[Completion]:
+        """One completion per (prompt, seed): at most `max_tokens` tokens, stopped by EOS."""
+        from engine import SamplingParams
+
+        params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                 seed=int(s), max_tokens=max_tokens) for s in seeds]
+        llm = self._llm(group.mode, group.draft_loops)
+        outs = llm.generate(list(prompts), params, progress=progress)
+        return [Completion(text=llm.tokenizer.decode(o.token_ids), num_tokens=len(o.token_ids),
+                           num_draft_tokens=int(o.num_draft_tokens), num_accepted_tokens=int(o.num_accepted_tokens),
+                           finish_reason=str(o.finish_reason)) for o in outs]
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self._any_llm().full_depth_logits(token_ids).float().numpy()
