@@ -1,0 +1,81 @@
+"""Report of a quality bundle: verdict, paired comparisons (McNemar, CI, margin), groups, provenance."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from specval import bundle as bundles
+from specval.report.html import STYLE
+from specval.report.markdown import fmt
+
+COMPARISON_HEADER = ["comparison", "role", "n pairs", "acc a", "acc b", "diff (b - a)", "CI", "wins / losses / ties",
+                     "McNemar p (exact)", "margin", "verdict", "reason"]
+GROUP_HEADER = ["group", "mode", "draft loops", "seeds", "n (planned / effective)", "accuracy", "acceptance rate",
+                "mean tokens"]
+CAVEAT = ("A non-significant McNemar test alone is NOT evidence of no regression: with few discordant pairs it "
+          "has little power. Only the pre-registered non-inferiority criterion gates (the lower end of the "
+          "paired-difference interval above -margin); when the interval straddles -margin the comparison is "
+          "INCONCLUSIVE, never PASS.")
+
+
+def comparison_rows(summary: dict) -> list[list[str]]:
+    return [[name, t["role"], str(t["n"]), fmt(t["acc_a"], 3), fmt(t["acc_b"], 3), fmt(t["diff"], 3),
+             f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]", f"{t['wins']} / {t['losses']} / {t['ties']}",
+             fmt(t["p_value"], 3), fmt(t["margin"]), t["verdict"], t["reason"]]
+            for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))]
+
+
+def group_rows(summary: dict) -> list[list[str]]:
+    return [[name, g["mode"], fmt(g["draft_loops"]), f"[{g['seed_start']}, {g['seed_stop']})",
+             f"{g['planned_n']} / {g['effective_n']}", fmt(g["accuracy"], 3), fmt(g["acceptance_rate"], 3),
+             fmt(g["mean_tokens"], 3)] for name, g in sorted(summary["groups"].items())]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows])
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _facts(summary: dict, manifest: dict) -> list[str]:
+    proto, git = summary["protocol"], manifest.get("git", {})
+    return [f"protocol hash {proto['hash']} (profile: {proto['profile']})",
+            f"task {proto['task']} ({proto['prompt_format']} prompt), metric {proto['metric']}, "
+            f"{proto['num_items']} items x {proto['seeds_per_item']} seeds, at most {proto['max_tokens']} tokens",
+            f"paired: every group answers the same items with the same request seeds; alpha {proto['alpha']} "
+            f"(two-sided Newcombe interval), non-inferiority margin {proto['margin']} against {proto['baseline']}",
+            f"git {git.get('commit')} (dirty: {git.get('dirty')}); wall {fmt(manifest.get('wall_s'), 3)} s"]
+
+
+def render_markdown(summary: dict, manifest: dict) -> str:
+    lines = [f"# {summary['protocol']['name']}: {summary['verdict']}", "", summary["reason"], ""]
+    lines += [f"- {fact}" for fact in _facts(summary, manifest)]
+    lines += ["", "## Paired comparisons", "", _md_table(COMPARISON_HEADER, comparison_rows(summary)), "",
+              CAVEAT, "", "## Groups", "", _md_table(GROUP_HEADER, group_rows(summary))]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(summary: dict, manifest: dict) -> str:
+    name, verdict = html.escape(summary["protocol"]["name"]), summary["verdict"]
+    facts = "".join(f"<li>{html.escape(fact)}</li>" for fact in _facts(summary, manifest))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{name}</title><style>{STYLE}</style>"
+            f"</head><body><h1>{name}: <span class='{verdict}'>{verdict}</span></h1>"
+            f"<p>{html.escape(summary['reason'])}</p><ul>{facts}</ul>"
+            f"<h2>Paired comparisons</h2>{_html_table(COMPARISON_HEADER, comparison_rows(summary))}"
+            f"<p>{html.escape(CAVEAT)}</p>"
+            f"<h2>Groups</h2>{_html_table(GROUP_HEADER, group_rows(summary))}</body></html>\n")
+
+
+def render(path: Path) -> None:
+    """(Re-)write report.md and report.html of the quality bundle at `path`."""
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
+    (path / "report.md").write_text(render_markdown(summary, manifest))
+    (path / "report.html").write_text(render_html(summary, manifest))
