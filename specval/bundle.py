@@ -5,8 +5,11 @@ Layout of `results/<protocol>-<UTC timestamp>/`:
     protocol.yaml      the protocol file exactly as run
     protocol.json      its parsed canonical form (the input of the protocol hash)
     run.json           the run plan: profile, seed ranges; written before sampling, used by --resume
+                       (two-stage protocols: `stage2_ranges` is added when stage 2 is claimed)
     samples/*.parquet  raw samples, one file per seed chunk
     reference.json     exact reference distributions (sparse, float64 round-trip)
+    stage2/            second stage of a two-stage protocol, only when stage 1 FAILed:
+                       stage2/samples/*.parquet and stage2/reference.json
     quadrature.json    exact output laws of the accept kernel (when the protocol has a quadrature test)
     summary.json       every criterion's statistic, df, p, alpha, verdict, MDE; planned vs effective n
     report.md, report.html
@@ -38,6 +41,7 @@ REFERENCE_FILE = "reference.json"
 QUADRATURE_FILE = "quadrature.json"
 PROTOCOL_YAML = "protocol.yaml"
 PROTOCOL_JSON = "protocol.json"
+STAGE2_DIR = "stage2"
 PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
             "click", "pyyaml", "tqdm")
 
@@ -54,15 +58,27 @@ class RunPlan:
     protocol_hash: str
     profile: str | None
     ranges: tuple[tuple[str, int, int], ...]  # (group, start, stop)
+    stage2_ranges: tuple[tuple[str, int, int], ...] = ()  # the same, of stage 2 (empty: not claimed)
 
     def to_dict(self) -> dict:
-        return {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
-                "ranges": [{"group": g, "start": a, "stop": b} for g, a, b in self.ranges]}
+        out = {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
+               "ranges": _range_dicts(self.ranges)}
+        if self.stage2_ranges:
+            out["stage2_ranges"] = _range_dicts(self.stage2_ranges)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunPlan":
-        ranges = tuple((r["group"], int(r["start"]), int(r["stop"])) for r in data["ranges"])
-        return cls(data["protocol"], data["protocol_hash"], data["profile"], ranges)
+        return cls(data["protocol"], data["protocol_hash"], data["profile"], _range_tuples(data["ranges"]),
+                   _range_tuples(data.get("stage2_ranges", [])))
+
+
+def _range_dicts(ranges: tuple[tuple[str, int, int], ...]) -> list[dict]:
+    return [{"group": g, "start": a, "stop": b} for g, a, b in ranges]
+
+
+def _range_tuples(entries: list[dict]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((r["group"], int(r["start"]), int(r["stop"])) for r in entries)
 
 
 def write_json(path: Path, obj: Any) -> None:

@@ -8,6 +8,8 @@ alpha and the multiplicity correction. Guarantees:
 - Missing required keys and bad values are errors naming the key, the value and the file.
 - `Protocol.hash` is the sha256 of the canonical JSON of the parsed protocol (sorted keys, fixed
   separators): comments, whitespace and key order never change it; any value does.
+- `confirmation` (one stage by default) is left out of the canonical form at its default, so a
+  one-stage protocol hashes exactly as before the key existed; a two-stage block enters the hash.
 - Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
 """
 
@@ -33,6 +35,7 @@ NOSPEC_MODE = "nospec"
 MAX_POSITIONS = 3
 PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
 LOCK_FILE_NAME = "frozen.lock"
+MAX_STAGES = 2
 
 
 class ProtocolError(ValueError):
@@ -101,6 +104,23 @@ class TestSpec:
 
 
 @dataclass(frozen=True)
+class ConfirmationSpec:
+    """Pre-registered confirmation: with `stages == 2`, a run whose first stage FAILs a p-valued
+    gating criterion collects a second stage on fresh disjoint seeds and FAILs only if the same
+    criterion fails there too (at level `alpha_stage2`; None: the protocol's alpha)."""
+
+    stages: int = 1
+    alpha_stage2: float | None = None
+
+    @property
+    def is_two_stage(self) -> bool:
+        return self.stages == MAX_STAGES
+
+
+ONE_STAGE = ConfirmationSpec()
+
+
+@dataclass(frozen=True)
 class Protocol:
     """A parsed protocol; `profile` is set once a profile has been applied by `resolve`."""
 
@@ -124,6 +144,7 @@ class Protocol:
     draft_headroom: bool = True
     chunk_size: int = 1000
     batch_size: int = 1000
+    confirmation: ConfirmationSpec = ONE_STAGE
     profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     profile: str | None = field(default=None, compare=False)
     file_hash: str | None = field(default=None, compare=False, repr=False)  # set by `resolve`
@@ -147,7 +168,14 @@ class Protocol:
         out.pop("file_hash")
         out["sut"]["options"] = dict(self.sut.options)
         out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
+        if self.confirmation == ONE_STAGE:
+            out.pop("confirmation")  # keeps the hash of every one-stage protocol as it was
         return out
+
+    @property
+    def alpha_stage2(self) -> float:
+        """Level of the second stage (the protocol's alpha unless the confirmation block sets one)."""
+        return self.alpha if self.confirmation.alpha_stage2 is None else self.confirmation.alpha_stage2
 
     @property
     def hash(self) -> str:
@@ -334,6 +362,21 @@ def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: 
     return tests
 
 
+def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
+    raw = _mapping(raw, file, "confirmation")
+    _check_keys(raw, ConfirmationSpec, file, "confirmation")
+    stages = _int(raw.get("stages", 1), file, "confirmation.stages", minimum=1)
+    if stages > MAX_STAGES:
+        _fail(file, "confirmation.stages", f"at most {MAX_STAGES} stages are supported", stages)
+    alpha_stage2 = raw.get("alpha_stage2")
+    if alpha_stage2 is not None:
+        alpha_stage2 = _unit_open(alpha_stage2, file, "confirmation.alpha_stage2")
+        if stages == 1:
+            _fail(file, "confirmation.alpha_stage2", "only a two-stage protocol (stages: 2) takes a second-stage alpha",
+                  alpha_stage2)
+    return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
+
+
 def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     raw = _mapping(raw, file, "profiles")
     profiles = []
@@ -382,6 +425,7 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         draft_headroom=_bool(raw.get("draft_headroom", True), file, "draft_headroom"),
         chunk_size=_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
         batch_size=_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
+        confirmation=_parse_confirmation(raw.get("confirmation", {}), file),
         profiles=_parse_profiles(raw.get("profiles", {}), file),
     )
     if not protocol.min_expected > 0.0:

@@ -1,7 +1,12 @@
 """Runner: one protocol run, from the frozen protocol to a verified bundle, in one linear story.
 
     protocol -> seed ranges (ledger) -> collect (SUT) -> reference -> quadrature -> verdict
+             [-> stage-2 seed ranges -> collect -> reference -> verdict, two-stage protocols only]
              -> report -> manifest -> SHA256SUMS
+
+A two-stage protocol whose first stage FAILs on p-valued criteria only claims a second set of
+ranges (same groups and sizes) from the same ledger, so they are disjoint from every range of the
+protocol, records them in run.json before sampling, and collects them into `stage2/`.
 
 `run` refuses before any sampling: a confirmatory protocol whose hash differs from the frozen one,
 seed ranges that overlap the ledger, groups the SUT does not support. `resume` continues a
@@ -11,6 +16,7 @@ bundle and recomputes its summary from the raw samples.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import shutil
@@ -27,11 +33,12 @@ from specval.protocol import Protocol, SutSpec, check_frozen, load_protocol, par
 from specval.reference import Reference, build_reference, needed_prefixes, transform
 from specval.stats.quadrature import adversarial_pairs, quadrature_check
 from specval.sut import SUT, open_sut
-from specval.verdict import evaluate, quadrature_names
+from specval.verdict import confirm, evaluate, needs_second_stage, quadrature_names
 
 SutFactory = Callable[[SutSpec, int], SUT]
 ADVERSARIAL_VOCAB = 16  # vocabulary of the synthetic adversarial (p, q) pairs
 ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, not of the run
+STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage: "<bundle>:stage2"
 
 
 def _timestamp() -> str:
@@ -130,26 +137,74 @@ def _token_matrix(frame, positions: int) -> np.ndarray:
     return frame[collect.token_columns(positions)].to_numpy(dtype=np.int64)
 
 
-def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT) -> dict:
-    """Reference, quadrature and verdict of a bundle whose samples are complete."""
-    prompt_ids = sut.encode(protocol.prompt)
-    samples = collect.load_samples(path, ranges)
+def _write_reference(directory: Path, sut: SUT, protocol: Protocol, prompt_ids: list[int],
+                     ranges: list[seeds.SeedRange]) -> None:
+    samples = collect.load_samples(directory, ranges)
     reference = _reference(sut, protocol, prompt_ids, _token_matrix(samples, protocol.positions))
-    bundles.write_json(path / bundles.REFERENCE_FILE, reference.to_dict())
+    bundles.write_json(directory / bundles.REFERENCE_FILE, reference.to_dict())
+
+
+def stage2_ranges(path: Path) -> list[seeds.SeedRange]:
+    """The stage-2 seed ranges recorded in the bundle's run.json (empty: none claimed)."""
+    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    return [seeds.SeedRange(plan.protocol, path.name + STAGE2_RUN_SUFFIX, g, a, b) for g, a, b in plan.stage2_ranges]
+
+
+def claim_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
+    """Stage-2 ranges: those in run.json (a resumed run), else fresh ones claimed in the ledger of the
+    bundle's output root (disjoint from every range of the protocol) and recorded before sampling."""
+    recorded = stage2_ranges(path)
+    if recorded:
+        return recorded
+    output = path.parent
+    planned = seeds.allocate(seeds.read_ledger(output), protocol.name, path.name + STAGE2_RUN_SUFFIX,
+                             [g.name for g in protocol.groups], protocol.samples_per_group, protocol.seed_base)
+    seeds.claim(output, planned)
+    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    plan = dataclasses.replace(plan, stage2_ranges=tuple((r.group, r.start, r.stop) for r in planned))
+    bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
+    return planned
+
+
+def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT,
+            progress: bool = False) -> tuple[dict, int]:
+    """Reference, quadrature, stage 2 when the protocol calls for it, and the summary of a bundle
+    whose stage-1 samples are complete; returns (summary, stage-2 samples drawn now)."""
+    prompt_ids = sut.encode(protocol.prompt)
+    _write_reference(path, sut, protocol, prompt_ids, ranges)
     laws = quadrature_laws(sut, protocol, prompt_ids)
     bundles.write_json(path / bundles.QUADRATURE_FILE, laws)
+    drawn = 0
+    if needs_second_stage(protocol, _stage_summary(path, protocol, ranges, laws)):
+        second = claim_stage2(path, protocol)
+        drawn = collect.collect(sut, protocol, prompt_ids, second, path / bundles.STAGE2_DIR, progress)
+        _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids, second)
     summary = recompute(path, protocol, ranges)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    return summary
+    return summary, drawn
+
+
+def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict) -> dict:
+    """One stage's summary from its samples and reference in `directory` (the bundle or stage2/)."""
+    samples = collect.load_samples(directory, ranges)
+    reference = Reference.from_dict(bundles.read_json(directory / bundles.REFERENCE_FILE))
+    spans = {r.group: (r.start, r.stop) for r in ranges}
+    return evaluate(protocol, samples, reference, laws, spans)
 
 
 def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> dict:
-    """The summary recomputed from the bundle's files alone (raw samples, reference, laws)."""
-    samples = collect.load_samples(path, ranges)
-    reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
+    """The summary recomputed from the bundle's files alone (raw samples, references, laws), both
+    stages of a two-stage protocol included."""
     laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
-    spans = {r.group: (r.start, r.stop) for r in ranges}
-    return json.loads(json.dumps(evaluate(protocol, samples, reference, laws, spans)))
+    first, second = _stage_summary(path, protocol, ranges, laws), None
+    if needs_second_stage(protocol, first):
+        stage2 = stage2_ranges(path)
+        if not stage2:
+            raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} "
+                                      "records no stage-2 seed ranges")
+        level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
+        second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws)
+    return json.loads(json.dumps(confirm(protocol, first, second)))
 
 
 # ---------------------------------------------------------------- the run
@@ -175,13 +230,15 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         t0 = time.perf_counter()
         drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
         collect_s = time.perf_counter() - t0
-        summary = analyse(path, protocol, ranges, sut)
+        summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress)
         device = {**bundles.device_facts(), "sut": sut.describe()}
     finally:
         sut.close()
     timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
               "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
               "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    if protocol.confirmation.is_two_stage:
+        timing["stage2_samples_drawn"] = drawn_stage2
     write_manifest(path, protocol, ranges, device, timing, command or sys.argv)
     finish(path)
     return path, summary
@@ -193,6 +250,9 @@ def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]
                 "git": bundles.git_state(Path.cwd()), "command": list(command),
                 "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
                 "seeds": [r.to_dict() for r in ranges], **timing}
+    second = stage2_ranges(path)
+    if second:
+        manifest["seeds_stage2"] = [r.to_dict() for r in second]
     bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
 
 

@@ -16,6 +16,12 @@ Criteria (one per test and applicable group):
 Each criterion is PASS, FAIL or INCONCLUSIVE (no stratum reached `stratum_min`). p-valued
 criteria are corrected with Holm within their family (the test's role); the run PASSes iff every
 control and primary criterion PASSes; it FAILs if any of them FAILs; else it is INCONCLUSIVE.
+
+Two-stage confirmation (`confirmation.stages: 2`, see `confirm`): when stage 1 FAILs only on
+p-valued criteria, the runner collects stage 2 on fresh disjoint seeds (same groups and sizes) and
+every stage-1 FAIL of a gating criterion is replaced by the same criterion's stage-2 verdict
+(evaluated at `alpha_stage2`). A failed quadrature check or a sample out of support is
+deterministic: the run FAILs at once and no stage 2 is collected.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pandas as pd
 from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.reference import Reference
 from specval.stats import multiplicity, power
+from specval.stats.confirmation import two_stage
 from specval.stats.gof import aggregate_gof, goodness_of_fit
 from specval.stats.homogeneity import aggregate_homogeneity, homogeneity
 from specval.sut import SOURCES
@@ -205,7 +212,7 @@ def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | 
 # ---------------------------------------------------------------- families and run verdict
 
 
-def _apply_holm(tests: dict[str, dict], alpha: float) -> dict[str, dict]:
+def _apply_holm(tests: dict[str, dict], alpha: float, target_power: float) -> dict[str, dict]:
     families = {}
     for role in ROLES:
         pending = {n: t["p_value"] for n, t in tests.items() if t["role"] == role and t["verdict"] is None}
@@ -218,18 +225,18 @@ def _apply_holm(tests: dict[str, dict], alpha: float) -> dict[str, dict]:
             test["p_adjusted"] = float(adjusted.adjusted[name])
             rejected = bool(adjusted.rejected[name])
             test["verdict"] = FAIL if rejected else PASS
-            test["reason"] = _pvalue_reason(test, rejected, alpha)
+            test["reason"] = _pvalue_reason(test, rejected, alpha, target_power)
         families[role] = {"method": "holm", "alpha": alpha, "criteria": sorted(n for n, t in tests.items()
                                                                              if t["role"] == role)}
     return families
 
 
-def _pvalue_reason(test: dict, rejected: bool, alpha: float) -> str:
+def _pvalue_reason(test: dict, rejected: bool, alpha: float, target_power: float) -> str:
     p = test["p_adjusted"]
     if rejected:
         return f"Holm-adjusted p = {p:.3g} < alpha = {alpha}"
     mde = test["mde_tv"]
-    detect = f"; TV >= {mde:.3g} would have been detected with power >= 0.8" if mde is not None else ""
+    detect = f"; TV >= {mde:.3g} would have been detected with power >= {target_power}" if mde is not None else ""
     return f"Holm-adjusted p = {p:.3g} >= alpha = {alpha}{detect}"
 
 
@@ -268,7 +275,7 @@ def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | N
              quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict:
     """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs."""
     tests = _evaluate_tests(protocol, samples, reference, quadrature)
-    families = _apply_holm(tests, protocol.alpha)
+    families = _apply_holm(tests, protocol.alpha, protocol.power)
     verdict, reason = run_verdict(tests)
     return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
             "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
@@ -276,3 +283,71 @@ def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | N
                          "min_expected": protocol.min_expected, "multiplicity": protocol.multiplicity,
                          "positions": protocol.positions, "samples_per_group": protocol.samples_per_group},
             "groups": group_facts(protocol, samples, ranges), "families": families, "tests": tests}
+
+
+# ---------------------------------------------------------------- two-stage confirmation
+
+
+CONFIRMATION_RULE = ("per criterion: a gating criterion that FAILs stage 1 takes its stage-2 verdict (fresh disjoint "
+                     "seeds, same groups and sizes, alpha_stage2); a failed quadrature check or an out-of-support "
+                     "sample FAILs at once, without a second stage")
+
+
+def deterministic_failures(tests: Mapping[str, dict]) -> list[str]:
+    """Gating FAILs that no second stage may overturn: quadrature checks and out-of-support samples."""
+    return sorted(n for n, t in tests.items() if t["role"] in GATING_ROLES and t["verdict"] == FAIL
+                  and (t["kind"] == "quadrature" or t.get("out_of_support")))
+
+
+def needs_second_stage(protocol: Protocol, first: Mapping) -> bool:
+    """True iff the protocol has two stages and stage 1 FAILed on p-valued gating criteria only."""
+    return (protocol.confirmation.is_two_stage and first["verdict"] == FAIL
+            and not deterministic_failures(first["tests"]))
+
+
+def _gating_failures(tests: Mapping[str, dict]) -> list[str]:
+    return sorted(n for n, t in tests.items() if t["role"] in GATING_ROLES and t["verdict"] == FAIL)
+
+
+def _num_gating_families(tests: Mapping[str, dict]) -> int:
+    return len({t["role"] for t in tests.values() if t["role"] in GATING_ROLES and t["p_value"] is not None
+                and t["kind"] != "quadrature"})
+
+
+def _two_stage_verdict(first: Mapping[str, dict], second: Mapping[str, dict]) -> tuple[str, str, list[str]]:
+    """(verdict, reason, failing criteria): each stage-1 gating FAIL replaced by its stage-2 verdict."""
+    retried = _gating_failures(first)
+    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried else t) for n, t in first.items()}
+    verdict, reason = run_verdict(merged)
+    outcome = ", ".join(f"{n} {second[n]['verdict']}" for n in retried)
+    return verdict, f"{reason} (two stages; stage 1 failed {', '.join(retried)}; stage 2: {outcome})", \
+        _gating_failures(merged)
+
+
+def _rates(protocol: Protocol, families: int) -> dict[str, Any]:
+    if not protocol.confirmation.is_two_stage:
+        return {"rates": None, "run_false_fail_bound": families * protocol.alpha}
+    rates = two_stage(protocol.alpha, protocol.alpha_stage2, protocol.power, protocol.power)
+    return {"rates": rates.to_dict(), "run_false_fail_bound": families * rates.false_fail}
+
+
+def confirm(protocol: Protocol, first: dict, second: dict | None = None) -> dict:
+    """The run's summary: stage 1's summary with the `confirmation` entry and the combined verdict.
+
+    Guarantee (two stages, stages independent given the SUT): a correct SUT FAILs the run with
+    probability <= (number of p-valued gating families) * alpha * alpha_stage2; a deviation of TV at
+    least both stages' MDE of a criterion FAILs it in both with probability >= power ** 2.
+    """
+    tests = first["tests"]
+    block = {"stages": protocol.confirmation.stages, "rule": CONFIRMATION_RULE, "alpha_stage1": protocol.alpha,
+             "alpha_stage2": protocol.alpha_stage2 if protocol.confirmation.is_two_stage else None,
+             "gating_families": _num_gating_families(tests), "deterministic": deterministic_failures(tests),
+             "triggered": second is not None, "failing": _gating_failures(tests), "stage2": None}
+    block.update(_rates(protocol, block["gating_families"]))
+    summary = {**first, "confirmation": block}
+    if second is not None:
+        summary["verdict"], summary["reason"], block["failing"] = _two_stage_verdict(tests, second["tests"])
+        block["stage2"] = {key: second[key] for key in ("verdict", "reason", "groups", "families", "tests")}
+    elif block["deterministic"] and protocol.confirmation.is_two_stage:
+        summary["reason"] += " (deterministic failure: no second stage)"
+    return summary
