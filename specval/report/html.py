@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 
-from specval.report.markdown import CRITERIA_HEADER, GROUP_HEADER, criteria_rows, fmt, group_rows
+from specval.report.markdown import CRITERIA_HEADER, GROUP_HEADER, confirmation_lines, criteria_rows, fmt, group_rows
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
@@ -17,6 +17,25 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
                    for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _confirmation(summary: dict) -> str:
+    """The two-stage section: its summary lines as paragraphs, the stage-2 tables as HTML tables."""
+    lines = [line for line in confirmation_lines(summary) if line and not line.startswith("|")]
+    if not lines:
+        return ""
+    block = summary["confirmation"]
+    out = []
+    for line in lines:
+        if line.startswith("### Stage 2 criteria"):
+            out.append(f"<h3>Stage 2 criteria</h3>{_table(CRITERIA_HEADER, criteria_rows(block['stage2']))}")
+        elif line.startswith("### Stage 2 groups"):
+            out.append(f"<h3>Stage 2 groups</h3>{_table(GROUP_HEADER, group_rows(block['stage2']))}")
+        elif line.startswith("## "):
+            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+        else:
+            out.append(f"<p>{html.escape(line.removeprefix('- '))}</p>")
+    return "".join(out)
 
 
 def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
@@ -34,4 +53,5 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
             f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
             f"with power &ge; {proto['power']}.</p>"
             f"<h2>Groups</h2>{_table(GROUP_HEADER, group_rows(summary))}"
+            f"{_confirmation(summary)}"
             f"<h2>Figures</h2>{images}</body></html>\n")

@@ -12,7 +12,8 @@ def fmt(value, digits: int = 4) -> str:
 
 
 def criteria_rows(summary: dict) -> list[list[str]]:
-    """One row per criterion: name, role, statistic, df, p, Holm p, MDE (TV), coverage, verdict, reason."""
+    """One row per criterion: name, role, statistic, df, p, Holm p, MDE (TV), coverage, verdict, reason.
+    `summary` is a run's summary or its `confirmation.stage2` block (same `tests` layout)."""
     rows = []
     for name, test in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0])):
         coverage = test.get("coverage")
@@ -34,6 +35,32 @@ def group_rows(summary: dict) -> list[list[str]]:
             for name, g in sorted(summary["groups"].items())]
 
 
+def confirmation_lines(summary: dict) -> list[str]:
+    """The two-stage section: rule, per-stage and combined error rates, stage-2 outcome (empty for
+    a one-stage protocol, or a summary written before confirmation existed)."""
+    block = summary.get("confirmation")
+    if not block or block["stages"] < 2:
+        return []
+    rates = block["rates"]
+    lines = ["## Two-stage confirmation", "", f"Rule (pre-registered): {block['rule']}.", "",
+             f"- stage 1 alpha {block['alpha_stage1']}, stage 2 alpha {block['alpha_stage2']} (Holm within each "
+             f"family in each stage); power {rates['power1']} per stage at each criterion's MDE",
+             f"- combined false-fail rate per family <= alpha1 * alpha2 = {fmt(rates['false_fail'], 3)}; "
+             f"run (over {block['gating_families']} gating families) <= {fmt(block['run_false_fail_bound'], 3)}",
+             f"- combined power >= power1 * power2 = {fmt(rates['power'], 3)} at a TV >= both stages' MDE; "
+             f"expected stages per run of a correct sampler {fmt(rates['expected_stages'], 4)}"]
+    if block["deterministic"]:
+        lines.append(f"- stage 2 not run: deterministic failure of {', '.join(block['deterministic'])}")
+    elif not block["triggered"]:
+        lines.append("- stage 2 not run: stage 1 did not FAIL")
+    else:
+        second = block["stage2"]
+        lines += [f"- stage 2 ran on fresh seeds: {second['verdict']}: {second['reason']}", "",
+                  "### Stage 2 criteria", "", _table(CRITERIA_HEADER, criteria_rows(second)), "",
+                  "### Stage 2 groups", "", _table(GROUP_HEADER, group_rows(second))]
+    return lines + [""]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
@@ -52,10 +79,12 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         f"- stratum minimum {proto['stratum_min']} samples, cells pooled to expected count >= {proto['min_expected']}",
         f"- git {git.get('commit')} (dirty: {git.get('dirty')}); started {manifest.get('started')}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
-        "", "## Criteria", "", _table(CRITERIA_HEADER, criteria_rows(summary)), "",
+        "", "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""), "",
+        _table(CRITERIA_HEADER, criteria_rows(summary)), "",
         "MDE (TV): deviations of total-variation distance >= this value would have been detected with power "
         f">= {proto['power']} at the run's sample size.", "",
         "## Groups", "", _table(GROUP_HEADER, group_rows(summary)), "",
+        *confirmation_lines(summary),
         "## Figures", "",
     ]
     lines += [f"- `{name}` (embedded in report.html)" for name in figures]
