@@ -1,12 +1,13 @@
 """End to end on the real engine: `specval run protocols/t2_fp32.yaml --profile ci` PASSes and its
 bundle verifies; the same protocol with a planted sampler bug FAILs.
 
-Error rates. Correct engine: the run fails only if a control or primary family rejects, which
-Holm bounds by alpha = 0.01 per family (two gating families, so <= 0.02), plus the quadrature
-controls, which are deterministic. The seeds are fixed (the ledger of a fresh output root starts
+Error rates. Correct engine: the run fails only if a control or primary family rejects in both
+stages of the protocol's two-stage confirmation, which Holm bounds by 0.01 * 0.01 per family (two
+gating families, so <= 2e-4), plus the quadrature controls, which are deterministic. The seeds are fixed (the ledger of a fresh output root starts
 at seed_base), so the outcome is reproducible and this test does not flake from run to run.
-Planted bug (correction drawn from p instead of max(p - q, 0)): its exact TV from the target at t1
-is 0.042 (draft_loops 2) and 0.060 (draft_loops 1) for the default model at the protocol's prompt;
+Planted bug (the named mutant residual_from_p: correction drawn from p instead of max(p - q, 0)):
+it also fails the exact quadrature control (deterministic, no second stage). Its exact TV from the
+target at t1 is 0.042 (draft_loops 2) and 0.060 (draft_loops 1) for the default model at the protocol's prompt;
 at the ci size (3,000 samples per group) t1_gof.sync_d1 alone detects it with power 0.99
 (Cohen's w = 0.14) and t1_gof.async_d1 independently again, so the FAIL is missed with
 probability <= 0.001 even before the t2 criteria are counted.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+import yaml
 from click.testing import CliRunner
 
 from specval import bundle as bundles
@@ -28,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "protocols" / "t2_fp32.yaml"
 
 
-def _run_cli(output: Path) -> tuple[int, str, Path]:
-    result = CliRunner().invoke(main, ["run", str(PROTOCOL), "--profile", "ci", "--output", str(output), "--quiet"],
+def _run_cli(output: Path, protocol: Path = PROTOCOL) -> tuple[int, str, Path]:
+    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(output), "--quiet"],
                                 catch_exceptions=False)
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     return result.exit_code, result.output, bundle
@@ -45,6 +46,7 @@ def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
     exit_code, output, bundle = t2_ci_run
     assert exit_code == 0, output
     summary = bundles.read_json(bundle / "summary.json")
+    assert summary["confirmation"]["stages"] == 2 and not summary["confirmation"]["triggered"]
     gating = [t for t in summary["tests"].values() if t["role"] in ("control", "primary")]
     assert f"PASS: all {len(gating)} control and primary criteria passed" in output
     assert {"t2_gof.async", "t2_homogeneity.async_d1_vs_nospec", "quadrature.async"} <= set(summary["tests"])
@@ -57,37 +59,26 @@ def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
     assert {"accepted", "correction"} <= set(sources)  # t2 is drafted (draft_headroom), not only a bonus
 
 
-def _residual_from_p(real):
-    """The planted bug: at a rejection, redraw the correction from p with the same u_final."""
-
-    def accept(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, **kwargs):
-        result = real(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, **kwargs)
-        tokens = result.tokens.clone()
-        for r in range(len(is_greedy)):
-            num_drafts = int(cu_num_drafts[r + 1] - cu_num_drafts[r])
-            stop = int(result.num_accepted[r])
-            if bool(is_greedy[r]) or int(result.error[r]) or stop == num_drafts:
-                continue
-            cdf = torch.cumsum(target_probs[int(cu_num_drafts[r]) + r + stop].double(), 0)
-            token = torch.searchsorted(cdf, uniforms[r, -1] * cdf[-1], right=True)
-            tokens[r, stop] = torch.clamp(token, max=cdf.numel() - 1)
-        return type(result)(tokens, result.num_accepted, result.error)
-
-    return accept
+def _mutant_protocol(directory: Path, mutant: str) -> Path:
+    """A copy of the shipped protocol with one named planted bug switched on (`engine.mutants`)."""
+    raw = yaml.safe_load(PROTOCOL.read_text())
+    raw["sut"].setdefault("options", {})["mutant"] = mutant
+    path = directory / "t2_fp32_mutant.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
-def test_planted_sampler_bug_fails_the_same_protocol(tmp_path, monkeypatch):
-    # Until the engine ships named mutants, the bug is planted in-process by monkeypatching the
-    # accept function the speculative runner calls (the harness's quadrature check goes through
-    # engine.sampling.speculative_accept and still sees the correct kernel).
-    import engine.runners.speculative as speculative
-
-    monkeypatch.setattr(speculative, "speculative_accept", _residual_from_p(speculative.speculative_accept))
-    exit_code, output, bundle = _run_cli(tmp_path)
+def test_planted_sampler_bug_fails_the_same_protocol(tmp_path):
+    # The named mutant replaces the runners' accept rule and, through EngineSUT.accept_single, the
+    # kernel the quadrature check integrates, so the exact control fails too: a deterministic FAIL
+    # that the protocol's two-stage confirmation does not re-run.
+    exit_code, output, bundle = _run_cli(tmp_path, _mutant_protocol(tmp_path, "residual_from_p"))
     assert exit_code == 1, output
     summary = bundles.read_json(bundle / "summary.json")
     failed = {n for n, t in summary["tests"].items() if t["verdict"] == "FAIL"}
     assert failed & {"t1_gof.sync_d1", "t1_gof.async_d1", "t2_gof.sync_d1", "t2_gof.async_d1"}, output
+    assert "quadrature.sync" in failed and "quadrature.sync" in summary["confirmation"]["deterministic"]
+    assert not summary["confirmation"]["triggered"]
     assert summary["tests"]["t1_gof.nospec"]["verdict"] == "PASS"  # the bug leaves nospec alone
     assert runner.verify(bundle) == []  # a FAIL bundle verifies like any other
 
