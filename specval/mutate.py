@@ -160,8 +160,14 @@ def _mutant_file(protocol_file: Path, root: Path, name: str, samples: int | None
 
 
 def _gating_failures(summary: dict) -> dict[str, float | None]:
-    return {n: t.get("p_value") for n, t in sorted(summary["tests"].items())
-            if t["role"] in ("control", "primary") and t["verdict"] == "FAIL"}
+    """Gating criteria that fail the RUN, with their stage-1 p-values: after two-stage
+    confirmation when the protocol has it (a stage-1 FAIL that stage 2 does not confirm kills
+    nothing), else the stage-1 control/primary FAILs."""
+    confirmed = summary.get("confirmation", {}).get("failing")
+    if confirmed is None:
+        confirmed = [n for n, t in summary["tests"].items()
+                     if t["role"] in ("control", "primary") and t["verdict"] == "FAIL"]
+    return {n: summary["tests"][n].get("p_value") for n in sorted(confirmed)}
 
 
 def _t1_mde(summary: dict) -> float | None:
