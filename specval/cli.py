@@ -16,6 +16,7 @@ from specval import __version__
 from specval import bundle as bundles
 from specval import protocol as protocols
 from specval import seeds
+from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 REPORT_FILES = ("report.md", "report.html")
@@ -26,20 +27,20 @@ def _input_error(err: Exception) -> None:
     sys.exit(EXIT_INPUT)
 
 
-QUALITY_KIND = "quality"  # top-level `kind:` of a paired quality protocol (specval.quality)
-
-
 def _protocol_kind(path: Path | None) -> str:
     """QUALITY_KIND for a paired quality protocol, else "distribution" (the default schema)."""
     if path is None or not path.is_file():
         return "distribution"
-    import yaml
-
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        _input_error(ValueError(f"{path}: not valid YAML: {err}"))
+        raw = protocols.read_yaml(path)
+    except protocols.ProtocolError as err:
+        _input_error(err)
     return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+
+
+def _loader(path: Path):
+    """The parser of PATH's protocol kind."""
+    return load_quality_protocol if _protocol_kind(path) == QUALITY_KIND else protocols.load_protocol
 
 
 def _bundle_kind(bundle: Path) -> str:
@@ -116,6 +117,8 @@ def report(bundle) -> None:
     """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
     from specval import runner
 
+    if _bundle_kind(bundle) == QUALITY_KIND:
+        from specval import quality as runner  # same finish() contract
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in REPORT_FILES]
     if problems:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
@@ -128,7 +131,7 @@ def report(bundle) -> None:
 def freeze(protocol_file) -> None:
     """Record PROTOCOL_FILE's canonical hash in the lock file next to it."""
     try:
-        lock, digest = protocols.freeze(protocol_file)
+        lock, digest = protocols.freeze(protocol_file, _loader(protocol_file))
     except protocols.ProtocolError as err:
         _input_error(err)
     click.echo(f"frozen {protocol_file}: {digest} in {lock}")
@@ -174,7 +177,7 @@ def validate(protocol_files) -> None:
     """Parse each protocol (all profiles) and print its canonical hash and frozen state."""
     for path in protocol_files:
         try:
-            protocol = protocols.load_protocol(path)
+            protocol = _loader(path)(path)
             for name, _ in protocol.profiles:
                 protocols.resolve(protocol, name)
         except protocols.ProtocolError as err:

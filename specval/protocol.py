@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
 
@@ -36,6 +36,7 @@ MAX_POSITIONS = 3
 PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
 LOCK_FILE_NAME = "frozen.lock"
 MAX_STAGES = 2
+AnyProtocol = TypeVar("AnyProtocol")  # a protocol dataclass: Protocol or a quality protocol
 
 
 class ProtocolError(ValueError):
@@ -439,22 +440,28 @@ def _bool(value: Any, file: str, key: str) -> bool:
     return value
 
 
-def load_protocol(path: str | Path) -> Protocol:
-    """Read and parse a protocol file; YAML syntax errors become ProtocolError too."""
+def read_yaml(path: str | Path) -> Any:
+    """The parsed YAML of a protocol file; unreadable files and YAML syntax errors become
+    ProtocolError naming the file."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise ProtocolError(f"{path}: cannot read protocol ({err.strerror})") from err
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ProtocolError(f"{path}: invalid YAML: {err}") from err
-    return parse_protocol(raw, str(path))
 
 
-def resolve(protocol: Protocol, profile: str | None) -> Protocol:
-    """Apply a profile's overrides; None keeps the protocol's own values."""
+def load_protocol(path: str | Path) -> Protocol:
+    """Read and parse a protocol file; YAML syntax errors become ProtocolError too."""
+    return parse_protocol(read_yaml(path), str(path))
+
+
+def resolve(protocol: AnyProtocol, profile: str | None) -> AnyProtocol:
+    """Apply a profile's overrides; None keeps the protocol's own values. Works for every protocol
+    dataclass with `name`, `hash`, `profiles` ((name, overrides) pairs), `profile` and `file_hash`."""
     if profile is None:
         return protocol
     profiles = dict(protocol.profiles)
@@ -485,9 +492,11 @@ def read_lock(path: Path) -> dict[str, str]:
     return data
 
 
-def freeze(protocol_file: str | Path) -> tuple[Path, str]:
-    """Record the protocol's canonical hash in the lock file; returns (lock file, hash)."""
-    protocol = load_protocol(protocol_file)
+def freeze(protocol_file: str | Path,
+           loader: Callable[[str | Path], Any] | None = None) -> tuple[Path, str]:
+    """Record the protocol's canonical hash in the lock file; returns (lock file, hash).
+    `loader` parses the file (default `load_protocol`; quality protocols pass their own)."""
+    protocol = (loader or load_protocol)(protocol_file)
     path = lock_path(protocol_file)
     lock = read_lock(path)
     lock[protocol.name] = protocol.hash

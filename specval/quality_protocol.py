@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _check_keys, _fail, _int,
                               _mapping, _name, _parse_groups, _parse_sampling, _parse_sut, _plain, _str,
-                              _unit_open, canonical_hash)
+                              _unit_open, canonical_hash, read_yaml)
+from specval.protocol import resolve as protocol_resolve
 
 QUALITY_KIND = "quality"
 TASKS = ("arith", "gsm8k")
@@ -178,23 +177,7 @@ def _bool(value: Any, file: str, key: str) -> bool:
 
 def load_quality_protocol(path: str | Path) -> QualityProtocol:
     """Read and parse a quality protocol file; YAML syntax errors become ProtocolError too."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ProtocolError(f"{path}: cannot read protocol ({err.strerror})") from err
-    except yaml.YAMLError as err:
-        raise ProtocolError(f"{path}: invalid YAML: {err}") from err
-    return parse_quality_protocol(raw, str(path))
+    return parse_quality_protocol(read_yaml(path), str(path))
 
 
-def resolve(protocol: QualityProtocol, profile: str | None) -> QualityProtocol:
-    """Apply a profile's overrides; None keeps the protocol's own values."""
-    if profile is None:
-        return protocol
-    profiles = dict(protocol.profiles)
-    if profile not in profiles:
-        close = difflib.get_close_matches(profile, list(profiles), n=1)
-        _fail(protocol.name, "profile", f"unknown profile, choose from {sorted(profiles)}", profile,
-              close[0] if close else None)
-    return dataclasses.replace(protocol, profile=profile, file_hash=protocol.hash, **dict(profiles[profile]))
+resolve = protocol_resolve  # one profile rule for every protocol kind

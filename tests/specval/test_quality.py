@@ -161,3 +161,21 @@ def test_shipped_quality_protocols_parse():
         protocol = load_quality_protocol(PROTOCOLS / f"{name}.yaml")
         assert protocol.sut.model == "smollm2" and protocol.baseline == "nospec"
         assert [role for role, _, _ in protocol.comparisons()] == ["primary", "primary", "secondary"]
+
+
+def test_cli_validates_and_freezes_quality_protocols(tmp_path):
+    """`validate` and `freeze` parse a quality protocol with its own schema: the shipped ones are
+    frozen, a copy freezes into its own lock, and a changed value is reported as changed."""
+    runner = CliRunner()
+    shipped = runner.invoke(main, ["validate", str(PROTOCOLS / "quality_arith.yaml"),
+                                   str(PROTOCOLS / "quality_gsm8k.yaml")])
+    assert shipped.exit_code == 0, shipped.output
+    assert shipped.output.count("(frozen)") == 2
+    copy = tmp_path / "quality_fake.yaml"
+    copy.write_text(yaml.safe_dump(protocol_dict(num_items=4)))
+    frozen = runner.invoke(main, ["freeze", str(copy)])
+    assert frozen.exit_code == 0, frozen.output
+    assert "quality_fake" in (tmp_path / "frozen.lock").read_text()
+    copy.write_text(yaml.safe_dump(protocol_dict(num_items=5)))
+    changed = runner.invoke(main, ["validate", str(copy)])
+    assert changed.exit_code == 0 and "CHANGED since frozen" in changed.output
