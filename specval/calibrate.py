@@ -59,9 +59,22 @@ def summarise(summaries: list[dict], alpha: float) -> dict[str, Any]:
                     "bound": alpha * len(families)}}
 
 
+def _resumable_ranges(path: Path, pooled) -> list:
+    """The seed ranges of a calibration bundle, refused unless it holds the same protocol and one
+    range of replicates x samples seeds per group."""
+    stored, ranges = runner.load_bundle_protocol(path)
+    sizes = {r.stop - r.start for r in ranges}
+    if stored.hash != pooled.hash or sizes != {pooled.samples_per_group}:
+        raise ValueError(f"{path}: not a calibration of this protocol with replicates x samples = "
+                         f"{pooled.samples_per_group} per group (its ranges hold {sorted(sizes)})")
+    return ranges
+
+
 def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
-              progress: bool = False) -> tuple[Path, dict]:
-    """Collect `replicates` x `samples` per group on fresh seeds and evaluate every replicate."""
+              progress: bool = False, resume: Path | None = None) -> tuple[Path, dict]:
+    """Collect `replicates` x `samples` per group on fresh seeds and evaluate every replicate.
+    `resume` continues a killed calibration in its own bundle (same protocol, replicates and
+    samples; complete chunks are kept, the rest collected on the bundle's own seed ranges)."""
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
     base, protocol = runner.prepare(Path(protocol_file), profile)
@@ -69,7 +82,10 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
         sut.check_groups(protocol.groups)
-        path, ranges = runner.start(Path(protocol_file), base, pooled, Path(output))
+        if resume is None:
+            path, ranges = runner.start(Path(protocol_file), base, pooled, Path(output))
+        else:
+            path, ranges = Path(resume), _resumable_ranges(Path(resume), pooled)
         prompt_ids = sut.encode(protocol.prompt)
         collect.collect(sut, pooled, prompt_ids, ranges, path, progress)
         data = collect.load_samples(path, ranges)

@@ -259,14 +259,17 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
 @click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
               show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def calibrate(protocol_file, replicates, samples, profile, output, quiet) -> None:
+@click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Continue a killed calibration in its bundle (same protocol, replicates, samples).")
+def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume) -> None:
     """A/A calibration: FAIL rate per criterion (95% CI) next to alpha, and KS of p-value uniformity."""
     from specval import calibrate as calibration
     from specval.sut import SUTError
 
     try:
         size = samples or protocols.resolve(protocols.load_protocol(protocol_file), profile).samples_per_group
-        path, result = calibration.calibrate(protocol_file, profile, output, replicates, size, progress=not quiet)
+        path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
+                                             progress=not quiet, resume=resume)
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
     for name, row in result["criteria"].items():

@@ -57,3 +57,25 @@ def test_calibrate_runs_disjoint_replicates_on_the_exact_fake_sut(tmp_path, monk
     ledger = __import__("json").loads((path / "ledger.json").read_text())
     sizes = {r["stop"] - r["start"] for r in (ledger if isinstance(ledger, list) else ledger["ranges"])}
     assert sizes == {REPLICATES * SAMPLES}
+
+
+def test_calibrate_resume_keeps_the_bundle_and_refuses_other_sizes(tmp_path, monkeypatch):
+    """A resumed calibration reuses its bundle's seed ranges and samples (same result, no new ledger
+    range); a resume with another replicates x samples is an input error (exit 2)."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    raw = fake_protocol_dict()
+    raw["tests"] = raw["tests"][:2]  # quadrature, t1 gof
+    file = write_protocol(tmp_path, raw)
+    out = tmp_path / "out"
+    args = ["calibrate", str(file), "--replicates", "4", "--samples", str(SAMPLES), "--output", str(out), "--quiet"]
+    first = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    bundle = next(out.glob("*/calibration.json")).parent
+    stored = (bundle / "calibration.json").read_text()
+    ledger = (out / "ledger.json").read_text()
+    again = CliRunner().invoke(main, args + ["--resume", str(bundle)], catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert (bundle / "calibration.json").read_text() == stored
+    assert (out / "ledger.json").read_text() == ledger
+    other = CliRunner().invoke(main, args[:3] + ["5"] + args[4:] + ["--resume", str(bundle)])
+    assert other.exit_code == 2 and "not a calibration" in other.output
