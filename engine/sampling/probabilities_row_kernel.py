@@ -133,8 +133,11 @@ def _pick_pivot(row_ptr, V, temperature, m, z, mean, k, p, use_k, BLOCK: tl.cons
     masses = tl.zeros([NUM_PIVOTS], tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = scaled_logits(row_ptr, offs, offs < V, temperature)
-        at_least = x[:, None] >= pivots[None, :]  # [BLOCK, P]
+        in_row = offs < V
+        x = scaled_logits(row_ptr, offs, in_row, temperature)
+        # lanes past V read as -inf: they must not count, or a -inf pivot (a row holding -inf
+        # logits has mean -inf) would count more slots than `_compact` writes
+        at_least = (x[:, None] >= pivots[None, :]) & in_row[:, None]  # [BLOCK, P]
         counts += tl.sum(at_least.to(tl.int32), 0)
         if not use_k:
             masses += tl.sum(tl.where(at_least, tl.exp(x - m)[:, None], 0.0), 0)

@@ -88,3 +88,26 @@ def test_quick_floor_aims_at_a_quarter_of_the_slots():
     assert config.chunk_capacity / (4 * config.chunk) == 1 / 64
     assert config.pivot_sigmas(config.chunk) == pytest.approx(NormalDist().inv_cdf(1 - 1 / 64))
     assert config.pivot_sigmas(2 * config.chunk) > config.pivot_sigmas(config.chunk)
+
+
+def test_fallback_row_with_masked_logits_reads_only_written_scratch(monkeypatch):
+    """A whole-row fallback row holding -inf logits has mean -inf, so its pivot is -inf; the
+    lanes past V (read as -inf) must not be counted as candidates, or the scatter reads scratch
+    slots nobody wrote. Scratch is poisoned with a huge finite value and index 0, so such a read
+    lands as a wrong (infinite) probability at token 0 instead of an out-of-bounds store."""
+    k = kernel()
+    real_empty = torch.empty
+
+    def poisoned(*shape, dtype=None, device=None, **kw):
+        out = real_empty(*shape, dtype=dtype, device=device, **kw)
+        return out.fill_(1e30 if out.is_floating_point() else 0)
+
+    logits = torch.randn(3, 700, generator=generator(31))
+    logits[:, 1::5] = float("-inf")
+    t, top_k, p = params([1.0, 0.7, 1.0], [50, 200, -1], [1.0, 0.9, 0.8])
+    monkeypatch.setattr(torch, "empty", poisoned)
+    result = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=1))
+    monkeypatch.undo()
+    assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 3
+    assert torch.isfinite(result.probs).all()
+    assert_rows_match(result.probs, logits, t, top_k, p)
