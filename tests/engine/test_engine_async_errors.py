@@ -5,10 +5,11 @@ Deterministic (tiny model, greedy and fixed seeds).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from engine import SamplingParams
-from engine.runners import speculative
 from engine.runners.base import probabilities
 from engine.sampling import ERR_INVALID_TARGET
 from engine.scheduler import Scheduler
@@ -27,8 +28,8 @@ def assert_nothing_leaks(engine) -> None:
 
 
 def poison_after(num_calls: int, temperature: float):
-    """A `probabilities` that, from its num_calls-th call on, turns the logits of rows with
-    the given temperature into NaN (on the device: no host read)."""
+    """A verify `probabilities` that, from its num_calls-th call on, turns the logits of rows
+    with the given temperature into NaN (on the device: no host read)."""
     calls = []
 
     def poisoned(logits, rows, backend):
@@ -51,9 +52,10 @@ def test_nan_in_one_request_fails_it_once_and_others_continue(monkeypatch):
     fail = Scheduler.fail
     monkeypatch.setattr(Scheduler, "fail", lambda self, r: (failures.append(r.request_id),
                                                             fail(self, r)))
-    # each round calls `probabilities` K + 1 times (K = 3 draft steps, one verify)
-    monkeypatch.setattr(speculative, "probabilities", poison_after(2 * 4 + 1, VICTIM_TEMPERATURE))
+    # each round builds its target rows once; poison them from the 3rd round on
     llm = tiny_llm(mode="async")
+    runner = llm.engine.runner
+    runner.ops = dataclasses.replace(runner.ops, verify_probabilities=poison_after(3, VICTIM_TEMPERATURE))
     outputs = llm.generate(PROMPTS, params)
     assert outputs[1].finish_reason == "error" and failures == [outputs[1].request_id]
     assert 0 < len(outputs[1].token_ids) < len(reference[1].token_ids)
