@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _check_keys, _fail, _int,
+from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail, _int,
                               _mapping, _name, _parse_groups, _parse_sampling, _parse_sut, _plain, _str,
                               _unit_open, canonical_hash, read_yaml)
 from specval.protocol import resolve as protocol_resolve
@@ -167,12 +167,6 @@ def parse_quality_protocol(raw: Any, file: str = "<protocol>") -> QualityProtoco
         profiles=_parse_profiles(raw.get("profiles", {}), file),
     )
     return protocol
-
-
-def _bool(value: Any, file: str, key: str) -> bool:
-    if not isinstance(value, bool):
-        _fail(file, key, "expected true or false", value)
-    return value
 
 
 def load_quality_protocol(path: str | Path) -> QualityProtocol:
