@@ -378,7 +378,10 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
     return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
 
 
-def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
+                    zero_ok: tuple[str, ...] = ("samples_per_group",)
+                    ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`)."""
     raw = _mapping(raw, file, "profiles")
     profiles = []
     for name, overrides in sorted(raw.items()):
@@ -386,10 +389,10 @@ def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, An
         overrides = _mapping(overrides, file, f"profiles.{name}")
         for key, value in overrides.items():
             where = f"profiles.{name}.{key}"
-            if key not in PROFILE_KEYS:
-                close = difflib.get_close_matches(str(key), PROFILE_KEYS, n=1)
-                _fail(file, where, f"a profile may only set {list(PROFILE_KEYS)}", key, close[0] if close else None)
-            _int(value, file, where, minimum=0 if key == "samples_per_group" else 1)
+            if key not in keys:
+                close = difflib.get_close_matches(str(key), keys, n=1)
+                _fail(file, where, f"a profile may only set {list(keys)}", key, close[0] if close else None)
+            _int(value, file, where, minimum=0 if key in zero_ok else 1)
         profiles.append((name, tuple(sorted(overrides.items()))))
     return tuple(profiles)
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail, _int,
-                              _mapping, _name, _parse_groups, _parse_sampling, _parse_sut, _plain, _str,
-                              _unit_open, canonical_hash, read_yaml)
+from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail,
+                              _int, _mapping, _name, _parse_groups, _parse_profiles, _parse_sampling,
+                              _parse_sut, _plain, _str, _unit_open, canonical_hash, read_yaml)
 from specval.protocol import resolve as protocol_resolve
 
 QUALITY_KIND = "quality"
@@ -126,22 +126,6 @@ def arith_config(options: dict, num_items: int):
     return ArithConfig(num_items=num_items, **values)
 
 
-def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
-    raw = _mapping(raw, file, "profiles")
-    profiles = []
-    for name, overrides in sorted(raw.items()):
-        _name(name, file, f"profiles.{name}")
-        overrides = _mapping(overrides, file, f"profiles.{name}")
-        for key, value in overrides.items():
-            if key not in PROFILE_KEYS:
-                close = difflib.get_close_matches(str(key), PROFILE_KEYS, n=1)
-                _fail(file, f"profiles.{name}.{key}", f"a profile may only set {list(PROFILE_KEYS)}", key,
-                      close[0] if close else None)
-            _int(value, file, f"profiles.{name}.{key}", minimum=1)
-        profiles.append((name, tuple(sorted(overrides.items()))))
-    return tuple(profiles)
-
-
 def parse_quality_protocol(raw: Any, file: str = "<protocol>") -> QualityProtocol:
     """Parse a YAML mapping into a QualityProtocol; ProtocolError names file, key and value."""
     raw = _mapping(raw, file, "")
@@ -164,7 +148,7 @@ def parse_quality_protocol(raw: Any, file: str = "<protocol>") -> QualityProtoco
         alpha=_unit_open(raw.get("alpha", 0.05), file, "alpha"),
         batch_size=_int(raw.get("batch_size", 64), file, "batch_size", minimum=1),
         confirmatory=_bool(raw.get("confirmatory", False), file, "confirmatory"),
-        profiles=_parse_profiles(raw.get("profiles", {}), file),
+        profiles=_parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS, zero_ok=()),
     )
     return protocol
 
