@@ -22,6 +22,15 @@ def _is_bad(w):
 
 
 @triton.jit
+def _weights(p_ptr, q_ptr, has_q, offs, mask, BLOCK: tl.constexpr):
+    """(p, q, w) of one block in float64: w = max(p - q, 0) when has_q, else p (q reads as 0)."""
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float64)
+    use_q = (tl.zeros([BLOCK], tl.int32) + has_q) != 0  # explicit broadcast of the flag
+    q = tl.load(q_ptr + offs, mask=mask & use_q, other=0.0).to(tl.float64)
+    return p, q, tl.where(use_q, tl.maximum(p - q, 0.0), p)
+
+
+@triton.jit
 def _scan_totals(p_ptr, q_ptr, has_q, V, BLOCK: tl.constexpr):
     """One pass: totals of w, p and q (float64), bad-entry counts of p and q, last w > 0."""
     w_total = tl.zeros([1], tl.float64).sum(0)
@@ -33,10 +42,7 @@ def _scan_totals(p_ptr, q_ptr, has_q, V, BLOCK: tl.constexpr):
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < V
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float64)
-        use_q = (tl.zeros([BLOCK], tl.int32) + has_q) != 0  # explicit broadcast of the flag
-        q = tl.load(q_ptr + offs, mask=mask & use_q, other=0.0).to(tl.float64)
-        w = tl.where(use_q, tl.maximum(p - q, 0.0), p)
+        p, q, w = _weights(p_ptr, q_ptr, has_q, offs, mask, BLOCK)
         w_total += tl.sum(w, 0)
         p_total += tl.sum(p, 0)
         q_total += tl.sum(q, 0)
@@ -57,10 +63,7 @@ def _first_above(p_ptr, q_ptr, has_q, V, target, BLOCK: tl.constexpr):
     while (start < V) & (found < 0):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < V
-        p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float64)
-        use_q = (tl.zeros([BLOCK], tl.int32) + has_q) != 0  # explicit broadcast of the flag
-        q = tl.load(q_ptr + offs, mask=mask & use_q, other=0.0).to(tl.float64)
-        w = tl.where(use_q, tl.maximum(p - q, 0.0), p)
+        _, _, w = _weights(p_ptr, q_ptr, has_q, offs, mask, BLOCK)
         cdf = carry + tl.cumsum(w, 0)
         hit = mask & (w > 0) & (cdf > target)
         first = tl.min(tl.where(hit, offs, V), 0)
