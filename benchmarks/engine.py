@@ -1,24 +1,35 @@
 """Engine throughput: nospec vs sync vs async speculation, greedy vs random, several concurrencies.
 
-    python benchmarks/engine.py [--concurrency 1 64 5000] [--max-tokens 16] [--threads 2]
-                                [--device cpu] [--draft-loops 2] [-k 3]
-                                [--modes nospec sync async] [--async-variants eager graphs]
+    python -m benchmarks.engine [--concurrency 1 64 5000] [--max-tokens 16] [--threads 2]
+                                [--device cpu] [--draft-loops 2] [-k 3] [--repeats 1]
+                                [--modes nospec sync async]
+                                [--async-variants eager graphs eager-serial graphs-serial]
 
 Every request of a run is submitted at once (one prompt, one seed per request) and the wall time
 of `LLM.generate` is measured after a warm-up call of the same length (on CUDA it captures the
 graphs the measured call uses); tokens/s counts generated tokens only (prefill included in the
 time). TPOT = wall time / mean generated tokens per request (all requests start together).
-Peak memory = torch.cuda.max_memory_allocated during the measured call (CUDA only). Async runs
-once per variant: "eager" (enforce_eager) and "graphs" (CUDA Graphs; CUDA only). Prints a
-markdown table with the per-draft acceptance rate.
+ms/round = wall time / mean rounds per request: the cost of one round, which compares runs whose
+acceptance differs (tokens/s = tokens/round x rounds/s). Peak memory = torch.cuda.max_memory_allocated
+during the measured call (CUDA only). Async runs once per variant: "eager" (enforce_eager),
+"graphs" (CUDA Graphs; CUDA only), and their "-serial" forms with rounds_in_flight=1: the same
+runner on the synchronous timeline, which isolates what the overlap of rounds is worth (the
+sync runner itself has no CUDA Graphs).
+
+With --repeats N every (sampling, concurrency) cell is measured N times, the engines taking turns
+in ABBA order (A B C, C B A, A B C, ...) so that drift of the machine hits every engine alike;
+the table shows medians, and the ratios below it are medians over the N paired repeats, with
+their range.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 if not __package__:  # run as a file: this file's folder would shadow the `engine` package
@@ -29,6 +40,42 @@ import torch  # noqa: E402
 from engine import LLM, EngineConfig, SamplingParams  # noqa: E402
 
 PROMPT = "Return a new list containing all items from the iterable in ascending order."
+SAMPLINGS = ("greedy", "random")
+# (numerator, denominator, meaning) pairs of (mode, variant, sampling) printed as ratios
+RATIOS = (
+    (("async", "graphs", "random"), ("async", "graphs", "greedy"), "random / greedy, async graphs"),
+    (("async", "eager", "random"), ("async", "eager", "greedy"), "random / greedy, async eager"),
+    (("async", "eager", "greedy"), ("sync", "eager", "greedy"), "async / sync eager, greedy"),
+    (("async", "eager", "random"), ("sync", "eager", "random"), "async / sync eager, random"),
+    (("async", "eager", "greedy"), ("async", "eager-serial", "greedy"), "async / serial, eager, greedy"),
+    (("async", "eager", "random"), ("async", "eager-serial", "random"), "async / serial, eager, random"),
+    (("async", "graphs", "greedy"), ("async", "graphs-serial", "greedy"), "async / serial, graphs, greedy"),
+    (("async", "graphs", "random"), ("async", "graphs-serial", "random"), "async / serial, graphs, random"),
+    (("async", "graphs", "greedy"), ("sync", "eager", "greedy"), "async graphs / sync eager, greedy"),
+    (("async", "graphs", "random"), ("sync", "eager", "random"), "async graphs / sync eager, random"),
+)
+ASYNC_VARIANTS = {  # name -> (enforce_eager, rounds_in_flight)
+    "eager": (True, 2), "graphs": (False, 2), "eager-serial": (True, 1), "graphs-serial": (False, 1)}
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens: int
+    seconds: float
+    count: int  # requests
+    rounds: int  # summed over requests
+    drafts: int
+    accepted: int
+    peak_mib: float | None
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def round_seconds(self) -> float:
+        """Wall time per round of one request (rounds averaged over the requests)."""
+        return self.seconds * self.count / self.rounds
 
 
 def params_for(sampling: str, count: int, max_tokens: int) -> list[SamplingParams]:
@@ -38,7 +85,7 @@ def params_for(sampling: str, count: int, max_tokens: int) -> list[SamplingParam
                            ignore_eos=True) for i in range(count)]
 
 
-def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> dict:
+def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> Run:
     warmup = min(count, 8)
     llm.generate([PROMPT] * warmup, params_for(sampling, warmup, max_tokens))
     is_cuda = llm.engine.device.type == "cuda"
@@ -48,14 +95,10 @@ def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> dict:
     start = time.perf_counter()
     outputs = llm.generate([PROMPT] * count, params_for(sampling, count, max_tokens))
     seconds = time.perf_counter() - start
-    tokens = sum(len(o.token_ids) for o in outputs)
-    drafts = sum(o.num_draft_tokens for o in outputs)
-    accepted = sum(o.num_accepted_tokens for o in outputs)
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "tpot_ms": 1000 * seconds * count / tokens,
-            "peak_mib": torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None,
-            "acceptance": accepted / drafts if drafts else None,
-            "tokens_per_round": tokens / sum(o.num_rounds for o in outputs)}
+    return Run(sum(len(o.token_ids) for o in outputs), seconds, count,
+               sum(o.num_rounds for o in outputs), sum(o.num_draft_tokens for o in outputs),
+               sum(o.num_accepted_tokens for o in outputs),
+               torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None)
 
 
 def variants(modes: list[str], async_variants: list[str], device: str) -> list[tuple[str, str]]:
@@ -65,15 +108,59 @@ def variants(modes: list[str], async_variants: list[str], device: str) -> list[t
         if mode != "async":
             pairs.append((mode, "eager"))
             continue
-        pairs += [(mode, v) for v in async_variants if v == "eager" or device.startswith("cuda")]
+        pairs += [(mode, v) for v in async_variants
+                  if not v.startswith("graphs") or device.startswith("cuda")]
     return pairs
 
 
 def graphs_status(llm: LLM, variant: str) -> str:
     graphs = getattr(llm.engine.runner, "graphs", None)
-    if variant != "graphs" or graphs is None:
+    if not variant.startswith("graphs") or graphs is None:
         return ""
     return graphs.disabled_reason or f"captured {len(graphs._rounds)} shapes"
+
+
+def engine_config(mode: str, variant: str, args: argparse.Namespace) -> EngineConfig:
+    eager, in_flight = ASYNC_VARIANTS[variant] if mode == "async" else (True, 2)
+    return EngineConfig(mode=mode, device=args.device, draft_loops=args.draft_loops,
+                        num_speculative_tokens=args.num_speculative_tokens, enforce_eager=eager,
+                        rounds_in_flight=in_flight)
+
+
+def abba(count: int, repeats: int):
+    """Engine order of each repeat: forwards, backwards, forwards, ..."""
+    order = list(range(count))
+    return [order if r % 2 == 0 else order[::-1] for r in range(repeats)]
+
+
+def row(key: tuple[str, str, str], count: int, runs: list[Run]) -> str:
+    mode, variant, sampling = key
+    med = lambda values: statistics.median(values)  # noqa: E731
+    seconds = med([r.seconds for r in runs])
+    tok_s = [r.tok_s for r in runs]
+    first = runs[0]
+    acceptance = "-" if not first.drafts else f"{first.accepted / first.drafts:.3f}"
+    peak = "-" if first.peak_mib is None else f"{max(r.peak_mib for r in runs):.0f}"
+    spread = f"{min(tok_s):.0f}-{max(tok_s):.0f}" if len(runs) > 1 else "-"
+    return (f"| {mode} | {variant} | {sampling} | {count} | {first.tokens} | {seconds:.3f} | "
+            f"{med(tok_s):.0f} | {spread} | {1000 * seconds * count / first.tokens:.2f} | "
+            f"{1000 * med([r.round_seconds for r in runs]):.2f} | {peak} | {acceptance} | "
+            f"{first.tokens / first.rounds:.2f} |")
+
+
+def ratio_lines(results: dict, concurrency: list[int]) -> list[str]:
+    lines = []
+    for top, bottom, meaning in RATIOS:
+        for count in concurrency:
+            a, b = results.get((*top, count)), results.get((*bottom, count))
+            if not a or not b:
+                continue
+            tok = [x.tok_s / y.tok_s for x, y in zip(a, b)]
+            step = [y.round_seconds / x.round_seconds for x, y in zip(a, b)]
+            lines.append(f"| {meaning} | {count} | {statistics.median(tok):.3f} | "
+                         f"{min(tok):.3f}-{max(tok):.3f} | {statistics.median(step):.3f} | "
+                         f"{min(step):.3f}-{max(step):.3f} |")
+    return lines
 
 
 def main() -> None:
@@ -84,36 +171,46 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--draft-loops", type=int, default=2)
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1, help="paired repeats per cell (ABBA)")
     parser.add_argument("--modes", nargs="+", default=["nospec", "sync", "async"],
                         choices=["nospec", "sync", "async"])
     parser.add_argument("--async-variants", nargs="+", default=["eager", "graphs"],
-                        choices=["eager", "graphs"])
+                        choices=list(ASYNC_VARIANTS))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
           f"cpu={platform.processor() or platform.machine()} max_tokens={args.max_tokens} "
-          f"K={args.num_speculative_tokens} draft_loops={args.draft_loops} "
+          f"K={args.num_speculative_tokens} draft_loops={args.draft_loops} repeats={args.repeats} "
           f"prompt_tokens={len(PROMPT.encode())}")
-    print("| mode | variant | sampling | concurrency | tokens | seconds | tokens/s | TPOT ms | "
-          "peak MiB | acceptance | tokens/round |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for mode, variant in variants(args.modes, args.async_variants, args.device):
-        llm = LLM(EngineConfig(mode=mode, device=args.device, draft_loops=args.draft_loops,
-                               num_speculative_tokens=args.num_speculative_tokens,
-                               enforce_eager=variant == "eager"))
-        for sampling in ("greedy", "random"):
+    pairs = variants(args.modes, args.async_variants, args.device)
+    engines = [LLM(engine_config(mode, variant, args)) for mode, variant in pairs]
+    results: dict[tuple, list[Run]] = {}
+    for sampling in SAMPLINGS:
+        for count in args.concurrency:
+            for order in abba(len(pairs), args.repeats):
+                for index in order:
+                    key = (*pairs[index], sampling, count)
+                    results.setdefault(key, []).append(
+                        measure(engines[index], sampling, count, args.max_tokens))
+    print("| mode | variant | sampling | concurrency | tokens | seconds | tokens/s | tokens/s range | "
+          "TPOT ms | ms/round | peak MiB | acceptance | tokens/round |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for (mode, variant) in pairs:
+        for sampling in SAMPLINGS:
             for count in args.concurrency:
-                r = measure(llm, sampling, count, args.max_tokens)
-                acceptance = "-" if r["acceptance"] is None else f"{r['acceptance']:.3f}"
-                peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
-                print(f"| {mode} | {variant} | {sampling} | {count} | {r['tokens']} | "
-                      f"{r['seconds']:.3f} | {r['tok_s']:.0f} | {r['tpot_ms']:.2f} | {peak} | "
-                      f"{acceptance} | {r['tokens_per_round']:.2f} |", flush=True)
+                print(row((mode, variant, sampling), count, results[(mode, variant, sampling, count)]))
+    lines = ratio_lines(results, args.concurrency)
+    if lines:
+        print("\n| ratio | concurrency | tokens/s ratio (median) | range | per-round speed ratio (median) | range |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        print("\n".join(lines))
+    for (mode, variant), llm in zip(pairs, engines):
         status = graphs_status(llm, variant)
         if status:
-            print(f"<!-- {mode} {variant}: {status} -->", flush=True)
+            print(f"<!-- {mode} {variant}: {status} -->")
         llm.close()
+
 
 if __name__ == "__main__":
     main()

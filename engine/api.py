@@ -84,6 +84,7 @@ class Engine:
             return SpeculativeRunner(*args, **speculative)
         use_graphs = self.device.type == "cuda" and not self.config.enforce_eager
         return AsyncSpeculativeRunner(*args, **speculative, max_num_seqs=self.config.max_num_seqs,
+                                      rounds_in_flight=self.config.rounds_in_flight,
                                       scratch_block=scratch_block(self.config.num_kv_blocks)
                                       if use_graphs else None)
 

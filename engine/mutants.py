@@ -73,14 +73,16 @@ def _draw_unnormalised(weights, u):
 
 
 def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft_probs, target_probs,
-                    uniforms, is_greedy, *, backend: str = "auto"):
+                    uniforms, is_greedy, *, draft_limit=None, backend: str = "auto"):
     """`speculative_accept` with one part of the rule replaced (torch, random rows only: greedy rows
     and rows the correct rule flags as errors keep the correct result)."""
     real = speculative_accept(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
-                              backend=backend)
+                              draft_limit=draft_limit, backend=backend)
     num_requests, k = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     num_drafts, dev = draft_tokens.shape[0], uniforms.device
     start, count = cu_num_drafts[:-1].long(), cu_num_drafts[1:].long() - cu_num_drafts[:-1].long()
+    if draft_limit is not None:
+        count = torch.minimum(count, draft_limit.long().clamp(min=0))
     in_range = torch.arange(k, device=dev).unsqueeze(0) < count.unsqueeze(1)  # [R, K]
     draft_row = torch.where(in_range, start.unsqueeze(1) + torch.arange(k, device=dev), 0)  # [R, K]
     target_row = draft_row + torch.arange(num_requests, device=dev).unsqueeze(1)  # [R, K]
@@ -121,8 +123,8 @@ def _merge(real, x, num_accepted, final, keep_real):
 def accept_op(mutation: AcceptMutation) -> Callable:
     """An accept operation with `mutation` planted (same signature as speculative_accept)."""
 
-    def accept(*args, backend: str = "auto"):
-        return _mutated_accept(mutation, *args, backend=backend)
+    def accept(*args, draft_limit=None, backend: str = "auto"):
+        return _mutated_accept(mutation, *args, draft_limit=draft_limit, backend=backend)
 
     return accept
 

@@ -115,10 +115,13 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
     """Queues each round on the device and hands back the previous round's outcomes."""
 
     def __init__(self, *args, max_num_seqs: int, scratch_block: int | None = None,
-                 **kwargs) -> None:
-        """`scratch_block` (a KV block never handed out) turns on padded uniform rounds,
-        captured as CUDA Graphs on CUDA (see engine.runners.graphs); None: always eager."""
+                 rounds_in_flight: int = 2, **kwargs) -> None:
+        """`scratch_block` (a KV block never handed out) turns on padded rounds, captured as
+        CUDA Graphs on CUDA (see engine.runners.graphs); None: always eager.
+        `rounds_in_flight` 1 collects every round in the step that submits it (the synchronous
+        timeline, a baseline); 2 leaves it queued until the next step."""
         super().__init__(*args, **kwargs)
+        self.rounds_in_flight = rounds_in_flight
         self.frontier = Frontier(max_num_seqs, self.device)
         self.graphs = None if scratch_block is None else RoundGraphs(
             self, scratch_block, capture=self.device.type == "cuda")
@@ -140,7 +143,7 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         if requests:
             self._pending.append(self.submit(requests, num_drafts))
         ready = []
-        while len(self._pending) > (1 if requests else 0):
+        while len(self._pending) > (self.rounds_in_flight - 1 if requests else 0):
             ready += self.collect(self._pending.popleft())
         return ready
 
@@ -150,8 +153,8 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
             slots = self.frontier.slots_for(requests)
             tables = self._tables(requests)
             packed = None
-            if self.graphs is not None and all(k == self.num_speculative_tokens for k in num_drafts):
-                packed = self.graphs.run(requests, slots, tables)
+            if self.graphs is not None:
+                packed = self.graphs.run(requests, num_drafts, slots, tables)
             if packed is None:
                 packed = self._eager_round(requests, num_drafts, slots, tables)
             return self._copy_out(requests, num_drafts, packed)
@@ -173,7 +176,7 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         with torch.inference_mode():
             frame = padded_frame(self, static)
             rows = replace(static.rows, num_committed=frame.starts + 1)
-            result = self.round(frame, static.plan, rows)
+            result = self.round(frame, replace(static.plan, draft_limit=static.num_drafts), rows)
             self.frontier.advance(static.slots, frame, result)
             return pack(result)
 

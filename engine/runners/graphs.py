@@ -1,16 +1,22 @@
 """CUDA Graphs of asynchronous decode rounds, one per (batch bucket, key-block bucket).
 
-A *uniform* round (every request drafts K tokens) of R requests is padded to the smallest
-bucket B >= R of `GRAPH_BATCH_SIZES` and to a power-of-two number of key blocks, and replayed
-from a graph captured for that shape. Rounds that do not fit (ragged K_r, R above the largest
-bucket) run eagerly, as does everything when `EngineConfig.enforce_eager` is set, on the CPU, or
-after a capture failed (`disabled_reason` says why).
+A round of R requests is padded to the smallest bucket B >= R of `GRAPH_BATCH_SIZES` and to a
+power-of-two number of key blocks, and replayed from a graph captured for that shape. Every
+captured round drafts K tokens per row; a request scheduled with K_r < K (near its max_tokens)
+has its accept cut back to K_r through the plan's device `draft_limit`, so ragged rounds replay
+the same graphs and give the tokens of the eager ragged round: its drafts K_r+1..K are computed
+from its own unused draft uniforms and never read, and the KV they write beyond the request's
+table lands in the scratch block. Rounds above the largest bucket run eagerly, as does
+everything when `EngineConfig.enforce_eager` is set, on the CPU, or after a capture failed
+(`disabled_reason` says why).
 
 Padding rows are neutralised: they read and advance the frontier's scratch slot (their input
 token and position are forced to 0), their block tables point every entry at the KV pool's
 scratch block (never handed out, never read by a real request), and they sample greedily, so
 they consume no uniforms, raise no flags and touch no live state. Their rows of the result are
-not copied out.
+not copied out. A real row's table entries past its own blocks also point at the scratch block
+(not at PAD_BLOCK, which must stay zero): only its uncounted drafts write there, and its counted
+rows read them only under the causal mask.
 
 Capture: when a key-block bucket is first needed, every batch bucket is captured for it,
 largest first, into one shared memory pool; each capture is preceded by a warm-up run on
@@ -20,7 +26,7 @@ round also runs without capture (`capture=False`), which is how the CPU tests ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +46,7 @@ class StaticRound:
     """The fixed tensors of one captured shape (B requests, num_blocks key blocks)."""
 
     plan: RoundPlan  # uniform plan: K drafts for each of the B rows
+    num_drafts: torch.Tensor  # int64[B] K_r the accept uses per row (K for padding rows)
     slots: torch.Tensor  # int64[B] frontier slot per row (scratch slot for padding rows)
     tables: torch.Tensor  # int64[D, B, num_blocks] block tables (scratch block for padding rows)
     rows: SamplingRows  # [B] per-row sampling parameters (num_committed is set inside the round)
@@ -64,33 +71,44 @@ class RoundGraphs:
         self._rounds: dict[tuple[int, int], StaticRound] = {}
         self._pool = None
 
-    def run(self, requests: tuple[Request, ...], slots: list[int],
+    def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...], slots: list[int],
             tables: torch.Tensor) -> torch.Tensor | None:
-        """int64[R, K+3] packed result of a uniform round, or None when it must run eagerly.
+        """int64[R, K+3] packed result of the round, or None when it must run eagerly.
         `tables` int64[D, R, num_blocks] are the requests' block tables."""
         if self.disabled_reason is not None or len(requests) > max(self.batch_sizes, default=0):
             return None
         size = next(b for b in self.batch_sizes if b >= len(requests))
-        num_blocks = next_power_of_two(tables.shape[-1])
+        num_blocks = next_power_of_two(max(tables.shape[-1], self._blocks_needed(requests, num_drafts)))
         static = self._rounds.get((size, num_blocks)) or self._build(size, num_blocks)
         if static is None:
             return None
-        self._fill(static, requests, slots, tables)
+        self._fill(static, requests, num_drafts, slots, tables)
         if static.graph is None:
             static.output.copy_(self.runner.static_round(static))
         else:
             static.graph.replay()
         return static.output[:len(requests)]
 
-    def _fill(self, static: StaticRound, requests, slots: list[int], tables: torch.Tensor) -> None:
+    def _blocks_needed(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> int:
+        """Key blocks that hold every row's K drafts: request r's table holds its round's
+        K_r + 1 positions (the scheduler grew it), and its K - K_r uncounted drafts go further."""
+        k, block_size = self.runner.num_speculative_tokens, self.runner.block_size
+        return max(-(-(min(len(t) for t in r.block_tables) * block_size + k - k_r) // block_size)
+                   for r, k_r in zip(requests, num_drafts))
+
+    def _fill(self, static: StaticRound, requests, num_drafts: tuple[int, ...], slots: list[int],
+              tables: torch.Tensor) -> None:
         """Real rows first, then the padding rows' neutral values (every field is rewritten, so
         nothing of an earlier, larger round survives)."""
         count, size = len(requests), static.slots.shape[0]
+        k = self.runner.num_speculative_tokens
         static.slots.copy_(to_device(slots + [self.runner.frontier.scratch_slot] * (size - count),
                                      torch.int64, static.slots.device))
+        static.num_drafts.copy_(to_device(list(num_drafts) + [k] * (size - count), torch.int64,
+                                          static.num_drafts.device))
         static.tables.fill_(self.scratch_block)
-        static.tables[:, :count] = PAD_BLOCK
-        static.tables[:, :count, :tables.shape[-1]] = tables
+        static.tables[:, :count, :tables.shape[-1]] = torch.where(tables == PAD_BLOCK,
+                                                                  self.scratch_block, tables)
         real = SamplingRows.from_requests(requests, static.slots.device)
         padding = self._padding_rows(size - count)
         for name in ("temperature", "top_k", "top_p", "is_greedy", "seeds"):
@@ -128,7 +146,8 @@ class RoundGraphs:
         slots = torch.full((size,), runner.frontier.scratch_slot, dtype=torch.int64,
                            device=runner.device)
         output = torch.zeros((size, k + 3), dtype=torch.int64, device=runner.device)
-        return StaticRound(plan_round((k,) * size, k, runner.device), slots, tables,
+        num_drafts = torch.full((size,), k, dtype=torch.int64, device=runner.device)
+        return StaticRound(plan_round((k,) * size, k, runner.device), num_drafts, slots, tables,
                            self._padding_rows(size), output, None)
 
     def _capture(self, static: StaticRound) -> StaticRound:
@@ -144,7 +163,7 @@ class RoundGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             output = self.runner.static_round(static)
-        return StaticRound(static.plan, static.slots, static.tables, static.rows, output, graph)
+        return replace(static, output=output, graph=graph)
 
 
 def padded_frame(runner, static: StaticRound) -> RoundFrame:

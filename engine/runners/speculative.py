@@ -51,6 +51,10 @@ class RoundPlan:
     last_rows: torch.Tensor  # int64[R] verify row of t_{K_r}: cu[r+1] + r
     flat_request: torch.Tensor  # int64[N] request of each flat draft
     flat_index: torch.Tensor  # int64[N] j - 1 of each flat draft
+    # Device K_r <= num_drafts[r] that the accept uses instead (None: num_drafts). A captured
+    # round drafts K for every request and cuts each one back to its K_r here, so one graph
+    # serves ragged rounds; the drafts past K_r are computed and never read.
+    draft_limit: torch.Tensor | None = None  # int64[R]
 
     @property
     def num_requests(self) -> int:
@@ -157,7 +161,8 @@ class SpeculativeRunner(ModelRunner):
                target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
         flat_tokens = drafts.tokens[plan.flat_request, plan.flat_index].contiguous()
         return self.ops.accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
-                               uniforms, rows.is_greedy, backend=self.sampling_backend)
+                               uniforms, rows.is_greedy, draft_limit=plan.draft_limit,
+                               backend=self.sampling_backend)
 
     def _single_rows(self, starts: torch.Tensor, num_blocks: int) -> RowLayout:
         """One query row per sequence at device positions `starts`."""

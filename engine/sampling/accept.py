@@ -59,7 +59,8 @@ class AcceptResult:
         return torch.where(self.error == ERR_NONE, self.num_accepted + 1, 0)
 
 
-def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy):
+def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+                  draft_limit=None):
     checks.require("draft_tokens", draft_tokens, ndim=1, dtypes=checks.INDEX_DTYPES)
     checks.require("cu_num_drafts", cu_num_drafts, ndim=1, dtypes=checks.INDEX_DTYPES)
     checks.require("draft_probs", draft_probs, ndim=2, dtypes=checks.PROB_DTYPES)
@@ -79,10 +80,13 @@ def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
     checks.require_len("is_greedy", is_greedy, 0, num_requests)
     if uniforms.shape[1] % 2 != 1:
         raise ValueError(f"uniforms has {uniforms.shape[1]} columns; expected 2K+1 (odd)")
-    return checks.require_same_device(
-        {"draft_tokens": draft_tokens, "cu_num_drafts": cu_num_drafts, "draft_probs": draft_probs,
-         "target_probs": target_probs, "uniforms": uniforms, "is_greedy": is_greedy}
-    )
+    tensors = {"draft_tokens": draft_tokens, "cu_num_drafts": cu_num_drafts, "draft_probs": draft_probs,
+               "target_probs": target_probs, "uniforms": uniforms, "is_greedy": is_greedy}
+    if draft_limit is not None:
+        checks.require("draft_limit", draft_limit, ndim=1, dtypes=checks.INDEX_DTYPES)
+        checks.require_len("draft_limit", draft_limit, 0, num_requests)
+        tensors["draft_limit"] = draft_limit
+    return checks.require_same_device(tensors)
 
 
 def speculative_accept(
@@ -93,18 +97,24 @@ def speculative_accept(
     uniforms: torch.Tensor,  # [R, 2K+1] float64: u_draft[0:K], u_accept[K:2K], u_final[2K]
     is_greedy: torch.Tensor,  # [R] bool
     *,
+    draft_limit: torch.Tensor | None = None,  # [R] int32/int64, optional
     backend: str = "auto",
 ) -> AcceptResult:
     """Accept or reject every request's drafts in one call (see the module docstring).
+
+    `draft_limit` lets a fixed-shape layout carry ragged rounds (CUDA Graphs): request r keeps
+    its rows at cu[r].. and cu[r]+r.. but uses only its first min(cu[r+1] - cu[r],
+    draft_limit[r]) drafts, so its bonus is target row cu[r] + r + draft_limit[r]; the rows
+    after that are never read. A negative limit is a bad offset.
 
     Guarantees: inputs are never modified; no host read of device data; metadata (shapes,
     dtypes, devices, contiguity) is checked on the host with ValueError; bad data (offsets,
     token ids, distributions) is reported per request in AcceptResult.error.
     """
     device = _check_inputs(
-        draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy
+        draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit
     )
-    args = (draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy)
+    args = (draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit)
     if resolve_backend(backend, device) == TORCH:
         return accept_torch(*args)
     from engine.sampling.accept_kernel import accept_triton
@@ -139,7 +149,8 @@ def _is_probability(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(x) & (x >= 0)
 
 
-def accept_torch(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy):
+def accept_torch(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+                 draft_limit=None):
     """Torch backend of `speculative_accept` (vectorised over requests and positions)."""
     num_requests, max_drafts = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     num_drafts, vocab = draft_tokens.shape[0], target_probs.shape[1]
@@ -147,6 +158,9 @@ def accept_torch(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniform
     start = cu_num_drafts[:-1].long()  # [R]
     count = cu_num_drafts[1:].long() - start  # [R] K_r
     bad_offsets = (count < 0) | (count > max_drafts) | (start < 0) | (start + count > num_drafts)
+    if draft_limit is not None:
+        bad_offsets = bad_offsets | (draft_limit < 0)
+        count = torch.minimum(count, draft_limit.long())
     count = torch.where(bad_offsets, 0, count)
     start = torch.where(bad_offsets, 0, start)
     pos = torch.arange(max_drafts, device=dev)  # [K]

@@ -70,6 +70,7 @@ def _accept_kernel(
     target_probs_ptr,  # [N+R, V] float32
     uniforms_ptr,  # [R, 2K+1] float64
     is_greedy_ptr,  # [R] bool
+    limit_ptr,  # [R] int32/int64 draft limit (read only when HAS_LIMIT)
     tokens_ptr,  # [R, K+1] int64 (out)
     num_accepted_ptr,  # [R] int64 (out)
     error_ptr,  # [R] int32 (out)
@@ -78,11 +79,16 @@ def _accept_kernel(
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_LIMIT: tl.constexpr,
 ):
     r = tl.program_id(0)
     start = tl.load(cu_ptr + r).to(tl.int64)
     count = tl.load(cu_ptr + r + 1).to(tl.int64) - start
     bad_offsets = (count < 0) | (count > K) | (start < 0) | (start + count > N)
+    if HAS_LIMIT:
+        limit = tl.load(limit_ptr + r).to(tl.int64)
+        bad_offsets = bad_offsets | (limit < 0)
+        count = tl.minimum(count, limit)
     count = tl.where(bad_offsets, 0, count)
     start = tl.where(bad_offsets, 0, start)
     greedy = tl.load(is_greedy_ptr + r).to(tl.int32) != 0
@@ -146,7 +152,8 @@ def _accept_kernel(
     tl.store(error_ptr + r, error)
 
 
-def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy):
+def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+                  draft_limit=None):
     """Launch one program per request; arguments were validated by `accept.speculative_accept`."""
     num_requests, max_drafts = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     dev = uniforms.device
@@ -156,8 +163,9 @@ def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
     if num_requests > 0:
         _accept_kernel[(num_requests,)](
             draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+            cu_num_drafts if draft_limit is None else draft_limit,
             tokens, num_accepted, error, draft_tokens.shape[0], target_probs.shape[1],
             K=max_drafts, BLOCK_K=triton.next_power_of_2(max_drafts + 1), BLOCK=BLOCK_V,
-            num_warps=NUM_WARPS,
+            HAS_LIMIT=draft_limit is not None, num_warps=NUM_WARPS,
         )
     return AcceptResult(tokens=tokens, num_accepted=num_accepted, error=error)

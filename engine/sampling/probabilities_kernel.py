@@ -9,7 +9,9 @@ Three launches, no host read between them (S = number of chunks of CHUNK vocabul
    (mean + PIVOT_SIGMAS standard deviations of the finite x, aimed at CAPACITY / 4 tokens) is
    counted once; only if more than CAPACITY tokens reach it, a 6-step search over 32 pivot
    levels (max - spread * 2**((j - LEVEL_ZERO) / 4)) finds the lowest level that fits. EVERY
-   x >= the chunk's floor is stored (x and vocabulary index packed in one int64).
+   x >= the chunk's floor is stored (x and vocabulary index packed in one int64). A
+   vocabulary that fits one chunk (small models) is one chunk of next_power_of_2(V) entries
+   with a slot for each: every finite x is stored, so such rows never need the fallback.
 2. `_select_kernel`, one program per row: row max m and Z from the chunk statistics. Greedy
    rows write their 1.0 at the argmax. For truncating rows, F = the largest chunk floor; every
    token of the row with x >= F is among the stored candidates, and these are compacted into a
@@ -61,6 +63,7 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
 QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE tokens per chunk
 NUM_WARPS = 8  # write kernel (fewer make its whole-row fallback spill registers)
+MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
 # planes of the packed scratch tensors
 CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 CHUNK_ARGMAX, CHUNK_COUNT = tl.constexpr(0), tl.constexpr(1)
@@ -200,13 +203,21 @@ def _quick_floor(x, m, sigmas):
 
 @triton.jit
 def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, count_ptr,
-                     CAPACITY: tl.constexpr):
-    """Store every x >= the chunk floor (packed with its index), then the floor and count."""
-    floor = _quick_floor(x, m, sigmas)
-    num_taken = _count_at_least(x, floor)
-    if num_taken > CAPACITY:  # a heavy upper tail: search the pivot levels
-        floor = _searched_floor(x, m, CAPACITY)
+                     CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
+    """Store every x >= the chunk floor (packed with its index), then the floor and count.
+    KEEP_ALL (the chunk is the whole row and has a slot per entry): the floor is -FLT_MAX, so
+    every finite x is a candidate and no top-k or top-p row needs the fallback, unless the
+    chunk holds NaN or +inf (floor +inf: no candidates, the exact fallback decides)."""
+    if KEEP_ALL:
+        bad = tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0) > 0
+        floor = tl.where(bad, float("inf"), -FLT_MAX)
         num_taken = _count_at_least(x, floor)
+    else:
+        floor = _quick_floor(x, m, sigmas)
+        num_taken = _count_at_least(x, floor)
+        if num_taken > CAPACITY:  # a heavy upper tail: search the pivot levels
+            floor = _searched_floor(x, m, CAPACITY)
+            num_taken = _count_at_least(x, floor)
     take = x >= floor
     complete = num_taken <= CAPACITY  # holds by construction; never overflow the slots
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
@@ -230,6 +241,7 @@ def _chunk_kernel(
     pivot_sigmas,  # float32: z of the quick floor
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
+    KEEP_ALL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -255,7 +267,7 @@ def _chunk_kernel(
             tl.store(out_ptr + row * V + offs, zeros, mask=mask)
             _keep_candidates(x, offs, m, pivot_sigmas, cand_ptr + slot * CAPACITY,
                              chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
-                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY)
+                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
 
 
 @triton.jit
@@ -447,13 +459,16 @@ def run_probabilities(logits, temperature, top_k, top_p,
     """Launch the three kernels; arguments were validated by `batched_probabilities`."""
     num_rows, vocab = logits.shape
     dev = logits.device
-    chunk = config.chunk_size(vocab)
+    chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
+    keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
+    if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
+        chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
     num_slots = num_rows * num_chunks
     out = torch.empty((num_rows, vocab), dtype=torch.float32, device=dev)
     chunk_f32 = torch.empty((3, num_slots), dtype=torch.float32, device=dev)
     chunk_i32 = torch.empty((2, num_slots), dtype=torch.int32, device=dev)
-    cand = torch.empty((num_slots, config.chunk_capacity), dtype=torch.int64, device=dev)
+    cand = torch.empty((num_slots, capacity), dtype=torch.int64, device=dev)
     compact = torch.empty((num_rows, config.compact), dtype=torch.int64, device=dev)
     row_f32 = torch.empty((2, num_rows), dtype=torch.float32, device=dev)
     row_mode = torch.empty((num_rows,), dtype=torch.int64, device=dev)
@@ -464,12 +479,12 @@ def run_probabilities(logits, temperature, top_k, top_p,
         _chunk_kernel[grid](
             logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
             num_chunks, config.pivot_sigmas(chunk), CHUNK=chunk,
-            CAPACITY=config.chunk_capacity, num_warps=config.chunk_warps,
+            CAPACITY=capacity, KEEP_ALL=keep_all, num_warps=config.chunk_warps,
         )
         _select_kernel[(num_rows,)](
             temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
             row_mode, vocab, num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
-            CAPACITY=config.chunk_capacity, BLOCK=config.select_block, COMPACT=config.compact,
+            CAPACITY=capacity, BLOCK=config.select_block, COMPACT=config.compact,
             num_warps=config.select_warps,
         )
         _write_kernel[(num_rows, triton.cdiv(vocab, config.write_chunk))](

@@ -65,6 +65,13 @@ def test_random_async_equals_sync_token_for_token():
     again = tiny_llm(mode="async").generate(PROMPTS, params)
     assert tokens(first) == tokens(sync) == tokens(again)
     assert [o.token_sources for o in first] == [o.token_sources for o in sync]
+    serial = tiny_llm(mode="async", rounds_in_flight=1)
+    pending = []
+    execute = serial.engine.runner.execute
+    serial.engine.runner.execute = lambda *a: (execute(*a), pending.append(
+        len(serial.engine.runner.in_flight)))[0]
+    assert tokens(serial.generate(PROMPTS, params)) == tokens(sync)
+    assert pending and not any(pending)  # one round in flight: collected in its own step
 
 
 def assert_nothing_leaks(engine: Engine) -> None:

@@ -27,30 +27,38 @@ def mixed_params(max_tokens: int = 14) -> list[SamplingParams]:
                            ignore_eos=True)]
 
 
-def with_static_rounds(llm: LLM) -> list[int]:
-    """Route uniform rounds through uncaptured static buffers; returns a log of their sizes."""
-    runner, sizes = llm.engine.runner, []
+def with_static_rounds(llm: LLM) -> list[tuple[int, ...]]:
+    """Route rounds through uncaptured static buffers; returns a log of their K_r."""
+    runner, rounds = llm.engine.runner, []
     graphs = RoundGraphs(runner, scratch_block(llm.engine.config.num_kv_blocks), capture=False,
                          batch_sizes=(1, 2, 4))
     run = graphs.run
 
-    def logged(requests, slots, tables):
-        sizes.append(len(requests))
-        return run(requests, slots, tables)
+    def logged(requests, num_drafts, slots, tables):
+        packed = run(requests, num_drafts, slots, tables)
+        assert packed is not None  # every round of this test fits a bucket
+        rounds.append(tuple(num_drafts))
+        return packed
 
     graphs.run = logged
     runner.graphs = graphs
-    return sizes
+    return rounds
 
 
 def test_static_padded_rounds_equal_eager_rounds():
+    """Uniform and ragged rounds (K_r < K near max_tokens) through the static buffers give the
+    eager rounds' tokens; padding rows and uncounted drafts touch no live state."""
     eager = tiny_llm(mode="async").generate(PROMPTS, mixed_params())
     llm = tiny_llm(mode="async")
-    sizes = with_static_rounds(llm)
+    rounds = with_static_rounds(llm)
     outputs = llm.generate(PROMPTS, mixed_params())
     assert [o.token_ids for o in outputs] == [o.token_ids for o in eager]
     assert [o.token_sources for o in outputs] == [o.token_sources for o in eager]
-    assert 3 in sizes and {1, 2} & set(sizes)  # padded to 4; shrinking batches reuse buckets
+    sizes = {len(r) for r in rounds}
+    assert 3 in sizes and {1, 2} & sizes  # padded to 4; shrinking batches reuse buckets
+    k = llm.engine.config.num_speculative_tokens
+    assert any(min(r) < k for r in rounds if len(r) > 1)  # ragged rounds took the static path
+    assert any(0 in r for r in rounds)  # ... including zero-draft rows
     engine = llm.engine
     blocks = engine.scheduler.blocks
     assert blocks.num_free == blocks.num_blocks and engine.runner.frontier.num_free == 1024
@@ -63,8 +71,8 @@ def test_static_padded_rounds_equal_eager_rounds():
 @pytest.mark.parametrize("num_requests", [1, 5])
 def test_cuda_graphs_equal_eager_and_sync_on_cuda(num_requests):
     prompts = ["Return the number of", "Raise ValueError if", "A", "def f(x):", "import os"]
-    params = [SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=24, ignore_eos=True)
-              for s in range(num_requests)]
+    params = [SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=24 - s, ignore_eos=True)
+              for s in range(num_requests)]  # unequal lengths: ragged rounds replay graphs too
     params[0] = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     results = {}
     for name, options in (("graphs", dict(mode="async")),

@@ -55,6 +55,14 @@ def test_enforce_eager_must_be_a_bool():
         EngineConfig(mode="async", enforce_eager="yes")
 
 
+def test_rounds_in_flight_is_one_or_two_and_async_only():
+    with pytest.raises(ValueError, match="rounds_in_flight=3"):
+        EngineConfig(mode="async", rounds_in_flight=3)
+    with pytest.raises(ValueError, match="rounds_in_flight=1 .*mode='async' only"):
+        EngineConfig(mode="sync", rounds_in_flight=1)
+    assert EngineConfig(mode="async", rounds_in_flight=1).rounds_in_flight == 1
+
+
 def test_batch_budget_must_cover_one_round():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineConfig(num_speculative_tokens=4, max_num_batched_tokens=4)

@@ -162,3 +162,37 @@ def test_inputs_not_modified_and_bad_arguments(backend):
     bad[2] = args[2].double()
     with pytest.raises(ValueError, match="draft_probs has dtype"):
         speculative_accept(*bad, backend=backend)
+
+
+def test_draft_limit_on_a_uniform_layout_equals_the_packed_ragged_call(backend):
+    """A uniform layout (every request K rows) cut back by `draft_limit` gives the result of the
+    packed ragged call, and never reads the rows past each limit (they hold NaN here)."""
+    gen = torch.Generator().manual_seed(11)
+    num_requests, vocab, k = 7, 16, 4
+    limit = torch.tensor([0, 1, 4, 2, 3, 0, 4])
+    greedy = torch.tensor([False, True, False, False, True, False, False])
+    q = torch.softmax(3 * torch.randn(num_requests, k, vocab, generator=gen), -1)
+    p = torch.softmax(3 * torch.randn(num_requests, k + 1, vocab, generator=gen), -1)
+    x = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(num_requests, k)
+    u = torch.rand(num_requests, 2 * k + 1, generator=gen, dtype=torch.float64)
+    packed_cu = torch.cat([torch.zeros(1, dtype=torch.int64), limit.cumsum(0)])
+    keep = torch.arange(k)[None, :] < limit[:, None]  # [R, K]
+    keep_p = torch.arange(k + 1)[None, :] <= limit[:, None]  # [R, K+1]
+    packed = speculative_accept(x[keep], packed_cu, q[keep], p[keep_p], u, greedy, backend=backend)
+    q_garbage = torch.where(keep[..., None], q, float("nan"))
+    p_garbage = torch.where(keep_p[..., None], p, float("nan"))
+    uniform = speculative_accept(
+        torch.where(keep, x, -7).reshape(-1), torch.arange(num_requests + 1) * k,
+        q_garbage.reshape(-1, vocab), p_garbage.reshape(-1, vocab), u, greedy,
+        draft_limit=limit, backend=backend)
+    assert torch.equal(uniform.tokens, packed.tokens)
+    assert torch.equal(uniform.num_accepted, packed.num_accepted)
+    assert torch.equal(uniform.error, packed.error) and not packed.error.any()
+    assert packed.num_accepted.sum() > 0  # some drafts accepted, so the limit is exercised
+    negative = speculative_accept(
+        x.reshape(-1), torch.arange(num_requests + 1) * k, q.reshape(-1, vocab),
+        p.reshape(-1, vocab), u, greedy, draft_limit=torch.full((num_requests,), -1), backend=backend)
+    assert (negative.error == ERR_BAD_OFFSETS).all()
+    with pytest.raises(ValueError, match="draft_limit"):
+        speculative_accept(x.reshape(-1), torch.arange(num_requests + 1) * k, q.reshape(-1, vocab),
+                           p.reshape(-1, vocab), u, greedy, draft_limit=limit[:3], backend=backend)

@@ -21,17 +21,37 @@ def kernel():
 
 
 def test_heavy_upper_tail_takes_the_pivot_search():
-    """One chunk with 6 tokens far above the rest: the quick floor (mean + z std) lets all 6
+    """A chunk with 6 tokens far above the rest: the quick floor (mean + z std) lets all 6
     through, more than the 4 slots, so the chunk searches the pivot levels instead; the row
     is still proven on the candidates (SPARSE), which needs the searched floor."""
     k = kernel()
-    logits = torch.randn(2, 64, generator=generator(21)) * 0.1
+    logits = torch.randn(2, 128, generator=generator(21)) * 0.1  # two chunks of 64
     logits[:, :6] = 10 + torch.rand(2, 6, generator=generator(22))
     t, top_k, p = params([1.0, 1.0], [2, -1], [1.0, 0.5])
     config = k.KernelConfig(chunk=64, chunk_capacity=4)
     result = k.run_probabilities(logits, t, top_k, p, config)
     assert_rows_match(result.probs, logits, t, top_k, p)
     assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 2
+
+
+def test_a_vocabulary_of_one_chunk_keeps_every_token_and_never_falls_back():
+    """V <= chunk: one chunk of next_power_of_2(V) slots holds every finite logit, so top-k and
+    top-p rows are SPARSE however the logits fall (with 4 slots per chunk these rows would all
+    take the whole-row fallback); a row holding NaN still takes the exact fallback."""
+    k = kernel()
+    logits = torch.randn(5, 200, generator=generator(25)) * 3
+    logits[3, 1::3] = float("-inf")
+    t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 1.0], [20, -1, 150, 50, 20], [1.0, 0.9, 0.95, 1.0, 1.0])
+    config = k.KernelConfig(chunk=256, chunk_capacity=4)
+    result = k.run_probabilities(logits, t, top_k, p, config)
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 5
+    multi = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=4))
+    assert k.RowMode.FALLBACK in multi.row_mode.tolist()  # the same rows over two chunks
+    logits[4, 7] = float("nan")
+    with_nan = k.run_probabilities(logits, t, top_k, p, config)
+    assert with_nan.row_mode.tolist()[4] == k.RowMode.FALLBACK
+    assert_rows_match(with_nan.probs[:4], logits[:4], t[:4], top_k[:4], p[:4])
 
 
 def test_compact_overflow_falls_back_exactly():
