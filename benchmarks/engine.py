@@ -9,8 +9,10 @@ Every request of a run is submitted at once (one prompt, one seed per request) a
 of `LLM.generate` is measured after a warm-up call of the same length (on CUDA it captures the
 graphs the measured call uses); tokens/s counts generated tokens only (prefill included in the
 time). TPOT = wall time / mean generated tokens per request (all requests start together).
-ms/round = wall time / mean rounds per request: the cost of one round, which compares runs whose
-acceptance differs (tokens/s = tokens/round x rounds/s). Peak memory = torch.cuda.max_memory_allocated
+ms/round = wall time / mean rounds per request, and ms/step = wall time / engine steps: the cost
+of one round. Within one engine, ms/step compares runs whose acceptance differs (random requests
+drift apart, so a batch lasts as long as its slowest request: more steps than mean rounds);
+across modes ms/round does (the asynchronous pipeline takes one more step to drain). Peak memory = torch.cuda.max_memory_allocated
 during the measured call (CUDA only). Async runs once per variant: "eager" (enforce_eager),
 "graphs" (CUDA Graphs; CUDA only), and their "-serial" forms with rounds_in_flight=1: the same
 runner on the synchronous timeline, which isolates what the overlap of rounds is worth (the
@@ -63,6 +65,7 @@ class Run:
     tokens: int
     seconds: float
     count: int  # requests
+    steps: int  # engine steps of the measured call
     rounds: int  # summed over requests
     drafts: int
     accepted: int
@@ -92,10 +95,21 @@ def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> Run:
     if is_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    outputs = llm.generate([PROMPT] * count, params_for(sampling, count, max_tokens))
-    seconds = time.perf_counter() - start
-    return Run(sum(len(o.token_ids) for o in outputs), seconds, count,
+    engine, steps = llm.engine, [0]
+    step = engine.step
+
+    def counted():
+        steps[0] += 1
+        return step()
+
+    engine.step = counted  # an instance attribute shadows the method for this call only
+    try:
+        start = time.perf_counter()
+        outputs = llm.generate([PROMPT] * count, params_for(sampling, count, max_tokens))
+        seconds = time.perf_counter() - start
+    finally:
+        del engine.step
+    return Run(sum(len(o.token_ids) for o in outputs), seconds, count, steps[0],
                sum(o.num_rounds for o in outputs), sum(o.num_draft_tokens for o in outputs),
                sum(o.num_accepted_tokens for o in outputs),
                torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None)
@@ -144,8 +158,13 @@ def row(key: tuple[str, str, str], count: int, runs: list[Run]) -> str:
     spread = f"{min(tok_s):.0f}-{max(tok_s):.0f}" if len(runs) > 1 else "-"
     return (f"| {mode} | {variant} | {sampling} | {count} | {first.tokens} | {seconds:.3f} | "
             f"{med(tok_s):.0f} | {spread} | {1000 * seconds * count / first.tokens:.2f} | "
-            f"{1000 * med([r.round_seconds for r in runs]):.2f} | {peak} | {acceptance} | "
+            f"{1000 * med([r.round_seconds for r in runs]):.2f} | "
+            f"{1000 * med([r.seconds / r.steps for r in runs]):.2f} | {first.steps} | {peak} | {acceptance} | "
             f"{first.tokens / first.rounds:.2f} |")
+
+
+def _span(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
 def ratio_lines(results: dict, concurrency: list[int]) -> list[str]:
@@ -156,10 +175,9 @@ def ratio_lines(results: dict, concurrency: list[int]) -> list[str]:
             if not a or not b:
                 continue
             tok = [x.tok_s / y.tok_s for x, y in zip(a, b)]
-            step = [y.round_seconds / x.round_seconds for x, y in zip(a, b)]
-            lines.append(f"| {meaning} | {count} | {statistics.median(tok):.3f} | "
-                         f"{min(tok):.3f}-{max(tok):.3f} | {statistics.median(step):.3f} | "
-                         f"{min(step):.3f}-{max(step):.3f} |")
+            per_round = [y.round_seconds / x.round_seconds for x, y in zip(a, b)]
+            per_step = [(y.seconds / y.steps) / (x.seconds / x.steps) for x, y in zip(a, b)]
+            lines.append(f"| {meaning} | {count} | {_span(tok)} | {_span(per_round)} | {_span(per_step)} |")
     return lines
 
 
@@ -194,16 +212,16 @@ def main() -> None:
                     results.setdefault(key, []).append(
                         measure(engines[index], sampling, count, args.max_tokens))
     print("| mode | variant | sampling | concurrency | tokens | seconds | tokens/s | tokens/s range | "
-          "TPOT ms | ms/round | peak MiB | acceptance | tokens/round |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "TPOT ms | ms/round | ms/step | steps | peak MiB | acceptance | tokens/round |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (mode, variant) in pairs:
         for sampling in SAMPLINGS:
             for count in args.concurrency:
                 print(row((mode, variant, sampling), count, results[(mode, variant, sampling, count)]))
     lines = ratio_lines(results, args.concurrency)
     if lines:
-        print("\n| ratio | concurrency | tokens/s ratio (median) | range | per-round speed ratio (median) | range |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| ratio (median, range) | concurrency | tokens/s | speed per round | speed per step |")
+        print("| --- | ---: | ---: | ---: | ---: |")
         print("\n".join(lines))
     for (mode, variant), llm in zip(pairs, engines):
         status = graphs_status(llm, variant)
