@@ -1,4 +1,4 @@
-"""Fixtures shared by the sampling tests: the backends to run and small helpers."""
+"""Fixtures shared by the sampling tests: the backends to run (helpers: sampling_helpers.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,3 @@ def backend(request) -> str:
     """Each test taking `backend` runs once per backend on CPU tensors."""
     return request.param
 
-
-def generator(seed: int) -> torch.Generator:
-    """A CPU generator with a fixed seed, so every random input is reproducible."""
-    return torch.Generator().manual_seed(seed)

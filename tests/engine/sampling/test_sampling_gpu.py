@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import generator
+from sampling_helpers import generator
 from engine.params import SamplingParams
 from engine.sampling import Sampler, batched_probabilities, categorical, uniform_blocks
 from engine.sampling.reference import top_k_mask

@@ -8,7 +8,7 @@ top-p boundary except with negligible probability; the tied cases are built on p
 import pytest
 import torch
 
-from conftest import generator
+from sampling_helpers import generator, triton_can_run_on
 from engine.params import SamplingParams
 from engine.sampling import Sampler, batched_probabilities
 
@@ -140,7 +140,7 @@ def test_env_var_sets_auto_default(monkeypatch):
 
 
 needs_interpreter = pytest.mark.skipif(
-    not __import__("conftest").triton_can_run_on(torch.device("cpu")),
+    not triton_can_run_on(torch.device("cpu")),
     reason="needs TRITON_INTERPRET=1")
 
 

@@ -7,7 +7,7 @@ rounding), so a path that is taken but wrong fails as well as one that is not ta
 import pytest
 import torch
 
-from conftest import generator, triton_can_run_on
+from sampling_helpers import generator, triton_can_run_on
 from test_sampling_probabilities import assert_rows_match, params
 
 pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
