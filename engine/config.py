@@ -29,6 +29,11 @@ def _is_device(value: object) -> bool:
     return True
 
 
+def _is_available(device: str) -> bool:
+    """A CUDA device string needs a CUDA build of torch and a visible GPU."""
+    return torch.device(device).type != "cuda" or torch.cuda.is_available()
+
+
 def _require(condition: bool, name: str, value: object, rule: str) -> None:
     if not condition:
         raise ValueError(f"{name}={value!r} is invalid: {rule}")
@@ -137,6 +142,8 @@ class EngineConfig:
         _require(self.mode in MODES, "mode", self.mode, f"expected one of {MODES}")
         _require(_is_device(self.device), "device", self.device,
                  "expected a torch device string such as 'cpu' or 'cuda'")
+        _require(_is_available(self.device), "device", self.device,
+                 "no CUDA device is available here (torch.cuda.is_available() is False)")
         _require(self.sampling_backend in SAMPLING_BACKENDS, "sampling_backend",
                  self.sampling_backend, f"expected one of {SAMPLING_BACKENDS}")
         _require(self.model_config is None or isinstance(self.model_config, ModelConfig),

@@ -22,7 +22,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
 REPORT_FILES = ("report.md", "report.html")
 
 
-def _input_error(err: Exception) -> None:
+def _input_error(err: Exception | str) -> None:
     click.echo(f"error: {err}", err=True)
     sys.exit(EXIT_INPUT)
 
@@ -82,7 +82,9 @@ def run(protocol_file, profile, output, resume, confirmatory, seed_offset, junit
     try:
         path, summary = runner.run(protocol_file, profile, output, resume=resume, confirmatory=confirmatory,
                                    seed_offset=seed_offset, progress=not quiet)
-    except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, bundles.BundleError) as err:
+    except SUTError as err:  # the system under test refused the protocol's sut settings
+        _input_error(f"{protocol_file or resume}: sut: {err}")
+    except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
         _input_error(err)
     if junit:
         write_junit(summary, junit)

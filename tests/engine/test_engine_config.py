@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, ModelConfig, SpeculativeConfig
 from engine_helpers import TINY_MODEL
@@ -53,6 +54,12 @@ def test_draft_loops_is_irrelevant_for_nospec():
 def test_enforce_eager_must_be_a_bool():
     with pytest.raises(ValueError, match="enforce_eager='yes'"):
         EngineConfig(mode="async", enforce_eager="yes")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_cuda_device_without_a_gpu_is_refused():
+    with pytest.raises(ValueError, match="device='cuda' is invalid: no CUDA device"):
+        EngineConfig(device="cuda")
 
 
 def test_rounds_in_flight_is_one_or_two_and_async_only():

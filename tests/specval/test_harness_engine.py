@@ -93,3 +93,14 @@ def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
     assert result.exit_code == 2
     assert "group 'pipe'" in result.output and "mode='pipeline'" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["t2_pipe.yaml"]  # no bundle, no ledger entry
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
+def test_cuda_protocol_without_a_gpu_is_refused_before_any_seed_is_taken(tmp_path):
+    protocol = REPO / "protocols" / "t2_cuda.yaml"
+    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(tmp_path),
+                                       "--quiet"])
+    assert result.exit_code == 2
+    assert "t2_cuda.yaml: sut:" in result.output and "device='cuda'" in result.output
+    assert "no CUDA device" in result.output
+    assert list(tmp_path.iterdir()) == []  # no bundle, no ledger entry
