@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import tempfile
@@ -190,9 +191,18 @@ def device_facts() -> dict[str, Any]:
 
 # ---------------------------------------------------------------- diff of recomputed values
 
+FLOAT_RTOL = 1e-9  # relative agreement of a recomputed float (rounding of another machine)
+FLOAT_ATOL = 1e-12  # absolute agreement near 0 (p-values far below any alpha)
+
 
 def diff(stored: Any, recomputed: Any, path: str = "") -> list[str]:
-    """Paths where two JSON values differ, with both values (floats compared exactly)."""
+    """Paths where two JSON values differ, with both values.
+
+    Verdicts, reasons, counts and every other non-float are compared exactly. Two floats agree
+    when they are within a relative FLOAT_RTOL (or FLOAT_ATOL near 0): a chi-square summed in
+    another order (another numpy or BLAS build, another machine) moves the last bits, and a
+    bundle made on a GPU machine must verify anywhere. A deliberate edit of a statistic is far
+    outside that."""
     if isinstance(stored, dict) and isinstance(recomputed, dict):
         out = []
         for key in sorted(set(stored) | set(recomputed), key=str):
@@ -204,9 +214,12 @@ def diff(stored: Any, recomputed: Any, path: str = "") -> list[str]:
         return out
     if isinstance(stored, list) and isinstance(recomputed, list) and len(stored) == len(recomputed):
         return [d for i, (a, b) in enumerate(zip(stored, recomputed)) for d in diff(a, b, f"{path}[{i}]")]
-    if stored != recomputed or type(stored) is not type(recomputed):
-        return [f"{path}: stored {_short(stored)}, recomputed {_short(recomputed)}"]
-    return []
+    if isinstance(stored, float) and isinstance(recomputed, float):
+        same = math.isclose(stored, recomputed, rel_tol=FLOAT_RTOL, abs_tol=FLOAT_ATOL) or (
+            math.isnan(stored) and math.isnan(recomputed))
+    else:
+        same = stored == recomputed and type(stored) is type(recomputed)
+    return [] if same else [f"{path}: stored {_short(stored)}, recomputed {_short(recomputed)}"]
 
 
 def _short(value: Any) -> str:

@@ -115,3 +115,19 @@ def test_planted_bug_in_the_fake_sut_fails(tmp_path, fake_protocol_file):
     assert summary["tests"]["quadrature.adversarial"]["verdict"] == "FAIL"
     assert summary["tests"]["quadrature.sync"]["verdict"] == "FAIL"
     assert summary["tests"]["t1_gof.nospec"]["verdict"] == "PASS"
+
+
+def test_diff_tolerates_last_bit_rounding_of_floats_only():
+    """A bundle recomputed on another machine differs in the last bits of its chi-squares; those
+    agree, while an edited statistic, verdict or count is reported."""
+    from specval.bundle import diff
+
+    stored = {"p_value": 0.41703924798735953, "statistic": 26.853637770992588, "verdict": "PASS",
+              "n": 20000, "tiny": 1e-300}
+    rounded = dict(stored, p_value=0.4170392479873596, statistic=26.85363777099259, tiny=3e-300)
+    assert diff(stored, rounded) == []
+    assert diff(stored, dict(stored, statistic=26.8537)) == [
+        "statistic: stored 26.853637770992588, recomputed 26.8537"]
+    assert len(diff(stored, dict(stored, verdict="FAIL"))) == 1
+    assert len(diff(stored, dict(stored, n=20000.0))) == 1  # a count must stay an int
+    assert diff({"x": float("nan")}, {"x": float("nan")}) == []
