@@ -17,7 +17,7 @@ BUNDLES = sorted(path for path in REPORTS.iterdir() if (path / "SHA256SUMS").is_
 
 def test_reports_hold_the_evidence_the_docs_cite():
     names = {path.name.rsplit("-", 1)[0] for path in BUNDLES}
-    assert {"t2_fp32", "t2_smollm2", "quality_arith"} <= names
+    assert {"t2_fp32", "t2_smollm2", "quality_arith", "t2_cuda", "t2_smollm2_cuda"} <= names
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda path: path.name)
