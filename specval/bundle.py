@@ -28,6 +28,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -187,6 +188,12 @@ def device_facts() -> dict[str, Any]:
         except (OSError, subprocess.CalledProcessError, IndexError):
             facts["driver"] = None
     return facts
+
+
+def invocation() -> list[str]:
+    """The command line of this run with the program named `specval`: the manifest records what
+    was asked, not where the program is installed."""
+    return ["specval", *sys.argv[1:]]
 
 
 # ---------------------------------------------------------------- diff of recomputed values

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 import numpy as np
@@ -274,7 +273,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
               "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
               "samples_per_s": drawn / collect_s if collect_s > 0 else None}
-    write_manifest(path, protocol, [claimed], device, timing, command or sys.argv)
+    write_manifest(path, protocol, [claimed], device, timing, command or bundles.invocation())
     finish(path)
     return path, summary
 

@@ -239,7 +239,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
               "samples_per_s": drawn / collect_s if collect_s > 0 else None}
     if protocol.confirmation.is_two_stage:
         timing["stage2_samples_drawn"] = drawn_stage2
-    write_manifest(path, protocol, ranges, device, timing, command or sys.argv)
+    write_manifest(path, protocol, ranges, device, timing, command or bundles.invocation())
     finish(path)
     return path, summary
 

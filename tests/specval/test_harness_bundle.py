@@ -131,3 +131,10 @@ def test_diff_tolerates_last_bit_rounding_of_floats_only():
     assert len(diff(stored, dict(stored, verdict="FAIL"))) == 1
     assert len(diff(stored, dict(stored, n=20000.0))) == 1  # a count must stay an int
     assert diff({"x": float("nan")}, {"x": float("nan")}) == []
+
+
+def test_manifest_command_names_the_program_not_its_install_path(monkeypatch):
+    from specval.bundle import invocation
+
+    monkeypatch.setattr("sys.argv", ["/some/venv/bin/specval", "run", "p.yaml", "--profile", "ci"])
+    assert invocation() == ["specval", "run", "p.yaml", "--profile", "ci"]
