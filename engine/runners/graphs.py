@@ -59,7 +59,7 @@ def next_power_of_two(value: int) -> int:
 
 
 class RoundGraphs:
-    """Padded, optionally captured uniform rounds for an `AsyncSpeculativeRunner`."""
+    """Padded, optionally captured rounds (uniform or ragged) for an `AsyncSpeculativeRunner`."""
 
     def __init__(self, runner, scratch_block: int, capture: bool,
                  batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES) -> None:
