@@ -205,7 +205,7 @@ def mutate(protocol_file, profile, output, names, samples) -> None:
 
     try:
         root, table = mutation.mutate(protocol_file, profile, output, tuple(names), samples,
-                                        " ".join(["specval", *sys.argv[1:]]))
+                                        " ".join(bundles.invocation()))
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)
     click.echo((root / mutation.KILL_TABLE_MD).read_text())

@@ -34,7 +34,7 @@ from specval.quality_protocol import QualityProtocol, arith_config, load_quality
 from specval.quality_protocol import resolve as resolve_profile
 from specval.quality_report import render
 from specval.protocol import check_frozen
-from specval.runner import SutFactory, write_manifest
+from specval.runner import SutFactory, run_timing, write_manifest
 from specval.stats.mcnemar import paired_comparison
 from specval.sut import SUTError, open_sut
 
@@ -270,10 +270,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         sut.close()
     summary = summarise(path, protocol, claimed.start)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
-              "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
-              "samples_per_s": drawn / collect_s if collect_s > 0 else None}
-    write_manifest(path, protocol, [claimed], device, timing, command or bundles.invocation())
+    write_manifest(path, protocol, [claimed], device, run_timing(started, clock, collect_s, drawn), command)
     finish(path)
     return path, summary
 

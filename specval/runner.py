@@ -234,20 +234,27 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         device = {**bundles.device_facts(), "sut": sut.describe()}
     finally:
         sut.close()
-    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
-              "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
-              "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    timing = run_timing(started, clock, collect_s, drawn)
     if protocol.confirmation.is_two_stage:
         timing["stage2_samples_drawn"] = drawn_stage2
-    write_manifest(path, protocol, ranges, device, timing, command or bundles.invocation())
+    write_manifest(path, protocol, ranges, device, timing, command)
     finish(path)
     return path, summary
 
 
+def run_timing(started: str, clock: float, collect_s: float, drawn: int) -> dict:
+    """The manifest's timing block: `started` (ISO time) and `clock` (perf_counter) at the start
+    of the run, seconds spent collecting and samples drawn."""
+    return {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
+            "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+
+
 def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], device: dict,
-                   timing: dict, command: list[str]) -> None:
+                   timing: dict, command: list[str] | None = None) -> None:
+    """`command` None records this process's own invocation (`bundles.invocation`)."""
     manifest = {"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
-                "git": bundles.git_state(Path.cwd()), "command": list(command),
+                "git": bundles.git_state(Path.cwd()), "command": list(command or bundles.invocation()),
                 "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
                 "seeds": [r.to_dict() for r in ranges], **timing}
     second = stage2_ranges(path)
