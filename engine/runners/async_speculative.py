@@ -36,7 +36,7 @@ import torch
 from engine.request import Request
 from engine.runners.base import RoundFrame, RoundOutcome, SamplingRows
 from engine.runners.graphs import RoundGraphs, StaticRound, padded_frame
-from engine.runners.layout import block_table_tensor
+from engine.runners.layout import block_table_tensor, table_capacity
 from engine.runners.speculative import SpeculativeRunner, outcome, plan_round
 from engine.runners.transfer import to_device
 from engine.sampling import AcceptResult
@@ -183,7 +183,7 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
     def _tables(self, requests: tuple[Request, ...]) -> torch.Tensor:
         """int64[D, R, num_blocks] block tables from the host. Their capacity, grown by the
         scheduler for every round in flight, bounds the positions a round may touch."""
-        capacity = tuple(min(len(t) for t in r.block_tables) * self.block_size for r in requests)
+        capacity = tuple(table_capacity(r.block_tables, self.block_size) for r in requests)
         num_blocks = max(capacity) // self.block_size
         return torch.stack([block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
                                                capacity, self.block_size, self.device)

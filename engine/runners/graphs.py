@@ -34,6 +34,7 @@ from engine.kv_cache import PAD_BLOCK
 from engine.params import TOP_K_DISABLED, TOP_P_DISABLED
 from engine.request import Request
 from engine.runners.base import RoundFrame, SamplingRows
+from engine.runners.layout import table_capacity
 from engine.runners.speculative import RoundPlan, plan_round
 from engine.runners.transfer import to_device
 
@@ -78,7 +79,7 @@ class RoundGraphs:
         if self.disabled_reason is not None or len(requests) > max(self.batch_sizes, default=0):
             return None
         size = next(b for b in self.batch_sizes if b >= len(requests))
-        num_blocks = next_power_of_two(max(tables.shape[-1], self._blocks_needed(requests, num_drafts)))
+        num_blocks = next_power_of_two(self._blocks_needed(requests, num_drafts))  # >= tables
         static = self._rounds.get((size, num_blocks)) or self._build(size, num_blocks)
         if static is None:
             return None
@@ -91,9 +92,10 @@ class RoundGraphs:
 
     def _blocks_needed(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> int:
         """Key blocks that hold every row's K drafts: request r's table holds its round's
-        K_r + 1 positions (the scheduler grew it), and its K - K_r uncounted drafts go further."""
+        K_r + 1 positions (the scheduler grew it), and its K - K_r uncounted drafts go further.
+        Never fewer than the widest table, since K - K_r >= 0."""
         k, block_size = self.runner.num_speculative_tokens, self.runner.block_size
-        return max(-(-(min(len(t) for t in r.block_tables) * block_size + k - k_r) // block_size)
+        return max(-(-(table_capacity(r.block_tables, block_size) + k - k_r) // block_size)
                    for r, k_r in zip(requests, num_drafts))
 
     def _fill(self, static: StaticRound, requests, num_drafts: tuple[int, ...], slots: list[int],

@@ -62,6 +62,11 @@ def layout_rows(starts: list[int], lengths: list[int], block_size: int,
                      layout.num_blocks, block_size, ends)
 
 
+def table_capacity(block_tables: list[list[int]], block_size: int) -> int:
+    """Positions a request's KV can hold at every depth (its shortest table)."""
+    return min(len(table) for table in block_tables) * block_size
+
+
 def block_table_tensor(tables: list[list[int]], num_blocks: int, ends: tuple[int, ...],
                        block_size: int, device: torch.device) -> torch.Tensor:
     """int64[B, num_blocks]: host block tables padded with PAD_BLOCK; refuses a table that
