@@ -9,17 +9,15 @@ float32 rounding of a CDF or accept threshold to flip a token, which these fixed
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine_helpers import TINY_MODEL, tiny_llm
+from engine_helpers import (TINY_MODEL, count_non_argmax_accepted, no_host_reads, run_checking_live,
+                            tiny_llm)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9] * 10, [33], [5, 17, 60, 2, 2, 41], [12, 13, 14]]
 MAX_TOKENS = [10, 7, 1, 4, 2, 8]
-HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
 KV_ATOL = 1e-4  # paged vs serial float32 rounding (see test_engine_replay.py)
 
 
@@ -79,20 +77,6 @@ def assert_nothing_leaks(engine: Engine) -> None:
     assert blocks.num_free == blocks.num_blocks and blocks.num_reserved == 0
     assert not engine.scheduler.in_flight and not engine.scheduler.running
     assert runner.frontier.num_free == engine.config.max_num_seqs
-
-
-@contextlib.contextmanager
-def no_host_reads(monkeypatch: pytest.MonkeyPatch):
-    def refuse(name):
-        def read(*args, **kwargs):
-            raise AssertionError(f"host read via {name} during submission")
-        return read
-
-    with monkeypatch.context() as patch:
-        for name in HOST_READS:
-            patch.setattr(torch.Tensor, name, refuse(name))
-        patch.setattr(torch.cuda, "synchronize", refuse("torch.cuda.synchronize"))
-        yield
 
 
 def record_rounds(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
@@ -187,28 +171,11 @@ def test_in_flight_state_equals_serial_replay():
     requests["g"] = (prompt, SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
     for request_id, (ids, params) in requests.items():
         engine.add_request(request_id, ids, params)
-    live, outputs, checked = dict(engine._requests), [], 0
-    while engine.has_unfinished():
-        outputs += engine.step()
-        for request in live.values():
-            if not request.is_finished:
-                check_device_state(engine, request)
-                checked += 1
+    outputs, checked = run_checking_live(engine, check_device_state)
     assert checked >= 10 and len(outputs) == 5
     assert sum(o.num_draft_tokens < 3 * o.num_rounds for o in outputs) > 0  # ragged / K_r = 0
     assert count_non_argmax_accepted(engine, outputs) > 0
     assert_nothing_leaks(engine)
-
-
-def count_non_argmax_accepted(engine: Engine, outputs) -> int:
-    count = 0
-    for output in outputs:
-        ids = output.prompt_token_ids + output.token_ids
-        target = engine.model.replay(torch.tensor(ids), engine.model.num_depths).logits[-1]
-        for i, source in enumerate(output.token_sources):
-            position = len(output.prompt_token_ids) + i
-            count += source == "accepted" and ids[position] != int(target[position - 1].argmax())
-    return count
 
 
 def test_eos_inside_an_accepted_prefix_ends_the_request_there():

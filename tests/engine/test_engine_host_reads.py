@@ -7,30 +7,13 @@ from host values only, so they are built outside the guarded region, as the engi
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from engine import SamplingParams
 from engine.runners.base import SamplingRows
 from engine.runners.speculative import plan_round
-from engine_helpers import tiny_llm
-
-HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
-
-
-@contextlib.contextmanager
-def no_host_reads(monkeypatch: pytest.MonkeyPatch):
-    def refuse(name):
-        def read(*args, **kwargs):
-            raise AssertionError(f"host read of a tensor via {name} on the round's hot path")
-        return read
-
-    with monkeypatch.context() as patch:
-        for name in HOST_READS:
-            patch.setattr(torch.Tensor, name, refuse(name))
-        yield
+from engine_helpers import no_host_reads, tiny_llm
 
 
 def started_engine(mode: str):

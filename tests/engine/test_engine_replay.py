@@ -13,6 +13,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.sampling import Sampler, categorical, speculative_accept, uniform_blocks
+from engine_helpers import count_non_argmax_accepted, run_checking_live
 
 KV_ATOL = 1e-4
 LOGIT_ATOL = 1e-4
@@ -63,24 +64,9 @@ def test_committed_state_equals_serial_replay(engine):
         engine.add_request(f"r{i}", prompt, SamplingParams(temperature=1.0, top_k=20, seed=100 + i,
                                                            max_tokens=14, ignore_eos=True))
     engine.add_request("g", prompt, SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
-    live = dict(engine._requests)
-    outputs, checked = [], 0
-    while engine.has_unfinished():
-        outputs += engine.step()
-        for request in live.values():
-            if not request.is_finished:
-                check_against_replay(engine, request)
-                checked += 1
+    outputs, checked = run_checking_live(engine, check_against_replay)
     assert checked >= 5 and len(outputs) == 5
-    non_argmax_accepted = 0
-    for output in outputs:
-        ids = output.prompt_token_ids + output.token_ids
-        target = engine.model.replay(torch.tensor(ids), engine.model.num_depths).logits[-1]
-        for i, source in enumerate(output.token_sources):
-            position = len(output.prompt_token_ids) + i
-            if source == "accepted" and ids[position] != int(target[position - 1].argmax()):
-                non_argmax_accepted += 1
-    assert non_argmax_accepted > 0
+    assert count_non_argmax_accepted(engine, outputs) > 0
 
 
 def model_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
