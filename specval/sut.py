@@ -28,10 +28,48 @@ from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 SOURCES = ("plain", "accepted", "correction", "bonus")
 ENTRY_POINT_GROUP = "specval.sut"
 DEFAULT_ADAPTER = "engine"
+MODES = ("nospec", "sync", "async")
+SAMPLING_PARAMETERS = ("temperature", "top_k", "top_p")
+DRAFT_FILTERED = "filtered"  # drafts sampled from q after the protocol's temperature, top-k and top-p
+DRAFT_TEMPERATURE = "temperature"  # drafts sampled from q after temperature only (no truncation)
+DRAFT_GREEDY = "greedy"  # drafts are argmax of the draft logits (no draft probabilities)
+DRAFT_KINDS = (DRAFT_FILTERED, DRAFT_TEMPERATURE, DRAFT_GREEDY)
 
 
 class SUTError(ValueError):
     """The SUT refused a configuration (e.g. a mode it does not support)."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an adapter supports, declared as data on the class (`SUT.capabilities`).
+
+    The runner compares a protocol with these before any seed is claimed and refuses (exit 2) a
+    protocol that asks for something the SUT lacks, naming the capability.
+
+    - `modes`: the group modes the adapter can run (subset of MODES).
+    - `accept_single`: True iff `SUT.accept_single` maps caller-supplied uniforms to a token, which
+      the exact quadrature needs (inverse-CDF samplers can; samplers that draw from their own RNG,
+      or by an exponential race over the vocabulary, cannot).
+    - `draft_kind`: how drafts are drawn (one of DRAFT_KINDS); the quadrature builds q the same way.
+    - `sampling`: the sampling parameters the adapter honours; a protocol that sets any other
+      (top_k other than -1, top_p below 1, temperature other than 1) is refused.
+    - `mutants`: names of planted bugs the adapter can switch on through `sut.options.mutant`.
+    """
+
+    modes: tuple[str, ...] = MODES
+    accept_single: bool = True
+    draft_kind: str = DRAFT_FILTERED
+    sampling: tuple[str, ...] = SAMPLING_PARAMETERS
+    mutants: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS)):
+            unknown = sorted(set(values) - set(allowed))
+            if unknown:
+                raise ValueError(f"Capabilities.{name}: unknown {unknown}; expected a subset of {allowed}")
+        if self.draft_kind not in DRAFT_KINDS:
+            raise ValueError(f"Capabilities.draft_kind: {self.draft_kind!r} is not one of {DRAFT_KINDS}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +100,7 @@ class SUT(abc.ABC):
     """
 
     prob_dtype = np.float64  # dtype of the probabilities `accept_single` is given
+    capabilities = Capabilities()  # what the adapter supports (see Capabilities); override on the class
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         self.spec = spec
@@ -84,15 +123,18 @@ class SUT(abc.ABC):
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         """Full-depth next-token logits f32[V] after `token_ids`."""
 
-    @abc.abstractmethod
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
-        """Draft next-token logits f32[V] of `group`'s draft model after `token_ids`."""
+        """Draft next-token logits f32[V] of `group`'s draft model after `token_ids` (needed only by
+        the quadrature, i.e. when `capabilities.accept_single` is True)."""
+        raise SUTError(f"{type(self).__name__} does not provide draft_logits")
 
-    @abc.abstractmethod
     def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
                       uniforms: np.ndarray) -> np.ndarray:
         """First committed token int64[N] of single-draft rows: draft_tokens[N], probs f64[N, V],
-        uniforms f64[N, 3] laid out as (draft sample, accept test, correction/bonus)."""
+        uniforms f64[N, 3] laid out as (draft sample, accept test, correction/bonus). Adapters that
+        cannot map caller-supplied uniforms to a token declare `Capabilities(accept_single=False)`
+        and leave this undefined."""
+        raise SUTError(f"{type(self).__name__} does not provide accept_single")
 
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
         """Raise SUTError naming the group if any group's mode or depth is unsupported."""
