@@ -38,6 +38,7 @@ from engine.kv_cache import scratch_block
 from engine.params import SamplingParams
 from engine.request import SOURCES, Request
 from engine.runners.base import GREEDY_SEED, RoundFrame, SamplingRows
+from engine.runners.graphs import warm_and_capture
 from engine.runners.layout import device_layout
 from engine.runners.plain import PlainRunner
 from engine.runners.speculative import RoundPlan, plan_round
@@ -46,7 +47,6 @@ from engine.sampling import PLACEHOLDER_TOKEN
 
 PLAIN, ACCEPTED, CORRECTION, BONUS = (SOURCES.index(name) for name in
                                       ("plain", "accepted", "correction", "bonus"))
-NUM_WARMUP_RUNS = 2  # eager runs before a capture: Triton kernels compile outside the graph
 NUM_DUMP_COLUMNS = 1  # output column that masked scatters write to (never read)
 
 
@@ -214,18 +214,10 @@ class BatchCollector:
                 return
 
     def _capture(self, state: BatchState) -> "torch.cuda.CUDAGraph":
+        """Warm-ups run on the fresh state, every row done (padding): nothing changes."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(NUM_WARMUP_RUNS):
-                self.round(state)  # every row is done (padding): nothing changes
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self.round(state)
-        return graph
+        return warm_and_capture(lambda: self.round(state), self._pool)[0]
 
     def round(self, state: BatchState) -> None:
         """One round for every row, in place; rows that are done keep their state."""

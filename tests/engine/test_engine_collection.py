@@ -88,3 +88,20 @@ def test_batched_collection_names_num_kv_blocks_when_the_batch_does_not_fit():
     llm = LLM(EngineConfig(model_config=MODEL, mode="sync", draft_loops=1, num_kv_blocks=8))
     with pytest.raises(ValueError, match="num_kv_blocks=8"):
         collected(BatchCollector(llm.engine), RANDOM)
+
+
+def test_engine_sut_batched_collection_equals_engine_collection():
+    """The specval adapter with `collection: batched` returns the SampleBatch of the default path."""
+    from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+    from specval.engine_sut import EngineSUT
+
+    sampling = SamplingSpec(**RANDOM)
+    group = GroupSpec(name="sync", mode="sync", draft_loops=1)
+    batches = []
+    for collection in ("engine", "batched"):
+        spec = SutSpec(adapter="engine", model="looped", options=(("collection", collection),))
+        sut = EngineSUT(spec, 3)
+        batches.append(sut.sample(group, PROMPT, sampling, np.array(SEEDS), 2, MAX_TOKENS))
+        sut.close()
+    for name in ("tokens", "sources", "num_rounds", "num_draft_tokens", "num_accepted_tokens"):
+        np.testing.assert_array_equal(getattr(batches[1], name), getattr(batches[0], name))
