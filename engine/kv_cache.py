@@ -111,6 +111,20 @@ class BlockManager:
         while len(table) > keep:
             self._free.append(table.pop())
 
+    def take(self, count: int) -> list[int]:
+        """Hand out `count` blocks outside any table (batched collection); the caller has
+        reserved them, zeroes them, and returns them with `give_back`."""
+        if count > len(self._free):
+            raise RuntimeError("block pool exhausted despite reservation (accounting bug)")
+        taken = self._free[len(self._free) - count:][::-1]
+        del self._free[len(self._free) - count:]
+        return taken
+
+    def give_back(self, blocks: list[int], num_reserved: int) -> None:
+        """Return blocks from `take` and drop their reservation."""
+        self._free.extend(reversed(blocks))
+        self.num_reserved -= num_reserved
+
     def release(self, tables: list[list[int]], num_reserved: int) -> None:
         """Free every block of a finished request and drop its reservation."""
         for table in tables:

@@ -44,6 +44,8 @@ class EngineSUT(SUT):
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)
         self._llms: dict[tuple[str, int], Any] = {}
+        self._collectors: dict[tuple[str, int | None], Any] = {}  # collection: batched
+        self._batch_size = 0
 
     def _llm(self, mode: str, draft_loops: int | None):
         import engine
@@ -83,9 +85,12 @@ class EngineSUT(SUT):
                seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
         from engine import SamplingParams
 
+        llm = self._llm(group.mode, group.draft_loops)
+        if llm.engine.config.collection == "batched":
+            return self._sample_batched(group, llm, prompt_ids, sampling, seeds, num_tokens, max_tokens)
         params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                                  seed=int(s), max_tokens=max_tokens, ignore_eos=True) for s in seeds]
-        outs = self._llm(group.mode, group.draft_loops).generate([list(prompt_ids)] * len(params), params)
+        outs = llm.generate([list(prompt_ids)] * len(params), params)
         bad = [o.finish_reason for o in outs if len(o.token_ids) != max_tokens]
         if bad:
             raise SUTError(f"group {group.name!r}: {len(bad)} request(s) ended early ({bad[0]!r})")
@@ -96,6 +101,31 @@ class EngineSUT(SUT):
             num_draft_tokens=np.array([o.num_draft_tokens for o in outs], dtype=np.int64),
             num_accepted_tokens=np.array([o.num_accepted_tokens for o in outs], dtype=np.int64),
         )
+
+    def _sample_batched(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec,
+                        seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        """`sample` through the engine's batched collection (`collection: batched`): columns come
+        back as arrays, no per-request objects. Batches are padded to the largest batch seen so
+        far, so the last, shorter batch of a chunk replays the same captured round."""
+        from engine import SamplingParams
+        from engine.runners.collection import BatchCollector
+
+        key = (group.mode, group.draft_loops)
+        if key not in self._collectors:
+            self._collectors[key] = BatchCollector(llm.engine)
+        self._batch_size = max(self._batch_size, len(seeds))
+        params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                max_tokens=max_tokens, ignore_eos=True)
+        try:
+            out = self._collectors[key].collect(list(prompt_ids), params, [int(s) for s in seeds], max_tokens,
+                                                batch_size=self._batch_size)
+        except ValueError as err:
+            raise SUTError(f"group {group.name!r}: {err}") from err
+        if out.is_error.any():
+            raise SUTError(f"group {group.name!r}: {int(out.is_error.sum())} request(s) ended early ('error')")
+        return SampleBatch(tokens=out.tokens[:, :num_tokens], sources=out.source_names()[:, :num_tokens],
+                           num_rounds=out.num_rounds, num_draft_tokens=out.num_draft_tokens,
+                           num_accepted_tokens=out.num_accepted_tokens)
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template applied to `messages`, ending with the assistant's turn."""
@@ -150,6 +180,7 @@ class EngineSUT(SUT):
         return facts
 
     def close(self) -> None:
+        self._collectors.clear()
         for llm in self._llms.values():
             llm.close()
         self._llms.clear()

@@ -27,6 +27,7 @@ round also runs without capture (`capture=False`), which is how the CPU tests ch
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import torch
 
@@ -156,16 +157,23 @@ class RoundGraphs:
         """Warm up on a side stream (padding rows only), then capture into the shared pool."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(NUM_WARMUP_RUNS):
-                self.runner.static_round(static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            output = self.runner.static_round(static)
+        graph, output = warm_and_capture(lambda: self.runner.static_round(static), self._pool)
         return replace(static, output=output, graph=graph)
+
+
+def warm_and_capture(run: Callable[[], Any], pool) -> tuple["torch.cuda.CUDAGraph", Any]:
+    """Call `run` NUM_WARMUP_RUNS times on a side stream (Triton kernels compile there, not
+    during capture), then capture one call into the memory pool `pool`: (graph, its output)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(NUM_WARMUP_RUNS):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = run()
+    return graph, output
 
 
 def padded_frame(runner, static: StaticRound) -> RoundFrame:

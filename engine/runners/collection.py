@@ -1,0 +1,280 @@
+"""Batched collection: B requests of one prompt and one sampling setting, rounds kept on the device.
+
+The statistical harness sends one prompt thousands of times, each request with its own seed,
+`ignore_eos` and a fixed `max_tokens` T. `BatchCollector.collect` runs such a batch without the
+scheduler: every request's state (next input, its position, tokens generated) lives in device
+tensors, every round runs all B rows (rows already at T tokens ride along and change nothing),
+and results are read back once per batch as tensors. On CUDA one round is captured as a CUDA
+Graph per (B, key blocks, T) and replayed; on the CPU, or if capture fails, it runs eagerly.
+
+Same tokens as `LLM.generate` (the guarantee the harness relies on): a round of request r is
+the runner's own device round (`SpeculativeRunner.round`, or the nospec step below) with
+K_r = min(K, T - generated - 1), the scheduler's rule, applied through the plan's device
+`draft_limit` exactly as the captured asynchronous rounds do; the uniforms are keyed by
+(seed, committed tokens), as in the engine. So request r's tokens depend only on (mode, model,
+prompt, sampling, seed, T), never on the batch or the padding, wherever the logits of a row do
+not depend on the batch (tests/engine/test_engine_collection.py checks both on the CPU, the GPU
+tests on CUDA).
+
+What it does not exercise: the scheduler, the prefill-and-decode steps of mixed batches, and the
+asynchronous timeline (rounds in flight, frontier slots, host collection). In this path the sync
+and async groups of a protocol run the same device round; `LLM.generate` remains the path that
+tests those parts (protocols choose it with `collection: engine`, the default).
+
+KV: each request gets ceil((prompt + T + K + 1) / block_size) blocks per depth from the engine's
+block manager for the call (reserved, zeroed, released at the end), so rows that keep drafting
+after reaching T write only into their own blocks. The prompt is prefilled once and its blocks
+copied to every request, as the engine's shared-prompt prefill does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from engine.kv_cache import scratch_block
+from engine.params import SamplingParams
+from engine.request import SOURCES, Request
+from engine.runners.base import GREEDY_SEED, RoundFrame, SamplingRows
+from engine.runners.graphs import warm_and_capture
+from engine.runners.layout import device_layout
+from engine.runners.plain import PlainRunner
+from engine.runners.speculative import RoundPlan, plan_round
+from engine.runners.transfer import to_device
+from engine.sampling import PLACEHOLDER_TOKEN
+
+PLAIN, ACCEPTED, CORRECTION, BONUS = (SOURCES.index(name) for name in
+                                      ("plain", "accepted", "correction", "bonus"))
+NUM_DUMP_COLUMNS = 1  # output column that masked scatters write to (never read)
+
+
+@dataclass(frozen=True)
+class CollectedBatch:
+    """Host results of one batch, one row per request, in seed order."""
+
+    tokens: np.ndarray  # int64[B, T]
+    sources: np.ndarray  # int64[B, T] index into engine.request.SOURCES
+    num_rounds: np.ndarray  # int64[B]
+    num_draft_tokens: np.ndarray  # int64[B]
+    num_accepted_tokens: np.ndarray  # int64[B]
+    is_error: np.ndarray  # bool[B] a round hit an invalid distribution (tokens then incomplete)
+
+    def source_names(self) -> np.ndarray:
+        """object[B, T] the sources as engine.request.SOURCES strings."""
+        return np.asarray(SOURCES, dtype=object)[self.sources]
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """The device tensors one round reads and advances in place (static for graph replay)."""
+
+    tables: torch.Tensor  # int64[D, B, num_blocks]
+    inputs: torch.Tensor  # int64[B] last committed token
+    starts: torch.Tensor  # int64[B] its position (committed - 1)
+    generated: torch.Tensor  # int64[B]
+    done: torch.Tensor  # bool[B] T tokens generated, an error, or a padding row
+    error: torch.Tensor  # bool[B]
+    tokens: torch.Tensor  # int64[B, T + K + 1 + NUM_DUMP_COLUMNS]
+    sources: torch.Tensor  # int64[B, same]
+    counts: torch.Tensor  # int64[3, B] rounds, drafts, accepted
+    rows: SamplingRows  # per-row params and seeds (num_committed is set per round)
+    plan: RoundPlan | None  # speculative modes: K drafts per row, cut back per round
+    max_tokens: int
+
+    @property
+    def size(self) -> int:
+        return self.inputs.shape[0]
+
+
+class BatchCollector:
+    """Runs `collect` batches on one engine's runner, caching a captured round per shape."""
+
+    def __init__(self, engine, capture: bool | None = None) -> None:
+        self.engine = engine
+        self.runner = engine.runner
+        self.device = engine.device
+        self.k = getattr(self.runner, "num_speculative_tokens", 0)
+        self.is_plain = isinstance(self.runner, PlainRunner)
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        self.disabled_reason: str | None = None
+        self._shapes: dict[tuple[int, int, int], tuple[BatchState, "torch.cuda.CUDAGraph | None"]] = {}
+        self._pool = None
+
+    def collect(self, prompt: list[int], params: SamplingParams, seeds: list[int],
+                max_tokens: int, batch_size: int | None = None) -> CollectedBatch:
+        """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
+        top-k and top-p (its seed and stop settings are not used). `batch_size` (>= len(seeds))
+        pads the batch to a fixed shape, so partial batches replay the same graph."""
+        engine = self.engine
+        if engine.has_unfinished():
+            raise RuntimeError("batched collection needs an idle engine (requests are live)")
+        prompt = engine.prompt_token_ids(prompt)
+        count, size = len(seeds), max(batch_size or 0, len(seeds))
+        if len(prompt) + max_tokens > engine.config.max_model_len:
+            raise ValueError(f"max_tokens={max_tokens} is invalid: prompt ({len(prompt)}) + max_tokens "
+                             f"exceeds max_model_len={engine.config.max_model_len}")
+        num_blocks = -(-(len(prompt) + max_tokens + self.k + 1) // engine.kv.layout.block_size)
+        blocks = engine.scheduler.blocks
+        needed = self.runner.model.num_depths * size * num_blocks
+        if not blocks.can_reserve(needed):
+            raise ValueError(f"num_kv_blocks={engine.config.num_kv_blocks} is too small for a batch of "
+                             f"{size} requests: it needs {needed} blocks")
+        blocks.reserve(needed)
+        ids = blocks.take(needed)
+        try:
+            engine.kv.zero_blocks(ids)
+            with torch.inference_mode():
+                return self._run(prompt, params, seeds, count, size, max_tokens, num_blocks, ids)
+        finally:
+            blocks.give_back(ids, needed)
+
+    def _run(self, prompt, params, seeds, count, size, max_tokens, num_blocks, ids) -> CollectedBatch:
+        depths = self.runner.model.num_depths
+        tables = torch.tensor(ids, dtype=torch.int64).view(depths, size, num_blocks).to(self.device)
+        self._prefill(prompt, params, tables)
+        state, graph = self._state(size, num_blocks, max_tokens)
+        self._reset(state, tables, prompt, params, seeds, count)
+        self._loop(state, graph)
+        return self._read(state, count)
+
+    def _prefill(self, prompt: list[int], params: SamplingParams, tables: torch.Tensor) -> None:
+        """Prefill the prompt once (first request's blocks) and copy its blocks to the others."""
+        if len(prompt) < 2:
+            return
+        leader = Request("collection-leader", prompt, params, None, self.runner.model.num_depths)
+        leader.block_tables = [row.tolist() for row in tables[:, 0].cpu()]
+        self.runner.prefill((leader,))
+        used = -(-(len(prompt) - 1) // self.engine.kv.layout.block_size)
+        source = tables[:, :1, :used].expand(-1, tables.shape[1] - 1, -1).reshape(-1)
+        target = tables[:, 1:, :used].reshape(-1)
+        for pool in self.engine.kv.key + self.engine.kv.value:
+            pool.index_copy_(0, target, pool.index_select(0, source))
+
+    def _state(self, size: int, num_blocks: int, max_tokens: int):
+        key = (size, num_blocks, max_tokens)
+        if key not in self._shapes:
+            state = self._new_state(size, num_blocks, max_tokens)
+            graph = None
+            if self.capture and self.disabled_reason is None:
+                try:
+                    graph = self._capture(state)
+                except RuntimeError as error:  # an operation that cannot be captured
+                    self.disabled_reason = f"CUDA Graph capture failed: {error}"
+            self._shapes[key] = (state, graph)
+        return self._shapes[key]
+
+    def _new_state(self, size: int, num_blocks: int, max_tokens: int) -> BatchState:
+        device, depths = self.device, self.runner.model.num_depths
+
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+        width = max_tokens + self.k + 1 + NUM_DUMP_COLUMNS
+        rows = SamplingRows(zeros(size, dtype=torch.float32), zeros(size), zeros(size, dtype=torch.float32),
+                            zeros(size, dtype=torch.bool), zeros(size), zeros(size))
+        plan = None if self.is_plain else plan_round((self.k,) * size, self.k, device)
+        scratch = scratch_block(self.engine.config.num_kv_blocks)  # warm-up rows write there
+        return BatchState(torch.full((depths, size, num_blocks), scratch, dtype=torch.int64, device=device),
+                          zeros(size), zeros(size), zeros(size), torch.ones(size, dtype=torch.bool, device=device),
+                          zeros(size, dtype=torch.bool), zeros(size, width), zeros(size, width), zeros(3, size),
+                          rows, plan, max_tokens)
+
+    def _reset(self, state: BatchState, tables, prompt, params: SamplingParams, seeds, count: int) -> None:
+        """Load a batch into the static state: rows past `count` are padding (done from the start)."""
+        size = state.size
+        state.tables.copy_(tables)
+        state.inputs.fill_(prompt[-1])
+        state.starts.fill_(len(prompt) - 1)
+        state.generated.zero_()
+        state.done.copy_(torch.arange(size, device=self.device) >= count)
+        state.error.zero_()
+        state.tokens.zero_()
+        state.sources.zero_()
+        state.counts.zero_()
+        rows = state.rows
+        rows.temperature.fill_(params.temperature)
+        rows.top_k.fill_(params.top_k)
+        rows.top_p.fill_(params.top_p)
+        rows.is_greedy.fill_(params.is_greedy)
+        padded = [GREEDY_SEED if params.is_greedy else int(s) for s in seeds] + [GREEDY_SEED] * (size - count)
+        rows.seeds.copy_(to_device(padded, torch.int64, self.device))
+
+    def _loop(self, state: BatchState, graph) -> None:
+        """Rounds until every row is done: at least ceil(T / (K + 1)), at most T (each round
+        emits >= 1 token per live row or ends it with an error); the host reads `done` once per
+        round only after the minimum."""
+        least = -(-state.max_tokens // (self.k + 1))
+        for number in range(1, state.max_tokens + 1):
+            if graph is not None:
+                graph.replay()
+            else:
+                self.round(state)
+            if number >= least and bool(state.done.all()):
+                return
+
+    def _capture(self, state: BatchState) -> "torch.cuda.CUDAGraph":
+        """Warm-ups run on the fresh state, every row done (padding): nothing changes."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return warm_and_capture(lambda: self.round(state), self._pool)[0]
+
+    def round(self, state: BatchState) -> None:
+        """One round for every row, in place; rows that are done keep their state."""
+        remaining = state.max_tokens - state.generated
+        live = ~state.done
+        limit = torch.clamp(torch.minimum(remaining - 1, torch.full_like(remaining, self.k)), min=0)
+        frame = RoundFrame(state.inputs, state.starts, state.tables, state.tables.shape[-1])
+        rows = replace(state.rows, num_committed=state.starts + 1)
+        if self.is_plain:
+            tokens, accepted, error = self._plain_round(frame, rows)
+            emitted = (~error).to(torch.int64)
+        else:
+            result = self.runner.round(frame, replace(state.plan, draft_limit=limit), rows)
+            tokens, accepted, error = result.tokens, result.num_accepted, result.error != 0
+            emitted = result.num_emitted
+        self._record(state, live, tokens, accepted, emitted, limit)
+        last = tokens.gather(1, (emitted - 1).clamp(min=0)[:, None])[:, 0]
+        moves = live & (emitted > 0)
+        state.inputs.copy_(torch.where(moves, last, state.inputs))
+        state.starts.add_(torch.where(moves, emitted, 0))
+        state.generated.add_(torch.where(moves, emitted, 0))
+        state.error.logical_or_(live & error)
+        state.done.logical_or_(state.error | (state.generated >= state.max_tokens))
+
+    def _record(self, state: BatchState, live, tokens, accepted, emitted, limit) -> None:
+        """Write each live row's emitted tokens and sources at its next columns; count the round."""
+        columns = torch.arange(tokens.shape[1], device=self.device)[None, :]
+        writes = live[:, None] & (columns < emitted[:, None])
+        dump = state.tokens.shape[1] - 1
+        index = torch.where(writes, state.generated[:, None] + columns, dump)
+        if self.is_plain:
+            source = torch.full_like(tokens, PLAIN)
+        else:
+            last = torch.where(accepted == limit, BONUS, CORRECTION)[:, None]
+            source = torch.where(columns < accepted[:, None], ACCEPTED, last)
+        state.tokens.scatter_(1, index, tokens)
+        state.sources.scatter_(1, index, source)
+        drafts = 0 if self.is_plain else limit
+        state.counts.add_(torch.stack([live.to(torch.int64), live * drafts, live * accepted]))
+
+    def _plain_round(self, frame: RoundFrame, rows: SamplingRows):
+        """nospec: PlainRunner.decode on device state -> (tokens [B, 1], accepted 0, error)."""
+        runner = self.runner
+        size = frame.inputs.shape[0]
+        layout = device_layout(frame.starts, torch.ones_like(frame.starts), num_rows=size, max_length=1,
+                               num_blocks=frame.num_blocks, block_size=runner.block_size)
+        hidden = runner.run_depths_on(runner.model.embed(frame.inputs), layout, frame.tables, 1,
+                                      runner.model.num_depths)
+        probs = runner.ops.probabilities(runner.model.readout(hidden), rows, runner.sampling_backend)
+        token = runner.ops.draw_plain(probs, runner.uniforms(rows, 1)[:, 0].contiguous(),
+                                      runner.sampling_backend)
+        return token[:, None], torch.zeros_like(token), token == PLACEHOLDER_TOKEN
+
+    def _read(self, state: BatchState, count: int) -> CollectedBatch:
+        """The batch's one host read (copies: the state is reused by the next batch)."""
+        width = state.max_tokens
+        tokens, sources, counts, error = (t.cpu().numpy().copy() for t in (
+            state.tokens[:count, :width], state.sources[:count, :width], state.counts[:, :count],
+            state.error[:count]))
+        return CollectedBatch(tokens, sources, counts[0], counts[1], counts[2], error)

@@ -1,0 +1,52 @@
+"""Batched collection on CUDA: captured rounds give the tokens of eager rounds and of
+`LLM.generate`, for every mode, whatever the batch size and padding. Skipped without a GPU.
+
+Exact equality (see tests/engine/test_engine_collection.py): a difference would mean that a row's
+logits depend on the batch it runs in, or that the captured round differs from the eager one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import LLM, EngineConfig, SamplingParams
+from engine.runners.collection import BatchCollector
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+PROMPT = "The speculative sampler must be lossless."
+MAX_TOKENS = 5
+SEEDS = list(range(1000, 1200))  # 200 requests: ragged rounds and rejections occur
+SAMPLING = dict(temperature=0.8, top_k=50, top_p=0.9)
+MODES = [dict(mode="nospec"), dict(mode="sync", draft_loops=2), dict(mode="sync", draft_loops=1),
+         dict(mode="async", draft_loops=2)]
+
+
+def columns(out):
+    return out.tokens, out.sources, np.stack([out.num_rounds, out.num_draft_tokens, out.num_accepted_tokens])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m['mode']}-{m.get('draft_loops', 0)}")
+def test_captured_collection_equals_eager_and_generate(mode):
+    llm = LLM(EngineConfig(device="cuda", num_kv_blocks=8192, **mode))
+    params = SamplingParams(**SAMPLING, max_tokens=MAX_TOKENS, ignore_eos=True)
+    prompt = llm.tokenizer.encode(PROMPT)
+    captured = BatchCollector(llm.engine)
+    graphs = columns(captured.collect(prompt, params, SEEDS, MAX_TOKENS, batch_size=256))
+    assert captured.disabled_reason is None and captured._shapes  # the round was captured
+    halves = [columns(captured.collect(prompt, params, part, MAX_TOKENS, batch_size=256))
+              for part in (SEEDS[:77], SEEDS[77:])]
+    eager = columns(BatchCollector(llm.engine, capture=False).collect(prompt, params, SEEDS, MAX_TOKENS))
+    outs = llm.generate([prompt] * len(SEEDS), [SamplingParams(**SAMPLING, seed=s, max_tokens=MAX_TOKENS,
+                                                               ignore_eos=True) for s in SEEDS])
+    engine_tokens = np.array([o.token_ids for o in outs])
+    engine_counts = np.array([[o.num_rounds for o in outs], [o.num_draft_tokens for o in outs],
+                              [o.num_accepted_tokens for o in outs]])
+    np.testing.assert_array_equal(graphs[0], eager[0])
+    np.testing.assert_array_equal(graphs[0], np.concatenate([halves[0][0], halves[1][0]]))
+    np.testing.assert_array_equal(graphs[2], eager[2])
+    np.testing.assert_array_equal(graphs[0], engine_tokens)
+    np.testing.assert_array_equal(graphs[2], engine_counts)
