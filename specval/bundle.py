@@ -61,10 +61,13 @@ class RunPlan:
     profile: str | None
     ranges: tuple[tuple[str, int, int], ...]  # (group, start, stop)
     stage2_ranges: tuple[tuple[str, int, int], ...] = ()  # the same, of stage 2 (empty: not claimed)
+    registration: str = "frozen"  # the protocol's state in frozen.lock when the run started
+    exploratory: bool = False  # run with --exploratory: the verdict is marked EXPLORATORY
 
     def to_dict(self) -> dict:
         out = {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
-               "ranges": _range_dicts(self.ranges)}
+               "ranges": _range_dicts(self.ranges), "registration": self.registration,
+               "exploratory": self.exploratory}
         if self.stage2_ranges:
             out["stage2_ranges"] = _range_dicts(self.stage2_ranges)
         return out
@@ -72,7 +75,12 @@ class RunPlan:
     @classmethod
     def from_dict(cls, data: dict) -> "RunPlan":
         return cls(data["protocol"], data["protocol_hash"], data["profile"], _range_tuples(data["ranges"]),
-                   _range_tuples(data.get("stage2_ranges", [])))
+                   _range_tuples(data.get("stage2_ranges", [])), data.get("registration", "frozen"),
+                   bool(data.get("exploratory", False)))
+
+    def registration_block(self) -> dict:
+        """The summary's `registration` entry: how the protocol stood against frozen.lock."""
+        return {"state": self.registration, "exploratory": self.exploratory}
 
 
 def _range_dicts(ranges: tuple[tuple[str, int, int], ...]) -> list[dict]:

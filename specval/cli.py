@@ -1,7 +1,8 @@
 """Command-line interface of specval (click).
 
 Exit status: 0 PASS, 1 FAIL (or INCONCLUSIVE, or a bundle that does not verify), 2 usage or
-input error (bad protocol, overlapping seeds, unsupported group, unreadable bundle).
+input error (bad protocol, overlapping seeds, unsupported group, unreadable bundle), 3 the system
+under test raised (see specval.execution), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import click
 
 from specval import __version__
 from specval import bundle as bundles
+from specval import execution
 from specval import protocol as protocols
 from specval import seeds
 from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
 
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
 REPORT_FILES = ("report.md", "report.html")
 
 
@@ -51,48 +53,121 @@ def _bundle_kind(bundle: Path) -> str:
     return json.loads(summary_file.read_text()).get("kind", "distribution")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The command group; an interrupt of any command exits 130 with one line (not click's 'Aborted!', 1)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(execution.EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specval")
 def main() -> None:
     """Prove that a speculative-decoding sampler preserves the target distribution."""
 
 
+RESUME_CONFLICTS = ("profile", "output", "seed_offset", "confirmatory", "exploratory")  # fixed by the bundle
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _check_run_flags(ctx: click.Context, protocol_file, resume, exploratory, confirmatory) -> None:
+    if (protocol_file is None) == (resume is None):
+        raise click.UsageError("give exactly one of PROTOCOL_FILE or --resume BUNDLE")
+    if exploratory and confirmatory:
+        raise click.UsageError("--exploratory and --confirmatory contradict each other")
+    if resume is not None:
+        conflicts = [f"--{name.replace('_', '-')}" for name in RESUME_CONFLICTS if _given(ctx, name)]
+        if conflicts:
+            raise click.UsageError(f"--resume continues {resume} with the protocol, profile, seeds, output and "
+                                   f"registration recorded in it; drop {', '.join(conflicts)}")
+
+
+def _print_verdict(summary: dict, path: Path) -> None:
+    for name, test in sorted(summary["tests"].items()):
+        click.echo(f"  {test['verdict']:<12} {test['role']:<9} {name}: {test['reason']}")
+    marker = "EXPLORATORY " if summary.get("registration", {}).get("exploratory") else ""
+    click.echo(f"{marker}{summary['verdict']}: {summary['reason']}")
+    click.echo(f"bundle: {path}")
+
+
+def _announce(path: Path) -> None:
+    click.echo(f"bundle: {path} (resume with: {execution.resume_command(path)})")
+
+
 @main.command()
 @click.argument("protocol_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
-@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
+@click.option("--output", default=Path("results"), type=click.Path(path_type=Path),
               show_default=True, help="Root directory of bundles and of the seed ledger.")
 @click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Continue a killed run in this bundle (its protocol and seeds are reused).")
-@click.option("--confirmatory", is_flag=True, help="Refuse unless the protocol's hash matches the frozen one.")
+              help="Continue a killed or failed run in this unsealed bundle (its protocol and seeds are reused).")
+@click.option("--exploratory", is_flag=True,
+              help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
+@click.option("--confirmatory", is_flag=True, help="The default: refuse a protocol that is not frozen as written.")
 @click.option("--seed-offset", default=None, type=click.IntRange(min=0),
               help="First seed of the run (still checked against the ledger).")
 @click.option("--junit", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def run(protocol_file, profile, output, resume, confirmatory, seed_offset, junit, quiet) -> None:
-    """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path."""
+@click.pass_context
+def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet) -> None:
+    """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path.
+
+    Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error (nothing claimed), 3 the
+    system under test raised (the bundle is kept for --resume; the traceback is in a log file),
+    130 interrupted (the bundle is kept for --resume)."""
     from specval import runner
+    from specval.preflight import SUTRaised, check_writable_file
     from specval.report.junit import write_junit
     from specval.sut import SUTError
 
-    if (protocol_file is None) == (resume is None):
-        raise click.UsageError("give exactly one of PROTOCOL_FILE or --resume BUNDLE")
+    _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
     if _protocol_kind(protocol_file) == QUALITY_KIND:
         from specval import quality as runner  # same run() contract, paired quality protocols
     try:
-        path, summary = runner.run(protocol_file, profile, output, resume=resume, confirmatory=confirmatory,
-                                   seed_offset=seed_offset, progress=not quiet)
+        if junit:
+            check_writable_file(junit, "--junit")
+        with execution.signals_interrupt():
+            path, summary = runner.run(protocol_file, profile, output, resume=resume, exploratory=exploratory,
+                                       seed_offset=seed_offset, progress=not quiet, announce=_announce)
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
         _input_error(err)
+    except SUTRaised as err:  # the probe, before any seed was claimed
+        log = execution.probe_log(Path(resume or output), err)
+        _fail_with(execution.EXIT_SUT, f"error: {err}; no seed was claimed; traceback in {log}")
+    except execution.RunFailed as err:
+        _fail_with(execution.EXIT_SUT, f"error: {err}; traceback in {err.log}; the bundle {err.path} is marked "
+                   f"ERROR and kept; resume with: {execution.resume_command(err.path)}")
+    except execution.RunInterrupted as err:
+        _interrupted(err.path)
+    except KeyboardInterrupt:
+        _interrupted(None)
+    _print_verdict(summary, path)
     if junit:
-        write_junit(summary, junit)
-    for name, test in sorted(summary["tests"].items()):
-        click.echo(f"  {test['verdict']:<12} {test['role']:<9} {name}: {test['reason']}")
-    click.echo(f"{summary['verdict']}: {summary['reason']}")
-    click.echo(f"bundle: {path}")
+        try:
+            write_junit(summary, junit)
+        except OSError as err:
+            _input_error(f"--junit {junit}: cannot write ({err.strerror or err}); the verdict above stands")
     sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+
+
+def _fail_with(code: int, line: str) -> None:
+    click.echo(line, err=True)
+    sys.exit(code)
+
+
+def _interrupted(path: Path | None) -> None:
+    where = (f"; the bundle {path} is kept; resume with: {execution.resume_command(path)}" if path
+             else "; no bundle was started")
+    _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
 
 
 @main.command()
@@ -166,27 +241,45 @@ def seeds_command(protocol_file, profile, output) -> None:
 def ls_command(output) -> None:
     """List the bundles under --output with their verdicts."""
     for path in sorted(p for p in Path(output).glob("*") if (p / bundles.RUN_FILE).exists()):
-        summary_file = path / bundles.SUMMARY_FILE
-        verdict = json.loads(summary_file.read_text())["verdict"] if summary_file.exists() else "INCOMPLETE"
         sealed = "sealed" if (path / bundles.SUMS_FILE).exists() else "unsealed"
-        click.echo(f"{verdict:<13} {sealed:<9} {path}")
+        click.echo(f"{_listed_state(path, sealed == 'sealed'):<13} {sealed:<9} {path}")
+
+
+def _listed_state(path: Path, sealed: bool) -> str:
+    """The verdict of a bundle for `ls`: its summary's, ERROR (the SUT raised, not yet resumed),
+    INCOMPLETE (no summary yet) or CORRUPT (a summary that cannot be read)."""
+    summary_file = path / bundles.SUMMARY_FILE
+    if not summary_file.exists():
+        return "ERROR" if (path / execution.ERROR_LOG).exists() and not sealed else "INCOMPLETE"
+    try:
+        verdict = json.loads(summary_file.read_text())["verdict"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "CORRUPT"
+    return verdict if isinstance(verdict, str) else "CORRUPT"
 
 
 @main.command()
 @click.argument("protocol_files", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def validate(protocol_files) -> None:
-    """Parse each protocol (all profiles) and print its canonical hash and frozen state."""
+    """Parse each protocol (all profiles) and print its canonical hash and frozen state; exit 1 if
+    any protocol changed since it was frozen, 2 if any does not parse."""
+    changed = []
     for path in protocol_files:
         try:
             protocol = _loader(path)(path)
             for name, _ in protocol.profiles:
                 protocols.resolve(protocol, name)
+            state = protocols.registration(protocol, path)
         except protocols.ProtocolError as err:
             _input_error(err)
-        frozen = protocols.read_lock(protocols.lock_path(path)).get(protocol.name)
-        state = "frozen" if frozen == protocol.hash else ("CHANGED since frozen" if frozen else "not frozen")
-        click.echo(f"ok {path}: {protocol.name} {protocol.hash} ({state})")
+        if state == protocols.CHANGED:
+            changed.append(str(path))
+        click.echo(f"{'CHANGED' if state == protocols.CHANGED else 'ok'} {path}: {protocol.name} {protocol.hash} "
+                   f"({state})")
+    if changed:
+        click.echo(f"FAIL: {len(changed)} protocol(s) changed since frozen: {', '.join(changed)}")
+        sys.exit(EXIT_FAIL)
 
 
 

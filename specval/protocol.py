@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -234,6 +235,8 @@ def _int(value: Any, file: str, key: str, minimum: int | None = None) -> int:
 def _float(value: Any, file: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(file, key, "expected a number", value)
+    if not math.isfinite(value):
+        _fail(file, key, "expected a finite number", value)
     return float(value)
 
 
@@ -379,7 +382,7 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
 
 
 def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
-                    zero_ok: tuple[str, ...] = ("samples_per_group",)
+                    zero_ok: tuple[str, ...] = ()
                     ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`)."""
     raw = _mapping(raw, file, "profiles")
@@ -417,7 +420,7 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         num_speculative_tokens=_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
         positions=positions,
         groups=groups,
-        samples_per_group=_int(raw["samples_per_group"], file, "samples_per_group", minimum=0),
+        samples_per_group=_int(raw["samples_per_group"], file, "samples_per_group", minimum=1),
         tests=_parse_tests(raw["tests"], file, groups, positions),
         seed_base=_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
         alpha=_unit_open(raw.get("alpha", 0.01), file, "alpha"),
@@ -443,18 +446,69 @@ def _bool(value: Any, file: str, key: str) -> bool:
     return value
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML's default keeps the last)
+    and remembers the line of every mapping key (`_KeyLines`), so errors can point at the file."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping key given twice; the message names both lines."""
+
+
+class _KeyLines(dict):
+    """A parsed mapping with `lines`: key -> 1-based line of the key in the file."""
+
+    lines: dict[Any, int]
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> _KeyLines:
+    loader.flatten_mapping(node)
+    out, lines = _KeyLines(), {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in lines:
+            raise _DuplicateKey(f"key {key!r} given twice (lines {lines[key]} and {line}); "
+                                "a pre-registered protocol must say each thing once")
+        lines[key] = line
+        out[key] = loader.construct_object(value_node, deep=deep)
+    out.lines = lines
+    return out
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
 def read_yaml(path: str | Path) -> Any:
-    """The parsed YAML of a protocol file; unreadable files and YAML syntax errors become
-    ProtocolError naming the file."""
+    """The parsed YAML of a protocol file; unreadable files, YAML syntax errors and keys given
+    twice in one mapping become ProtocolError naming the file (and both lines of a duplicate)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise ProtocolError(f"{path}: cannot read protocol ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise ProtocolError(f"{path}: not a text file ({err.reason})") from err
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as err:
+        raise ProtocolError(f"{path}: {err}") from err
     except yaml.YAMLError as err:
         raise ProtocolError(f"{path}: invalid YAML: {err}") from err
+
+
+def line_of(raw: Any, key_path: tuple[Any, ...]) -> int | None:
+    """1-based line of the key at `key_path` (e.g. ("groups", 2, "mode")) in a mapping returned by
+    `read_yaml`; the deepest key found on the way when the full path is absent; None if none."""
+    line, node = None, raw
+    for key in key_path:
+        if isinstance(node, _KeyLines) and key in node:
+            line, node = node.lines[key], node[key]
+        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+        else:
+            break
+    return line
 
 
 def load_protocol(path: str | Path) -> Protocol:
@@ -507,13 +561,23 @@ def freeze(protocol_file: str | Path,
     return path, protocol.hash
 
 
-def check_frozen(protocol: Protocol, protocol_file: str | Path) -> None:
-    """Refuse (ProtocolError) a confirmatory run whose protocol is not frozen or has changed."""
-    path = lock_path(protocol_file)
-    frozen = read_lock(path).get(protocol.name)
+FROZEN, CHANGED, NOT_FROZEN = "frozen", "changed since frozen", "not frozen"
+
+
+def registration(protocol: Any, protocol_file: str | Path) -> str:
+    """FROZEN if the lock next to the file holds the protocol's hash, CHANGED if it holds another
+    hash for the same name, NOT_FROZEN if it holds none."""
+    frozen = read_lock(lock_path(protocol_file)).get(protocol.name)
     if frozen is None:
-        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} is not frozen in {path}; "
-                            f"run `specval freeze {protocol_file}` before a confirmatory run")
-    if frozen != protocol.hash:
-        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} changed since it was frozen "
-                            f"(frozen {frozen[:12]}, now {protocol.hash[:12]}); a confirmatory run refuses it")
+        return NOT_FROZEN
+    return FROZEN if frozen == protocol.hash else CHANGED
+
+
+def check_registered(protocol: Any, protocol_file: str | Path, exploratory: bool) -> str:
+    """The registration state; ProtocolError unless FROZEN or the run is declared `exploratory`."""
+    state = registration(protocol, protocol_file)
+    if state != FROZEN and not exploratory:
+        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} is {state} in {lock_path(protocol_file)}; "
+                            f"run `specval freeze {protocol_file}` to pre-register it, or pass --exploratory "
+                            "(the verdict is then marked EXPLORATORY)")
+    return state

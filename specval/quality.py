@@ -25,6 +25,8 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
+
 import numpy as np
 from tqdm import tqdm
 
@@ -33,7 +35,9 @@ from specval import seeds
 from specval.quality_protocol import QualityProtocol, arith_config, load_quality_protocol, parse_quality_protocol
 from specval.quality_protocol import resolve as resolve_profile
 from specval.quality_report import render
-from specval.protocol import check_frozen
+from specval.execution import guard_bundle
+from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded
+from specval.protocol import check_registered
 from specval.runner import SutFactory, run_timing, write_manifest
 from specval.stats.mcnemar import paired_comparison
 from specval.sut import SUTError, open_sut
@@ -190,7 +194,9 @@ def summarise(path: Path, protocol: QualityProtocol, start: int) -> dict:
     tests = {f"noninferiority.{b}_vs_{a}": compare(protocol, role, a, b, flags)
              for role, a, b in protocol.comparisons()}
     verdict, reason = overall(tests)
+    registration = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
     return json.loads(json.dumps({"kind": "quality", "verdict": verdict, "reason": reason, "tests": tests,
+            "registration": registration,
             "groups": {name: _group_facts(protocol, name, rows[name], flags[name], start) for name in rows},
             "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
                          "alpha": protocol.alpha, "margin": protocol.margin, "task": protocol.task.name,
@@ -203,21 +209,25 @@ def summarise(path: Path, protocol: QualityProtocol, start: int) -> dict:
 
 
 def _start(protocol_file: Path, base: QualityProtocol, protocol: QualityProtocol, output: Path,
-           seed_offset: int | None) -> tuple[Path, seeds.SeedRange]:
-    """Claim one seed range for all groups and create the bundle (nothing is sampled yet)."""
+           seed_offset: int | None, registration: str, exploratory: bool) -> tuple[Path, seeds.SeedRange]:
+    """Claim one seed range for all groups (under the ledger lock) and create the bundle."""
     from specval.runner import _new_bundle
 
     output.mkdir(parents=True, exist_ok=True)
-    planned = seeds.allocate(seeds.read_ledger(output), protocol.name, "", [PAIRED_GROUP], protocol.num_pairs,
-                             protocol.seed_base, seed_offset)[0]
-    seeds.check_disjoint(seeds.read_ledger(output), [planned])
-    path = _new_bundle(output, protocol.name)
-    claimed = seeds.SeedRange(protocol.name, path.name, PAIRED_GROUP, planned.start, planned.stop)
-    seeds.claim(output, [claimed])
+    made: list[Path] = []
+
+    def new_bundle() -> str:
+        made.append(_new_bundle(output, protocol.name))
+        return made[0].name
+
+    claimed, = seeds.claim_next(output, protocol.name, [PAIRED_GROUP], protocol.num_pairs, protocol.seed_base,
+                                seed_offset, new_bundle)
+    path = made[0]
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile, ((PAIRED_GROUP, claimed.start,
-                                                                              claimed.stop),))
+                                                                              claimed.stop),),
+                           registration=registration, exploratory=exploratory)
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
     return path, claimed
 
@@ -234,38 +244,47 @@ def load_bundle_protocol(path: Path) -> tuple[QualityProtocol, seeds.SeedRange]:
     return resolve_profile(protocol, plan.profile), seeds.SeedRange(plan.protocol, path.name, group, start, stop)
 
 
-def _open(protocol: QualityProtocol, sut_factory: SutFactory | None):
-    sut = (sut_factory or open_sut)(protocol.sut, protocol.num_speculative_tokens)
-    if not (hasattr(sut, "complete") and hasattr(sut, "render_chat")):
+def _open(protocol: QualityProtocol, protocol_file: Path, sut_factory: SutFactory | None) -> GuardedSUT:
+    sut = open_guarded(sut_factory or open_sut, protocol)
+    try:
+        if not (hasattr(sut, "complete") and hasattr(sut, "render_chat")):
+            raise SUTError(f"sut.adapter {protocol.sut.adapter!r} cannot generate text completions "
+                           "(needs complete() and render_chat()); quality protocols need it")
+        sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
+        check_capabilities(protocol, sut, protocol_file)
+    except BaseException:
         sut.close()
-        raise SUTError(f"sut.adapter {protocol.sut.adapter!r} cannot generate text completions "
-                       "(needs complete() and render_chat()); quality protocols need it")
+        raise
     return sut
 
 
 def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
-        confirmatory: bool = False, seed_offset: int | None = None, progress: bool = True,
-        sut_factory: SutFactory | None = None, command: list[str] | None = None) -> tuple[Path, dict]:
-    """Run (or resume) a quality protocol and write a sealed bundle; returns (bundle, summary)."""
+        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
+        sut_factory: SutFactory | None = None, command: list[str] | None = None,
+        announce: Callable[[Path], None] | None = None) -> tuple[Path, dict]:
+    """Run (or resume) a quality protocol and write a sealed bundle; returns (bundle, summary).
+    Refusals, failures and interrupts behave as in `specval.runner.run`."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     if resume is None:
         base = load_quality_protocol(protocol_file)
-        if confirmatory or base.confirmatory:
-            check_frozen(base, protocol_file)
+        state = check_registered(base, protocol_file, exploratory)
         protocol = resolve_profile(base, profile)
     else:
         protocol, claimed = load_bundle_protocol(Path(resume))
-    sut = _open(protocol, sut_factory)
+    check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
+    sut = _open(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
-        sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
         if resume is None:
-            path, claimed = _start(Path(protocol_file), base, protocol, output, seed_offset)
+            path, claimed = _start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory)
         else:
             path = Path(resume)
-        t0 = time.perf_counter()
-        drawn = collect(sut, protocol, claimed.start, path, progress)
-        collect_s = time.perf_counter() - t0
-        device = {**bundles.device_facts(), "sut": sut.describe()}
+        if announce:
+            announce(path)
+        with guard_bundle(path):
+            t0 = time.perf_counter()
+            drawn = collect(sut, protocol, claimed.start, path, progress)
+            collect_s = time.perf_counter() - t0
+            device = {**bundles.device_facts(), "sut": sut.describe()}
     finally:
         sut.close()
     summary = summarise(path, protocol, claimed.start)

@@ -29,7 +29,9 @@ import numpy as np
 
 from specval import bundle as bundles
 from specval import collect, report, seeds
-from specval.protocol import Protocol, SutSpec, check_frozen, load_protocol, parse_protocol, resolve
+from specval.execution import guard_bundle
+from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
+from specval.protocol import FROZEN, Protocol, SutSpec, check_registered, load_protocol, parse_protocol, resolve
 from specval.reference import Reference, build_reference, needed_prefixes, transform
 from specval.stats.quadrature import adversarial_pairs, quadrature_check
 from specval.sut import SUT, open_sut
@@ -62,29 +64,33 @@ def _ranges(plan: bundles.RunPlan, run: str) -> list[seeds.SeedRange]:
 # ---------------------------------------------------------------- start or resume
 
 
-def prepare(protocol_file: Path, profile: str | None, confirmatory: bool = False) -> tuple[Protocol, Protocol]:
-    """Load the protocol, refuse a changed confirmatory one, apply the profile: (as written, resolved)."""
+def prepare(protocol_file: Path, profile: str | None, exploratory: bool = False) -> tuple[Protocol, Protocol, str]:
+    """Load the protocol, check its registration in frozen.lock (a protocol that is not frozen, or
+    changed since, runs only when `exploratory`), apply the profile: (as written, resolved, state)."""
     base = load_protocol(protocol_file)
-    if confirmatory or base.confirmatory:
-        check_frozen(base, protocol_file)
-    return base, resolve(base, profile)
+    state = check_registered(base, protocol_file, exploratory)
+    return base, resolve(base, profile), state
 
 
 def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
-          seed_offset: int | None = None) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim disjoint seed ranges and create the bundle (nothing is sampled yet)."""
+          seed_offset: int | None = None, registration: str = FROZEN,
+          exploratory: bool = False) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet)."""
     output.mkdir(parents=True, exist_ok=True)
-    names = [g.name for g in protocol.groups]
-    planned = seeds.allocate(seeds.read_ledger(output), protocol.name, "", names, protocol.samples_per_group,
-                             protocol.seed_base, seed_offset)
-    seeds.check_disjoint(seeds.read_ledger(output), planned)
-    path = _new_bundle(output, protocol.name)
-    ranges = [seeds.SeedRange(r.protocol, path.name, r.group, r.start, r.stop) for r in planned]
-    seeds.claim(output, ranges)
+    made: list[Path] = []
+
+    def new_bundle() -> str:
+        made.append(_new_bundle(output, protocol.name))
+        return made[0].name
+
+    ranges = seeds.claim_next(output, protocol.name, [g.name for g in protocol.groups], protocol.samples_per_group,
+                              protocol.seed_base, seed_offset, new_bundle)
+    path = made[0]
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
-                           tuple((r.group, r.start, r.stop) for r in ranges))
+                           tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
+                           exploratory=exploratory)
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
     return path, ranges
 
@@ -204,34 +210,60 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> 
                                       "records no stage-2 seed ranges")
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
         second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws)
-    return json.loads(json.dumps(confirm(protocol, first, second)))
+    summary = confirm(protocol, first, second)
+    summary["registration"] = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
+    return json.loads(json.dumps(summary))
 
 
 # ---------------------------------------------------------------- the run
 
 
+def open_checked(protocol: Protocol, protocol_file: Path, sut_factory: SutFactory | None) -> GuardedSUT:
+    """The adapter, checked before any seed is claimed: groups it refuses and capabilities it lacks are
+    input errors (SUTError / ProtocolError); a probe on reserved seeds catches a broken adapter (SUTRaised)."""
+    sut = open_guarded(sut_factory or open_sut, protocol)
+    try:
+        sut.check_groups(protocol.groups)
+        check_capabilities(protocol, sut, protocol_file)
+        probe(sut, protocol)
+    except BaseException:
+        sut.close()
+        raise
+    return sut
+
+
 def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
-        confirmatory: bool = False, seed_offset: int | None = None, progress: bool = True,
-        sut_factory: SutFactory | None = None, command: list[str] | None = None) -> tuple[Path, dict]:
-    """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary)."""
+        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
+        sut_factory: SutFactory | None = None, command: list[str] | None = None,
+        announce: Callable[[Path], None] | None = None) -> tuple[Path, dict]:
+    """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary).
+
+    Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
+    without `exploratory`, an unwritable output root, groups or capabilities the adapter lacks, a
+    failed probe. Once the bundle exists, `announce(bundle)` is called; an exception raised by the
+    adapter then becomes execution.RunFailed and an interrupt execution.RunInterrupted (see
+    specval.execution): the bundle is kept, unsealed, for `--resume`."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     if resume is None:
-        base, protocol = prepare(Path(protocol_file), profile, confirmatory)
+        base, protocol, state = prepare(Path(protocol_file), profile, exploratory)
     else:
         protocol, ranges = load_bundle_protocol(Path(resume))
-    sut = (sut_factory or open_sut)(protocol.sut, protocol.num_speculative_tokens)
+    check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
+    sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
-        sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
         if resume is None:
-            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset)
+            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory)
         else:
             path = Path(resume)
-        prompt_ids = sut.encode(protocol.prompt)
-        t0 = time.perf_counter()
-        drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
-        collect_s = time.perf_counter() - t0
-        summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress)
-        device = {**bundles.device_facts(), "sut": sut.describe()}
+        if announce:
+            announce(path)
+        with guard_bundle(path):
+            prompt_ids = sut.encode(protocol.prompt)
+            t0 = time.perf_counter()
+            drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+            collect_s = time.perf_counter() - t0
+            summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress)
+            device = {**bundles.device_facts(), "sut": sut.describe()}
     finally:
         sut.close()
     timing = run_timing(started, clock, collect_s, drawn)

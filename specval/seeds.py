@@ -9,18 +9,26 @@ Guarantees:
 - `claim` refuses (SeedOverlapError) any range that intersects a range already held by another
   group or another run of the same protocol, before anything is written or sampled.
 - The ledger file is replaced atomically (temp file + rename), so a crash never leaves half a file.
+- `claim_next` allocates and claims under an exclusive lock of the ledger (`ledger.lock`, flock), so
+  runs started at the same moment on one output root get disjoint ranges.
+- Seeds from PROBE_SEED_START on are reserved for the adapter probe: no range may reach them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 LEDGER_FILE_NAME = "ledger.json"
+LOCK_FILE_NAME = "ledger.lock"
+PROBE_SEED_START = 2**32 - 16  # seeds [PROBE_SEED_START, 2**32) belong to the adapter probe, never to a run
+PROBE_SEEDS = (PROBE_SEED_START, PROBE_SEED_START + 1)
 
 
 class SeedOverlapError(ValueError):
@@ -87,8 +95,13 @@ def allocate(ledger: Iterable[SeedRange], protocol: str, run: str, groups: Seque
 
 
 def check_disjoint(ledger: Iterable[SeedRange], ranges: Sequence[SeedRange]) -> None:
-    """Raise SeedOverlapError if `ranges` intersect each other or another run's ranges."""
+    """Raise SeedOverlapError if `ranges` intersect each other or another run's ranges, or reach
+    the probe's reserved seeds."""
     ledger = [r for r in ledger if r.protocol in {n.protocol for n in ranges}]
+    for new in ranges:
+        if new.stop > PROBE_SEED_START:
+            raise SeedOverlapError(f"seed range [{new.start}, {new.stop}) of group {new.group!r} reaches the seeds "
+                                   f"reserved for the adapter probe (>= {PROBE_SEED_START})")
     for i, new in enumerate(ranges):
         for other in ranges[i + 1:]:
             if new.size and other.size and new.overlaps(other):
@@ -103,9 +116,42 @@ def check_disjoint(ledger: Iterable[SeedRange], ranges: Sequence[SeedRange]) -> 
                     f"of protocol {old.protocol!r}")
 
 
-def claim(output: str | Path, ranges: Sequence[SeedRange]) -> None:
-    """Check `ranges` against the ledger, then record them (idempotent for the same run)."""
+@contextlib.contextmanager
+def ledger_lock(output: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock of the output root's ledger (blocks until other holders release it)."""
+    path = Path(output) / LOCK_FILE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _claim_unlocked(output: str | Path, ranges: Sequence[SeedRange]) -> None:
     ledger = read_ledger(output)
     check_disjoint(ledger, ranges)
     known = set(ledger)
     _write_ledger(output, ledger + [r for r in ranges if r not in known])
+
+
+def claim(output: str | Path, ranges: Sequence[SeedRange]) -> None:
+    """Check `ranges` against the ledger, then record them (idempotent for the same run); under the lock."""
+    with ledger_lock(output):
+        _claim_unlocked(output, ranges)
+
+
+def claim_next(output: str | Path, protocol: str, groups: Sequence[str], size: int, base: int,
+               offset: int | None, name_run: Callable[[], str]) -> list[SeedRange]:
+    """Allocate the next ranges of `protocol` and claim them for the run `name_run()` names, all
+    under the ledger lock: concurrent runs on one output root never take the same seeds.
+    `name_run` is called only once the ranges are known to be free (it may create the bundle)."""
+    with ledger_lock(output):
+        ledger = read_ledger(output)
+        planned = allocate(ledger, protocol, "", groups, size, base, offset)
+        check_disjoint(ledger, planned)
+        run = name_run()
+        ranges = [SeedRange(r.protocol, run, r.group, r.start, r.stop) for r in planned]
+        _claim_unlocked(output, ranges)
+    return ranges

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from specval import protocol as protocols
+
 FAKE_PROTOCOL = {
     "name": "fake_t2",
     "sut": {"adapter": "fake_sut:FakeSUT"},
@@ -36,7 +38,20 @@ def fake_protocol_dict(**overrides) -> dict:
     return raw
 
 
-def write_protocol(directory: Path, raw: dict, name: str = "protocol.yaml") -> Path:
+def write_protocol(directory: Path, raw: dict, name: str = "protocol.yaml", frozen: bool = True) -> Path:
+    """Write the protocol; `frozen` also records its hash in the directory's frozen.lock (as a
+    pre-registered protocol would be) when it parses; invalid protocols are written unfrozen."""
     path = Path(directory) / name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    if frozen:
+        try:
+            protocols.freeze(path, _loader(raw))
+        except protocols.ProtocolError:
+            pass  # the test feeds an invalid protocol on purpose: the run must refuse it for that reason
     return path
+
+
+def _loader(raw: dict):
+    from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
+
+    return load_quality_protocol if raw.get("kind") == QUALITY_KIND else protocols.load_protocol

@@ -60,22 +60,34 @@ def test_input_errors_exit_2_before_any_sampling(cli, tmp_path):
     result = _run(cli, "run", str(write_protocol(tmp_path, unsupported, "u.yaml")), "--quiet")
     assert result.exit_code == 2 and "mode 'async' is not supported" in result.output
     assert not Path("results").exists()  # refused before any seed was claimed
-    good = write_protocol(tmp_path, fake_protocol_dict())
-    assert _run(cli, "run", str(good), "--confirmatory", "--quiet").exit_code == 2
-    assert _run(cli, "run", str(good), "--profile", "cj", "--quiet").exit_code == 2
+    (tmp_path / "unfrozen").mkdir()
+    unfrozen = write_protocol(tmp_path / "unfrozen", fake_protocol_dict(), frozen=False)
+    result = _run(cli, "run", str(unfrozen), "--quiet")
+    assert result.exit_code == 2 and "not frozen" in result.output and "--exploratory" in result.output
+    assert _run(cli, "run", str(unfrozen), "--profile", "cj", "--quiet", "--exploratory").exit_code == 2
+    assert not Path("results").exists()
     assert _run(cli, "run", "--quiet").exit_code == 2  # neither a protocol nor --resume
 
 
-def test_freeze_validate_and_confirmatory_run(cli, tmp_path):
-    file = write_protocol(tmp_path, fake_protocol_dict(samples_per_group=400))
-    assert "not frozen" in _run(cli, "validate", str(file)).output
+def test_freeze_validate_and_exploratory_run(cli, tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict(samples_per_group=400), frozen=False)
+    result = _run(cli, "validate", str(file))
+    assert result.exit_code == 0 and "not frozen" in result.output
     assert _run(cli, "freeze", str(file)).exit_code == 0
     lock = json.loads((tmp_path / "frozen.lock").read_text())
     assert "(frozen)" in _run(cli, "validate", str(file)).output
-    assert _run(cli, "run", str(file), "--confirmatory", "--quiet").exit_code == 0
-    write_protocol(tmp_path, fake_protocol_dict(samples_per_group=401))
+    assert _run(cli, "run", str(file), "--quiet").exit_code == 0
+    write_protocol(tmp_path, fake_protocol_dict(samples_per_group=401), frozen=False)
+    result = _run(cli, "validate", str(file))
+    assert result.exit_code == 1 and "CHANGED" in result.output
     result = _run(cli, "run", str(file), "--confirmatory", "--quiet")
-    assert result.exit_code == 2 and "changed since it was frozen" in result.output and str(file) in result.output
+    assert result.exit_code == 2 and "changed since frozen" in result.output and str(file) in result.output
+    result = _run(cli, "run", str(file), "--exploratory", "--quiet")
+    assert result.exit_code == 0 and "EXPLORATORY PASS" in result.output
+    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["registration"] == {"state": "changed since frozen", "exploratory": True}
+    assert _run(cli, "verify", str(bundle)).exit_code == 0
     assert json.loads((tmp_path / "frozen.lock").read_text()) == lock
 
 

@@ -9,9 +9,11 @@ import pytest
 from fake_sut import FakeSUT
 
 from specval import collect, runner
+from specval.execution import RunInterrupted
 from specval.seeds import SeedRange
 
-KILL_AFTER_CALLS = 5  # batch calls before the simulated kill (chunks of 2 batches: 2 chunks + 1 batch)
+PROBE_CALLS = 2  # the adapter probe samples once per group before any seed is claimed
+KILL_AFTER_CALLS = PROBE_CALLS + 5  # then 5 batches (chunks of 2 batches: 2 chunks + 1 batch) before the kill
 
 
 class KilledSUT(FakeSUT):
@@ -29,9 +31,10 @@ def _samples(bundle: Path) -> pd.DataFrame:
 
 
 def test_kill_and_resume_gives_the_samples_of_an_uninterrupted_run(tmp_path, fake_protocol_file):
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(RunInterrupted) as interrupted:
         runner.run(fake_protocol_file, "ci", tmp_path / "a", sut_factory=KilledSUT, progress=False)
     (killed,) = (tmp_path / "a").glob("fake_t2-*")
+    assert interrupted.value.path == killed
     assert len(list((killed / "samples").glob("*.parquet"))) == 2
     assert not (killed / "summary.json").exists()
     resumed_sut = []
@@ -42,7 +45,7 @@ def test_kill_and_resume_gives_the_samples_of_an_uninterrupted_run(tmp_path, fak
 
     path, summary = runner.run(None, None, tmp_path / "a", resume=killed, sut_factory=factory, progress=False)
     # 2 groups x 800 seeds in chunks of 400 = 4 chunks of 2 batches; 2 chunks survived the kill
-    assert resumed_sut[0].num_sample_calls == 4
+    assert resumed_sut[0].num_sample_calls == PROBE_CALLS + 4
     fresh, _ = runner.run(fake_protocol_file, "ci", tmp_path / "b", sut_factory=FakeSUT, progress=False)
     pd.testing.assert_frame_equal(_samples(path), _samples(fresh))
     assert len(_samples(path)) == 1600 and summary["verdict"] == "PASS"

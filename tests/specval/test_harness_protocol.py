@@ -46,7 +46,7 @@ BAD_FIELDS = [
     (["groups", 1, "name"], "nospec", ["groups", "duplicate group name"]),
     (["groups", 1, "draft_loops"], 0, ["groups[1].draft_loops", ">= 1"]),
     (["groups", 1, "drafts"], 2, ["groups[1].drafts", "unknown key"]),
-    (["samples_per_group"], -1, ["samples_per_group", ">= 0"]),
+    (["samples_per_group"], 0, ["samples_per_group", ">= 1"]),
     (["alpha"], 1.0, ["alpha", "(0, 1)"]),
     (["power"], 0.0, ["power", "(0, 1)"]),
     (["stratum_min"], 0, ["stratum_min", ">= 1"]),
@@ -69,7 +69,7 @@ BAD_FIELDS = [
     (["tests", 0, "groups"], ["nospec"], ["tests[0].groups", "speculative groups", "'nospec'"]),
     (["tests", 3, "groups"], ["nospec"], ["tests[3].groups", "other than the baseline"]),
     (["profiles", "ci", "samples"], 5, ["profiles.ci.samples", "'samples_per_group'"]),
-    (["profiles", "ci", "samples_per_group"], -3, ["profiles.ci.samples_per_group", ">= 0"]),
+    (["profiles", "ci", "samples_per_group"], 0, ["profiles.ci.samples_per_group", ">= 1"]),
 ]
 
 
@@ -121,18 +121,41 @@ def test_profiles_override_scale_only_and_keep_the_hash():
         resolve(protocol, "cj")
 
 
-def test_freeze_then_confirmatory_refuses_a_changed_protocol(tmp_path):
-    file = write_protocol(tmp_path, fake_protocol_dict())
+def test_registration_needs_freeze_or_exploratory(tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict(), frozen=False)
     protocol = load_protocol(file)
-    with pytest.raises(ProtocolError, match="not frozen"):
-        protocols.check_frozen(protocol, file)
+    assert protocols.registration(protocol, file) == protocols.NOT_FROZEN
+    with pytest.raises(ProtocolError, match="not frozen.*--exploratory"):
+        protocols.check_registered(protocol, file, exploratory=False)
+    assert protocols.check_registered(protocol, file, exploratory=True) == protocols.NOT_FROZEN
     lock, digest = protocols.freeze(file)
     assert lock == tmp_path / "frozen.lock" and digest == protocol.hash
-    protocols.check_frozen(protocol, file)
-    changed = load_protocol(write_protocol(tmp_path, fake_protocol_dict(alpha=0.05)))
-    with pytest.raises(ProtocolError, match="changed since it was frozen") as err:
-        protocols.check_frozen(changed, file)
+    assert protocols.check_registered(protocol, file, exploratory=False) == protocols.FROZEN
+    changed = load_protocol(write_protocol(tmp_path, fake_protocol_dict(alpha=0.05), frozen=False))
+    with pytest.raises(ProtocolError, match="changed since frozen") as err:
+        protocols.check_registered(changed, file, exploratory=False)
     assert str(file) in str(err.value)
+    assert protocols.check_registered(changed, file, exploratory=True) == protocols.CHANGED
+
+
+def test_duplicate_key_is_refused_with_both_lines(tmp_path):
+    text = write_protocol(tmp_path, fake_protocol_dict()).read_text()
+    file = tmp_path / "dup.yaml"
+    file.write_text(text.replace("positions: 2\n", "positions: 2\nalpha: 0.01\nalpha: 0.05\n"))
+    lines = file.read_text().splitlines()
+    first, second = (i + 1 for i, line in enumerate(lines) if line.startswith("alpha:"))
+    with pytest.raises(ProtocolError) as err:
+        load_protocol(file)
+    assert str(file) in str(err.value) and f"lines {first} and {second}" in str(err.value) and "'alpha'" in str(err.value)
+
+
+@pytest.mark.parametrize("key,value", [("alpha", ".inf"), ("min_expected", ".nan"), ("power", "-.inf")])
+def test_non_finite_numbers_are_refused(tmp_path, key, value):
+    text = write_protocol(tmp_path, fake_protocol_dict()).read_text()
+    file = tmp_path / "inf.yaml"
+    file.write_text(text + f"{key}: {value}\n")
+    with pytest.raises(ProtocolError, match=f"{key}: expected a finite number"):
+        load_protocol(file)
 
 
 @pytest.mark.parametrize("name", ["t1_quadrature", "t2_fp32", "t3_fp32", "t2_bf16"])
@@ -146,4 +169,5 @@ def test_shipped_protocols_parse_with_both_profiles(name):
 @pytest.mark.parametrize("name", ["t1_quadrature", "t2_fp32", "t3_fp32", "t2_bf16"])
 def test_shipped_protocols_match_their_frozen_hash(name):
     # Pre-registration: a shipped protocol may only change together with `specval freeze`.
-    protocols.check_frozen(load_protocol(REPO / "protocols" / f"{name}.yaml"), REPO / "protocols" / f"{name}.yaml")
+    file = REPO / "protocols" / f"{name}.yaml"
+    assert protocols.registration(load_protocol(file), file) == protocols.FROZEN

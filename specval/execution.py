@@ -1,0 +1,97 @@
+"""Execution: how a run ends when it does not end in a verdict.
+
+Exit codes of `specval run` (and what raises them):
+
+    0  PASS                     the run's verdict
+    1  FAIL or INCONCLUSIVE     the run's verdict
+    2  input or usage error     ProtocolError, BundleError, SeedOverlapError, SUTError (a refusal)
+    3  the system under test    SUTRaised before any seed (probe), RunFailed after (bundle marked ERROR)
+    130 interrupted             RunInterrupted (SIGINT or SIGTERM)
+
+Guarantees:
+- `guard_bundle` turns an exception raised by the system under test while a bundle is open into
+  RunFailed: the traceback goes to `error.log` in the bundle (appended, one block per failure), the
+  bundle stays unsealed and resumable, and the terminal gets one line.
+- An interrupt (SIGINT, or SIGTERM once `signals_interrupt` is installed) becomes RunInterrupted
+  naming the bundle. Chunks are written atomically (temp file + rename), so an interrupted chunk is
+  either complete or absent; `--resume` collects what is missing.
+- Outside a bundle (the probe) the traceback goes to `probe-error-<UTC time>.log` in the output root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from specval.preflight import SUTRaised
+
+EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_SUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+ERROR_LOG = "error.log"  # in a bundle: tracebacks of the system under test, one block per failure
+PROBE_LOG_PREFIX = "probe-error-"  # in the output root: a probe failure (no bundle exists yet)
+
+
+class RunFailed(Exception):
+    """The system under test raised while the bundle `path` was open; its traceback is in `log`."""
+
+    def __init__(self, path: Path, log: Path, cause: SUTRaised):
+        super().__init__(str(cause))
+        self.path, self.log, self.cause = path, log, cause
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM arrived while the bundle `path` was open (None: before it existed)."""
+
+    def __init__(self, path: Path | None):
+        super().__init__("interrupted")
+        self.path = path
+
+
+def _stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat()
+
+
+def append_log(log: Path, err: SUTRaised) -> Path:
+    """Append the failure's traceback to `log` (created with the process umask)."""
+    with log.open("a") as handle:
+        handle.write(f"=== {_stamp()}: {err}\n{err.details.rstrip()}\n\n")
+    return log
+
+
+def probe_log(directory: Path, err: SUTRaised) -> Path:
+    """Write a probe failure's traceback to a new log file in `directory` (the output root of a new
+    run, created if needed: preflight found it creatable; the bundle of a resumed one)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = PROBE_LOG_PREFIX + dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + ".log"
+    return append_log(directory / name, err)
+
+
+@contextmanager
+def guard_bundle(path: Path) -> Iterator[None]:
+    """While the bundle at `path` is open: SUTRaised -> RunFailed (logged), interrupt -> RunInterrupted."""
+    try:
+        yield
+    except SUTRaised as err:
+        raise RunFailed(path, append_log(path / ERROR_LOG, err), err) from err
+    except KeyboardInterrupt as err:
+        raise RunInterrupted(path) from err
+
+
+def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """SIGTERM behaves like SIGINT (KeyboardInterrupt) inside the block; the old handler comes back after."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def resume_command(path: Path) -> str:
+    return f"specval run --resume {path}"
