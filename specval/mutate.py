@@ -191,7 +191,8 @@ def run_mutant(mutant, protocol_file: Path, profile: str | None, root: Path, sam
         stop_ok = stop_point_check(sut, sut.vocab_size)
     finally:
         sut.close()
-    path, summary = runner.run(file, None if samples is not None else profile, root, progress=False)
+    path, summary = runner.run(file, None if samples is not None else profile, root, progress=False,
+                               exploratory=True)  # a mutant protocol is a modified copy, never frozen
     failed = _gating_failures(summary)
     killed_by = sorted(failed) + ([] if stop_ok else [STOP_POINT_CHECK])
     known = [v for v in tv.values() if v is not None]
