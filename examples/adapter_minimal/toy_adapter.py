@@ -1,0 +1,107 @@
+"""A complete specval adapter for a toy speculative sampler: the example of docs/harness.md section 8.
+
+The "engine" is a bigram model over VOCAB tokens: the target's next-token logits depend on the last
+token only, and the draft model is the target plus a fixed perturbation. Sampling is speculative
+decoding with K drafts per round in numpy float64, one random stream per request seed. It honours
+temperature only (no top-k / top-p), so it declares that in its capabilities; specval refuses, before
+any seed is claimed, a protocol that asks it for truncation.
+
+Everything an adapter needs is here: capabilities as data on the class, `vocab_size`, `encode`,
+`sample` (one row per seed, token sources, counts), `target_logits`, `draft_logits`, and
+`accept_single`, the acceptance step on caller-supplied uniforms that the exact quadrature sweeps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specval.sut import SUT, Capabilities, SampleBatch, SUTError
+
+VOCAB = 8
+WEIGHTS_SEED = 7  # the toy model's fixed weights
+
+
+def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+    """The first token whose cumulative weight exceeds u * total (a positive-weight token)."""
+    cdf = np.cumsum(weights)
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), np.flatnonzero(weights > 0)[-1]))
+
+
+class ToySUT(SUT):
+    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=True, draft_kind="temperature",
+                                sampling=("temperature",))
+
+    def __init__(self, spec, num_speculative_tokens):
+        super().__init__(spec, num_speculative_tokens)
+        rng = np.random.default_rng(WEIGHTS_SEED)
+        self.target = 2.0 * rng.standard_normal((VOCAB, VOCAB))
+        self.draft = self.target + rng.standard_normal((VOCAB, VOCAB))
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % VOCAB for c in text]
+
+    def check_groups(self, groups) -> None:
+        for group in groups:
+            if group.mode not in self.capabilities.modes:
+                raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported")
+
+    def target_logits(self, token_ids: list[int]) -> np.ndarray:
+        return self.target[token_ids[-1]].astype(np.float32)
+
+    def draft_logits(self, group, token_ids: list[int]) -> np.ndarray:
+        return self.draft[token_ids[-1]].astype(np.float32)
+
+    def accept_single(self, draft_tokens, draft_probs, target_probs, uniforms) -> np.ndarray:
+        out = np.empty(len(draft_tokens), dtype=np.int64)
+        for i, x in enumerate(draft_tokens):
+            p, q = np.asarray(target_probs[i], np.float64), np.asarray(draft_probs[i], np.float64)
+            out[i] = x if uniforms[i, 1] * q[x] < p[x] else _inverse_cdf(np.maximum(p - q, 0.0), uniforms[i, 2])
+        return out
+
+    def sample(self, group, prompt_ids, sampling, seeds, num_tokens, max_tokens) -> SampleBatch:
+        rows = [self._request(group, prompt_ids, sampling.temperature, int(s), max_tokens) for s in seeds]
+        return SampleBatch(
+            tokens=np.array([r[0][:num_tokens] for r in rows], dtype=np.int64),
+            sources=np.array([r[1][:num_tokens] for r in rows], dtype=object),
+            num_rounds=np.array([r[2] for r in rows], dtype=np.int64),
+            num_draft_tokens=np.array([r[3] for r in rows], dtype=np.int64),
+            num_accepted_tokens=np.array([r[4] for r in rows], dtype=np.int64))
+
+    def _request(self, group, prompt_ids, temperature, seed, max_tokens):
+        rng = np.random.default_rng(seed)  # the request's own stream: a pure function of its seed
+        p = _softmax(self.target_logits(prompt_ids), temperature)
+        tokens, sources, rounds, drafted, accepted = [_inverse_cdf(p, rng.random())], ["plain"], 0, 0, 0
+        while len(tokens) < max_tokens:
+            context = list(prompt_ids) + tokens
+            if not group.is_speculative:
+                tokens.append(_inverse_cdf(_softmax(self.target_logits(context), temperature), rng.random()))
+                sources.append("plain")
+                continue
+            new, kinds, num_accepted = self._round(context, temperature, rng.random(2 * self.num_speculative_tokens + 1))
+            tokens, sources = tokens + new, sources + kinds
+            rounds, drafted, accepted = rounds + 1, drafted + self.num_speculative_tokens, accepted + num_accepted
+        return tokens[:max_tokens], sources[:max_tokens], rounds, drafted, accepted
+
+    def _round(self, context, temperature, u):
+        """One block: draft K, accept while u_acc * q(x) < p(x), then the correction or the bonus."""
+        k = self.num_speculative_tokens
+        new = []
+        for j in range(k):
+            p = _softmax(self.target_logits(context + new), temperature)
+            q = _softmax(self.draft_logits(None, context + new), temperature)
+            x = _inverse_cdf(q, u[j])
+            if u[k + j] * q[x] >= p[x]:
+                return new + [_inverse_cdf(np.maximum(p - q, 0.0), u[2 * k])], ["accepted"] * j + ["correction"], j
+            new.append(x)
+        bonus = _inverse_cdf(_softmax(self.target_logits(context + new), temperature), u[2 * k])
+        return new + [bonus], ["accepted"] * k + ["bonus"], k
