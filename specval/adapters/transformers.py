@@ -32,6 +32,7 @@ Select it with `sut: {adapter: transformers}` (entry point of group `specval.sut
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from dataclasses import dataclass
 from typing import Any
@@ -199,14 +200,36 @@ class TransformersSUT(SUT):
         log = RoundLog()
         stop = (transformers.StoppingCriteriaList([_StopAfter(len(prompt_ids) + num_tokens)])
                 if self.options.stop_after_positions else None)
-        devices = [self.model.device] if self.model.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            torch.manual_seed(seed)
+        with self._seeded(seed):
             self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=log, stopping_criteria=stop,
                                 **self.generation_kwargs(group, sampling, max_tokens))
         if group.is_speculative:
             return assisted_trace(log.chunks, self.num_speculative_tokens, max_tokens)
         return plain_trace(log.chunks)
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int):
+        """torch's generators seeded with `seed` inside, restored on exit; gradients off."""
+        import torch
+
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)
+            yield
+
+    def sampling_probabilities(self, token_ids: list[int], sampling: SamplingSpec) -> np.ndarray:
+        """transformers' own next-token distribution f64[V] after `token_ids`: the scores its logits
+        processors hand to the sampler in one step of `generate` (temperature, top-k, top-p), softmaxed.
+        The harness's reference applies its own rules to `target_logits`; comparing the two by
+        enumeration isolates any deviation of transformers' processors."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.model.device)
+        kwargs = self.generation_kwargs(GroupSpec("nospec", "nospec"), sampling, 1)
+        with self._seeded(0):  # generate draws one token; its seed is irrelevant to the scores
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), output_scores=True,
+                                      return_dict_in_generate=True, **kwargs)
+        return torch.softmax(out.scores[0][0].double(), dim=-1).cpu().numpy()
 
     def generation_kwargs(self, group: GroupSpec, sampling: SamplingSpec, max_tokens: int) -> dict[str, Any]:
         """The keyword arguments of `generate` for one request of `group`."""
