@@ -164,7 +164,10 @@ def load_adapter(name: str) -> type[SUT]:
         if not points:
             raise SUTError(f"sut.adapter: no adapter {name!r}: use 'engine', 'module:Class' or an entry point "
                            f"of group {ENTRY_POINT_GROUP!r}")
-        cls = points[0].load()
+        try:
+            cls = points[0].load()
+        except (ImportError, AttributeError) as err:
+            raise SUTError(f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded ({err})") from err
     if not (isinstance(cls, type) and issubclass(cls, SUT)):
         raise SUTError(f"sut.adapter: {name!r} is not a subclass of specval.sut.SUT")
     return cls
