@@ -26,21 +26,27 @@ deterministic: the run FAILs at once and no stage 2 is collected.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
+from specval.collect import COUNT_COLUMNS
 from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.reference import Reference
-from specval.stats import multiplicity, power
+from specval.stats import montecarlo, multiplicity, power
 from specval.stats.confirmation import two_stage
-from specval.stats.gof import aggregate_gof, goodness_of_fit
-from specval.stats.homogeneity import aggregate_homogeneity, homogeneity
+from specval.stats.montecarlo import DECISION_LEVEL_FACTOR
+from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 from specval.sut import SOURCES
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Monte Carlo p-values, joint small strata, validity criteria, MDE at the Holm level
+P_VALUED_KINDS = ("gof", "homogeneity")
+DETERMINISTIC_KINDS = ("quadrature", "validity")
+OUT_OF_RANGE, IMPOSSIBLE_COUNTS, OUT_OF_SUPPORT = "out_of_range", "impossible_counts", "out_of_support"
+COVERAGE_FLOOR_KEY = "min_coverage"  # protocol key of a pre-registered coverage floor (optional)
 
 
 # ---------------------------------------------------------------- strata
@@ -67,83 +73,160 @@ def path_strata(tokens: np.ndarray, paths: np.ndarray, position: int) -> list[tu
     return [(key[:width], key[width:], target) for key, target in strata(with_key, 2 * width + 1)]
 
 
-def _paths(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
+@dataclass(frozen=True, eq=False)
+class GroupData:
+    """One group's samples as the statistics see them: rows with every token in [0, V) only."""
+
+    tokens: np.ndarray  # int64[N, n] t_1..t_n
+    paths: np.ndarray  # int64[N, n] index in SOURCES of each token's source
+    num_out_of_range: int  # rows left out: some token < 0 or >= V
+    num_impossible: int  # rows with a negative count or more accepted than drafted tokens
+
+
+def group_data(samples: pd.DataFrame, group: str, positions: int, vocab_size: int | None) -> GroupData:
+    """Split a group's rows into in-range samples and the counts of invalid ones (never raises on
+    any integer a SUT returned)."""
     rows = samples[samples["group"] == group]
+    tokens = rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
     codes = {name: i for i, name in enumerate(SOURCES)}
-    return np.stack([rows[f"src{k}"].map(codes).to_numpy(dtype=np.int64) for k in range(1, positions + 1)], axis=1)
+    paths = np.stack([rows[f"src{k}"].map(codes).fillna(-1).to_numpy(dtype=np.int64)
+                      for k in range(1, positions + 1)], axis=1) if len(rows) else tokens.copy()
+    in_range = np.all(tokens >= 0, axis=1) & (np.all(tokens < vocab_size, axis=1) if vocab_size else True)
+    counts = rows[list(COUNT_COLUMNS)].to_numpy(dtype=np.int64)
+    impossible = np.any(counts < 0, axis=1) | (rows["num_accepted_tokens"].to_numpy() >
+                                               rows["num_draft_tokens"].to_numpy())
+    return GroupData(tokens[in_range], paths[in_range], int((~in_range).sum()), int(impossible.sum()))
 
 
-def _tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
-    rows = samples[samples["group"] == group]
-    return rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
+def _coverage(strata_total: int, strata_covered: int, samples_total: int, samples_covered: int) -> dict[str, Any]:
+    fraction = samples_covered / samples_total if samples_total else 0.0
+    return {"strata_total": strata_total, "strata_covered": strata_covered, "samples_total": samples_total,
+            "samples_covered": samples_covered, "fraction": float(fraction)}
 
 
-def _coverage(num_strata: int, covered: list[int], total: int) -> dict[str, Any]:
-    return {"strata_total": num_strata, "strata_covered": len(covered), "samples_total": total,
-            "samples_covered": int(sum(covered)), "fraction": float(sum(covered) / total) if total else 0.0}
+def _coverage_floor(protocol: Protocol) -> float:
+    """The pre-registered coverage floor (protocol key `min_coverage`; absent: 0, every criterion is
+    then INCONCLUSIVE only when it tested nothing)."""
+    return float(getattr(protocol, COVERAGE_FLOOR_KEY, None) or 0.0)
+
+
+# ---------------------------------------------------------------- levels and MDE
+
+
+def family_sizes(protocol: Protocol) -> dict[str, int]:
+    """Number of p-valued criteria per family (role): Holm's m, fixed by the protocol before any data."""
+    sizes = {role: 0 for role in ROLES}
+    for test in protocol.tests:
+        if test.kind in P_VALUED_KINDS:
+            sizes[test.role] += len(applicable_groups(protocol, test))
+    return sizes
+
+
+def decision_levels(protocol: Protocol, role: str) -> list[float]:
+    """Per stage, the level a criterion of `role` is decided at in the worst case: Holm's first step
+    alpha / m, times the Monte Carlo resolution factor; two entries for a two-stage protocol."""
+    m = max(family_sizes(protocol)[role], 1)
+    alphas = [protocol.alpha] + ([protocol.alpha_stage2] if protocol.confirmation.is_two_stage else [])
+    return [a / m * DECISION_LEVEL_FACTOR for a in alphas]
+
+
+def mde_label(test: TestSpec, group: str) -> str:
+    """What the MDE of a criterion is a TV of."""
+    target = f"t{test.position}"
+    given = "" if test.position == 1 else " given " + ", ".join(f"t{k}" for k in range(1, test.position))
+    given += " and the path" if test.by_path else ""
+    pair = f" between {group} and {test.baseline}" if test.kind == "homogeneity" else ""
+    pooled = ("" if test.position == 1 else
+              ", mean over strata weighted by " + ("n_a n_b / (n_a + n_b)" if test.kind == "homogeneity" else "n_s"))
+    return f"TV of {target}{given}{pair} between pooled cells{pooled}"
+
+
+def _mde(protocol: Protocol, test: TestSpec, group: str, result: StratifiedResult | None) -> dict:
+    levels = decision_levels(protocol, test.role)
+    mde = power.criterion_mde(result.n, result.df, levels, protocol.power) if result else power.NOTHING_DETECTABLE
+    return {"mde_tv": _finite(mde), "mde_label": mde_label(test, group), "mde_levels": levels}
 
 
 # ---------------------------------------------------------------- per-test evaluation
 
 
-def _gof(protocol: Protocol, test: TestSpec, group: str, samples: pd.DataFrame, ref: Reference) -> dict:
-    tokens = _tokens(samples, group, protocol.positions)
-    if test.by_path:
-        all_strata = path_strata(tokens, _paths(samples, group, protocol.positions), test.position)
+def _stratum_counts(tokens: np.ndarray, position: int, paths: np.ndarray | None, vocab: int) -> list:
+    """(key, prefix, counts[V]) per stratum; key = prefix, or (prefix, path) with `paths`."""
+    if paths is None:
+        parts = [(prefix, prefix, target) for prefix, target in strata(tokens, position)]
     else:
-        all_strata = [(prefix, None, target) for prefix, target in strata(tokens, test.position)]
-    results, rows, out_of_support = [], [], 0
-    for prefix, path, target in all_strata:
-        probs = ref.probs(prefix)
-        counts = np.bincount(target, minlength=ref.vocab_size)
-        if len(target) >= protocol.stratum_min:
-            result = goodness_of_fit(counts, probs, min_expected=protocol.min_expected)
-            results.append(result)
-            where = {"prefix": list(prefix)} | ({"path": [SOURCES[c] for c in path]} if path is not None else {})
-            rows.append({**where, **result.to_dict()})
-        else:
-            out_of_support += int(counts[probs == 0.0].sum())
-    agg = aggregate_gof(results)
-    out_of_support += agg.out_of_support
-    mde = power.mde_tv(agg.n, agg.df + 1, protocol.alpha, protocol.power)
-    return _criterion(test, group, None, agg.to_dict(), out_of_support, mde, len(tokens), rows,
-                      _coverage(len(all_strata), [r["n"] for r in rows], len(tokens)))
+        parts = [((prefix, tuple(SOURCES[c] for c in path)), prefix, target)
+                 for prefix, path, target in path_strata(tokens, paths, position)]
+    return [(key, prefix, np.bincount(target, minlength=vocab)) for key, prefix, target in parts]
 
 
-def _homogeneity(protocol: Protocol, test: TestSpec, group: str, samples: pd.DataFrame, ref: Reference) -> dict:
-    tokens_a = _tokens(samples, group, protocol.positions)
-    by_prefix_b = dict(strata(_tokens(samples, test.baseline, protocol.positions), test.position))
-    all_a = strata(tokens_a, test.position)
-    results, rows = [], []
-    for prefix, target_a in all_a:
-        target_b = by_prefix_b.get(prefix, np.zeros(0, dtype=np.int64))
-        if min(len(target_a), len(target_b)) < protocol.stratum_min:
-            continue
-        counts = [np.bincount(t, minlength=ref.vocab_size) for t in (target_a, target_b)]
-        result = homogeneity(counts[0], counts[1], ref.probs(prefix), min_expected=protocol.min_expected)
-        results.append(result)
-        rows.append({"prefix": list(prefix), **result.to_dict()})
-    agg = aggregate_homogeneity(results)
-    n_a, n_b = sum(r["n_a"] for r in rows), sum(r["n_b"] for r in rows)
-    mde = power.mde_tv_two_sample(n_a, n_b, agg.df + 1, protocol.alpha, protocol.power)
-    return _criterion(test, group, test.baseline, agg.to_dict(), 0, mde, len(tokens_a), rows,
-                      _coverage(len(all_a), [r["n_a"] for r in rows], len(tokens_a)))
+def _gof(protocol: Protocol, test: TestSpec, group: str, data: "GroupData", ref: Reference, level: float,
+         rng: np.random.Generator) -> dict:
+    paths = data.paths if test.by_path else None
+    parts = _stratum_counts(data.tokens, test.position, paths, ref.vocab_size)
+    out_of_support = sum(int(counts[ref.probs(prefix) == 0.0].sum()) for _, prefix, counts in parts)
+    result = None
+    if any(counts.sum() for _, _, counts in parts):
+        result = stratified_gof([(key, counts, ref.probs(prefix)) for key, prefix, counts in parts],
+                                stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
+                                level=level, rng=rng)
+    covered = int(result.n) if result else 0
+    coverage = _coverage(len(parts), result.num_strata if result else 0, len(data.tokens), covered)
+    return _criterion(protocol, test, group, None, result, out_of_support, len(data.tokens), coverage)
 
 
-def _criterion(test: TestSpec, group: str, baseline: str | None, agg: dict, out_of_support: int,
-               mde: float, planned: int, rows: list, coverage: dict) -> dict:
+def _homogeneity(protocol: Protocol, test: TestSpec, group: str, data: "GroupData", base: "GroupData",
+                 ref: Reference, level: float, rng: np.random.Generator) -> dict:
+    parts_a = _stratum_counts(data.tokens, test.position, None, ref.vocab_size)
+    parts_b = {key: counts for key, _, counts in _stratum_counts(base.tokens, test.position, None, ref.vocab_size)}
+    empty = np.zeros(ref.vocab_size, dtype=np.int64)
+    both = [(key, counts, parts_b.get(key, empty), ref.probs(prefix)) for key, prefix, counts in parts_a]
+    result = stratified_homogeneity(both, stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
+                                    level=level, rng=rng) if both else None
+    shared = [(a, b) for _, a, b, _ in both if a.sum() and b.sum()]
+    total = len(data.tokens) + len(base.tokens)
+    covered = int(sum(a.sum() + b.sum() for a, b in shared))
+    coverage = _coverage(len(set(parts_b) | {k for k, _, _ in parts_a}), len(shared), total, covered)
+    return _criterion(protocol, test, group, test.baseline, result, 0, len(data.tokens), coverage)
+
+
+def _stratum_row(row: dict, by_path: bool) -> dict:
+    """A component row of the summary: `prefix` (and `path`) of a lone stratum, or "joint" with the
+    list of its strata; `p_value` is descriptive (asymptotic), never a verdict."""
+    key, joint = row["key"], row["joint_keys"]
+    out = {k: v for k, v in row.items() if k not in ("key", "joint_keys")}
+    if joint is not None:
+        return {"prefix": "joint", "joint": [_key_dict(k, by_path) for k in joint], **out}
+    return {**_key_dict(key, by_path), **out}
+
+
+def _key_dict(key: tuple, by_path: bool) -> dict:
+    return {"prefix": list(key[0]), "path": list(key[1])} if by_path else {"prefix": list(key)}
+
+
+def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | None, result: StratifiedResult | None,
+               out_of_support: int, planned: int, coverage: dict) -> dict:
+    floor = _coverage_floor(protocol)
     if out_of_support:
         verdict, reason = FAIL, f"{out_of_support} sample(s) on tokens of reference probability 0"
-    elif not rows:
-        verdict, reason = INCONCLUSIVE, "no stratum reached the stratum minimum"
+    elif result is None or result.df == 0:
+        verdict, reason = INCONCLUSIVE, "no sample could be tested (no table with two cells)"
+    elif coverage["fraction"] < floor:
+        verdict, reason = INCONCLUSIVE, f"coverage {coverage['fraction']:.3g} below the pre-registered {floor:.3g}"
     else:
         verdict, reason = None, ""
+    stats_ = ({"statistic": result.statistic, "df": result.df, "p_value": result.p_value,
+               "num_strata": result.num_strata, "num_joint_strata": result.num_joint_strata,
+               "num_cells": result.num_cells, "monte_carlo": result.mc.to_dict(),
+               "strata": [_stratum_row(row, test.by_path) for row in result.components]}
+              if result else {"statistic": None, "df": None, "p_value": None, "num_strata": 0,
+                              "num_joint_strata": 0, "num_cells": 0, "monte_carlo": None, "strata": []})
+    if out_of_support:
+        stats_["p_value"] = 0.0
     return {"kind": test.kind, "role": test.role, "group": group, "baseline": baseline,
-            "position": test.position, "statistic": agg["statistic"], "df": agg["df"],
-            "p_value": 0.0 if out_of_support else agg["p_value"], "num_strata": agg["num_strata"],
-            "out_of_support": out_of_support, "mde_tv": _finite(mde), "p_adjusted": None, "alpha": None,
-            "planned_n": planned,
-            "effective_n": coverage["samples_covered"], "coverage": coverage, "strata": rows,
+            "position": test.position, **stats_, "out_of_support": out_of_support,
+            **_mde(protocol, test, group, result), "p_adjusted": None, "alpha": None,
+            "planned_n": planned, "effective_n": coverage["samples_covered"], "coverage": coverage,
             "verdict": verdict, "reason": reason}
 
 
@@ -195,17 +278,63 @@ def quadrature_names(protocol: Protocol, test: TestSpec) -> list[str]:
     return applicable_groups(protocol, test) + ["adversarial"]
 
 
-def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
-                    quadrature: Mapping[str, Mapping]) -> dict[str, dict]:
+def _validity(kind: str, group: str, failures: int, what: str) -> dict:
+    verdict = FAIL if failures else PASS
+    return {"kind": "validity", "check": kind, "role": "control", "group": group, "baseline": None,
+            "position": None, "statistic": failures, "df": None, "p_value": None, "p_adjusted": None,
+            "alpha": None, "mde_tv": None, "planned_n": None, "effective_n": None, "out_of_support": 0,
+            "verdict": verdict, "reason": f"{failures} sample(s) {what}"}
+
+
+def _out_of_support(data: GroupData, ref: Reference) -> int:
+    """Samples with some token of reference probability 0 given its prefix, at any position."""
+    bad = np.zeros(len(data.tokens), dtype=bool)
+    for position in range(1, data.tokens.shape[1] + 1):
+        prefixes, inverse = np.unique(data.tokens[:, : position - 1], axis=0, return_inverse=True)
+        support = np.stack([ref.probs(tuple(p)) > 0.0 for p in prefixes])  # bool[P, V]
+        bad |= ~support[inverse.reshape(-1), data.tokens[:, position - 1]]
+    return int(bad.sum())
+
+
+def _validity_tests(protocol: Protocol, data: Mapping[str, GroupData], ref: Reference | None) -> dict[str, dict]:
+    """Deterministic validity criteria of every group: what no correct SUT can ever return."""
     tests = {}
+    for group, rows in data.items():
+        tests[f"{OUT_OF_RANGE}.{group}"] = _validity(OUT_OF_RANGE, group, rows.num_out_of_range,
+                                                     "with a token outside [0, vocab_size)")
+        tests[f"{IMPOSSIBLE_COUNTS}.{group}"] = _validity(IMPOSSIBLE_COUNTS, group, rows.num_impossible,
+                                                          "with a negative count or accepted > drafted tokens")
+        if ref is not None and len(rows.tokens):
+            tests[f"{OUT_OF_SUPPORT}.{group}"] = _validity(OUT_OF_SUPPORT, group, _out_of_support(rows, ref),
+                                                           "with a token of reference probability 0")
+    return tests
+
+
+def _criterion_rng(protocol: Protocol, name: str, groups: list[str], ranges: Mapping[str, tuple[int, int]]):
+    spans = [f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in groups]
+    return montecarlo.criterion_rng(protocol.hash, name, *spans)
+
+
+def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
+                    quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
+    vocab = ref.vocab_size if ref is not None else None
+    data = {g.name: group_data(samples, g.name, protocol.positions, vocab) for g in protocol.groups}
+    tests = _validity_tests(protocol, data, ref)
+    sizes = family_sizes(protocol)
     for test in protocol.tests:
         if test.kind == "quadrature":
             for name in quadrature_names(protocol, test):
                 tests[f"quadrature.{name}"] = _quadrature(test, name, quadrature[name])
             continue
+        level = protocol.alpha / max(sizes[test.role], 1)
         for group in applicable_groups(protocol, test):
-            evaluate_one = _gof if test.kind == "gof" else _homogeneity
-            tests[criterion_name(test, group)] = evaluate_one(protocol, test, group, samples, ref)
+            name = criterion_name(test, group)
+            if test.kind == "gof":
+                rng = _criterion_rng(protocol, name, [group], ranges)
+                tests[name] = _gof(protocol, test, group, data[group], ref, level, rng)
+            else:
+                rng = _criterion_rng(protocol, name, [group, test.baseline], ranges)
+                tests[name] = _homogeneity(protocol, test, group, data[group], data[test.baseline], ref, level, rng)
     return tests
 
 
@@ -236,7 +365,8 @@ def _pvalue_reason(test: dict, rejected: bool, alpha: float, target_power: float
     if rejected:
         return f"Holm-adjusted p = {p:.3g} < alpha = {alpha}"
     mde = test["mde_tv"]
-    detect = f"; TV >= {mde:.3g} would have been detected with power >= {target_power}" if mde is not None else ""
+    detect = (f"; {test['mde_label']} >= {mde:.3g} would have been detected with power >= {target_power}"
+              if mde is not None else "")
     return f"Holm-adjusted p = {p:.3g} >= alpha = {alpha}{detect}"
 
 
@@ -274,7 +404,7 @@ def group_facts(protocol: Protocol, samples: pd.DataFrame, ranges: Mapping[str, 
 def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | None,
              quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict:
     """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs."""
-    tests = _evaluate_tests(protocol, samples, reference, quadrature)
+    tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges)
     families = _apply_holm(tests, protocol.alpha, protocol.power)
     verdict, reason = run_verdict(tests)
     return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
@@ -296,7 +426,7 @@ CONFIRMATION_RULE = ("per criterion: a gating criterion that FAILs stage 1 takes
 def deterministic_failures(tests: Mapping[str, dict]) -> list[str]:
     """Gating FAILs that no second stage may overturn: quadrature checks and out-of-support samples."""
     return sorted(n for n, t in tests.items() if t["role"] in GATING_ROLES and t["verdict"] == FAIL
-                  and (t["kind"] == "quadrature" or t.get("out_of_support")))
+                  and (t["kind"] in DETERMINISTIC_KINDS or t.get("out_of_support")))
 
 
 def needs_second_stage(protocol: Protocol, first: Mapping) -> bool:
@@ -315,11 +445,16 @@ def _num_gating_families(tests: Mapping[str, dict]) -> int:
 
 
 def _two_stage_verdict(first: Mapping[str, dict], second: Mapping[str, dict]) -> tuple[str, str, list[str]]:
-    """(verdict, reason, failing criteria): each stage-1 gating FAIL replaced by its stage-2 verdict."""
+    """(verdict, reason, failing criteria): each stage-1 gating FAIL replaced by its stage-2 verdict;
+    a deterministic failure of stage 2 (a token out of range or out of support, an impossible count)
+    FAILs its criterion whatever stage 1 said: it is proof of a bug, not a chance deviation."""
     retried = _gating_failures(first)
-    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried else t) for n, t in first.items()}
+    proven = deterministic_failures(second)
+    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried or n in proven else t)
+              for n, t in first.items()}
     verdict, reason = run_verdict(merged)
     outcome = ", ".join(f"{n} {second[n]['verdict']}" for n in retried)
+    outcome += "".join(f"; deterministic stage-2 failure: {n}" for n in proven if n not in retried)
     return verdict, f"{reason} (two stages; stage 1 failed {', '.join(retried)}; stage 2: {outcome})", \
         _gating_failures(merged)
 
