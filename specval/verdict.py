@@ -27,7 +27,7 @@ deterministic: the run FAILs at once and no stage 2 is collected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -141,9 +141,11 @@ def mde_label(test: TestSpec, group: str) -> str:
     return f"TV of {target}{given}{pair} between pooled cells{pooled}"
 
 
-def _mde(protocol: Protocol, test: TestSpec, group: str, result: StratifiedResult | None) -> dict:
+def _mde(protocol: Protocol, test: TestSpec, group: str, result: StratifiedResult | None, wanted: bool) -> dict:
     levels = decision_levels(protocol, test.role)
-    mde = power.criterion_mde(result.n, result.df, levels, protocol.power) if result else power.NOTHING_DETECTABLE
+    mde = power.NOTHING_DETECTABLE
+    if result is not None and wanted:
+        mde = power.criterion_mde(result.n, result.df, levels, protocol.power)
     return {"mde_tv": _finite(mde), "mde_label": mde_label(test, group), "mde_levels": levels}
 
 
@@ -160,10 +162,8 @@ def _stratum_counts(tokens: np.ndarray, position: int, paths: np.ndarray | None,
     return [(key, prefix, np.bincount(target, minlength=vocab)) for key, prefix, target in parts]
 
 
-def _gof(protocol: Protocol, test: TestSpec, group: str, data: "GroupData", ref: Reference, level: float,
-         rng: np.random.Generator) -> dict:
-    paths = data.paths if test.by_path else None
-    parts = _stratum_counts(data.tokens, test.position, paths, ref.vocab_size)
+def _gof(protocol: Protocol, test: TestSpec, group: str, parts: list, total: int, ref: Reference,
+         level: float, rng: np.random.Generator, with_mde: bool) -> dict:
     out_of_support = sum(int(counts[ref.probs(prefix) == 0.0].sum()) for _, prefix, counts in parts)
     result = None
     if any(counts.sum() for _, _, counts in parts):
@@ -171,23 +171,22 @@ def _gof(protocol: Protocol, test: TestSpec, group: str, data: "GroupData", ref:
                                 stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
                                 level=level, rng=rng)
     covered = int(result.n) if result else 0
-    coverage = _coverage(len(parts), result.num_strata if result else 0, len(data.tokens), covered)
-    return _criterion(protocol, test, group, None, result, out_of_support, len(data.tokens), coverage)
+    coverage = _coverage(len(parts), result.num_strata if result else 0, total, covered)
+    return _criterion(protocol, test, group, None, result, out_of_support, total, coverage, with_mde)
 
 
-def _homogeneity(protocol: Protocol, test: TestSpec, group: str, data: "GroupData", base: "GroupData",
-                 ref: Reference, level: float, rng: np.random.Generator) -> dict:
-    parts_a = _stratum_counts(data.tokens, test.position, None, ref.vocab_size)
-    parts_b = {key: counts for key, _, counts in _stratum_counts(base.tokens, test.position, None, ref.vocab_size)}
+def _homogeneity(protocol: Protocol, test: TestSpec, group: str, parts_a: list, parts_b: list, totals: tuple,
+                 ref: Reference, level: float, rng: np.random.Generator, with_mde: bool) -> dict:
+    by_key_b = {key: counts for key, _, counts in parts_b}
     empty = np.zeros(ref.vocab_size, dtype=np.int64)
-    both = [(key, counts, parts_b.get(key, empty), ref.probs(prefix)) for key, prefix, counts in parts_a]
+    both = [(key, counts, by_key_b.get(key, empty), ref.probs(prefix)) for key, prefix, counts in parts_a]
     result = stratified_homogeneity(both, stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
                                     level=level, rng=rng) if both else None
     shared = [(a, b) for _, a, b, _ in both if a.sum() and b.sum()]
-    total = len(data.tokens) + len(base.tokens)
     covered = int(sum(a.sum() + b.sum() for a, b in shared))
-    coverage = _coverage(len(set(parts_b) | {k for k, _, _ in parts_a}), len(shared), total, covered)
-    return _criterion(protocol, test, group, test.baseline, result, 0, len(data.tokens), coverage)
+    strata_total = len(set(by_key_b) | {key for key, _, _ in parts_a})
+    coverage = _coverage(strata_total, len(shared), sum(totals), covered)
+    return _criterion(protocol, test, group, test.baseline, result, 0, totals[0], coverage, with_mde)
 
 
 def _stratum_row(row: dict, by_path: bool) -> dict:
@@ -205,7 +204,7 @@ def _key_dict(key: tuple, by_path: bool) -> dict:
 
 
 def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | None, result: StratifiedResult | None,
-               out_of_support: int, planned: int, coverage: dict) -> dict:
+               out_of_support: int, planned: int, coverage: dict, with_mde: bool) -> dict:
     floor = _coverage_floor(protocol)
     if out_of_support:
         verdict, reason = FAIL, f"{out_of_support} sample(s) on tokens of reference probability 0"
@@ -225,7 +224,7 @@ def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | N
         stats_["p_value"] = 0.0
     return {"kind": test.kind, "role": test.role, "group": group, "baseline": baseline,
             "position": test.position, **stats_, "out_of_support": out_of_support,
-            **_mde(protocol, test, group, result), "p_adjusted": None, "alpha": None,
+            **_mde(protocol, test, group, result, with_mde), "p_adjusted": None, "alpha": None,
             "planned_n": planned, "effective_n": coverage["samples_covered"], "coverage": coverage,
             "verdict": verdict, "reason": reason}
 
@@ -310,9 +309,35 @@ def _validity_tests(protocol: Protocol, data: Mapping[str, GroupData], ref: Refe
     return tests
 
 
-def _criterion_rng(protocol: Protocol, name: str, groups: list[str], ranges: Mapping[str, tuple[int, int]]):
-    spans = [f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in groups]
-    return montecarlo.criterion_rng(protocol.hash, name, *spans)
+StrataSource = Callable[[str, int, bool], list]  # (group, position, by_path) -> [(key, prefix, counts[V])]
+
+
+def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[str, int], ref: Reference,
+                      seed_keys: Mapping[str, str], with_mde: bool = True) -> dict[str, dict]:
+    """Every gof and homogeneity criterion from per-stratum token counts (verdicts left to Holm).
+
+    `source` gives a group's strata at a position; `totals[g]` its tested rows; `seed_keys[g]` a
+    string naming its seed range, which seeds the criterion's Monte Carlo draws together with the
+    protocol hash and the criterion's name (so two stages, or two replicates, draw independently).
+    `with_mde=False` leaves the MDEs out (calibration, where only verdicts count).
+    """
+    tests, sizes = {}, family_sizes(protocol)
+    for test in protocol.tests:
+        if test.kind not in P_VALUED_KINDS:
+            continue
+        level = protocol.alpha / max(sizes[test.role], 1)
+        for group in applicable_groups(protocol, test):
+            name = criterion_name(test, group)
+            parts = source(group, test.position, test.by_path)
+            if test.kind == "gof":
+                rng = montecarlo.criterion_rng(protocol.hash, name, seed_keys[group])
+                tests[name] = _gof(protocol, test, group, parts, totals[group], ref, level, rng, with_mde)
+            else:
+                rng = montecarlo.criterion_rng(protocol.hash, name, seed_keys[group], seed_keys[test.baseline])
+                base = source(test.baseline, test.position, False)
+                tests[name] = _homogeneity(protocol, test, group, parts, base,
+                                           (totals[group], totals[test.baseline]), ref, level, rng, with_mde)
+    return tests
 
 
 def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
@@ -320,21 +345,19 @@ def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | 
     vocab = ref.vocab_size if ref is not None else None
     data = {g.name: group_data(samples, g.name, protocol.positions, vocab) for g in protocol.groups}
     tests = _validity_tests(protocol, data, ref)
-    sizes = family_sizes(protocol)
     for test in protocol.tests:
         if test.kind == "quadrature":
             for name in quadrature_names(protocol, test):
                 tests[f"quadrature.{name}"] = _quadrature(test, name, quadrature[name])
-            continue
-        level = protocol.alpha / max(sizes[test.role], 1)
-        for group in applicable_groups(protocol, test):
-            name = criterion_name(test, group)
-            if test.kind == "gof":
-                rng = _criterion_rng(protocol, name, [group], ranges)
-                tests[name] = _gof(protocol, test, group, data[group], ref, level, rng)
-            else:
-                rng = _criterion_rng(protocol, name, [group, test.baseline], ranges)
-                tests[name] = _homogeneity(protocol, test, group, data[group], data[test.baseline], ref, level, rng)
+
+    def source(group: str, position: int, by_path: bool) -> list:
+        rows = data[group]
+        return _stratum_counts(rows.tokens, position, rows.paths if by_path else None, vocab)
+
+    if ref is not None:
+        seed_keys = {g: f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in data}
+        tests.update(statistical_tests(protocol, source, {g: len(d.tokens) for g, d in data.items()}, ref,
+                                       seed_keys))
     return tests
 
 
@@ -368,6 +391,13 @@ def _pvalue_reason(test: dict, rejected: bool, alpha: float, target_power: float
     detect = (f"; {test['mde_label']} >= {mde:.3g} would have been detected with power >= {target_power}"
               if mde is not None else "")
     return f"Holm-adjusted p = {p:.3g} >= alpha = {alpha}{detect}"
+
+
+def decide(tests: dict[str, dict], protocol: Protocol) -> tuple[dict, str, str]:
+    """Holm within each family (fills every p-valued criterion's verdict), then the run verdict:
+    (families, verdict, reason)."""
+    families = _apply_holm(tests, protocol.alpha, protocol.power)
+    return (families, *run_verdict(tests))
 
 
 def run_verdict(tests: Mapping[str, dict]) -> tuple[str, str]:
@@ -405,8 +435,7 @@ def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | N
              quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict:
     """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs."""
     tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges)
-    families = _apply_holm(tests, protocol.alpha, protocol.power)
-    verdict, reason = run_verdict(tests)
+    families, verdict, reason = decide(tests, protocol)
     return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
             "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
                          "alpha": protocol.alpha, "power": protocol.power, "stratum_min": protocol.stratum_min,
