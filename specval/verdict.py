@@ -130,6 +130,13 @@ def decision_levels(protocol: Protocol, role: str) -> list[float]:
     return [a / m * DECISION_LEVEL_FACTOR for a in alphas]
 
 
+def mde_power(target: float, levels: list[float]) -> float:
+    """The power the exact p-value must reach at `levels` so that the Monte Carlo test, which rejects
+    such a p-value with probability `decision_power` per stage, reaches `target`."""
+    factor = float(np.prod([montecarlo.decision_power(level / DECISION_LEVEL_FACTOR) for level in levels]))
+    return min(target / factor, 1.0 - 1e-12)
+
+
 def mde_label(test: TestSpec, group: str) -> str:
     """What the MDE of a criterion is a TV of."""
     target = f"t{test.position}"
@@ -145,7 +152,7 @@ def _mde(protocol: Protocol, test: TestSpec, group: str, result: StratifiedResul
     levels = decision_levels(protocol, test.role)
     mde = power.NOTHING_DETECTABLE
     if result is not None and wanted:
-        mde = power.criterion_mde(result.n, result.df, levels, protocol.power)
+        mde = power.criterion_mde(result.n, result.df, levels, mde_power(protocol.power, levels))
     return {"mde_tv": _finite(mde), "mde_label": mde_label(test, group), "mde_levels": levels}
 
 

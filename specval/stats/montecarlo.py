@@ -11,9 +11,9 @@ Guarantee (any B and h): under H0, P(p <= a) <= a for every a, so a criterion te
 has false-fail rate <= t exactly, not up to an asymptotic approximation. The rule for B: the
 criterion's smallest level t (its Holm first step, alpha / m) fixes B = ceil(h / t), so that
 p <= t iff fewer than h exceedances occur in about h / t draws; an exact p-value <= t / 2 is then
-rejected with probability >= `binom.cdf(h - 1, B, t / 2)` = 0.99996 at h = 30
+rejected with probability >= `binom.cdf(h - 1, B, t / 2)` = 0.9996 at h = 30
 (`decision_power`), so the minimum detectable effect is computed at level t / 2
-(`DECISION_LEVEL_FACTOR`). Cost under H0: about h (1 + ln(B / h)) draws (~250 at t = 1.25e-3);
+(`DECISION_LEVEL_FACTOR`) and at power / decision_power. Cost under H0: about h (1 + ln(B / h)) draws (~250 at t = 1.25e-3);
 a rejected criterion costs B draws.
 
 Ties: T* within a relative `TIE_RTOL` of T counts as an exceedance, so that rounding in the

@@ -21,9 +21,8 @@ import dataclasses
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
-from specval.stats import checks
 from specval.stats.montecarlo import McPValue, sequential_pvalue
 from specval.stats.pooling import pool_cells
 from specval.stats.results import StatResult
@@ -68,6 +67,19 @@ class StratifiedResult(StatResult):
     components: list  # per component: keys, n, cells, X^2 (descriptive rows of the summary)
 
 
+def _checked(counts: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 counts and float64 probabilities of one stratum, or ValueError naming the bad one
+    (a cheap check: this runs once per stratum of every criterion)."""
+    counts, probs = np.asarray(counts), np.asarray(probs, dtype=np.float64)
+    if counts.shape != probs.shape or counts.ndim != 1:
+        raise ValueError(f"counts and probs must be 1-D of one length, got {counts.shape} and {probs.shape}")
+    if counts.dtype.kind not in "iu" or counts.min(initial=0) < 0:
+        raise ValueError(f"counts must be non-negative integers, got dtype {counts.dtype}, min {counts.min()}")
+    if not (np.isfinite(probs).all() and probs.min() >= 0 and probs.sum() > 0):
+        raise ValueError(f"probs must be finite, >= 0, with a positive total, got {probs[:5]}")
+    return counts.astype(np.int64, copy=False), probs
+
+
 def _compact(cell_of_entry: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct cells of one stratum's entries and the summed `values` per cell."""
     cells, inverse = np.unique(cell_of_entry, return_inverse=True)
@@ -104,7 +116,7 @@ def gof_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], st
     """
     entries = []
     for key, counts, probs in strata:
-        counts, probs = checks.as_counts("counts", counts), checks.as_weights("probs", probs)
+        counts, probs = _checked(counts, probs)
         support = np.flatnonzero(probs > 0)
         n = int(counts[support].sum())
         if n:
@@ -175,10 +187,10 @@ def homogeneity_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarr
     """
     entries = []
     for key, counts_a, counts_b, probs in strata:
-        probs = checks.as_weights("probs", probs)
+        counts_a, probs = _checked(counts_a, probs)
+        counts_b, _ = _checked(counts_b, probs)
         support = np.flatnonzero(probs > 0)
-        a = checks.as_counts("counts_a", counts_a)[support]
-        b = checks.as_counts("counts_b", counts_b)[support]
+        a, b = counts_a[support], counts_b[support]
         smaller = min(int(a.sum()), int(b.sum()))
         if smaller:
             entries.append((key, support, smaller * probs[support] / probs[support].sum(), a, b, smaller))
@@ -251,7 +263,7 @@ def _row(component: Component, n: float, statistic: float) -> dict:
     return {"key": component.keys[0] if not component.is_joint else JOINT,
             "joint_keys": list(component.keys) if component.is_joint else None,
             "n": float(n), "num_cells": component.num_cells, "statistic": float(statistic), "df": df,
-            "p_value": float(stats.chi2.sf(statistic, df)) if df > 0 else 1.0}
+            "p_value": float(special.chdtrc(df, statistic)) if df > 0 else 1.0}
 
 
 def _result(components: list[Component], observed: float, draw, level: float, rng: np.random.Generator,
