@@ -223,11 +223,15 @@ def mutate(protocol_file, profile, output, names, samples) -> None:
 @click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
 def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
-    """Samples needed for a target TV (--tv), or the MDE of a sample size (--n or --protocol)."""
+    """Samples needed for a target TV (--tv), or the MDE of a sample size (--n), or every criterion of
+    a protocol (--protocol) at its Holm level and confirmation rule."""
     from specval import plan as planning
 
     try:
         protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
+        if protocol is not None and tv is None and num_samples is None:
+            _print_protocol_plan(protocol, planning.protocol_plan(protocol))
+            return
         alpha = alpha if alpha is not None else (protocol.alpha if protocol else 0.01)
         power = power if power is not None else (protocol.power if protocol else 0.8)
         if bins is None:
@@ -240,7 +244,7 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
                        f"{result.samples_gof} samples (goodness of fit), "
                        f"{result.samples_per_group_homogeneity} per group (homogeneity)")
             return
-        n = num_samples or (protocol.samples_per_group if protocol else None)
+        n = num_samples
         if n is None:
             raise ValueError("give --tv, --n or --protocol")
         result = planning.mde_for(n, bins, alpha, power)
@@ -250,6 +254,15 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
                f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
                f"have been detected with power >= {power:g}")
 
+
+def _print_protocol_plan(protocol, rows) -> None:
+    stages = "two-stage confirmation" if protocol.confirmation.is_two_stage else "one stage"
+    click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
+               f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}")
+    for row in rows:
+        levels = ", ".join(f"{level:.3g}" for level in row.levels)
+        click.echo(f"  {row.criterion} ({row.role}, m = {row.family_size}, level {levels}, df <= {row.df_bound}): "
+                   f"{row.label} >= {row.mde_tv:.4g}")
 
 
 @main.command()
