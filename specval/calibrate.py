@@ -32,7 +32,7 @@ from specval.reference import Reference, build_reference
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
 from specval.sut import SOURCES, open_sut
-from specval.verdict import FAIL, decide, evaluate, statistical_tests
+from specval.verdict import FAIL, decide, evaluate, statistical_tests, supports_of
 
 CALIBRATION_FILE = "calibration.json"
 RATE_CI_ALPHA = 0.05  # the rate intervals are 95%
@@ -157,13 +157,15 @@ def _exact_replicate(protocol: Protocol, reference: Reference, samples: int, ind
     rng = criterion_rng(protocol.hash, EXACT_STREAM, str(index))
     trees = {g.name: exact_counts(reference, protocol.positions, samples, rng) for g in protocol.groups}
 
+    supports = supports_of(reference)
+
     def source(group: str, position: int, by_path: bool) -> list:
         plain = (SOURCES[0],) * (position - 1)  # the exact sampler draws every token plainly
-        return [((prefix, plain) if by_path else prefix, prefix, counts)
+        return [((prefix, plain) if by_path else prefix, prefix, counts[supports(prefix).tokens], 0)
                 for prefix, counts in trees[group].items() if len(prefix) == position - 1]
 
     seed_keys = {g: f"{EXACT_STREAM}:{index}:{g}" for g in trees}
-    tests = statistical_tests(protocol, source, {g: samples for g in trees}, reference, seed_keys, with_mde=False)
+    tests = statistical_tests(protocol, source, {g: samples for g in trees}, supports, seed_keys, with_mde=False)
     _, verdict, _ = decide(tests, protocol)
     return {"verdict": verdict, "tests": {n: {k: t[k] for k in ("role", "verdict", "p_value")} for n, t in tests.items()}}
 
