@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import math
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +38,7 @@ CALIBRATION_FILE = "calibration.json"
 RATE_CI_ALPHA = 0.05  # the rate intervals are 95%
 EXACT_STREAM = "exact-sampler"  # seeds the exact sampler's data and Monte Carlo streams
 BATCHES_PER_WORKER = 4  # replicates are shared out in this many batches per worker process
+CHECKPOINT_EVERY = 50  # at most this many replicates per batch, so partial results are written often
 
 
 def _replicate(samples, protocol: Protocol, ranges, index: int, size: int):
@@ -176,24 +177,34 @@ def _exact_batch(args: tuple) -> list[dict]:
 
 
 def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, samples: int,
-                    workers: int = 1) -> dict[str, Any]:
+                    workers: int = 1, checkpoint: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """A/A calibration of the statistics alone: every group drawn from the exact reference.
 
     Guarantee: the replicates are independent (data and Monte Carlo streams seeded by the
     replicate index), so each family's FAIL count is Binomial(replicates, its false-fail rate).
+    `checkpoint`, if given, receives the summary of the replicates done so far after every round
+    of batches (a killed calibration keeps what it measured).
     Scaling: O(replicates * (reached prefixes * V + Monte Carlo draws * cells)); `workers`
     processes share the replicates.
     """
-    step = max(1, math.ceil(replicates / (workers * BATCHES_PER_WORKER)))
+    step = max(1, min(CHECKPOINT_EVERY, math.ceil(replicates / (workers * BATCHES_PER_WORKER))))
     jobs = [(protocol, reference, samples, a, min(a + step, replicates)) for a in range(0, replicates, step)]
-    if workers == 1:
-        batches = [_exact_batch(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            batches = list(pool.map(_exact_batch, jobs))
-    summaries = [s for batch in batches for s in batch]
-    return {"protocol": protocol.name, "hash": protocol.hash, "profile": protocol.profile, "mode": "exact",
-            "samples_per_group": samples, **summarise(summaries, protocol.alpha)}
+    summaries: list[dict] = []
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    try:
+        for first in range(0, len(jobs), workers):
+            round_ = jobs[first : first + workers]
+            batches = pool.map(_exact_batch, round_) if pool else map(_exact_batch, round_)
+            summaries += [s for batch in batches for s in batch]
+            result = {"protocol": protocol.name, "hash": protocol.hash, "profile": protocol.profile, "mode": "exact",
+                      "samples_per_group": samples, "planned_replicates": replicates,
+                      **summarise(summaries, protocol.alpha)}
+            if checkpoint:
+                checkpoint(result)
+    finally:
+        if pool:
+            pool.shutdown()
+    return result
 
 
 def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
@@ -208,8 +219,8 @@ def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path,
         reference = support_reference(sut, protocol, sut.encode(protocol.prompt))
     finally:
         sut.close()
-    result = calibrate_exact(protocol, reference, replicates, samples, workers)
     path = Path(output) / f"calibration-exact-{protocol.name}-{profile or 'default'}-{samples}x{replicates}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    bundles.write_json(path, result)
+    result = calibrate_exact(protocol, reference, replicates, samples, workers,
+                             checkpoint=lambda partial: bundles.write_json(path, partial))
     return path, result
