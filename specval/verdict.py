@@ -1,27 +1,25 @@
 """Verdict: the protocol's criteria evaluated on raw samples and stored references.
 
-`evaluate` is a pure function of (protocol, samples, reference, quadrature results): the run
-calls it once and `specval verify` calls it again on the bundle, so any hand edit of a verdict,
-a statistic or a raw sample shows up as a difference.
+`evaluate` is a pure function of (protocol, samples, reference, quadrature results, seed ranges):
+the run calls it once and `specval verify` calls it again on the bundle, so any hand edit of a
+verdict, a statistic or a raw sample shows up as a difference (Monte Carlo draws are seeded by the
+protocol hash, the criterion and its seed ranges, so they recompute bit for bit).
 
-Criteria (one per test and applicable group):
-- `t<k>_gof.<group>`: Pearson GOF of t_k within each stratum of (t_1..t_{k-1}) that holds at least
-  `stratum_min` samples, aggregated over strata (sum of chi-squares, summed df). Any sample on a
-  token of reference probability 0, in any stratum, is an immediate FAIL.
-- `t<k>_homogeneity.<group>_vs_<baseline>`: chi2_contingency (no continuity correction) per
-  stratum reached by both groups, aggregated the same way.
+Criteria (docs/harness.md section 3 is the reference):
+- `out_of_range.<g>`, `impossible_counts.<g>`, `out_of_support.<g>`: deterministic validity.
+- `t<k>_gof.<group>`: stratified GOF of t_k given t_1..t_{k-1}; strata below `stratum_min` are
+  tested jointly; exact-size Monte Carlo p-value under the reference (`specval.stats.strata`).
+- `t<k>_homogeneity.<group>_vs_<baseline>`: stratified permutation test given the margins.
 - `quadrature.<group>` and `quadrature.adversarial`: the exact output law of the SUT's accept
   kernel against p, within the test's `tol`.
 
-Each criterion is PASS, FAIL or INCONCLUSIVE (no stratum reached `stratum_min`). p-valued
-criteria are corrected with Holm within their family (the test's role); the run PASSes iff every
-control and primary criterion PASSes; it FAILs if any of them FAILs; else it is INCONCLUSIVE.
+p-valued criteria are corrected with Holm within their family (the test's role); the run PASSes
+iff every control and primary criterion PASSes; it FAILs if any of them FAILs; else INCONCLUSIVE.
+Each criterion's MDE is computed at the level it is actually decided at (`decision_levels`).
 
-Two-stage confirmation (`confirmation.stages: 2`, see `confirm`): when stage 1 FAILs only on
-p-valued criteria, the runner collects stage 2 on fresh disjoint seeds (same groups and sizes) and
-every stage-1 FAIL of a gating criterion is replaced by the same criterion's stage-2 verdict
-(evaluated at `alpha_stage2`). A failed quadrature check or a sample out of support is
-deterministic: the run FAILs at once and no stage 2 is collected.
+Two-stage confirmation (`confirm`): when stage 1 FAILs only on p-valued criteria, stage 2 runs on
+fresh disjoint seeds and every stage-1 FAIL of a gating criterion is replaced by its stage-2
+verdict; a deterministic failure in either stage FAILs the run.
 """
 
 from __future__ import annotations
