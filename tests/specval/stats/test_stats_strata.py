@@ -91,7 +91,7 @@ def test_gof_size_is_at_most_nominal(sizes):
 def _homogeneity_rejects(sizes, laws, rng, seed, tv=0.0) -> bool:
     strata = []
     for i, (n, p0) in enumerate(zip(sizes, laws)):
-        pa, pb = p0 * (1 + 2 * tv * _signs(p0.size)), p0 * (1 - 2 * tv * _signs(p0.size))
+        pa, pb = p0 * (1 + tv * _signs(p0.size)), p0 * (1 - tv * _signs(p0.size))  # TV(pa, pb) = tv, w = 2 tv
         strata.append(((i,), rng.multinomial(n, pa), rng.multinomial(n, pb), p0))
     result = stratified_homogeneity(strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=LEVEL,
                                     rng=np.random.default_rng(seed))
