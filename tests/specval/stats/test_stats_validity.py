@@ -110,3 +110,20 @@ def test_reference_prefixes_skip_out_of_range_rows_and_the_replay_never_sees_the
     ref = build_reference(lambda ids: seen.append(ids) or np.zeros(VOCAB), [0], [(), (3,), (VOCAB,), (2, -1)],
                           _protocol().sampling, VOCAB)
     assert sorted(ref.dists) == [(), (3,)] and len(seen) == 2
+
+
+def test_an_edit_inside_a_small_stratum_changes_the_recomputed_statistic():
+    # Strata below stratum_min used to be skipped, so an edited t2 there still verified; now they
+    # form the joint table and any edit moves the criterion's statistic.
+    protocol = _protocol()
+    samples, sut = _samples(protocol, np.random.default_rng(0))
+    before, ref = _evaluate(protocol, samples, sut)
+    test = before["tests"]["t2_gof.sync"]
+    assert test["num_joint_strata"] > 0 and test["coverage"]["fraction"] == 1.0
+    joint = next(row for row in test["strata"] if row["prefix"] == "joint")
+    prefix = tuple(joint["joint"][0]["prefix"])
+    row = samples.index[(samples["group"] == "sync") & (samples["t1"] == prefix[0])][0]
+    support = np.flatnonzero(ref.probs(prefix) > 0)
+    samples.loc[row, "t2"] = int(support[support != samples.loc[row, "t2"]][0])
+    after, _ = _evaluate(protocol, samples, sut)
+    assert after["tests"]["t2_gof.sync"]["statistic"] != test["statistic"]
