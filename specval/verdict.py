@@ -223,12 +223,21 @@ def _homogeneity(protocol: Protocol, test: TestSpec, group: str, parts_a: list, 
 
 def _stratum_row(row: dict, by_path: bool) -> dict:
     """A component row of the summary: `prefix` (and `path`) of a lone stratum, or "joint" with the
-    list of its strata; `p_value` is descriptive (asymptotic), never a verdict."""
+    list of its strata (and the path they all share, else None); `p_value` is descriptive
+    (asymptotic), never a verdict."""
     key, joint = row["key"], row["joint_keys"]
     out = {k: v for k, v in row.items() if k not in ("key", "joint_keys")}
     if joint is not None:
-        return {"prefix": "joint", "joint": [_key_dict(k, by_path) for k in joint], **out}
+        members = [_key_dict(k, by_path) for k in joint]
+        shared = {"path": _shared_path(members)} if by_path else {}
+        return {"prefix": "joint", **shared, "joint": members, **out}
     return {**_key_dict(key, by_path), **out}
+
+
+def _shared_path(members: list[dict]) -> list | None:
+    """The path every stratum of a joint table shares, or None when they differ."""
+    paths = {tuple(m["path"]) for m in members}
+    return list(paths.pop()) if len(paths) == 1 else None
 
 
 def _key_dict(key: tuple, by_path: bool) -> dict:
