@@ -12,6 +12,11 @@ alpha (the Holm family bound), and a KS test of the uniformity of its raw p-valu
 rate for the run verdict, next to alpha times the number of gating families. Guarantee: for a
 correct SUT each criterion's FAIL rate is <= alpha (Holm), so an interval lying above alpha is
 evidence of a miscalibrated test (or a biased SUT).
+
+Exact-sampler mode (`calibrate_exact`, `specval calibrate --exact`): no SUT sampling; every group is
+drawn straight from the float64 reference of the whole support tree, as count trees, so the
+statistics alone are calibrated, in seconds per hundred replicates and in parallel processes.
+Reported per criterion, per family (the unit Holm controls at alpha) and per run.
 """
 
 from __future__ import annotations
