@@ -316,11 +316,15 @@ def mutate(protocol_file, profile, output, names, samples) -> None:
 @click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
 def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
-    """Samples needed for a target TV (--tv), or the MDE of a sample size (--n or --protocol)."""
+    """Samples needed for a target TV (--tv), or the MDE of a sample size (--n), or every criterion of
+    a protocol (--protocol) at its Holm level and confirmation rule."""
     from specval import plan as planning
 
     try:
         protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
+        if protocol is not None and tv is None and num_samples is None:
+            _print_protocol_plan(protocol, planning.protocol_plan(protocol))
+            return
         alpha = alpha if alpha is not None else (protocol.alpha if protocol else 0.01)
         power = power if power is not None else (protocol.power if protocol else 0.8)
         if bins is None:
@@ -333,7 +337,7 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
                        f"{result.samples_gof} samples (goodness of fit), "
                        f"{result.samples_per_group_homogeneity} per group (homogeneity)")
             return
-        n = num_samples or (protocol.samples_per_group if protocol else None)
+        n = num_samples
         if n is None:
             raise ValueError("give --tv, --n or --protocol")
         result = planning.mde_for(n, bins, alpha, power)
@@ -343,6 +347,15 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
                f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
                f"have been detected with power >= {power:g}")
 
+
+def _print_protocol_plan(protocol, rows) -> None:
+    stages = "two-stage confirmation" if protocol.confirmation.is_two_stage else "one stage"
+    click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
+               f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}")
+    for row in rows:
+        levels = ", ".join(f"{level:.3g}" for level in row.levels)
+        click.echo(f"  {row.criterion} ({row.role}, m = {row.family_size}, level {levels}, df <= {row.df_bound}): "
+                   f"{row.label} >= {row.mde_tv:.4g}")
 
 
 @main.command()
@@ -356,27 +369,34 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Continue a killed calibration in its bundle (same protocol, replicates, samples).")
-def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume) -> None:
-    """A/A calibration: FAIL rate per criterion (95% CI) next to alpha, and KS of p-value uniformity."""
+@click.option("--exact", is_flag=True,
+              help="Draw every group straight from the float64 reference (calibrates the statistics alone).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes sharing the replicates (--exact only).")
+def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
+    """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
     from specval import calibrate as calibration
     from specval.sut import SUTError
 
     try:
         size = samples or protocols.resolve(protocols.load_protocol(protocol_file), profile).samples_per_group
-        path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
-                                             progress=not quiet, resume=resume)
+        if exact:
+            path, result = calibration.calibrate_exact_file(protocol_file, profile, output, replicates, size, workers)
+        else:
+            path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
+                                                 progress=not quiet, resume=resume)
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
-    for name, row in result["criteria"].items():
+    for name, row in list(result["criteria"].items()) + [(f"family {r}", f) for r, f in result["families"].items()]:
         ks = row.get("ks_uniformity")
         ks_text = f"; KS p = {ks['p_value']:.3g}" if ks else ""
         low, high = row["rate_ci95"]
-        click.echo(f"  {name}: {row['failures']}/{row['replicates']} FAIL = {row['rate']:.3f} "
-                   f"[{low:.3f}, {high:.3f}] vs alpha {row['alpha']}{ks_text}")
+        click.echo(f"  {name}: {row['failures']}/{result['replicates']} FAIL = {row['rate']:.4f} "
+                   f"[{low:.4f}, {high:.4f}] vs nominal {row.get('nominal', row.get('alpha'))}{ks_text}")
     run = result["run"]
-    click.echo(f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.3f} "
-               f"[{run['rate_ci95'][0]:.3f}, {run['rate_ci95'][1]:.3f}] vs bound {run['bound']:.3g}")
-    click.echo(f"calibration: {path / calibration.CALIBRATION_FILE}")
+    click.echo(f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.4f} "
+               f"[{run['rate_ci95'][0]:.4f}, {run['rate_ci95'][1]:.4f}] vs bound {run['bound']:.3g}")
+    click.echo(f"calibration: {path}")
 
 
 if __name__ == "__main__":  # pragma: no cover

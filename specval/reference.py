@@ -98,8 +98,13 @@ class Reference:
         return cls(vocab, tuple(data["prompt_token_ids"]), dists)
 
 
-def needed_prefixes(tokens: np.ndarray) -> list[Prefix]:
-    """Every prefix (t_1..t_{k-1}) that occurs in samples tokens[N, n], for k = 1..n."""
+def needed_prefixes(tokens: np.ndarray, vocab_size: int | None = None) -> list[Prefix]:
+    """Every prefix (t_1..t_{k-1}) that occurs in samples tokens[N, n], for k = 1..n, among the rows
+    whose tokens all lie in [0, vocab_size) (>= 0 when vocab_size is None): a row holding an
+    out-of-range token FAILs its run and is never tested, so its prefixes are not replayed."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    valid = np.all(tokens >= 0, axis=1) & (np.all(tokens < vocab_size, axis=1) if vocab_size else True)
+    tokens = tokens[valid]
     prefixes: set[Prefix] = {()}
     for k in range(1, tokens.shape[1]):
         prefixes.update(map(tuple, np.unique(tokens[:, :k], axis=0).tolist()))
@@ -108,9 +113,12 @@ def needed_prefixes(tokens: np.ndarray) -> list[Prefix]:
 
 def build_reference(target_logits: Callable[[list[int]], np.ndarray], prompt_ids: Sequence[int],
                     prefixes: Iterable[Prefix], sampling: SamplingSpec, vocab_size: int) -> Reference:
-    """Replay the target model serially on prompt + prefix and apply `transform` in float64."""
+    """Replay the target model serially on prompt + prefix and apply `transform` in float64.
+    Prefixes holding a token outside [0, vocab_size) are skipped (no model can replay them)."""
     dists = {}
     for prefix in prefixes:
+        if any(not 0 <= int(t) < vocab_size for t in prefix):
+            continue
         logits = np.asarray(target_logits(list(prompt_ids) + list(prefix)), dtype=np.float64)
         if logits.shape != (vocab_size,):
             raise ValueError(f"target logits: expected shape ({vocab_size},), got {logits.shape}")

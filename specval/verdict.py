@@ -1,46 +1,50 @@
 """Verdict: the protocol's criteria evaluated on raw samples and stored references.
 
-`evaluate` is a pure function of (protocol, samples, reference, quadrature results): the run
-calls it once and `specval verify` calls it again on the bundle, so any hand edit of a verdict,
-a statistic or a raw sample shows up as a difference.
+`evaluate` is a pure function of (protocol, samples, reference, quadrature results, seed ranges):
+the run calls it once and `specval verify` calls it again on the bundle, so any hand edit of a
+verdict, a statistic or a raw sample shows up as a difference (Monte Carlo draws are seeded by the
+protocol hash, the criterion and its seed ranges, so they recompute bit for bit).
 
-Criteria (one per test and applicable group):
-- `t<k>_gof.<group>`: Pearson GOF of t_k within each stratum of (t_1..t_{k-1}) that holds at least
-  `stratum_min` samples, aggregated over strata (sum of chi-squares, summed df). Any sample on a
-  token of reference probability 0, in any stratum, is an immediate FAIL.
-- `t<k>_homogeneity.<group>_vs_<baseline>`: chi2_contingency (no continuity correction) per
-  stratum reached by both groups, aggregated the same way.
+Criteria (docs/harness.md section 3 is the reference):
+- `out_of_range.<g>`, `impossible_counts.<g>`, `out_of_support.<g>`: deterministic validity.
+- `t<k>_gof.<group>`: stratified GOF of t_k given t_1..t_{k-1}; strata below `stratum_min` are
+  tested jointly; exact-size Monte Carlo p-value under the reference (`specval.stats.strata`).
+- `t<k>_homogeneity.<group>_vs_<baseline>`: stratified permutation test given the margins.
 - `quadrature.<group>` and `quadrature.adversarial`: the exact output law of the SUT's accept
   kernel against p, within the test's `tol`.
 
-Each criterion is PASS, FAIL or INCONCLUSIVE (no stratum reached `stratum_min`). p-valued
-criteria are corrected with Holm within their family (the test's role); the run PASSes iff every
-control and primary criterion PASSes; it FAILs if any of them FAILs; else it is INCONCLUSIVE.
+p-valued criteria are corrected with Holm within their family (the test's role); the run PASSes
+iff every control and primary criterion PASSes; it FAILs if any of them FAILs; else INCONCLUSIVE.
+Each criterion's MDE is computed at the level it is actually decided at (`decision_levels`).
 
-Two-stage confirmation (`confirmation.stages: 2`, see `confirm`): when stage 1 FAILs only on
-p-valued criteria, the runner collects stage 2 on fresh disjoint seeds (same groups and sizes) and
-every stage-1 FAIL of a gating criterion is replaced by the same criterion's stage-2 verdict
-(evaluated at `alpha_stage2`). A failed quadrature check or a sample out of support is
-deterministic: the run FAILs at once and no stage 2 is collected.
+Two-stage confirmation (`confirm`): when stage 1 FAILs only on p-valued criteria, stage 2 runs on
+fresh disjoint seeds and every stage-1 FAIL of a gating criterion is replaced by its stage-2
+verdict; a deterministic failure in either stage FAILs the run.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
+from specval.collect import COUNT_COLUMNS
 from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.reference import Reference
-from specval.stats import multiplicity, power
+from specval.stats import montecarlo, multiplicity, power
 from specval.stats.confirmation import two_stage
-from specval.stats.gof import aggregate_gof, goodness_of_fit
-from specval.stats.homogeneity import aggregate_homogeneity, homogeneity
+from specval.stats.montecarlo import DECISION_LEVEL_FACTOR
+from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 from specval.sut import SOURCES
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Monte Carlo p-values, joint small strata, validity criteria, MDE at the Holm level
+P_VALUED_KINDS = ("gof", "homogeneity")
+DETERMINISTIC_KINDS = ("quadrature", "validity")
+OUT_OF_RANGE, IMPOSSIBLE_COUNTS, OUT_OF_SUPPORT = "out_of_range", "impossible_counts", "out_of_support"
+COVERAGE_FLOOR_KEY = "min_coverage"  # protocol key of a pre-registered coverage floor (optional)
 
 
 # ---------------------------------------------------------------- strata
@@ -51,11 +55,21 @@ def strata(tokens: np.ndarray, position: int) -> list[tuple[tuple[int, ...], np.
     target = tokens[:, position - 1]
     if position == 1:
         return [((), target)]
-    prefixes, inverse = np.unique(tokens[:, : position - 1], axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    order = np.argsort(inverse, kind="stable")
-    bounds = np.cumsum(np.bincount(inverse, minlength=len(prefixes)))[:-1]
-    return [(tuple(int(t) for t in p), part) for p, part in zip(prefixes, np.split(target[order], bounds))]
+    prefixes, rows = prefix_groups(tokens[:, : position - 1])
+    return [(prefix, target[r]) for prefix, r in zip(prefixes, rows)]
+
+
+def prefix_groups(keys: np.ndarray) -> tuple[list[tuple[int, ...]], list[np.ndarray]]:
+    """Distinct rows of keys[N, j] in ascending order, and the row indices holding each
+    (np.lexsort: np.unique(axis=0) is ~20x slower). j = 0 gives one group of every row."""
+    if len(keys) == 0:
+        return [], []
+    if keys.shape[1] == 0:
+        return [()], [np.arange(len(keys))]
+    order = np.lexsort(keys.T[::-1])
+    ordered = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], np.any(ordered[1:] != ordered[:-1], axis=1)]))
+    return [tuple(int(t) for t in ordered[i]) for i in starts], np.split(order, starts[1:])
 
 
 def path_strata(tokens: np.ndarray, paths: np.ndarray, position: int) -> list[tuple[tuple[int, ...], tuple[int, ...],
@@ -67,83 +81,192 @@ def path_strata(tokens: np.ndarray, paths: np.ndarray, position: int) -> list[tu
     return [(key[:width], key[width:], target) for key, target in strata(with_key, 2 * width + 1)]
 
 
-def _paths(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
+@dataclass(frozen=True, eq=False)
+class GroupData:
+    """One group's samples as the statistics see them: rows with every token in [0, V) only."""
+
+    tokens: np.ndarray  # int64[N, n] t_1..t_n
+    paths: np.ndarray  # int64[N, n] index in SOURCES of each token's source
+    num_out_of_range: int  # rows left out: some token < 0 or >= V
+    num_impossible: int  # rows with a negative count or more accepted than drafted tokens
+
+
+def group_data(samples: pd.DataFrame, group: str, positions: int, vocab_size: int | None) -> GroupData:
+    """Split a group's rows into in-range samples and the counts of invalid ones (never raises on
+    any integer a SUT returned)."""
     rows = samples[samples["group"] == group]
+    tokens = rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
     codes = {name: i for i, name in enumerate(SOURCES)}
-    return np.stack([rows[f"src{k}"].map(codes).to_numpy(dtype=np.int64) for k in range(1, positions + 1)], axis=1)
+    paths = np.stack([rows[f"src{k}"].map(codes).fillna(-1).to_numpy(dtype=np.int64)
+                      for k in range(1, positions + 1)], axis=1) if len(rows) else tokens.copy()
+    in_range = np.all(tokens >= 0, axis=1) & (np.all(tokens < vocab_size, axis=1) if vocab_size else True)
+    counts = rows[list(COUNT_COLUMNS)].to_numpy(dtype=np.int64)
+    impossible = np.any(counts < 0, axis=1) | (rows["num_accepted_tokens"].to_numpy() >
+                                               rows["num_draft_tokens"].to_numpy())
+    return GroupData(tokens[in_range], paths[in_range], int((~in_range).sum()), int(impossible.sum()))
 
 
-def _tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
-    rows = samples[samples["group"] == group]
-    return rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
+def _coverage(strata_total: int, strata_covered: int, samples_total: int, samples_covered: int) -> dict[str, Any]:
+    fraction = samples_covered / samples_total if samples_total else 0.0
+    return {"strata_total": strata_total, "strata_covered": strata_covered, "samples_total": samples_total,
+            "samples_covered": samples_covered, "fraction": float(fraction)}
 
 
-def _coverage(num_strata: int, covered: list[int], total: int) -> dict[str, Any]:
-    return {"strata_total": num_strata, "strata_covered": len(covered), "samples_total": total,
-            "samples_covered": int(sum(covered)), "fraction": float(sum(covered) / total) if total else 0.0}
+def _coverage_floor(protocol: Protocol) -> float:
+    """The pre-registered coverage floor (protocol key `min_coverage`; absent: 0, every criterion is
+    then INCONCLUSIVE only when it tested nothing)."""
+    return float(getattr(protocol, COVERAGE_FLOOR_KEY, None) or 0.0)
+
+
+# ---------------------------------------------------------------- levels and MDE
+
+
+def family_sizes(protocol: Protocol) -> dict[str, int]:
+    """Number of p-valued criteria per family (role): Holm's m, fixed by the protocol before any data."""
+    sizes = {role: 0 for role in ROLES}
+    for test in protocol.tests:
+        if test.kind in P_VALUED_KINDS:
+            sizes[test.role] += len(applicable_groups(protocol, test))
+    return sizes
+
+
+def decision_levels(protocol: Protocol, role: str) -> list[float]:
+    """Per stage, the level a criterion of `role` is decided at in the worst case: Holm's first step
+    alpha / m, times the Monte Carlo resolution factor; two entries for a two-stage protocol."""
+    m = max(family_sizes(protocol)[role], 1)
+    alphas = [protocol.alpha] + ([protocol.alpha_stage2] if protocol.confirmation.is_two_stage else [])
+    return [a / m * DECISION_LEVEL_FACTOR for a in alphas]
+
+
+def mde_power(target: float, levels: list[float]) -> float:
+    """The power the exact p-value must reach at `levels` so that the Monte Carlo test, which rejects
+    such a p-value with probability `decision_power` per stage, reaches `target`."""
+    factor = float(np.prod([montecarlo.decision_power(level / DECISION_LEVEL_FACTOR) for level in levels]))
+    return min(target / factor, 1.0 - 1e-12)
+
+
+def mde_label(test: TestSpec, group: str) -> str:
+    """What the MDE of a criterion is a TV of."""
+    target = f"t{test.position}"
+    given = "" if test.position == 1 else " given " + ", ".join(f"t{k}" for k in range(1, test.position))
+    given += " and the path" if test.by_path else ""
+    pair = f" between {group} and {test.baseline}" if test.kind == "homogeneity" else ""
+    pooled = ("" if test.position == 1 else
+              ", mean over strata weighted by " + ("n_a n_b / (n_a + n_b)" if test.kind == "homogeneity" else "n_s"))
+    return f"TV of {target}{given}{pair} between pooled cells{pooled}"
+
+
+def _mde(protocol: Protocol, test: TestSpec, group: str, result: StratifiedResult | None, wanted: bool) -> dict:
+    levels = decision_levels(protocol, test.role)
+    mde = power.NOTHING_DETECTABLE
+    if result is not None and wanted:
+        mde = power.criterion_mde(result.n, result.df, levels, mde_power(protocol.power, levels))
+    return {"mde_tv": _finite(mde), "mde_label": mde_label(test, group), "mde_levels": levels}
 
 
 # ---------------------------------------------------------------- per-test evaluation
 
 
-def _gof(protocol: Protocol, test: TestSpec, group: str, samples: pd.DataFrame, ref: Reference) -> dict:
-    tokens = _tokens(samples, group, protocol.positions)
-    if test.by_path:
-        all_strata = path_strata(tokens, _paths(samples, group, protocol.positions), test.position)
+@dataclass(frozen=True)
+class Support:
+    """The tokens of positive reference probability after one prefix, and their probabilities."""
+
+    tokens: np.ndarray  # int64[k] ascending
+    probs: np.ndarray  # f64[k] > 0
+
+
+def _support_counts(target: np.ndarray, support: Support) -> tuple[np.ndarray, int]:
+    """(counts[k] of the target tokens on the support, number of targets outside it): O(n log k),
+    never O(V), so a 152k vocabulary costs nothing per stratum."""
+    index = np.minimum(np.searchsorted(support.tokens, target), support.tokens.size - 1)
+    inside = support.tokens[index] == target
+    return np.bincount(index[inside], minlength=support.tokens.size), int((~inside).sum())
+
+
+def _stratum_counts(tokens: np.ndarray, position: int, paths: np.ndarray | None, supports) -> list:
+    """(key, prefix, counts on the prefix's support, out-of-support count) per stratum; key = prefix,
+    or (prefix, path) with `paths`; `supports(prefix)` gives the prefix's `Support`."""
+    if paths is None:
+        parts = [(prefix, prefix, target) for prefix, target in strata(tokens, position)]
     else:
-        all_strata = [(prefix, None, target) for prefix, target in strata(tokens, test.position)]
-    results, rows, out_of_support = [], [], 0
-    for prefix, path, target in all_strata:
-        probs = ref.probs(prefix)
-        counts = np.bincount(target, minlength=ref.vocab_size)
-        if len(target) >= protocol.stratum_min:
-            result = goodness_of_fit(counts, probs, min_expected=protocol.min_expected)
-            results.append(result)
-            where = {"prefix": list(prefix)} | ({"path": [SOURCES[c] for c in path]} if path is not None else {})
-            rows.append({**where, **result.to_dict()})
-        else:
-            out_of_support += int(counts[probs == 0.0].sum())
-    agg = aggregate_gof(results)
-    out_of_support += agg.out_of_support
-    mde = power.mde_tv(agg.n, agg.df + 1, protocol.alpha, protocol.power)
-    return _criterion(test, group, None, agg.to_dict(), out_of_support, mde, len(tokens), rows,
-                      _coverage(len(all_strata), [r["n"] for r in rows], len(tokens)))
+        parts = [((prefix, tuple(SOURCES[c] for c in path)), prefix, target)
+                 for prefix, path, target in path_strata(tokens, paths, position)]
+    return [(key, prefix, *_support_counts(target, supports(prefix))) for key, prefix, target in parts]
 
 
-def _homogeneity(protocol: Protocol, test: TestSpec, group: str, samples: pd.DataFrame, ref: Reference) -> dict:
-    tokens_a = _tokens(samples, group, protocol.positions)
-    by_prefix_b = dict(strata(_tokens(samples, test.baseline, protocol.positions), test.position))
-    all_a = strata(tokens_a, test.position)
-    results, rows = [], []
-    for prefix, target_a in all_a:
-        target_b = by_prefix_b.get(prefix, np.zeros(0, dtype=np.int64))
-        if min(len(target_a), len(target_b)) < protocol.stratum_min:
-            continue
-        counts = [np.bincount(t, minlength=ref.vocab_size) for t in (target_a, target_b)]
-        result = homogeneity(counts[0], counts[1], ref.probs(prefix), min_expected=protocol.min_expected)
-        results.append(result)
-        rows.append({"prefix": list(prefix), **result.to_dict()})
-    agg = aggregate_homogeneity(results)
-    n_a, n_b = sum(r["n_a"] for r in rows), sum(r["n_b"] for r in rows)
-    mde = power.mde_tv_two_sample(n_a, n_b, agg.df + 1, protocol.alpha, protocol.power)
-    return _criterion(test, group, test.baseline, agg.to_dict(), 0, mde, len(tokens_a), rows,
-                      _coverage(len(all_a), [r["n_a"] for r in rows], len(tokens_a)))
+def _gof(protocol: Protocol, test: TestSpec, group: str, parts: list, total: int, supports,
+         level: float, rng: np.random.Generator, with_mde: bool) -> dict:
+    out_of_support = sum(outside for *_, outside in parts)
+    result = None
+    if any(counts.sum() for _, _, counts, _ in parts):
+        result = stratified_gof([(key, counts, supports(prefix).probs) for key, prefix, counts, _ in parts],
+                                stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
+                                level=level, rng=rng)
+    covered = int(result.n) if result else 0
+    coverage = _coverage(len(parts), result.num_strata if result else 0, total, covered)
+    return _criterion(protocol, test, group, None, result, out_of_support, total, coverage, with_mde)
 
 
-def _criterion(test: TestSpec, group: str, baseline: str | None, agg: dict, out_of_support: int,
-               mde: float, planned: int, rows: list, coverage: dict) -> dict:
+def _homogeneity(protocol: Protocol, test: TestSpec, group: str, parts_a: list, parts_b: list, totals: tuple,
+                 supports, level: float, rng: np.random.Generator, with_mde: bool) -> dict:
+    by_key_b = {key: counts for key, _, counts, _ in parts_b}
+    both = [(key, counts, by_key_b.get(key, np.zeros_like(counts)), supports(prefix).probs)
+            for key, prefix, counts, _ in parts_a]
+    result = stratified_homogeneity(both, stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
+                                    level=level, rng=rng) if both else None
+    shared = [(a, b) for _, a, b, _ in both if a.sum() and b.sum()]
+    covered = int(sum(a.sum() + b.sum() for a, b in shared))
+    strata_total = len(set(by_key_b) | {key for key, *_ in parts_a})
+    coverage = _coverage(strata_total, len(shared), sum(totals), covered)
+    return _criterion(protocol, test, group, test.baseline, result, 0, totals[0], coverage, with_mde)
+
+
+def _stratum_row(row: dict, by_path: bool) -> dict:
+    """A component row of the summary: `prefix` (and `path`) of a lone stratum, or "joint" with the
+    list of its strata (and the path they all share, else None); `p_value` is descriptive
+    (asymptotic), never a verdict."""
+    key, joint = row["key"], row["joint_keys"]
+    out = {k: v for k, v in row.items() if k not in ("key", "joint_keys")}
+    if joint is not None:
+        members = [_key_dict(k, by_path) for k in joint]
+        shared = {"path": _shared_path(members)} if by_path else {}
+        return {"prefix": "joint", **shared, "joint": members, **out}
+    return {**_key_dict(key, by_path), **out}
+
+
+def _shared_path(members: list[dict]) -> list | None:
+    """The path every stratum of a joint table shares, or None when they differ."""
+    paths = {tuple(m["path"]) for m in members}
+    return list(paths.pop()) if len(paths) == 1 else None
+
+
+def _key_dict(key: tuple, by_path: bool) -> dict:
+    return {"prefix": list(key[0]), "path": list(key[1])} if by_path else {"prefix": list(key)}
+
+
+def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | None, result: StratifiedResult | None,
+               out_of_support: int, planned: int, coverage: dict, with_mde: bool) -> dict:
+    floor = _coverage_floor(protocol)
     if out_of_support:
         verdict, reason = FAIL, f"{out_of_support} sample(s) on tokens of reference probability 0"
-    elif not rows:
-        verdict, reason = INCONCLUSIVE, "no stratum reached the stratum minimum"
+    elif result is None or result.df == 0:
+        verdict, reason = INCONCLUSIVE, "no sample could be tested (no table with two cells)"
+    elif coverage["fraction"] < floor:
+        verdict, reason = INCONCLUSIVE, f"coverage {coverage['fraction']:.3g} below the pre-registered {floor:.3g}"
     else:
         verdict, reason = None, ""
+    stats_ = ({"statistic": result.statistic, "df": result.df, "p_value": result.p_value,
+               "num_strata": result.num_strata, "num_joint_strata": result.num_joint_strata,
+               "num_cells": result.num_cells, "monte_carlo": result.mc.to_dict(),
+               "strata": [_stratum_row(row, test.by_path) for row in result.components]}
+              if result else {"statistic": None, "df": None, "p_value": None, "num_strata": 0,
+                              "num_joint_strata": 0, "num_cells": 0, "monte_carlo": None, "strata": []})
+    if out_of_support:
+        stats_["p_value"] = 0.0
     return {"kind": test.kind, "role": test.role, "group": group, "baseline": baseline,
-            "position": test.position, "statistic": agg["statistic"], "df": agg["df"],
-            "p_value": 0.0 if out_of_support else agg["p_value"], "num_strata": agg["num_strata"],
-            "out_of_support": out_of_support, "mde_tv": _finite(mde), "p_adjusted": None, "alpha": None,
-            "planned_n": planned,
-            "effective_n": coverage["samples_covered"], "coverage": coverage, "strata": rows,
+            "position": test.position, **stats_, "out_of_support": out_of_support,
+            **_mde(protocol, test, group, result, with_mde), "p_adjusted": None, "alpha": None,
+            "planned_n": planned, "effective_n": coverage["samples_covered"], "coverage": coverage,
             "verdict": verdict, "reason": reason}
 
 
@@ -195,17 +318,106 @@ def quadrature_names(protocol: Protocol, test: TestSpec) -> list[str]:
     return applicable_groups(protocol, test) + ["adversarial"]
 
 
-def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
-                    quadrature: Mapping[str, Mapping]) -> dict[str, dict]:
+def _validity(kind: str, group: str, failures: int, what: str) -> dict:
+    verdict = FAIL if failures else PASS
+    return {"kind": "validity", "check": kind, "role": "control", "group": group, "baseline": None,
+            "position": None, "statistic": failures, "df": None, "p_value": None, "p_adjusted": None,
+            "alpha": None, "mde_tv": None, "planned_n": None, "effective_n": None, "out_of_support": 0,
+            "verdict": verdict, "reason": f"{failures} sample(s) {what}"}
+
+
+def _out_of_support(data: GroupData, ref: Reference) -> int:
+    """Samples with some token of reference probability 0 given its prefix, at any position."""
+    bad = np.zeros(len(data.tokens), dtype=bool)
+    for position in range(1, data.tokens.shape[1] + 1):
+        for prefix, rows in zip(*prefix_groups(data.tokens[:, : position - 1])):
+            bad[rows] |= ref.probs(prefix)[data.tokens[rows, position - 1]] == 0.0
+    return int(bad.sum())
+
+
+def _validity_tests(protocol: Protocol, data: Mapping[str, GroupData], ref: Reference | None) -> dict[str, dict]:
+    """Deterministic validity criteria of every group: what no correct SUT can ever return."""
     tests = {}
+    for group, rows in data.items():
+        tests[f"{OUT_OF_RANGE}.{group}"] = _validity(OUT_OF_RANGE, group, rows.num_out_of_range,
+                                                     "with a token outside [0, vocab_size)")
+        tests[f"{IMPOSSIBLE_COUNTS}.{group}"] = _validity(IMPOSSIBLE_COUNTS, group, rows.num_impossible,
+                                                          "with a negative count or accepted > drafted tokens")
+        if ref is not None and len(rows.tokens):
+            tests[f"{OUT_OF_SUPPORT}.{group}"] = _validity(OUT_OF_SUPPORT, group, _out_of_support(rows, ref),
+                                                           "with a token of reference probability 0")
+    return tests
+
+
+StrataSource = Callable[[str, int, bool], list]  # (group, position, by_path) -> _stratum_counts rows
+
+
+def supports_of(ref: Reference) -> Callable[[tuple], Support]:
+    """prefix -> its `Support`, computed once per prefix."""
+    cache: dict[tuple, Support] = {}
+
+    def support(prefix: tuple) -> Support:
+        if prefix not in cache:
+            probs = ref.probs(prefix)
+            tokens = np.flatnonzero(probs > 0.0)
+            cache[prefix] = Support(tokens, probs[tokens] / probs[tokens].sum())
+        return cache[prefix]
+
+    return support
+
+
+def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[str, int], supports,
+                      seed_keys: Mapping[str, str], with_mde: bool = True) -> dict[str, dict]:
+    """Every gof and homogeneity criterion from per-stratum token counts (verdicts left to Holm).
+
+    `source` gives a group's strata at a position; `totals[g]` its tested rows; `seed_keys[g]` a
+    string naming its seed range, which seeds the criterion's Monte Carlo draws together with the
+    protocol hash and the criterion's name (so two stages, or two replicates, draw independently).
+    `with_mde=False` leaves the MDEs out (calibration, where only verdicts count).
+    """
+    tests, sizes, digest = {}, family_sizes(protocol), protocol.hash
+    for test in protocol.tests:
+        if test.kind not in P_VALUED_KINDS:
+            continue
+        level = protocol.alpha / max(sizes[test.role], 1)
+        for group in applicable_groups(protocol, test):
+            name = criterion_name(test, group)
+            parts = source(group, test.position, test.by_path)
+            if test.kind == "gof":
+                rng = montecarlo.criterion_rng(digest, name, seed_keys[group])
+                tests[name] = _gof(protocol, test, group, parts, totals[group], supports, level, rng, with_mde)
+            else:
+                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], seed_keys[test.baseline])
+                base = source(test.baseline, test.position, False)
+                tests[name] = _homogeneity(protocol, test, group, parts, base,
+                                           (totals[group], totals[test.baseline]), supports, level, rng, with_mde)
+    return tests
+
+
+def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
+                    quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
+    vocab = ref.vocab_size if ref is not None else None
+    data = {g.name: group_data(samples, g.name, protocol.positions, vocab) for g in protocol.groups}
+    tests = _validity_tests(protocol, data, ref)
     for test in protocol.tests:
         if test.kind == "quadrature":
             for name in quadrature_names(protocol, test):
                 tests[f"quadrature.{name}"] = _quadrature(test, name, quadrature[name])
-            continue
-        for group in applicable_groups(protocol, test):
-            evaluate_one = _gof if test.kind == "gof" else _homogeneity
-            tests[criterion_name(test, group)] = evaluate_one(protocol, test, group, samples, ref)
+
+    if ref is None:
+        return tests
+    supports, memo = supports_of(ref), {}
+
+    def source(group: str, position: int, by_path: bool) -> list:
+        if (group, position, by_path) not in memo:
+            rows = data[group]
+            memo[group, position, by_path] = _stratum_counts(rows.tokens, position, rows.paths if by_path else None,
+                                                             supports)
+        return memo[group, position, by_path]
+
+    seed_keys = {g: f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in data}
+    tests.update(statistical_tests(protocol, source, {g: len(d.tokens) for g, d in data.items()}, supports,
+                                   seed_keys))
     return tests
 
 
@@ -236,8 +448,16 @@ def _pvalue_reason(test: dict, rejected: bool, alpha: float, target_power: float
     if rejected:
         return f"Holm-adjusted p = {p:.3g} < alpha = {alpha}"
     mde = test["mde_tv"]
-    detect = f"; TV >= {mde:.3g} would have been detected with power >= {target_power}" if mde is not None else ""
+    detect = (f"; {test['mde_label']} >= {mde:.3g} would have been detected with power >= {target_power}"
+              if mde is not None else "")
     return f"Holm-adjusted p = {p:.3g} >= alpha = {alpha}{detect}"
+
+
+def decide(tests: dict[str, dict], protocol: Protocol) -> tuple[dict, str, str]:
+    """Holm within each family (fills every p-valued criterion's verdict), then the run verdict:
+    (families, verdict, reason)."""
+    families = _apply_holm(tests, protocol.alpha, protocol.power)
+    return (families, *run_verdict(tests))
 
 
 def run_verdict(tests: Mapping[str, dict]) -> tuple[str, str]:
@@ -274,9 +494,8 @@ def group_facts(protocol: Protocol, samples: pd.DataFrame, ranges: Mapping[str, 
 def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | None,
              quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict:
     """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs."""
-    tests = _evaluate_tests(protocol, samples, reference, quadrature)
-    families = _apply_holm(tests, protocol.alpha, protocol.power)
-    verdict, reason = run_verdict(tests)
+    tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges)
+    families, verdict, reason = decide(tests, protocol)
     return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
             "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
                          "alpha": protocol.alpha, "power": protocol.power, "stratum_min": protocol.stratum_min,
@@ -296,7 +515,7 @@ CONFIRMATION_RULE = ("per criterion: a gating criterion that FAILs stage 1 takes
 def deterministic_failures(tests: Mapping[str, dict]) -> list[str]:
     """Gating FAILs that no second stage may overturn: quadrature checks and out-of-support samples."""
     return sorted(n for n, t in tests.items() if t["role"] in GATING_ROLES and t["verdict"] == FAIL
-                  and (t["kind"] == "quadrature" or t.get("out_of_support")))
+                  and (t["kind"] in DETERMINISTIC_KINDS or t.get("out_of_support")))
 
 
 def needs_second_stage(protocol: Protocol, first: Mapping) -> bool:
@@ -315,11 +534,16 @@ def _num_gating_families(tests: Mapping[str, dict]) -> int:
 
 
 def _two_stage_verdict(first: Mapping[str, dict], second: Mapping[str, dict]) -> tuple[str, str, list[str]]:
-    """(verdict, reason, failing criteria): each stage-1 gating FAIL replaced by its stage-2 verdict."""
+    """(verdict, reason, failing criteria): each stage-1 gating FAIL replaced by its stage-2 verdict;
+    a deterministic failure of stage 2 (a token out of range or out of support, an impossible count)
+    FAILs its criterion whatever stage 1 said: it is proof of a bug, not a chance deviation."""
     retried = _gating_failures(first)
-    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried else t) for n, t in first.items()}
+    proven = deterministic_failures(second)
+    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried or n in proven else t)
+              for n, t in first.items()}
     verdict, reason = run_verdict(merged)
     outcome = ", ".join(f"{n} {second[n]['verdict']}" for n in retried)
+    outcome += "".join(f"; deterministic stage-2 failure: {n}" for n in proven if n not in retried)
     return verdict, f"{reason} (two stages; stage 1 failed {', '.join(retried)}; stage 2: {outcome})", \
         _gating_failures(merged)
 

@@ -2,7 +2,8 @@
 
 Every result has `to_dict()` giving JSON-safe plain types. Modules, one noun each:
 pooling (chi-square cells from expected counts), gof (goodness of fit), homogeneity (two-sample),
-aggregate (sum over strata), power (minimum detectable TV, sample sizes), multiplicity (Holm),
+aggregate (sum over strata), strata (stratified criteria with small strata tested jointly),
+montecarlo (exact-size sequential Monte Carlo p-values), power (minimum detectable TV, sample sizes), multiplicity (Holm),
 quadrature (exact single-draft law) with adversarial (synthetic p, q pairs), mcnemar (paired
 correctness), rates (failure-rate intervals, p-value uniformity), confirmation (two-stage error
 rates).
@@ -20,8 +21,10 @@ from specval.stats.power import (
     NOTHING_DETECTABLE,
     SimulatedPower,
     mde_tv,
+    criterion_mde,
     mde_tv_two_sample,
     samples_for_tv,
+    stage_power,
     samples_for_tv_two_sample,
     simulate_power,
 )
@@ -31,7 +34,9 @@ from specval.stats.quadrature import (
     quadrature_check,
     single_draft_law,
 )
+from specval.stats.montecarlo import McPValue, criterion_rng, sequential_pvalue
 from specval.stats.rates import UniformityResult, pvalue_uniformity, rate_ci
+from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 
 __all__ = [
     "AggregateResult", "CellPooling", "GofResult", "HolmResult", "HomogeneityResult",
@@ -41,4 +46,6 @@ __all__ = [
     "goodness_of_fit", "holm", "homogeneity", "mde_tv", "mde_tv_two_sample", "paired_comparison",
     "pool_cells", "pvalue_uniformity", "quadrature_check", "rate_ci", "samples_for_tv",
     "simulate_power", "single_draft_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
+    "McPValue", "criterion_rng", "sequential_pvalue", "StratifiedResult", "stratified_gof",
+    "stratified_homogeneity", "criterion_mde", "stage_power",
 ]

@@ -53,7 +53,8 @@ def homogeneity(
 
     Assumptions: the two samples are independent (disjoint seeds) and i.i.d. within a group.
     Guarantee: under H0 (same law) the false-fail rate at level alpha is alpha up to the
-    chi-square approximation; a TV distance d between the two groups' cell-level laws is
+    chi-square approximation (descriptive only: the verdict uses the exact-size permutation test
+    `strata.stratified_homogeneity`); a TV distance d between the two groups' cell-level laws is
     detected with power >= `power` when d >= `power.mde_tv_two_sample(n_a, n_b, num_cells,
     alpha, power)`; nothing is promised below that.
     Scaling: the detectable TV shrinks like 1 / sqrt(n_a n_b / (n_a + n_b)).

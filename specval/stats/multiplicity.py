@@ -48,6 +48,8 @@ def adjust(p_values: Mapping[str, float], alpha: float, method: str = "holm") ->
         return HolmResult(method, alpha, {}, {})
     if method == "none":
         adjusted = values
+    elif method == "holm":
+        adjusted = _holm_adjusted(values)
     else:
         _, adjusted, _, _ = multipletests(values, alpha=alpha, method=method)
     return HolmResult(
@@ -56,6 +58,21 @@ def adjust(p_values: Mapping[str, float], alpha: float, method: str = "holm") ->
         adjusted={k: float(a) for k, a in zip(keys, adjusted)},
         rejected={k: bool(a <= alpha) for k, a in zip(keys, adjusted)},
     )
+
+
+def _holm_adjusted(values: np.ndarray) -> np.ndarray:
+    """Holm's adjusted p-values: max over j <= i (in ascending order) of min(1, (m - j) p_(j)).
+
+    The same numbers as statsmodels' multipletests(method="holm") (a test checks it), written out
+    because multipletests runs gc.collect() on every call, ~0.7 s with a large heap: calibration
+    calls it tens of thousands of times.
+    """
+    m = values.size
+    order = np.argsort(values, kind="stable")
+    steps = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * values[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = steps
+    return adjusted
 
 
 def holm(p_values: Mapping[str, float], alpha: float) -> HolmResult:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from scipy import optimize, special
 from statsmodels.stats.power import GofChisquarePower
 from statsmodels.stats.proportion import proportion_confint
 
@@ -135,3 +137,44 @@ def simulate_power(
     )
     low, high = proportion_confint(rejections, reps, alpha=0.05, method="beta")
     return SimulatedPower(rejections / reps, int(rejections), reps, float(low), float(high))
+
+
+def stage_power(tv: float, n: float, df: int, level: float) -> float:
+    """Power of a chi-square test with `df` degrees of freedom at `level` against the least
+    favourable deviation of total variation `tv` with n samples: noncentrality 4 n tv^2 (w >= 2 TV).
+
+    Assumptions: the noncentral chi-square approximation of Pearson's statistic (checked by Monte
+    Carlo in the suite at the criteria's shapes).
+    """
+    critical = special.chdtri(df, level)  # chi2.isf(level, df), without scipy.stats' per-call overhead
+    return float(1.0 - special.chndtr(critical, df, 4.0 * n * tv * tv))  # ncx2.sf
+
+
+def criterion_mde(n: float, df: int, levels: Sequence[float], power: float = 0.8) -> float:
+    """Minimum TV that a criterion run as a sequence of stages FAILs with probability >= `power`.
+
+    `levels` holds, per stage, the level at which the criterion is decided: its Holm first step
+    alpha / m of its family, times `montecarlo.DECISION_LEVEL_FACTOR` for a Monte Carlo p-value.
+    A criterion FAILs the run only if it is rejected in every stage (independent seeds), so the
+    power is the product of the stages' powers.
+    Assumptions: as `stage_power`; for a stratified criterion n is the number of tested samples
+    (or the summed effective two-sample size) and df the summed df of its components, and the TV
+    is the n-weighted MEAN over strata of the per-stratum cell-level TV: the noncentralities add,
+    sum n_s w_s^2 >= 4 sum n_s tv_s^2 >= 4 n (sum n_s tv_s / n)^2 (Cauchy-Schwarz), so every
+    alternative with that mean TV has at least the power of the least favourable one.
+    Guarantee: returns d with prod_i stage_power(d, n, df, levels[i]) >= power (up to the
+    approximation); NOTHING_DETECTABLE when n == 0, df < 1, or even TV = 1 falls short.
+    Scaling: d ~ 1 / sqrt(n).
+    """
+    n = checks.non_negative("n", n)
+    power = checks.probability("power", power)
+    levels = [checks.probability("level", level) for level in levels]
+    if n == 0 or df < 1 or not levels:
+        return NOTHING_DETECTABLE
+
+    def shortfall(tv: float) -> float:
+        return float(np.prod([stage_power(tv, n, df, level) for level in levels])) - power
+
+    if shortfall(1.0) < 0:
+        return NOTHING_DETECTABLE
+    return float(optimize.brentq(shortfall, 0.0, 1.0, xtol=1e-10))

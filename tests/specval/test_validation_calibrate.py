@@ -79,3 +79,28 @@ def test_calibrate_resume_keeps_the_bundle_and_refuses_other_sizes(tmp_path, mon
     assert (out / "ledger.json").read_text() == ledger
     other = CliRunner().invoke(main, args[:3] + ["5"] + args[4:] + ["--resume", str(bundle)])
     assert other.exit_code == 2 and "not a calibration" in other.output
+
+
+def test_exact_sampler_calibration_reports_families_and_can_see_an_inflated_test(tmp_path, monkeypatch):
+    """--exact draws every group from the float64 reference (count trees): per-family FAIL counts
+    are Binomial(replicates, <= alpha). 40 replicates: "at most 3 FAILs of a family" fails with
+    probability <= 1 - P(Binom(40, 0.01) <= 3) ~ 8e-4 per family (three families)."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    file = write_protocol(tmp_path, fake_protocol_dict(tests=fake_protocol_dict()["tests"][1:]))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["calibrate", str(file), "--exact", "--replicates", "40", "--samples", "300",
+                                       "--output", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = __import__("json").loads(next(out.glob("calibration-exact-*.json")).read_text())
+    assert data["mode"] == "exact" and data["replicates"] == 40
+    assert set(data["families"]) == {"control", "primary", "secondary"}
+    assert all(f["failures"] <= 3 for f in data["families"].values()), data["families"]
+    assert "family primary:" in result.output and "run:" in result.output
+
+
+def test_summarise_family_rate_is_any_criterion_of_the_role():
+    both = {"a": (FAIL, 0.001), "b": (FAIL, 0.002)}
+    one = {"a": (PASS, 0.5), "b": (FAIL, 0.002)}
+    none = {"a": (PASS, 0.5), "b": (PASS, 0.7)}
+    result = calibration.summarise([_summary(both, FAIL), _summary(one, FAIL), _summary(none, PASS)], 0.01)
+    assert result["families"]["primary"]["failures"] == 2 and result["families"]["primary"]["nominal"] == 0.01
