@@ -135,7 +135,7 @@ def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
 
 
 def _reference(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:
-    return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens), protocol.sampling,
+    return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens, sut.vocab_size), protocol.sampling,
                            sut.vocab_size)
 
 

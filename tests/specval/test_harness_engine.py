@@ -30,8 +30,9 @@ PROTOCOL = REPO / "protocols" / "t2_fp32.yaml"
 
 
 def _run_cli(output: Path, protocol: Path = PROTOCOL) -> tuple[int, str, Path]:
-    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(output), "--quiet"],
-                                catch_exceptions=False)
+    exploratory = [] if protocol == PROTOCOL else ["--exploratory"]  # a modified copy is not frozen
+    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(output), "--quiet",
+                                       *exploratory], catch_exceptions=False)
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     return result.exit_code, result.output, bundle
 
@@ -54,7 +55,11 @@ def test_t2_fp32_ci_passes_and_verifies(t2_ci_run):
     assert runner.verify(bundle) == []
     for name in ("t2_gof.sync", "t2_gof.sync_d1", "t2_homogeneity.sync_vs_nospec"):
         test = summary["tests"][name]
-        assert test["coverage"]["strata_covered"] >= 2 and test["mde_tv"] < 0.1, (name, test["coverage"])
+        # Every sample is tested (strata below stratum_min jointly). The honest MDE at 3,000 per group
+        # (first Holm step of the family, both stages of the confirmation) is at most what
+        # `specval plan --protocol protocols/t2_fp32.yaml --profile ci` gives for the largest
+        # possible table (df <= 399): 0.109 (gof) and 0.155 (homogeneity); the run's own is smaller.
+        assert test["coverage"]["fraction"] == 1.0 and 0 < test["mde_tv"] <= 0.155, (name, test["mde_tv"])
     sources = summary["groups"]["sync"]["sources"]["t2"]
     assert {"accepted", "correction"} <= set(sources)  # t2 is drafted (draft_headroom), not only a bonus
 
@@ -89,7 +94,8 @@ def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
                                         "  - {name: pipe, mode: pipeline, draft_loops: 2}")
     file = tmp_path / "t2_pipe.yaml"
     file.write_text(text)
-    result = CliRunner().invoke(main, ["run", str(file), "--profile", "ci", "--output", str(tmp_path), "--quiet"])
+    result = CliRunner().invoke(main, ["run", str(file), "--profile", "ci", "--output", str(tmp_path), "--quiet",
+                                       "--exploratory"])
     assert result.exit_code == 2
     assert "group 'pipe'" in result.output and "mode='pipeline'" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["t2_pipe.yaml"]  # no bundle, no ledger entry
