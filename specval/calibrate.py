@@ -32,7 +32,7 @@ import numpy as np
 
 from specval import bundle as bundles
 from specval import collect, runner
-from specval.protocol import GATING_ROLES, ROLES, Protocol
+from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.reference import Reference, build_reference
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
@@ -101,13 +101,14 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     samples; complete chunks are kept, the rest collected on the bundle's own seed ranges)."""
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
-    base, protocol = runner.prepare(Path(protocol_file), profile)
+    base, protocol, state = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
     pooled = dataclasses.replace(protocol, samples_per_group=replicates * samples)
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
         sut.check_groups(protocol.groups)
         if resume is None:
-            path, ranges = runner.start(Path(protocol_file), base, pooled, Path(output))
+            path, ranges = runner.start(Path(protocol_file), base, pooled, Path(output), registration=state,
+                                        exploratory=state != FROZEN)
         else:
             path, ranges = Path(resume), _resumable_ranges(Path(resume), pooled)
         prompt_ids = sut.encode(protocol.prompt)
@@ -218,7 +219,7 @@ def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path,
     result written to <output>/calibration-exact-<protocol>-<profile>-<samples>x<replicates>.json."""
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
-    _, protocol = runner.prepare(Path(protocol_file), profile)
+    _, protocol, _ = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
         reference = support_reference(sut, protocol, sut.encode(protocol.prompt))
