@@ -406,6 +406,21 @@ def check_sessions(path: Path) -> list[str]:
     return []
 
 
+LAYOUT_FILES = frozenset({PROTOCOL_YAML, PROTOCOL_JSON, RUN_FILE, CHUNKS_FILE, SESSIONS_FILE, REFERENCE_FILE,
+                          QUADRATURE_FILE, SUMMARY_FILE, MANIFEST_FILE, *REPORT_FILES,
+                          f"{STAGE2_DIR}/{CHUNKS_FILE}", f"{STAGE2_DIR}/{REFERENCE_FILE}"})
+
+
+def check_layout(path: Path) -> list[str]:
+    """Every file must be a file of the documented layout or a sample chunk recorded in a
+    chunks.json: a file added and listed in a recomputed SHA256SUMS is still reported."""
+    allowed = set(LAYOUT_FILES)
+    for stage in _stages(path):
+        prefix = "" if stage == path else f"{STAGE2_DIR}/"
+        allowed |= {prefix + name for name in read_chunk_index(stage)}
+    return [f"{name}: not a file of the bundle layout" for name in _files(path) if name not in allowed]
+
+
 def check_all_chunks(path: Path) -> list[str]:
     """`check_chunks` of every stage of a finished bundle."""
     return [p for stage in _stages(path) for p in check_chunks(stage, complete=True)]
@@ -426,7 +441,7 @@ def verify_bundle(path: Path, recompute: Callable[[Path], dict],
     """Every difference between the bundle and its seals (SHA256SUMS, chunks.json), its sessions,
     the summary `recompute(path)` derives from its raw files, and the reports `render(path)` makes."""
     problems = check_sums(path)
-    for check in (check_format, check_sessions, check_all_chunks):
+    for check in (check_format, check_layout, check_sessions, check_all_chunks):
         try:
             problems += check(path)
         except RENDER_ERRORS as err:
