@@ -37,6 +37,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -102,9 +103,19 @@ def _range_tuples(entries: list[dict]) -> tuple[tuple[str, int, int], ...]:
     return tuple((r["group"], int(r["start"]), int(r["stop"])) for r in entries)
 
 
+TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")  # `temp_path`'s names
+
+
 def temp_path(path: Path) -> Path:
     """A fresh hidden name next to `path` for its temp file (not created here)."""
     return path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+
+def remove_stale_temps(bundle: Path) -> None:
+    """Delete temp files a killed process left behind (names of `temp_path` only), before sealing."""
+    for path in bundle.rglob(".*"):
+        if path.is_file() and TEMP_NAME.match(path.name):
+            path.unlink()
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -275,8 +275,10 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
 
 
 def finish(path: Path) -> None:
-    """Render report.md / report.html and seal the bundle with SHA256SUMS."""
+    """Render report.md / report.html and seal the bundle with SHA256SUMS (temp files of a
+    killed process removed first)."""
     render(path)
+    bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 
 

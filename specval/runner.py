@@ -266,8 +266,10 @@ def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]
 
 
 def finish(path: Path) -> None:
-    """Render the report and seal the bundle with SHA256SUMS."""
+    """Render the report and seal the bundle with SHA256SUMS (temp files of a
+    killed process removed first)."""
     report.render(path)
+    bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 
 

@@ -174,9 +174,11 @@ def test_cli_resume_of_a_sealed_bundle_exits_2(sealed):
 
 
 def test_a_resumed_run_lists_every_session_with_its_code_version(killed):
+    stale = bundles.temp_path(killed / "reference.json")  # left by a process killed while writing
+    stale.write_text("{")
     path, summary = runner.run(None, None, killed.parent, resume=killed, sut_factory=FakeSUT, progress=False,
                                command=["specval", "run", "--resume", "B"])
-    assert runner.verify(path) == []
+    assert runner.verify(path) == [] and not stale.exists()
     sessions = json.loads((path / "manifest.json").read_text())["sessions"]
     assert len(sessions) == 2
     first, second = sessions
