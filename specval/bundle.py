@@ -447,21 +447,33 @@ def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> li
             if not (path / name).is_file() or (path / name).read_bytes() != data]
 
 
-def verify_bundle(path: Path, recompute: Callable[[Path], dict],
-                  render: Callable[[Path], dict[str, bytes]]) -> list[str]:
-    """Every difference between the bundle and its seals (SHA256SUMS, chunks.json), its sessions,
-    the summary `recompute(path)` derives from its raw files, and the reports `render(path)` makes."""
-    problems = check_sums(path)
-    for check in (check_format, check_layout, check_sessions, check_all_chunks):
-        try:
-            problems += check(path)
-        except RENDER_ERRORS as err:
-            problems.append(f"cannot check: {err}")
+def _run_check(check: Callable[[Path], list[str]], path: Path) -> list[str]:
+    try:
+        return check(path)
+    except RENDER_ERRORS as err:
+        return [f"cannot check ({check.__name__}): {err}"]
+
+
+def _recheck_summary(path: Path, recompute: Callable[[Path], dict]) -> list[str]:
     try:
         stored, recomputed = read_json(path / SUMMARY_FILE), recompute(path)
     except RENDER_ERRORS as err:
-        return problems + [f"cannot recompute the summary: {err}"] + check_rendered(path, render)
-    return problems + [f"{SUMMARY_FILE}: {d}" for d in diff(stored, recomputed)] + check_rendered(path, render)
+        return [f"cannot recompute the summary: {err}"]
+    return [f"{SUMMARY_FILE}: {d}" for d in diff(stored, recomputed)]
+
+
+def verify_bundle(path: Path, recompute: Callable[[Path], dict],
+                  render: Callable[[Path], dict[str, bytes]]) -> list[str]:
+    """Every difference between the bundle and its seals (SHA256SUMS, layout, chunks.json), its
+    sessions, the summary `recompute(path)` derives from its raw files, and the reports
+    `render(path)` makes. A bundle of another format gets one line naming its format plus the
+    checks every format promised (checksums, recomputed summary), not a line per missing record."""
+    old_format = _run_check(check_format, path)
+    problems = check_sums(path) + old_format
+    if not old_format:
+        problems += [p for check in (check_layout, check_sessions, check_all_chunks) for p in _run_check(check, path)]
+    problems += _recheck_summary(path, recompute)
+    return problems + ([] if old_format else check_rendered(path, render))
 
 
 # ---------------------------------------------------------------- diff of recomputed values
