@@ -288,9 +288,18 @@ def load_plan_protocol(path: Path, parse: Callable[[Any, str], Any], load: Calla
 # ---------------------------------------------------------------- sessions
 
 
+def read_typed(path: Path, kind: type) -> Any:
+    """`read_json` of a file whose top level must be a `kind` (dict or list); BundleError otherwise."""
+    value = read_json(path)
+    if not isinstance(value, kind):
+        raise BundleError(f"{path}: expected a JSON {'object' if kind is dict else 'array'}, found "
+                          f"{type(value).__name__}")
+    return value
+
+
 def read_sessions(path: Path) -> list[dict]:
     """The session records of the bundle (empty before the first session began)."""
-    return read_json(path / SESSIONS_FILE) if (path / SESSIONS_FILE).exists() else []
+    return read_typed(path / SESSIONS_FILE, list) if (path / SESSIONS_FILE).exists() else []
 
 
 def _now() -> str:
@@ -344,7 +353,7 @@ def write_json_chunk(root: Path, path: Path, obj: Any) -> None:
 
 
 def read_chunk_index(root: Path) -> dict[str, str]:
-    return read_json(root / CHUNKS_FILE) if (root / CHUNKS_FILE).exists() else {}
+    return read_typed(root / CHUNKS_FILE, dict) if (root / CHUNKS_FILE).exists() else {}
 
 
 def _sample_files(root: Path) -> set[str]:
@@ -396,7 +405,9 @@ def check_resumable(path: Path) -> None:
 # ---------------------------------------------------------------- verification
 
 
-RENDER_ERRORS = (ValueError, KeyError, TypeError, IndexError, OSError)  # a bundle file that cannot be read
+# what reading a corrupt bundle file can raise (BundleError is a ValueError; a JSON value of the
+# wrong shape gives KeyError, TypeError, IndexError or AttributeError further on)
+READ_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError)
 
 
 def check_format(path: Path) -> list[str]:
@@ -412,7 +423,7 @@ def check_sessions(path: Path) -> list[str]:
     sessions = read_sessions(path)
     if not sessions:
         return [f"{SESSIONS_FILE}: missing or empty"]
-    if read_json(path / MANIFEST_FILE).get("sessions") != sessions:
+    if read_typed(path / MANIFEST_FILE, dict).get("sessions") != sessions:
         return [f"{MANIFEST_FILE}: sessions differ from {SESSIONS_FILE}"]
     return []
 
@@ -441,7 +452,7 @@ def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> li
     """Each report file must equal, byte for byte, its re-rendering from the bundle's files."""
     try:
         rendered = render(path)
-    except RENDER_ERRORS as err:
+    except READ_ERRORS as err:
         return [f"cannot re-render the report: {err}"]
     return [f"{name}: differs from its re-rendering from the bundle" for name, data in sorted(rendered.items())
             if not (path / name).is_file() or (path / name).read_bytes() != data]
@@ -450,14 +461,14 @@ def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> li
 def _run_check(check: Callable[[Path], list[str]], path: Path) -> list[str]:
     try:
         return check(path)
-    except RENDER_ERRORS as err:
+    except READ_ERRORS as err:
         return [f"cannot check ({check.__name__}): {err}"]
 
 
 def _recheck_summary(path: Path, recompute: Callable[[Path], dict]) -> list[str]:
     try:
         stored, recomputed = read_json(path / SUMMARY_FILE), recompute(path)
-    except RENDER_ERRORS as err:
+    except READ_ERRORS as err:
         return [f"cannot recompute the summary: {err}"]
     return [f"{SUMMARY_FILE}: {d}" for d in diff(stored, recomputed)]
 

@@ -130,7 +130,7 @@ def report(bundle) -> None:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
     try:
         runner.finish(bundle)
-    except bundles.RENDER_ERRORS as err:
+    except bundles.READ_ERRORS as err:
         _input_error(f"{bundle}: cannot render the report: {err}")
     click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
 

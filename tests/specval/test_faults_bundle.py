@@ -119,13 +119,15 @@ def test_manifest_sessions_must_match_the_session_records(copy):
     assert "manifest.json: sessions differ from sessions.json" in _reseal(copy)
 
 
-@pytest.mark.parametrize("content", ["{not json", "[]", '{"verdict": "PASS"}'])
-def test_a_corrupt_summary_fails_verify_in_lines_without_a_traceback(copy, content):
-    (copy / "summary.json").write_text(content)
+@pytest.mark.parametrize("name, content", [("summary.json", "{not json"), ("summary.json", "[]"),
+                                           ("summary.json", '{"verdict": "PASS"}'), ("manifest.json", "[]"),
+                                           ("chunks.json", "[]"), ("sessions.json", "{"), ("run.json", "{}")])
+def test_a_corrupt_file_fails_verify_in_lines_without_a_traceback(copy, name, content):
+    (copy / name).write_text(content)
     result = CliRunner().invoke(main, ["verify", str(copy)])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert "Traceback" not in result.output
-    assert "DIFFERS summary.json: sha256 differs from SHA256SUMS" in result.output
+    assert f"DIFFERS {name}: sha256 differs from SHA256SUMS" in result.output
     assert result.output.splitlines()[-1].startswith(f"FAIL: {copy} does not verify")
 
 
