@@ -131,6 +131,14 @@ def test_a_corrupt_file_fails_verify_in_lines_without_a_traceback(copy, name, co
     assert result.output.splitlines()[-1].startswith(f"FAIL: {copy} does not verify")
 
 
+def test_report_of_a_resealed_corrupt_summary_exits_2_in_one_line(copy):
+    (copy / "summary.json").write_text("[]")
+    bundles.write_sums(copy)
+    result = CliRunner().invoke(main, ["report", str(copy)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert result.output.startswith(f"error: {copy}: cannot render the report:") and result.output.count("\n") == 1
+
+
 def test_verify_of_a_directory_that_is_not_a_bundle_exits_2_naming_it(tmp_path):
     result = CliRunner().invoke(main, ["verify", str(tmp_path)])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
