@@ -46,11 +46,16 @@ def _loader(path: Path):
 
 
 def _bundle_kind(bundle: Path) -> str:
-    """The `kind` recorded in a bundle's summary (QUALITY_KIND or "distribution")."""
-    summary_file = bundle / bundles.SUMMARY_FILE
-    if not summary_file.exists():
+    """The `kind` of the protocol a bundle ran (QUALITY_KIND or "distribution"); exit 2 naming the
+    file unless BUNDLE is a bundle. An unreadable protocol.json reads as "distribution": verify then
+    reports it as a difference."""
+    if not (bundle / bundles.RUN_FILE).is_file():
+        _input_error(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)")
+    try:
+        raw = bundles.read_json(bundle / bundles.PROTOCOL_JSON)
+    except bundles.BundleError:
         return "distribution"
-    return json.loads(summary_file.read_text()).get("kind", "distribution")
+    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
 
 
 class _Cli(click.Group):
@@ -141,7 +146,7 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
         _input_error(err)
     except SUTRaised as err:  # the probe, before any seed was claimed
-        log = execution.probe_log(Path(resume or output), err)
+        log = execution.append_log(resume / execution.ERROR_LOG, err) if resume else execution.probe_log(output, err)
         _fail_with(execution.EXIT_SUT, f"error: {err}; no seed was claimed; traceback in {log}")
     except execution.RunFailed as err:
         _fail_with(execution.EXIT_SUT, f"error: {err}; traceback in {err.log}; the bundle {err.path} is marked "
@@ -196,10 +201,13 @@ def report(bundle) -> None:
 
     if _bundle_kind(bundle) == QUALITY_KIND:
         from specval import quality as runner  # same finish() contract
-    problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in REPORT_FILES]
+    problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
-    runner.finish(bundle)
+    try:
+        runner.finish(bundle)
+    except bundles.READ_ERRORS as err:
+        _input_error(f"{bundle}: cannot render the report: {err}")
     click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
 
 

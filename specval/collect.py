@@ -1,10 +1,11 @@
 """Collection: drive every group's seeds through the SUT and checkpoint raw samples in chunks.
 
 Each chunk is one contiguous seed sub-range of one group, written as one parquet file
-`samples/<group>-<start>-<stop>.parquet` via a temp file and an atomic rename. Guarantees:
+`samples/<group>-<start>-<stop>.parquet` via a temp file and an atomic rename; its sha256 is
+recorded in `chunks.json` (next to `samples/`) before the rename (`bundle.write_chunk`). Guarantees:
 
-- A chunk file exists only if it is complete; resuming skips complete chunks and recomputes the
-  others, so a killed run loses no sample and duplicates none.
+- A chunk file exists only if it is complete and its hash is recorded; resuming skips complete
+  chunks and recomputes the others, so a killed run loses no sample and duplicates none.
 - `load_samples` returns exactly one row per planned seed and refuses missing or duplicated seeds.
 
 Columns: seed, group, t1..tn (tokens), src1..srcn (token sources, see `specval.sut.SOURCES`),
@@ -13,8 +14,6 @@ num_rounds, num_draft_tokens, num_accepted_tokens.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,11 +22,12 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from specval import bundle as bundles
 from specval.protocol import Protocol
 from specval.seeds import SeedRange
 from specval.sut import SUT
 
-SAMPLES_DIR = "samples"
+SAMPLES_DIR = bundles.SAMPLES_DIR
 COUNT_COLUMNS = ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
 
 
@@ -67,13 +67,6 @@ def _frame(chunk: Chunk, batches: list, positions: int) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    os.close(fd)
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
 def collect_chunk(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Chunk) -> pd.DataFrame:
     """Sample one chunk in batches of `protocol.batch_size` requests."""
     group = protocol.group(chunk.group)
@@ -102,7 +95,8 @@ def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequenc
               dynamic_ncols=True) as bar:
         for chunk in todo:
             bar.set_postfix_str(chunk.group)
-            _write_atomic(collect_chunk(sut, protocol, prompt_ids, chunk), out / chunk.file_name)
+            frame = collect_chunk(sut, protocol, prompt_ids, chunk)
+            bundles.write_chunk(bundle, out / chunk.file_name, lambda tmp: frame.to_parquet(tmp, index=False))
             bar.update(chunk.stop - chunk.start)
     return total - done
 

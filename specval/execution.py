@@ -15,7 +15,8 @@ Guarantees:
 - An interrupt (SIGINT, or SIGTERM once `signals_interrupt` is installed) becomes RunInterrupted
   naming the bundle. Chunks are written atomically (temp file + rename), so an interrupted chunk is
   either complete or absent; `--resume` collects what is missing.
-- Outside a bundle (the probe) the traceback goes to `probe-error-<UTC time>.log` in the output root.
+- A probe failure of a new run (no bundle exists yet) goes to `probe-error-<UTC time>.log` in the
+  output root; of a resumed run, to the bundle's `error.log`.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from specval import bundle as bundles
 from specval.preflight import SUTRaised
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_SUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-ERROR_LOG = "error.log"  # in a bundle: tracebacks of the system under test, one block per failure
+ERROR_LOG = bundles.ERROR_LOG  # in a bundle: tracebacks of the system under test, one block per failure
 PROBE_LOG_PREFIX = "probe-error-"  # in the output root: a probe failure (no bundle exists yet)
 
 
@@ -69,14 +71,22 @@ def probe_log(directory: Path, err: SUTRaised) -> Path:
 
 
 @contextmanager
-def guard_bundle(path: Path) -> Iterator[None]:
-    """While the bundle at `path` is open: SUTRaised -> RunFailed (logged), interrupt -> RunInterrupted."""
+def guard_bundle(path: Path, session: int | None = None) -> Iterator[None]:
+    """While the bundle at `path` is open: SUTRaised -> RunFailed (logged), interrupt -> RunInterrupted;
+    either way the open `session` (bundle.begin_session) is closed as "error" or "interrupted"."""
     try:
         yield
     except SUTRaised as err:
+        _close(path, session, "error")
         raise RunFailed(path, append_log(path / ERROR_LOG, err), err) from err
     except KeyboardInterrupt as err:
+        _close(path, session, "interrupted")
         raise RunInterrupted(path) from err
+
+
+def _close(path: Path, session: int | None, outcome: str) -> None:
+    if session is not None:
+        bundles.end_session(path, session, None, outcome)
 
 
 def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature

@@ -34,7 +34,7 @@ from specval import bundle as bundles
 from specval import seeds
 from specval.quality_protocol import QualityProtocol, arith_config, load_quality_protocol, parse_quality_protocol
 from specval.quality_protocol import resolve as resolve_profile
-from specval.quality_report import render
+from specval.quality_report import render, render_files
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded
 from specval.protocol import check_registered
@@ -118,7 +118,7 @@ def collect(sut, protocol: QualityProtocol, start: int, path: Path, progress: bo
                 rows += [_row(unit, int(seed), out) for unit, seed, out in
                          zip(range(lo, lo + len(outs)), seed_list[batch], outs)]
                 bar.update(len(outs))
-        bundles.write_json(_samples_file(path, group.name), rows)
+        bundles.write_json_chunk(path, _samples_file(path, group.name), rows)  # integrity: hash recorded
         drawn += len(rows)
     return drawn
 
@@ -233,13 +233,9 @@ def _start(protocol_file: Path, base: QualityProtocol, protocol: QualityProtocol
 
 
 def load_bundle_protocol(path: Path) -> tuple[QualityProtocol, seeds.SeedRange]:
-    """The resolved protocol and the seed range a quality bundle was (or is being) run with."""
-    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
-    protocol = parse_quality_protocol(bundles.read_json(path / bundles.PROTOCOL_JSON),
-                                      str(path / bundles.PROTOCOL_JSON))
-    if protocol.hash != plan.protocol_hash:
-        raise bundles.BundleError(f"{path / bundles.PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from "
-                                  f"run.json's {plan.protocol_hash[:12]}")
+    """The resolved protocol and the seed range a quality bundle was (or is being) run with;
+    BundleError unless protocol.yaml, protocol.json and run.json record the same protocol."""
+    protocol, plan = bundles.load_plan_protocol(path, parse_quality_protocol, load_quality_protocol)
     (group, start, stop), = plan.ranges
     return resolve_profile(protocol, plan.profile), seeds.SeedRange(plan.protocol, path.name, group, start, stop)
 
@@ -270,6 +266,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         state = check_registered(base, protocol_file, exploratory)
         protocol = resolve_profile(base, profile)
     else:
+        bundles.check_resumable(Path(resume))  # integrity: refuse sealed or tampered bundles (lead: keep)
         protocol, claimed = load_bundle_protocol(Path(resume))
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = _open(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
@@ -280,7 +277,8 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             path = Path(resume)
         if announce:
             announce(path)
-        with guard_bundle(path):
+        session = bundles.begin_session(path, command)
+        with guard_bundle(path, session):
             t0 = time.perf_counter()
             drawn = collect(sut, protocol, claimed.start, path, progress)
             collect_s = time.perf_counter() - t0
@@ -289,26 +287,27 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         sut.close()
     summary = summarise(path, protocol, claimed.start)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+    bundles.end_session(path, session, drawn, summary["verdict"])  # integrity (lead: keep on merge)
     write_manifest(path, protocol, [claimed], device, run_timing(started, clock, collect_s, drawn), command)
     finish(path)
     return path, summary
 
 
 def finish(path: Path) -> None:
-    """Render report.md / report.html and seal the bundle with SHA256SUMS."""
+    """Render report.md / report.html and seal the bundle with SHA256SUMS (temp files of a
+    killed process removed first)."""
     render(path)
+    bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 
 
 def verify(path: Path) -> list[str]:
-    """Every difference between the bundle and its checksums and its summary recomputed from the
-    stored completion texts (re-scored, re-compared)."""
-    problems = bundles.check_sums(path)
-    try:
-        protocol, claimed = load_bundle_protocol(path)
-        recomputed = summarise(path, protocol, claimed.start)
-        stored = bundles.read_json(path / bundles.SUMMARY_FILE)
-    except (ValueError, KeyError, OSError) as err:
-        return problems + [f"cannot recompute the summary: {err}"]
-    return problems + [f"summary.json: {d}" for d in bundles.diff(stored, recomputed)]
+    """Every difference between the bundle and its seals, its summary recomputed from the stored
+    completion texts (re-scored, re-compared) and its reports re-rendered (`bundles.verify_bundle`)."""
+    return bundles.verify_bundle(path, _recompute_bundle, render_files)
+
+
+def _recompute_bundle(path: Path) -> dict:
+    protocol, claimed = load_bundle_protocol(path)
+    return summarise(path, protocol, claimed.start)
 

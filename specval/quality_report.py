@@ -6,8 +6,8 @@ import html
 from pathlib import Path
 
 from specval import bundle as bundles
-from specval.report.html import STYLE
-from specval.report.markdown import fmt
+from specval.report.html import STYLE, html_table
+from specval.report.markdown import SESSION_HEADER, fmt, md_table, provenance, session_rows
 
 COMPARISON_HEADER = ["comparison", "role", "n pairs", "acc a", "acc b", "diff (b - a)", "CI", "wins / losses / ties",
                      "McNemar p (exact)", "margin", "verdict", "reason"]
@@ -32,33 +32,22 @@ def group_rows(summary: dict) -> list[list[str]]:
              fmt(g["mean_tokens"], 3)] for name, g in sorted(summary["groups"].items())]
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows])
-
-
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
-                   for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
 def _facts(summary: dict, manifest: dict) -> list[str]:
-    proto, git = summary["protocol"], manifest.get("git", {})
+    proto = summary["protocol"]
     return [f"protocol hash {proto['hash']} (profile: {proto['profile']})",
             f"task {proto['task']} ({proto['prompt_format']} prompt), metric {proto['metric']}, "
             f"{proto['num_items']} items x {proto['seeds_per_item']} seeds, at most {proto['max_tokens']} tokens",
             f"paired: every group answers the same items with the same request seeds; alpha {proto['alpha']} "
             f"(two-sided Newcombe interval), non-inferiority margin {proto['margin']} against {proto['baseline']}",
-            f"git {git.get('commit')} (dirty: {git.get('dirty')}); wall {fmt(manifest.get('wall_s'), 3)} s"]
+            f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
 
 
 def render_markdown(summary: dict, manifest: dict) -> str:
     lines = [f"# {summary['protocol']['name']}: {summary['verdict']}", "", summary["reason"], ""]
     lines += [f"- {fact}" for fact in _facts(summary, manifest)]
-    lines += ["", "## Paired comparisons", "", _md_table(COMPARISON_HEADER, comparison_rows(summary)), "",
-              CAVEAT, "", "## Groups", "", _md_table(GROUP_HEADER, group_rows(summary))]
+    lines += ["", "## Paired comparisons", "", md_table(COMPARISON_HEADER, comparison_rows(summary)), "",
+              CAVEAT, "", "## Groups", "", md_table(GROUP_HEADER, group_rows(summary)), "",
+              "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest))]
     return "\n".join(lines) + "\n"
 
 
@@ -68,14 +57,20 @@ def render_html(summary: dict, manifest: dict) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{name}</title><style>{STYLE}</style>"
             f"</head><body><h1>{name}: <span class='{verdict}'>{verdict}</span></h1>"
             f"<p>{html.escape(summary['reason'])}</p><ul>{facts}</ul>"
-            f"<h2>Paired comparisons</h2>{_html_table(COMPARISON_HEADER, comparison_rows(summary))}"
+            f"<h2>Paired comparisons</h2>{html_table(COMPARISON_HEADER, comparison_rows(summary))}"
             f"<p>{html.escape(CAVEAT)}</p>"
-            f"<h2>Groups</h2>{_html_table(GROUP_HEADER, group_rows(summary))}</body></html>\n")
+            f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
+            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}</body></html>\n")
+
+
+def render_files(path: Path) -> dict[str, bytes]:
+    """report.md and report.html of the quality bundle at `path`, from its files alone (deterministic)."""
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
+    return {"report.md": render_markdown(summary, manifest).encode(),
+            "report.html": render_html(summary, manifest).encode()}
 
 
 def render(path: Path) -> None:
     """(Re-)write report.md and report.html of the quality bundle at `path`."""
-    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    (path / "report.md").write_text(render_markdown(summary, manifest))
-    (path / "report.html").write_text(render_html(summary, manifest))
+    bundles.write_files(path, render_files(path))

@@ -96,12 +96,9 @@ def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
 
 
 def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
-    """The resolved protocol and seed ranges a bundle was (or is being) run with."""
-    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
-    protocol = parse_protocol(bundles.read_json(path / bundles.PROTOCOL_JSON), str(path / bundles.PROTOCOL_JSON))
-    if protocol.hash != plan.protocol_hash:
-        raise bundles.BundleError(f"{path / bundles.PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from "
-                                  f"run.json's {plan.protocol_hash[:12]}")
+    """The resolved protocol and seed ranges a bundle was (or is being) run with; BundleError unless
+    protocol.yaml, protocol.json and run.json record the same protocol."""
+    protocol, plan = bundles.load_plan_protocol(path, parse_protocol, load_protocol)
     return resolve(protocol, plan.profile), _ranges(plan, path.name)
 
 
@@ -247,6 +244,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     if resume is None:
         base, protocol, state = prepare(Path(protocol_file), profile, exploratory)
     else:
+        bundles.check_resumable(Path(resume))  # refuse sealed or tampered bundles before touching them
         protocol, ranges = load_bundle_protocol(Path(resume))
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
@@ -257,7 +255,8 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             path = Path(resume)
         if announce:
             announce(path)
-        with guard_bundle(path):
+        session = bundles.begin_session(path, command)
+        with guard_bundle(path, session):
             prompt_ids = sut.encode(protocol.prompt)
             t0 = time.perf_counter()
             drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
@@ -269,6 +268,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     timing = run_timing(started, clock, collect_s, drawn)
     if protocol.confirmation.is_two_stage:
         timing["stage2_samples_drawn"] = drawn_stage2
+    bundles.end_session(path, session, drawn + drawn_stage2, summary["verdict"])
     write_manifest(path, protocol, ranges, device, timing, command)
     finish(path)
     return path, summary
@@ -284,11 +284,13 @@ def run_timing(started: str, clock: float, collect_s: float, drawn: int) -> dict
 
 def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], device: dict,
                    timing: dict, command: list[str] | None = None) -> None:
-    """`command` None records this process's own invocation (`bundles.invocation`)."""
+    """`command` None records this process's own invocation (`bundles.invocation`). `code` is the
+    code version of this process; `sessions` every session of the bundle (sessions.json), so a
+    resumed run lists each process that worked on it with its own code version."""
     manifest = {"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
-                "git": bundles.git_state(Path.cwd()), "command": list(command or bundles.invocation()),
+                "code": bundles.code_version(), "command": list(command or bundles.invocation()),
                 "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
-                "seeds": [r.to_dict() for r in ranges], **timing}
+                "seeds": [r.to_dict() for r in ranges], "sessions": bundles.read_sessions(path), **timing}
     second = stage2_ranges(path)
     if second:
         manifest["seeds_stage2"] = [r.to_dict() for r in second]
@@ -296,18 +298,19 @@ def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]
 
 
 def finish(path: Path) -> None:
-    """Render the report and seal the bundle with SHA256SUMS."""
+    """Render the report and seal the bundle with SHA256SUMS (temp files of a
+    killed process removed first)."""
     report.render(path)
+    bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 
 
 def verify(path: Path) -> list[str]:
-    """Every difference between the bundle and its checksums and recomputed summary."""
-    problems = bundles.check_sums(path)
-    try:
-        protocol, ranges = load_bundle_protocol(path)
-        recomputed = recompute(path, protocol, ranges)
-        stored = bundles.read_json(path / bundles.SUMMARY_FILE)
-    except (ValueError, KeyError, OSError) as err:
-        return problems + [f"cannot recompute the summary: {err}"]
-    return problems + [f"summary.json: {d}" for d in bundles.diff(stored, recomputed)]
+    """Every difference between the bundle and its seals, its summary recomputed from the raw
+    samples and its reports re-rendered (`bundles.verify_bundle`)."""
+    return bundles.verify_bundle(path, _recompute_bundle, report.render_files)
+
+
+def _recompute_bundle(path: Path) -> dict:
+    protocol, ranges = load_bundle_protocol(path)
+    return recompute(path, protocol, ranges)

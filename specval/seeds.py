@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
+
+from specval.bundle import atomic_write
 
 LEDGER_FILE_NAME = "ledger.json"
 LOCK_FILE_NAME = "ledger.lock"
@@ -75,10 +75,7 @@ def _write_ledger(output: str | Path, ranges: Sequence[SeedRange]) -> None:
     path = ledger_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"ranges": [r.to_dict() for r in ranges]}, indent=1) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ledger-")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: tmp.write_text(text))  # created with the umask, not mkstemp's 0600
 
 
 def allocate(ledger: Iterable[SeedRange], protocol: str, run: str, groups: Sequence[str],

@@ -33,10 +33,17 @@ def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
     return out
 
 
-def render(path: Path) -> None:
-    """(Re-)write report.md and report.html of the bundle at `path`."""
+def render_files(path: Path) -> dict[str, bytes]:
+    """report.md and report.html of the bundle at `path`, rendered from its files alone.
+    Deterministic: the same bundle gives the same bytes (no clock, no PNG timestamp or software
+    tag, sorted iteration), on any machine with the same matplotlib build."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     pngs = figures(path, summary, manifest)
-    (path / "report.md").write_text(render_markdown(summary, manifest, pngs))
-    (path / "report.html").write_text(render_html(summary, manifest, pngs))
+    return {"report.md": render_markdown(summary, manifest, pngs).encode(),
+            "report.html": render_html(summary, manifest, pngs).encode()}
+
+
+def render(path: Path) -> None:
+    """(Re-)write report.md and report.html of the bundle at `path`."""
+    bundles.write_files(path, render_files(path))

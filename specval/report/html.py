@@ -5,14 +5,15 @@ from __future__ import annotations
 import base64
 import html
 
-from specval.report.markdown import CRITERIA_HEADER, GROUP_HEADER, confirmation_lines, criteria_rows, fmt, group_rows
+from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, SESSION_HEADER, confirmation_lines, criteria_rows,
+                                     fmt, group_rows, provenance, session_rows)
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
          ".INCONCLUSIVE{color:#a60}")
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def html_table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
                    for row in rows)
@@ -28,9 +29,9 @@ def _confirmation(summary: dict) -> str:
     out = []
     for line in lines:
         if line.startswith("### Stage 2 criteria"):
-            out.append(f"<h3>Stage 2 criteria</h3>{_table(CRITERIA_HEADER, criteria_rows(block['stage2']))}")
+            out.append(f"<h3>Stage 2 criteria</h3>{html_table(CRITERIA_HEADER, criteria_rows(block['stage2']))}")
         elif line.startswith("### Stage 2 groups"):
-            out.append(f"<h3>Stage 2 groups</h3>{_table(GROUP_HEADER, group_rows(block['stage2']))}")
+            out.append(f"<h3>Stage 2 groups</h3>{html_table(GROUP_HEADER, group_rows(block['stage2']))}")
         elif line.startswith("## "):
             out.append(f"<h2>{html.escape(line[3:])}</h2>")
         else:
@@ -47,11 +48,12 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
             f"<h1>{html.escape(proto['name'])}: <span class='{summary['verdict']}'>{summary['verdict']}</span></h1>"
             f"<p>{html.escape(summary['reason'])}</p>"
             f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
-            f"alpha {proto['alpha']} (Holm within each family), git {html.escape(str(manifest.get('git')))}, "
+            f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
             f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
-            f"<h2>Criteria</h2>{_table(CRITERIA_HEADER, criteria_rows(summary))}"
+            f"<h2>Criteria</h2>{html_table(CRITERIA_HEADER, criteria_rows(summary))}"
             f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
             f"with power &ge; {proto['power']}.</p>"
-            f"<h2>Groups</h2>{_table(GROUP_HEADER, group_rows(summary))}"
+            f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
             f"{_confirmation(summary)}"
+            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}"
             f"<h2>Figures</h2>{images}</body></html>\n")

@@ -56,12 +56,33 @@ def confirmation_lines(summary: dict) -> list[str]:
     else:
         second = block["stage2"]
         lines += [f"- stage 2 ran on fresh seeds: {second['verdict']}: {second['reason']}", "",
-                  "### Stage 2 criteria", "", _table(CRITERIA_HEADER, criteria_rows(second)), "",
-                  "### Stage 2 groups", "", _table(GROUP_HEADER, group_rows(second))]
+                  "### Stage 2 criteria", "", md_table(CRITERIA_HEADER, criteria_rows(second)), "",
+                  "### Stage 2 groups", "", md_table(GROUP_HEADER, group_rows(second))]
     return lines + [""]
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+SESSION_HEADER = ["session", "command", "started", "finished", "samples drawn", "outcome", "code"]
+
+
+def code_text(code: dict) -> str:
+    """specval version, commit and dirty flag of one code-version record (format-1 manifests
+    recorded only `git {commit, dirty}`)."""
+    return f"specval {code.get('version', '?')}, git {code.get('commit')} (dirty: {code.get('dirty')})"
+
+
+def provenance(manifest: dict) -> str:
+    """The code that finished the bundle and the number of sessions that worked on it."""
+    code = manifest.get("code") or manifest.get("git") or {}
+    return f"{code_text(code)}; {len(manifest.get('sessions') or [])} session(s)"
+
+
+def session_rows(manifest: dict) -> list[list[str]]:
+    """One row per session; a session that never finished (killed, or raised) shows `-`."""
+    return [[str(i), " ".join(s["command"]), s["started"], fmt(s["finished"]), fmt(s["samples_drawn"]),
+             fmt(s["outcome"]), code_text(s["code"])] for i, s in enumerate(manifest.get("sessions") or [])]
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -69,7 +90,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
-    git = manifest.get("git", {})
     lines = [
         f"# {proto['name']}: {summary['verdict']}", "",
         summary["reason"], "",
@@ -77,14 +97,15 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
         "iff every control and primary criterion passes",
         f"- stratum minimum {proto['stratum_min']} samples, cells pooled to expected count >= {proto['min_expected']}",
-        f"- git {git.get('commit')} (dirty: {git.get('dirty')}); started {manifest.get('started')}, "
+        f"- {provenance(manifest)}; started {manifest.get('started')}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
         "", "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""), "",
-        _table(CRITERIA_HEADER, criteria_rows(summary)), "",
+        md_table(CRITERIA_HEADER, criteria_rows(summary)), "",
         "MDE (TV): deviations of total-variation distance >= this value would have been detected with power "
         f">= {proto['power']} at the run's sample size.", "",
-        "## Groups", "", _table(GROUP_HEADER, group_rows(summary)), "",
+        "## Groups", "", md_table(GROUP_HEADER, group_rows(summary)), "",
         *confirmation_lines(summary),
+        "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest)), "",
         "## Figures", "",
     ]
     lines += [f"- `{name}` (embedded in report.html)" for name in figures]

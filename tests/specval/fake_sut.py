@@ -121,3 +121,15 @@ class BuggyFakeSUT(FakeSUT):
     """The correction drawn from p instead of max(p - q, 0)."""
 
     bug = "residual_from_p"
+
+
+class KilledFakeSUT(FakeSUT):
+    """Dies like a killed process (KeyboardInterrupt is not an Exception) at its `kill_after`-th
+    batch call, in the middle of a chunk."""
+
+    kill_after = 2 + 5  # the adapter probe's one call per group (2 groups), then 5 batches of the run
+
+    def sample(self, *args, **kwargs):
+        if self.num_sample_calls >= self.kill_after:
+            raise KeyboardInterrupt("simulated kill")
+        return super().sample(*args, **kwargs)

@@ -33,10 +33,12 @@ def bundle_copy(fake_bundle, tmp_path) -> Path:
 def test_fresh_bundle_verifies_and_holds_every_documented_file(fake_bundle):
     assert runner.verify(fake_bundle) == []
     for name in ("protocol.yaml", "protocol.json", "run.json", "reference.json", "quadrature.json",
-                 "summary.json", "report.md", "report.html", "manifest.json", "SHA256SUMS"):
+                 "summary.json", "report.md", "report.html", "manifest.json", "SHA256SUMS", "chunks.json",
+                 "sessions.json"):
         assert (fake_bundle / name).is_file(), name
     manifest = json.loads((fake_bundle / "manifest.json").read_text())
-    assert {"protocol", "git", "command", "packages", "device", "seeds", "started", "finished"} <= set(manifest)
+    assert {"protocol", "code", "sessions", "command", "packages", "device", "seeds", "started",
+            "finished"} <= set(manifest)
     assert "data:image/png;base64," in (fake_bundle / "report.html").read_text()
     summary = json.loads((fake_bundle / "summary.json").read_text())
     by_path = summary["tests"]["t2_gof_by_path.sync"]

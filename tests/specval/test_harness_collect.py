@@ -6,23 +6,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from fake_sut import FakeSUT
+from fake_sut import FakeSUT, KilledFakeSUT
 
 from specval import collect, runner
 from specval.execution import RunInterrupted
 from specval.seeds import SeedRange
 
 PROBE_CALLS = 2  # the adapter probe samples once per group before any seed is claimed
-KILL_AFTER_CALLS = PROBE_CALLS + 5  # then 5 batches (chunks of 2 batches: 2 chunks + 1 batch) before the kill
-
-
-class KilledSUT(FakeSUT):
-    """Dies like a killed process (KeyboardInterrupt is not an Exception) in the middle of a chunk."""
-
-    def sample(self, *args, **kwargs):
-        if self.num_sample_calls >= KILL_AFTER_CALLS:
-            raise KeyboardInterrupt("simulated kill")
-        return super().sample(*args, **kwargs)
+# KilledFakeSUT dies after the probe and 5 batch calls (chunks of 2 batches: after 2 chunks + 1 batch)
 
 
 def _samples(bundle: Path) -> pd.DataFrame:
@@ -32,7 +23,7 @@ def _samples(bundle: Path) -> pd.DataFrame:
 
 def test_kill_and_resume_gives_the_samples_of_an_uninterrupted_run(tmp_path, fake_protocol_file):
     with pytest.raises(RunInterrupted) as interrupted:
-        runner.run(fake_protocol_file, "ci", tmp_path / "a", sut_factory=KilledSUT, progress=False)
+        runner.run(fake_protocol_file, "ci", tmp_path / "a", sut_factory=KilledFakeSUT, progress=False)
     (killed,) = (tmp_path / "a").glob("fake_t2-*")
     assert interrupted.value.path == killed
     assert len(list((killed / "samples").glob("*.parquet"))) == 2

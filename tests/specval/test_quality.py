@@ -100,6 +100,19 @@ def test_tampered_completion_is_caught_by_verify(tmp_path):
     assert any(p.startswith("summary.json:") for p in problems)  # the re-scored summary differs too
 
 
+def test_quality_samples_are_hashed_as_written_and_a_sealed_bundle_is_not_resumed(tmp_path):
+    path, _ = run(tmp_path, protocol_dict(5))
+    recorded = bundles.read_json(path / "chunks.json")
+    assert recorded == {f"samples/{g}.json": bundles.sha256_file(path / "samples" / f"{g}.json")
+                        for g in ("nospec", "sync")}
+    with pytest.raises(bundles.BundleError, match="a sealed bundle is never re-opened"):
+        quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
+    (path / "SHA256SUMS").unlink()  # unsealed, but a sample no longer matches its recorded hash
+    bundles.write_json(path / "samples" / "sync.json", [])
+    with pytest.raises(bundles.BundleError, match="samples/sync.json: sha256 differs from the one recorded"):
+        quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
+
+
 def test_planted_regression_fails(tmp_path):
     # regression 0.4 on a 0.5-accurate baseline: true diff -0.2, 400 pairs; the 95% interval's upper
     # end lies below -0.1 unless the observed diff is ~2.5 standard errors off (rate < 1%).
