@@ -29,7 +29,7 @@ import numpy as np
 
 from specval.protocol import Protocol, ProtocolError, line_of, read_yaml
 from specval.seeds import PROBE_SEEDS
-from specval.sut import SOURCES, SUT, SampleBatch, SUTError
+from specval.sut import SOURCES, SUT, Capabilities, SampleBatch, SUTError
 
 PROBE_ROWS = 2  # rows of the accept_single probe
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
@@ -159,7 +159,7 @@ def _has(capabilities, need: Need) -> bool:
 
 def check_capabilities(protocol: Protocol, sut: Any, protocol_file: Path) -> None:
     """ProtocolError naming the first ask the adapter's `capabilities` do not cover, with the line."""
-    capabilities = sut.capabilities
+    capabilities = getattr(sut, "capabilities", None) or Capabilities()  # duck-typed adapters: the defaults
     raw = None
     for need in needs(protocol):
         if _has(capabilities, need):

@@ -193,7 +193,8 @@ def test_a_resumed_run_lists_every_session_with_its_code_version(killed):
     sessions = json.loads((path / "manifest.json").read_text())["sessions"]
     assert len(sessions) == 2
     first, second = sessions
-    assert (first["finished"], first["samples_drawn"], first["outcome"]) == (None, None, None)  # killed
+    # interrupted (KeyboardInterrupt): closed as such, samples not counted; a SIGKILL would leave all three None
+    assert first["finished"] is not None and (first["samples_drawn"], first["outcome"]) == (None, "interrupted")
     assert second["command"] == ["specval", "run", "--resume", "B"]
     assert (second["samples_drawn"], second["outcome"]) == (400, summary["verdict"])  # 2 of 4 chunks of 200
     assert first["code"] == second["code"] == bundles.code_version()

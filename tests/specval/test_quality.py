@@ -20,7 +20,7 @@ from specval import bundle as bundles
 from specval import quality
 from specval.cli import main
 from specval.engine_sut import Completion
-from specval.protocol import ProtocolError
+from specval.protocol import ProtocolError, freeze
 from specval.quality_protocol import load_quality_protocol
 from specval.tasks.arith import evaluate
 
@@ -39,8 +39,10 @@ def protocol_dict(num_items: int, regression: float = 0.0, margin: float = 0.1) 
 
 
 def write(tmp_path, raw: dict, name: str = "quality_fake.yaml"):
+    """Write the protocol and freeze it next to itself (a pre-registered protocol runs without --exploratory)."""
     path = tmp_path / name
     path.write_text(yaml.safe_dump(raw))
+    freeze(path, load_quality_protocol)
     return path
 
 
@@ -191,4 +193,4 @@ def test_cli_validates_and_freezes_quality_protocols(tmp_path):
     assert "quality_fake" in (tmp_path / "frozen.lock").read_text()
     copy.write_text(yaml.safe_dump(protocol_dict(num_items=5)))
     changed = runner.invoke(main, ["validate", str(copy)])
-    assert changed.exit_code == 0 and "CHANGED since frozen" in changed.output
+    assert changed.exit_code == 1 and "changed since frozen" in changed.output
