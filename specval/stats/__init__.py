@@ -29,7 +29,7 @@ from specval.stats.quadrature import (
     QuadratureResult,
     draft_quadrature_check,
     quadrature_check,
-    single_draft_law,
+    sweep_law,
 )
 from specval.stats.rates import UniformityResult, pvalue_uniformity, rate_ci
 
@@ -40,5 +40,5 @@ __all__ = [
     "aggregate_gof", "aggregate_homogeneity", "bonferroni", "draft_quadrature_check",
     "goodness_of_fit", "holm", "homogeneity", "mde_tv", "mde_tv_two_sample", "paired_comparison",
     "pool_cells", "pvalue_uniformity", "quadrature_check", "rate_ci", "samples_for_tv",
-    "simulate_power", "single_draft_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
+    "simulate_power", "sweep_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
 ]
