@@ -16,12 +16,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from specval import runner
 from specval.cli import main
-from specval.mutate import suite_files
+from specval.mutate import suite_files, t1_tv
+from specval.protocol import load_protocol, lock_path, read_lock, resolve
+from specval.sut import open_sut
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "protocols" / "suite"
@@ -63,3 +66,27 @@ def test_mutate_a_suite_kills_the_subset_and_spares_the_equivalent_mutant(tmp_pa
     equivalent = rows["accept_by_division"]
     assert not equivalent["killed"] and [run["verdict"] for run in equivalent["runs"]] == ["PASS", "PASS"]
     assert "| bonus_from_q | no | yes | suite_t2_k1_bonus |" in result.output
+
+
+def test_every_suite_protocol_is_frozen_at_its_hash():
+    lock = read_lock(lock_path(SUITE / "suite_t1_topk_ties.yaml"))
+    for file in suite_files([SUITE]):
+        assert lock[file.stem] == load_protocol(file).hash, file.name
+
+
+@pytest.mark.parametrize(("protocol", "mutant", "low", "high"), [
+    ("suite_t1_temperature_top_p", "temperature_twice", 0.05, 1.0),  # T = 0.7 applied twice
+    ("suite_t1_temperature_top_p", "top_p_boundary_excluded", 0.05, 1.0),  # the crossing token dropped
+    ("suite_t1_topk_ties", "top_k_ties_dropped", 0.05, 1.0),  # 3 of 4 tied tokens at the 9th value dropped
+    ("suite_t1_temperature_top_p", "float32_cdf", 0.0, 1e-6),  # far below every MDE (>= 0.03)
+])
+def test_the_suite_exposes_each_mutant_at_t1_by_its_exact_tv(protocol, mutant, low, high):
+    # Deterministic (closed-form laws from the model's logits): the premise each suite protocol is
+    # built on. The t1 MDEs of these protocols at ci size are 0.031 and 0.054.
+    spec = resolve(load_protocol(SUITE / f"{protocol}.yaml"), "ci")
+    sut = open_sut(spec.sut, spec.num_speculative_tokens)
+    try:
+        tvs = list(t1_tv(mutant, sut, spec).values())
+    finally:
+        sut.close()
+    assert all(low <= tv <= high for tv in tvs), tvs
