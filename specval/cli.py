@@ -292,20 +292,21 @@ def validate(protocol_files) -> None:
 
 
 @main.command()
-@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("protocol_paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--profile", default="ci", show_default=True, help="Scale profile of every mutant run.")
 @click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
               show_default=True, help="Root under which the mutate directory (bundles, kill table) is made.")
 @click.option("--mutant", "names", multiple=True, help="Only these mutants (repeatable; default: all).")
 @click.option("--samples", default=None, type=click.IntRange(min=1),
               help="Samples per group instead of the profile's (reduced runs, e.g. in tests).")
-def mutate(protocol_file, profile, output, names, samples) -> None:
-    """Run PROTOCOL_FILE against every planted bug and write the kill table (exit 0 iff every
-    mutant behaves as targeted: equivalent ones pass, those above the MDE are killed)."""
+def mutate(protocol_paths, profile, output, names, samples) -> None:
+    """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml) against every planted
+    bug and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones pass
+    every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
     from specval import mutate as mutation
 
     try:
-        root, table = mutation.mutate(protocol_file, profile, output, tuple(names), samples,
+        root, table = mutation.mutate(tuple(protocol_paths), profile, output, tuple(names), samples,
                                         " ".join(bundles.invocation()))
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)

@@ -155,21 +155,28 @@ class EngineSUT(SUT):
 
     def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
                       uniforms: np.ndarray) -> np.ndarray:
+        """The accept rule the runners use (`sut.options.mutant`'s, if named) on the protocol's device
+        and `sampling_backend` (default "auto": the Triton kernel on CUDA, torch on the CPU)."""
         import torch
         from engine.mutants import sampling_ops
 
-        speculative_accept = sampling_ops(dict(self.spec.options).get("mutant")).accept  # a named mutant's rule
+        options = dict(self.spec.options)
+        speculative_accept = sampling_ops(options.get("mutant")).accept
+
+        def tensor(array: np.ndarray, dtype: type) -> torch.Tensor:  # writable C-order copy on the device
+            return torch.from_numpy(np.array(array, dtype=dtype, order="C")).to(self.spec.device)
+
         rows = len(draft_tokens)
-        target = np.repeat(np.asarray(target_probs, dtype=np.float32), 2, axis=0)  # [2R, V]: p, then bonus p
         result = speculative_accept(
-            torch.from_numpy(np.array(draft_tokens, dtype=np.int64, order="C")),
-            torch.arange(rows + 1, dtype=torch.int64),
-            torch.from_numpy(np.array(draft_probs, dtype=np.float32, order="C")),  # writable C-order copy
-            torch.from_numpy(target),
-            torch.from_numpy(np.array(uniforms, dtype=np.float64, order="C")),
-            torch.zeros(rows, dtype=torch.bool),
+            tensor(draft_tokens, np.int64),
+            torch.arange(rows + 1, dtype=torch.int64, device=self.spec.device),
+            tensor(draft_probs, np.float32),
+            tensor(np.repeat(np.asarray(target_probs), 2, axis=0), np.float32),  # [2R, V]: p, then bonus p
+            tensor(uniforms, np.float64),
+            torch.zeros(rows, dtype=torch.bool, device=self.spec.device),
+            backend=options.get("sampling_backend", "auto"),
         )
-        return result.tokens[:, 0].numpy()
+        return result.tokens[:, 0].cpu().numpy()
 
     def describe(self) -> dict[str, Any]:
         import engine

@@ -1,23 +1,22 @@
-"""Mutate: run one protocol against every planted bug of the engine and tabulate which are killed.
+"""Mutate: run a protocol suite against every planted bug of the engine and tabulate which are killed.
 
-For each mutant of `engine.mutants` the protocol is re-written with `sut.options.mutant` set and
-run as an ordinary run (its own bundle, fresh seeds from the mutate root's ledger). A mutant is
-*killed* when the run FAILs, when the seed ledger refuses it before sampling (exit 2: the seed
-collision), or when the stop-point check fails. The kill table records, per mutant: its exact TV
-from the target at t1 (per speculative group, from the model's p and q at the prompt; 0 when the
-bug cannot act on t1), the MDE of the t1 criteria, killed yes/no, by which criteria, and their
-p-values. It is written as `kill_table.json` and `kill_table.md` into the mutate root, which also
-holds every mutant's bundle.
+For each mutant of `engine.mutants`, the suite's protocols (files, or every *.yaml of a
+directory, in sorted order) are re-written with `sut.options.mutant` set and run as ordinary runs
+(each its own bundle, fresh seeds from the mutate root's ledger), one after the other until one
+kills the mutant: its run FAILs (a gating criterion, after two-stage confirmation where the
+protocol has it; the quadrature family includes the stop point), or the seed ledger refuses it
+before sampling (the seed collision). Equivalent mutants and survivors run every protocol.
 
-Stop-point check: the accept rule at the single point u_accept = 0 on a draft token with p = 0
-and q > 0 must reject it (quadrature and Monte Carlo integrate over u and cannot see one point).
+The kill table records, per mutant: the killing protocol and criteria with their p-values, the
+MDE of the killing criterion next to the mutant's exact TV at that position (t1 from the model's
+p and q at the prompt, closed form per mutant; t2 for the bonus mutants of a K = 1 protocol; None
+where no closed form is implemented), and the smallest t1 MDE of the protocols run. It is written
+as `kill_table.json` and `kill_table.md` into the mutate root, which also holds every bundle.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,9 @@ from specval.sut import open_sut
 
 KILL_TABLE_JSON, KILL_TABLE_MD = "kill_table.json", "kill_table.md"
 SEED_COLLISION = "seed_collision"
-STOP_POINT_CHECK = "stop_point_check"
 LEDGER_CHECK = "seed_ledger"
+EVERY_RUNNER = ("temperature_twice", "top_k_ties_dropped", "top_p_boundary_excluded")  # change p of every runner
+BONUS_MUTANTS = ("bonus_wrong_position", "bonus_from_q")
 
 
 # ---------------------------------------------------------------- exact t1 laws
@@ -98,9 +98,9 @@ def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, proto
         "target_unfiltered": lambda: _spec_law(p_raw, q, q),
         "argmax_draft": lambda: _spec_law(p, hot, q),
         "temperature_twice": lambda: transform(target_logits / t, sampling),
-        "top_k_ties_dropped": lambda: _boundary_excluded(_ties_dropped(target_logits, t, sampling.top_k), sampling.top_p)
-        if sampling.top_p >= 1.0 else None,
+        "top_k_ties_dropped": lambda: _ties_dropped(target_logits, t, sampling.top_k) if sampling.top_p >= 1.0 else None,
         "top_p_boundary_excluded": lambda: _boundary_excluded(p, sampling.top_p),
+        "float32_cdf": lambda: _spec_law(p, _float32_cdf_law(q), q),
     }
     same_at_t1 = ("accept_le", "uniform_reused", "bonus_wrong_position", "bonus_from_q", "accept_by_division")
     if name in same_at_t1:
@@ -108,29 +108,60 @@ def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, proto
     return laws[name]() if name in laws else None
 
 
+def _float32_cdf_law(p: np.ndarray) -> np.ndarray:
+    """Exact law of an inverse-CDF draw whose cumulative sum and total are float32 (mutant float32_cdf)."""
+    probs = p.astype(np.float32)
+    cdf = np.cumsum(probs, dtype=np.float32).astype(np.float64)
+    lower = np.concatenate([[0.0], cdf[:-1]])
+    law = np.where(probs > 0, np.maximum(cdf - lower, 0.0), 0.0) / cdf[-1]
+    return law / law.sum()
+
+
+def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol) -> np.ndarray | None:
+    """Exact law of t1 of a nospec group under mutant `name` (None: not computed)."""
+    p = transform(target_logits, protocol.sampling)
+    if name == "float32_cdf":
+        return _float32_cdf_law(p)
+    if name in EVERY_RUNNER:
+        return t1_law(name, target_logits, target_logits, protocol)
+    return p
+
+
 def t1_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
-    """Exact TV at t1 between the mutant's law and p, per speculative group."""
+    """Exact TV at t1 between the mutant's law and p, per group."""
     prompt = sut.encode(protocol.prompt)
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
     p = transform(target, protocol.sampling)
     out = {}
-    for group in (g for g in protocol.groups if g.is_speculative):
-        law = t1_law(name, target, np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol)
+    for group in protocol.groups:
+        if group.is_speculative:
+            law = t1_law(name, target, np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol)
+        else:
+            law = plain_law(name, target, protocol)
         out[group.name] = None if law is None else float(0.5 * np.abs(law - p).sum())
     return out
 
 
+def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
+    """Exact TV of (t1, t2) from the target's law under a bonus mutant of a K = 1 protocol, per
+    speculative group: sum over t1 of P(t1 is an accepted draft) * TV(bonus row, p(. | t1)), the
+    bonus row being p_1 (bonus_wrong_position) or q_1 (bonus_from_q) at the prompt."""
+    if name not in BONUS_MUTANTS or protocol.num_speculative_tokens != 1 or protocol.positions < 2:
+        return {}
+    prompt = sut.encode(protocol.prompt)
+    target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
+    p = transform(target, protocol.sampling)
+    after = {int(t): transform(np.asarray(sut.target_logits(prompt + [int(t)]), dtype=np.float64),
+                               protocol.sampling) for t in np.flatnonzero(p > 0)}
+    out = {}
+    for group in (g for g in protocol.groups if g.is_speculative):
+        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling)
+        bonus = p if name == "bonus_wrong_position" else q
+        out[group.name] = float(sum(min(p[t], q[t]) * 0.5 * np.abs(bonus - row).sum() for t, row in after.items()))
+    return out
+
+
 # ---------------------------------------------------------------- checks
-
-
-def stop_point_check(sut, vocab_size: int) -> bool:
-    """True iff the accept rule rejects a draft token with p = 0 at u_accept = 0 (the correct rule)."""
-    p = np.full((1, vocab_size), 1.0 / (vocab_size - 1))
-    p[0, 0] = 0.0
-    q = np.full((1, vocab_size), 1.0 / vocab_size)
-    first = sut.accept_single(np.array([0]), q.astype(sut.prob_dtype), p.astype(sut.prob_dtype),
-                              np.array([[0.0, 0.0, 0.5]]))
-    return int(first[0]) != 0
 
 
 def seed_collision_refused(protocol: Protocol, output: Path) -> bool:
@@ -144,7 +175,7 @@ def seed_collision_refused(protocol: Protocol, output: Path) -> bool:
     return False
 
 
-# ---------------------------------------------------------------- one mutant
+# ---------------------------------------------------------------- one mutant, one protocol
 
 
 def _mutant_file(protocol_file: Path, root: Path, name: str, samples: int | None) -> Path:
@@ -153,7 +184,7 @@ def _mutant_file(protocol_file: Path, root: Path, name: str, samples: int | None
     if samples is not None:
         raw["samples_per_group"] = samples
         raw.pop("profiles", None)
-    path = root / "protocols" / f"{name}.yaml"
+    path = root / "protocols" / f"{raw['name']}-{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -170,77 +201,131 @@ def _gating_failures(summary: dict) -> dict[str, float | None]:
     return {n: summary["tests"][n].get("p_value") for n in sorted(confirmed)}
 
 
-def _t1_mde(summary: dict) -> float | None:
-    mdes = [t["mde_tv"] for n, t in summary["tests"].items() if n.startswith("t1_gof.") and t["mde_tv"] is not None]
-    return max(mdes) if mdes else None
+def _min_mde(summary: dict, prefix: str) -> float | None:
+    mdes = [t["mde_tv"] for n, t in summary["tests"].items() if n.startswith(prefix) and t["mde_tv"] is not None]
+    return min(mdes) if mdes else None
 
 
-def run_mutant(mutant, protocol_file: Path, profile: str | None, root: Path, samples: int | None) -> dict[str, Any]:
-    """Run one mutant; returns its kill-table row."""
-    row = {"mutant": mutant.name, "equivalent": mutant.equivalent, "visible_at": mutant.visible_at,
-           "breaks": mutant.breaks}
+def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
+    """{"t1": max over groups, "t2": max over groups (bonus mutants, K = 1)}; None: not computed."""
+    known = [v for v in t1_tv(name, sut, protocol).values() if v is not None]
+    second = [v for v in bonus_tv(name, sut, protocol).values() if v is not None]
+    return {"t1": max(known) if known else None, "t2": max(second) if second else None}
+
+
+def _killing_position(criteria: list[str]) -> str:
+    """'t1', 't2', ... of the earliest killing p-valued criterion; 't1' for quadrature kills."""
+    positions = sorted(n.split("_", 1)[0] for n in criteria if n.startswith("t") and "_" in n)
+    return positions[0] if positions else "t1"
+
+
+def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, samples: int | None) -> dict[str, Any]:
+    """Run one mutant on one protocol of the suite; returns its cell of the kill table."""
     file = _mutant_file(protocol_file, root, mutant.name, samples)
     protocol = resolve(load_protocol(file), None if samples is not None else profile)
+    cell = {"protocol": protocol.name, "file": str(protocol_file)}
     if mutant.name == SEED_COLLISION:
         refused = seed_collision_refused(protocol, root)
-        return row | {"tv_t1": None, "mde_t1": None, "killed": refused, "verdict": "REFUSED" if refused else "RAN",
-                      "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None}
+        return cell | {"killed": refused, "verdict": "REFUSED" if refused else "RAN",
+                       "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None,
+                       "tv": {"t1": None, "t2": None}, "mde": None, "mde_t1": None}
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
-        tv = t1_tv(mutant.name, sut, protocol)
-        stop_ok = stop_point_check(sut, sut.vocab_size)
+        tv = _exact_tv(mutant.name, sut, protocol)
     finally:
         sut.close()
     path, summary = runner.run(file, None if samples is not None else profile, root, progress=False,
                                exploratory=True)  # a mutant protocol is a modified copy, never frozen
     failed = _gating_failures(summary)
-    killed_by = sorted(failed) + ([] if stop_ok else [STOP_POINT_CHECK])
-    known = [v for v in tv.values() if v is not None]
-    return row | {"tv_t1": max(known) if known else None, "tv_t1_by_group": tv, "mde_t1": _t1_mde(summary),
-                  "killed": bool(killed_by), "verdict": summary["verdict"], "killed_by": killed_by,
-                  "p_values": failed, "bundle": path.name}
+    killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
+    mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(_killing_position(killing))]
+    return cell | {"killed": bool(failed), "verdict": summary["verdict"], "killed_by": sorted(failed),
+                   "p_values": failed, "bundle": path.name, "tv": tv, "kill_position": _killing_position(killing),
+                   "mde": max(mdes) if mdes else None, "mde_t1": _min_mde(summary, "t1_gof.")}
+
+
+def run_mutant(mutant, protocol_files: list[Path], profile: str | None, root: Path,
+               samples: int | None) -> dict[str, Any]:
+    """Run one mutant through the suite, stopping at the first kill unless it is equivalent."""
+    cells = []
+    for protocol_file in protocol_files:
+        cells.append(run_protocol(mutant, protocol_file, profile, root, samples))
+        if cells[-1]["killed"] and not mutant.equivalent:
+            break
+    killer = next((c for c in cells if c["killed"]), None)
+    row = {"mutant": mutant.name, "equivalent": mutant.equivalent, "visible_at": mutant.visible_at,
+           "breaks": mutant.breaks, "killed": killer is not None, "runs": cells,
+           "killed_in": killer["protocol"] if killer else None, "killed_by": killer["killed_by"] if killer else [],
+           "p_values": killer["p_values"] if killer else {}}
+    known_t1 = [c["tv"]["t1"] for c in cells if c["tv"]["t1"] is not None]
+    row["tv_t1"] = max(known_t1) if known_t1 else None
+    mde_t1 = [c["mde_t1"] for c in cells if c["mde_t1"] is not None]
+    row["min_mde_t1"] = min(mde_t1) if mde_t1 else None
+    if killer is not None and killer.get("kill_position"):
+        row["tv_at_kill"] = killer["tv"].get(killer["kill_position"])
+        row["mde_at_kill"], row["kill_position"] = killer["mde"], killer["kill_position"]
+    return row
 
 
 # ---------------------------------------------------------------- the table
 
 
 def expected_outcome(row: dict) -> bool:
-    """The target: equivalent mutants survive; a mutant is killed when its t1 TV exceeds the t1 MDE,
-    or it acts where only the ledger or the stop-point check can see it. Otherwise no promise."""
+    """The target: equivalent mutants pass every protocol; every other mutant is killed, unless its
+    exact TV at t1 is known and lies below the smallest t1 MDE of the protocols it ran."""
     if row["equivalent"]:
         return not row["killed"]
-    if row["tv_t1"] is not None and row["mde_t1"] is not None and row["tv_t1"] > row["mde_t1"]:
-        return row["killed"]
-    return True
+    if row["killed"]:
+        return True
+    return row["tv_t1"] is not None and row["min_mde_t1"] is not None and row["tv_t1"] < row["min_mde_t1"]
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}g}"
 
 
 def render(table: list[dict], command: str) -> str:
     lines = [f"# Kill table\n\nCommand: `{command}`\n",
-             "| mutant | equivalent | exact TV at t1 (max over groups) | t1 MDE | killed | by | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| mutant | equivalent | killed | in protocol | by | exact TV (position) | MDE of the killing criterion | "
+             "smallest t1 MDE run |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in table:
-        tv = "n/a" if row["tv_t1"] is None else f"{row['tv_t1']:.4g}"
-        mde = "n/a" if row["mde_t1"] is None else f"{row['mde_t1']:.3g}"
         by = ", ".join(f"{n} (p={p:.2g})" if isinstance(p, float) else n
                        for n, p in ((n, row["p_values"].get(n)) for n in row["killed_by"])) or "-"
-        lines.append(f"| {row['mutant']} | {'yes' if row['equivalent'] else 'no'} | {tv} | {mde} | "
-                     f"{'yes' if row['killed'] else 'no'} | {by} | {row['verdict']} |")
+        position = row.get("kill_position") or "t1"
+        tv = row.get("tv_at_kill") if row["killed"] else row["tv_t1"]
+        lines.append(f"| {row['mutant']} | {'yes' if row['equivalent'] else 'no'} | {'yes' if row['killed'] else 'no'} | "
+                     f"{row['killed_in'] or '-'} | {by} | {_number(tv, 4)} ({position}) | "
+                     f"{_number(row.get('mde_at_kill'))} | {_number(row['min_mde_t1'])} |")
     return "\n".join(lines) + "\n"
 
 
-def mutate(protocol_file: Path, profile: str | None, output: Path, names: tuple[str, ...] = (),
-           samples: int | None = None, command: str = "") -> tuple[Path, list[dict]]:
-    """Run the protocol against the named mutants (all when `names` is empty); write the table."""
+def suite_files(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
+    """The suite's protocol files: each file as given, each directory's *.yaml in sorted order."""
+    files = []
+    for path in map(Path, paths):
+        files += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"no protocol file (*.yaml) in {', '.join(str(p) for p in paths)}")
+    return files
+
+
+def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
+           names: tuple[str, ...] = (), samples: int | None = None, command: str = "") -> tuple[Path, list[dict]]:
+    """Run the suite against the named mutants (all when `names` is empty); write the table."""
     from engine import mutants
 
+    files = suite_files(protocol_paths)
+    loaded = [load_protocol(f) for f in files]  # refuse a bad protocol before any run
     chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    root = Path(output) / f"mutate-{load_protocol(protocol_file).name}-{stamp}"
+    label = loaded[0].name if len(loaded) == 1 else "suite"
+    root = Path(output) / f"mutate-{label}-{stamp}"
     root.mkdir(parents=True)
-    table = [run_mutant(m, Path(protocol_file), profile, root, samples) for m in chosen]
+    table = [run_mutant(m, files, profile, root, samples) for m in chosen]
     for row in table:
         row["as_expected"] = expected_outcome(row)
-    bundles.write_json(root / KILL_TABLE_JSON, {"protocol": str(protocol_file), "profile": profile,
+    bundles.write_json(root / KILL_TABLE_JSON, {"protocols": [str(f) for f in files], "profile": profile,
                                                 "samples_per_group": samples, "command": command, "rows": table})
     (root / KILL_TABLE_MD).write_text(render(table, command))
     return root, table

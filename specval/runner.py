@@ -33,13 +33,16 @@ from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
 from specval.protocol import FROZEN, Protocol, SutSpec, check_registered, load_protocol, parse_protocol, resolve
 from specval.reference import Reference, build_reference, needed_prefixes, transform
-from specval.stats.quadrature import adversarial_pairs, quadrature_check
+from specval.stats import quadrature
+from specval.stats.quadrature import adversarial_pairs
 from specval.sut import SUT, open_sut
-from specval.verdict import confirm, evaluate, needs_second_stage, quadrature_names
+from specval.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
 
 SutFactory = Callable[[SutSpec, int], SUT]
 ADVERSARIAL_VOCAB = 16  # vocabulary of the synthetic adversarial (p, q) pairs
 ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, not of the run
+QUADRATURE_GRID_SIZE = quadrature.GRID_SIZE  # rows per sweep: resolution 1/G per token
+QUADRATURE_ZERO_TOKENS = 2  # zero-mass tokens kept next to the supports (zeros stay exercised)
 STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage: "<bundle>:stage2"
 
 
@@ -106,29 +109,38 @@ def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
 
 
 def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict[str, list[dict]]:
-    """Exact single-draft laws of the SUT's accept kernel: p, q from the model at the prompt
-    (per speculative group's draft depth) and the synthetic adversarial pairs."""
+    """Swept single-draft laws of the SUT's accept kernel: p, q from the model at the prompt (per
+    speculative group's draft depth; groups with equal q share one sweep), the synthetic
+    adversarial pairs, and the stop-point case (key STOP_POINT)."""
     tests = [t for t in protocol.tests if t.kind == "quadrature"]
     if not tests:
         return {}
-    laws = {}
+    laws, swept = {}, {}
     p = transform(sut.target_logits(prompt_ids), protocol.sampling).astype(sut.prob_dtype)
-    for name in quadrature_names(protocol, tests[0])[:-1]:
+    for name in applicable_groups(protocol, tests[0]):
         q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling).astype(sut.prob_dtype)
-        laws[name] = [_law("model_prompt", p, q, sut, tests[0].tol)]
+        if q.tobytes() not in swept:
+            swept[q.tobytes()] = _law("model_prompt", p, q, sut, tests[0].tol)
+        laws[name] = [swept[q.tobytes()]]
     rng = np.random.default_rng(ADVERSARIAL_SEED)
     laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), pair.q.astype(sut.prob_dtype), sut,
                                 tests[0].tol)
                            for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)]
+    stop_p, stop_q = quadrature.stop_point_case(sut.prob_dtype)
+    laws[STOP_POINT] = [{"name": "p_zero_at_u_accept_0", "kind": STOP_POINT, "p": stop_p.astype(np.float64).tolist(),
+                         "q": stop_q.astype(np.float64).tolist(),
+                         "first_token": quadrature.stop_point_token(sut.accept_single, sut.prob_dtype)}]
     return laws
 
 
 def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
-    result = quadrature_check(p, q, sut.accept_single, tol)
-    return {"name": name, "p": np.asarray(p, dtype=np.float64).tolist(),
-            "q": np.asarray(q, dtype=np.float64).tolist(), "law": result.law.tolist(),
-            "target": result.target.tolist(), "error_mass": result.error_mass,
-            "max_abs_error": result.max_abs_error, "num_cells": result.num_cells}
+    """One sweep on p, q cut to their supports (plus QUADRATURE_ZERO_TOKENS zero-mass tokens)."""
+    p_cut, q_cut, tokens = quadrature.restrict_to_support(p, q, QUADRATURE_ZERO_TOKENS)
+    result = quadrature.quadrature_check(p_cut, q_cut, sut.accept_single, tol, grid_size=QUADRATURE_GRID_SIZE)
+    return {"name": name, "tokens": tokens.tolist(), "prob_dtype": np.dtype(sut.prob_dtype).name,
+            "grid_size": result.grid_size, "p": np.asarray(p_cut, dtype=np.float64).tolist(),
+            "q": np.asarray(q_cut, dtype=np.float64).tolist(), "law": result.law.tolist(),
+            "error_mass": result.error_mass, "num_rows": result.num_rows}
 
 
 def _reference(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:

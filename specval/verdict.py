@@ -10,8 +10,11 @@ Criteria (docs/harness.md section 3 is the reference):
 - `t<k>_gof.<group>`: stratified GOF of t_k given t_1..t_{k-1}; strata below `stratum_min` are
   tested jointly; exact-size Monte Carlo p-value under the reference (`specval.stats.strata`).
 - `t<k>_homogeneity.<group>_vs_<baseline>`: stratified permutation test given the margins.
-- `quadrature.<group>` and `quadrature.adversarial`: the exact output law of the SUT's accept
-  kernel against p, within the test's `tol`.
+- `quadrature.<group>` and `quadrature.adversarial`: the swept output law of the SUT's accept
+  kernel against the exact law of the same p and q (`specval.stats.quadrature`), within the grid's
+  resolution plus the rounding allowance (the test's `tol` included); `quadrature.stop_point`: a
+  draft with p = 0 at u_accept = 0 must be rejected. Bundles stored by the earlier cell
+  quadrature (pairs without `grid_size`) are evaluated by the earlier rule.
 
 p-valued criteria are corrected with Holm within their family (the test's role); the run PASSes
 iff every control and primary criterion PASSes; it FAILs if any of them FAILs; else INCONCLUSIVE.
@@ -37,9 +40,11 @@ from specval.stats import montecarlo, multiplicity, power
 from specval.stats.confirmation import two_stage
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR
 from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
+from specval.stats.quadrature import exact_law, rounding_allowance, stop_point_passed
 from specval.sut import SOURCES
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+STOP_POINT = "stop_point"  # quadrature.json key and criterion of the stop-point case
 SCHEMA_VERSION = 2  # 2: Monte Carlo p-values, joint small strata, validity criteria, MDE at the Holm level
 P_VALUED_KINDS = ("gof", "homogeneity")
 DETERMINISTIC_KINDS = ("quadrature", "validity")
@@ -274,8 +279,8 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-def _pair_error(pair: Mapping, tol: float) -> tuple[float, bool]:
-    """Recompute one stored quadrature pair: (max |law - target|, passed)."""
+def _legacy_pair_error(pair: Mapping, tol: float) -> tuple[float, bool]:
+    """A pair stored by the cell quadrature (bundles without `grid_size`): (max |law - p|, passed)."""
     law, target = np.asarray(pair["law"], dtype=np.float64), np.asarray(pair["target"], dtype=np.float64)
     p, q = np.asarray(pair["p"], dtype=np.float64), np.asarray(pair["q"], dtype=np.float64)
     slack = abs(p.sum() - q.sum()) / q.sum()
@@ -283,18 +288,63 @@ def _pair_error(pair: Mapping, tol: float) -> tuple[float, bool]:
     return error, bool(error <= tol + slack and float(pair["error_mass"]) <= tol + slack)
 
 
-def _quadrature(test: TestSpec, name: str, pairs: list) -> dict:
-    checked = [(pair["name"], *_pair_error(pair, test.tol)) for pair in pairs]
+def _legacy_quadrature(test: TestSpec, pairs: list) -> tuple[dict, str, str, float]:
+    checked = [(pair["name"], *_legacy_pair_error(pair, test.tol)) for pair in pairs]
     worst = max(checked, key=lambda c: c[1])
     failed = [c[0] for c in checked if not c[2]]
-    verdict = FAIL if failed else PASS
     reason = (f"exact law differs from p beyond tol {test.tol:.3g} for: {', '.join(failed)}" if failed else
               f"{len(checked)} pair(s), max |law - p| = {worst[1]:.3g} <= tol {test.tol:.3g} (+ normalisation slack)")
+    return ({c[0]: {"max_abs_error": c[1], "passed": c[2]} for c in checked}, FAIL if failed else PASS, reason,
+            worst[1])
+
+
+def _pair_error(pair: Mapping, tol: float) -> dict:
+    """Recompute one stored sweep against the exact law of its p and q: error, limit, passed."""
+    p, q = np.asarray(pair["p"], dtype=np.float64), np.asarray(pair["q"], dtype=np.float64)
+    law = np.asarray(pair["law"], dtype=np.float64)
+    exact, exact_error = exact_law(p, q)
+    error = float(np.abs(law - exact).max())
+    mass_error = abs(float(pair["error_mass"]) - exact_error)
+    resolution = 1.0 / int(pair["grid_size"])
+    allowance = tol + rounding_allowance(np.dtype(pair["prob_dtype"]))
+    return {"max_abs_error": error, "error_mass_error": mass_error, "resolution": resolution,
+            "allowance": allowance, "law_deviation": float(np.abs(exact - p / p.sum()).max()),
+            "passed": bool(max(error, mass_error) <= resolution + allowance)}
+
+
+def _stop_point(pair: Mapping) -> dict:
+    return {"first_token": int(pair["first_token"]),
+            "passed": stop_point_passed(np.asarray(pair["p"], dtype=np.float64), int(pair["first_token"]))}
+
+
+def _swept_quadrature(test: TestSpec, pairs: list) -> tuple[dict, str, str, float]:
+    checked = {pair["name"]: _stop_point(pair) if pair.get("kind") == STOP_POINT else _pair_error(pair, test.tol)
+               for pair in pairs}
+    failed = [name for name, c in checked.items() if not c["passed"]]
+    swept = [c for c in checked.values() if "max_abs_error" in c]
+    if not swept:  # the stop point alone
+        token = next(iter(checked.values()))["first_token"]
+        return checked, FAIL if failed else PASS, (
+            f"a draft with p = 0 at u_accept = 0 emitted token {token}" + (
+                " (it must be rejected)" if failed else ", a correction: rejected as it must be")), 0.0
+    worst = max(swept, key=lambda c: c["max_abs_error"])
+    bound = f"resolution {worst['resolution']:.3g} + allowance {worst['allowance']:.2g}"
+    if failed:
+        return checked, FAIL, f"swept law differs from the exact law beyond {bound} for: {', '.join(failed)}", \
+            worst["max_abs_error"]
+    deviation = max(c["law_deviation"] for c in swept)
+    return checked, PASS, (f"{len(swept)} pair(s), max |swept law - exact law| = {worst['max_abs_error']:.3g} <= "
+                           f"{bound}; exact law vs p / T_p: max {deviation:.3g} (normalisation, reported only)"), \
+        worst["max_abs_error"]
+
+
+def _quadrature(test: TestSpec, name: str, pairs: list) -> dict:
+    is_legacy = all("grid_size" not in pair and pair.get("kind") != STOP_POINT for pair in pairs)
+    checked, verdict, reason, statistic = (_legacy_quadrature if is_legacy else _swept_quadrature)(test, pairs)
     return {"kind": test.kind, "role": test.role, "group": name, "baseline": None, "position": None,
-            "statistic": worst[1], "df": None, "p_value": None, "p_adjusted": None, "alpha": None,
+            "statistic": statistic, "df": None, "p_value": None, "p_adjusted": None, "alpha": None,
             "tol": test.tol, "mde_tv": None, "planned_n": None, "effective_n": None,
-            "pairs": {c[0]: {"max_abs_error": c[1], "passed": c[2]} for c in checked},
-            "verdict": verdict, "reason": reason}
+            "pairs": checked, "verdict": verdict, "reason": reason}
 
 
 # ---------------------------------------------------------------- applicability
@@ -314,8 +364,10 @@ def criterion_name(test: TestSpec, group: str) -> str:
     return f"{test.name}.{suffix}"
 
 
-def quadrature_names(protocol: Protocol, test: TestSpec) -> list[str]:
-    return applicable_groups(protocol, test) + ["adversarial"]
+def quadrature_names(protocol: Protocol, test: TestSpec, stored: Mapping[str, object]) -> list[str]:
+    """Quadrature criteria: one per applicable group, the adversarial pairs, and the stop point
+    when `stored` (quadrature.json) holds it (bundles made before it existed do not)."""
+    return applicable_groups(protocol, test) + ["adversarial"] + ([STOP_POINT] if STOP_POINT in stored else [])
 
 
 def _validity(kind: str, group: str, failures: int, what: str) -> dict:
@@ -401,7 +453,7 @@ def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | 
     tests = _validity_tests(protocol, data, ref)
     for test in protocol.tests:
         if test.kind == "quadrature":
-            for name in quadrature_names(protocol, test):
+            for name in quadrature_names(protocol, test, quadrature):
                 tests[f"quadrature.{name}"] = _quadrature(test, name, quadrature[name])
 
     if ref is None:

@@ -32,7 +32,7 @@ from specval.stats.quadrature import (
     QuadratureResult,
     draft_quadrature_check,
     quadrature_check,
-    single_draft_law,
+    sweep_law,
 )
 from specval.stats.montecarlo import McPValue, criterion_rng, sequential_pvalue
 from specval.stats.rates import UniformityResult, pvalue_uniformity, rate_ci
@@ -45,7 +45,7 @@ __all__ = [
     "aggregate_gof", "aggregate_homogeneity", "bonferroni", "draft_quadrature_check",
     "goodness_of_fit", "holm", "homogeneity", "mde_tv", "mde_tv_two_sample", "paired_comparison",
     "pool_cells", "pvalue_uniformity", "quadrature_check", "rate_ci", "samples_for_tv",
-    "simulate_power", "single_draft_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
+    "simulate_power", "sweep_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
     "McPValue", "criterion_rng", "sequential_pvalue", "StratifiedResult", "stratified_gof",
     "stratified_homogeneity", "criterion_mde", "stage_power",
 ]
