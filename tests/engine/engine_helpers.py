@@ -7,11 +7,16 @@ conftest modules when the whole suite runs in one process.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
 
 from engine import LLM, Engine, EngineConfig, ModelConfig
+
+FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+REDUCTION_LAMBDA = 6.0  # probabilistic summation bound, see reorder_atol
+CANCELLATION = 4.0  # assumed ratio of a reduction's sum of |terms| to the largest output magnitude
 
 TINY_MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3,
                          intermediate_size=64, eos_token_id=0, seed=1)
@@ -67,3 +72,22 @@ def count_non_argmax_accepted(engine: Engine, outputs) -> int:
             position = len(output.prompt_token_ids) + i
             count += source == "accepted" and ids[position] != int(target[position - 1].argmax())
     return count
+
+
+def reorder_atol(scale: float, *, num_reductions: int, max_terms: int) -> float:
+    """Bound on |a - b| for two float32 evaluations of the same network that differ only in the
+    order of their sums (batched vs per-sequence matmuls, paged vs contiguous attention, the
+    vectorised kernels another CPU selects).
+
+    Analysis: a float32 sum of n terms in any order is off by at most
+    REDUCTION_LAMBDA * sqrt(n) * u * sum|terms| (Higham & Mary 2019, probabilistic bound; exceeded
+    with probability <= n * 2 exp(-LAMBDA**2 / 2) ~ 1e-6 per reduction at n = 64). Assumptions:
+    every reduction's sum |terms| is within CANCELLATION of `scale`, the largest |output| (RMSNorm
+    holds every layer input at unit rms, and the residual stream keeps later layers on the scale
+    of the output), and an error passes through the `num_reductions` chained reductions (norms,
+    projections, attention scores, softmax sums, weighted values, MLP, LM head) with gain <= 1.
+    Each evaluation is then within num_reductions * LAMBDA * sqrt(n) * u * CANCELLATION * scale
+    of the exact value, and the two within twice that.
+    """
+    per_reduction = REDUCTION_LAMBDA * math.sqrt(max_terms) * FLOAT32_UNIT_ROUNDOFF
+    return 2 * num_reductions * per_reduction * CANCELLATION * scale
