@@ -79,15 +79,33 @@ def reorder_atol(scale: float, *, num_reductions: int, max_terms: int) -> float:
     order of their sums (batched vs per-sequence matmuls, paged vs contiguous attention, the
     vectorised kernels another CPU selects).
 
-    Analysis: a float32 sum of n terms in any order is off by at most
-    REDUCTION_LAMBDA * sqrt(n) * u * sum|terms| (Higham & Mary 2019, probabilistic bound; exceeded
-    with probability <= n * 2 exp(-LAMBDA**2 / 2) ~ 1e-6 per reduction at n = 64). Assumptions:
-    every reduction's sum |terms| is within CANCELLATION of `scale`, the largest |output| (RMSNorm
-    holds every layer input at unit rms, and the residual stream keeps later layers on the scale
-    of the output), and an error passes through the `num_reductions` chained reductions (norms,
-    projections, attention scores, softmax sums, weighted values, MLP, LM head) with gain <= 1.
-    Each evaluation is then within num_reductions * LAMBDA * sqrt(n) * u * CANCELLATION * scale
-    of the exact value, and the two within twice that.
+    Analysis (Higham & Mary 2019, probabilistic rounding errors: independent, mean zero, each
+    <= u): a float32 sum of n terms in any order is off by <= LAMBDA * sqrt(n) * u * sum|terms|,
+    and a chain of `num_reductions` such sums, whose errors pass on with gain <= 1, by
+    <= LAMBDA * sqrt(num_reductions * n) * u * sum|terms| (all its roundings are one sum of
+    independent errors); exceeded with probability <= N * 2 exp(-LAMBDA**2 / 2), ~2e-5 for the
+    N ~ 1,000 roundings of the small test models. Assumption: every reduction's sum |terms| is
+    within CANCELLATION of `scale`, the largest |output| (RMSNorm holds every layer input at
+    unit rms; the residual stream keeps later layers on the scale of the output). Each
+    evaluation is within LAMBDA * sqrt(num_reductions * n) * u * CANCELLATION * scale of the
+    exact value, the two within twice that.
     """
-    per_reduction = REDUCTION_LAMBDA * math.sqrt(max_terms) * FLOAT32_UNIT_ROUNDOFF
-    return 2 * num_reductions * per_reduction * CANCELLATION * scale
+    roundings = num_reductions * max_terms
+    per_evaluation = REDUCTION_LAMBDA * math.sqrt(roundings) * FLOAT32_UNIT_ROUNDOFF
+    return 2 * per_evaluation * CANCELLATION * scale
+
+
+LOOPED_REDUCTIONS_PER_LAYER = 9  # 2 RMSNorm means, qkv, scores, softmax sum, values, out, gate/up, down
+READOUT_REDUCTIONS = 2  # final RMSNorm mean, LM head
+
+
+def looped_atol(model, expected: torch.Tensor, num_positions: int) -> float:
+    """`reorder_atol` for any output of a LoopedModel (logits, or keys / values at any depth):
+    at most every layer of every depth plus the readout are chained before it, and its longest
+    sum has max(hidden, intermediate, num_positions) terms; `scale` is max |expected|."""
+    config = model.config
+    return reorder_atol(
+        float(expected.abs().max()),
+        num_reductions=LOOPED_REDUCTIONS_PER_LAYER * config.num_layers * config.num_loops
+        + READOUT_REDUCTIONS,
+        max_terms=max(config.hidden_size, config.intermediate_size, num_positions))
