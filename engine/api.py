@@ -1,7 +1,8 @@
 """Public entry points: `Engine` (add_request / step / abort / close) and `LLM.generate`.
 
-Admission checks every request on the host and raises ValueError naming the field and value;
-nothing is queued for a rejected request. Finished, aborted and failed requests free their KV
+Admission checks every request on the host and raises ValueError naming the field and value.
+It is atomic per call: `add_requests` (and `LLM.generate`) validates the whole batch first, so a
+batch with any invalid request queues nothing and draws no seed. Finished, aborted and failed requests free their KV
 blocks; the other requests keep running with their outputs intact.
 """
 
@@ -90,18 +91,50 @@ class Engine:
 
     def add_request(self, request_id: str, prompt: str | Sequence[int],
                     params: SamplingParams) -> None:
-        """Validate and queue a request (ValueError naming the field on bad input)."""
+        """Validate and queue one request (see `add_requests`)."""
+        self.add_requests([(request_id, prompt, params)])
+
+    def add_requests(self, requests: Sequence[tuple[str, str | Sequence[int], SamplingParams]]) -> None:
+        """Validate every (request_id, prompt, params) of the batch, then queue them in order.
+
+        Guarantee: if any request is invalid, ValueError (naming the request, the field and the
+        value) is raised before anything is queued or any seed drawn; the engine's state is
+        then exactly what it was before the call.
+        """
+        checked = self._checked_batch(requests)
+        for request_id, prompt_ids, params in checked:
+            request = Request(request_id, prompt_ids, params, self._seed_for(params),
+                              self.model.num_depths)
+            self._requests[request_id] = request
+            self.scheduler.add(request)
+
+    def _checked_batch(self, requests) -> list[tuple[str, list[int], SamplingParams]]:
+        """(request_id, prompt token ids, params) of every request; reads no engine state it
+        changes, so a ValueError here leaves the engine untouched."""
+        requests = list(requests)
+        checked, batch_ids = [], set()
+        for index, (request_id, prompt, params) in enumerate(requests):
+            try:
+                checked.append(self._checked(request_id, prompt, params, batch_ids))
+            except ValueError as error:
+                if len(requests) == 1:
+                    raise
+                raise ValueError(f"request {index} of the batch ({request_id!r}): {error}; "
+                                 f"no request of the batch was admitted") from None
+            batch_ids.add(request_id)
+        return checked
+
+    def _checked(self, request_id, prompt, params,
+                 batch_ids: set[str]) -> tuple[str, list[int], SamplingParams]:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id={request_id!r} is invalid: expected a non-empty str")
-        if request_id in self._requests:
+        if request_id in self._requests or request_id in batch_ids:
             raise ValueError(f"request_id={request_id!r} is still in use")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params={params!r} is invalid: expected a SamplingParams")
-        request = Request(request_id, self.prompt_token_ids(prompt), params, self._seed_for(params),
-                          self.model.num_depths)
-        self._check_fits(request)
-        self._requests[request_id] = request
-        self.scheduler.add(request)
+        prompt_ids = self.prompt_token_ids(prompt)
+        self._check_fits(len(prompt_ids), params.max_tokens)
+        return request_id, prompt_ids, params
 
     def prompt_token_ids(self, prompt: str | Sequence[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
@@ -120,19 +153,22 @@ class Engine:
             return params.seed
         return int(self._seed_source.integers(0, MAX_ASSIGNED_SEED))
 
-    def _check_fits(self, request: Request) -> None:
-        config, length = self.config, len(request.prompt_token_ids) + request.params.max_tokens
-        if length > config.max_model_len:
-            raise ValueError(f"max_tokens={request.params.max_tokens} is invalid: prompt "
-                             f"({len(request.prompt_token_ids)}) + max_tokens exceeds "
-                             f"max_model_len={config.max_model_len}")
-        needed = self.scheduler.worst_case_blocks(request)
+    def _check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """ValueError unless a request of this prompt length and max_tokens can ever run."""
+        config = self.config
+        if prompt_len >= config.max_model_len:
+            raise ValueError(f"prompt of {prompt_len} tokens is too long: it must be shorter than "
+                             f"max_model_len={config.max_model_len} (room for one generated token)")
+        if prompt_len + max_tokens > config.max_model_len:
+            raise ValueError(f"max_tokens={max_tokens} is invalid: prompt ({prompt_len}) + "
+                             f"max_tokens exceeds max_model_len={config.max_model_len}")
+        needed = self.scheduler.worst_case_blocks(prompt_len + max_tokens, self.model.num_depths)
         if needed > config.num_kv_blocks:
             raise ValueError(f"num_kv_blocks={config.num_kv_blocks} is too small: the request needs "
                              f"{needed} blocks")
-        step_cost = len(request.prompt_token_ids) + self.scheduler.limits.num_speculative_tokens
+        step_cost = prompt_len + self.scheduler.limits.num_speculative_tokens
         if step_cost > config.max_num_batched_tokens:
-            raise ValueError(f"prompt of {len(request.prompt_token_ids)} tokens is too long for "
+            raise ValueError(f"prompt of {prompt_len} tokens is too long for "
                              f"max_num_batched_tokens={config.max_num_batched_tokens}")
 
     def step(self) -> list[RequestOutput]:
@@ -211,14 +247,16 @@ class LLM:
     def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  progress: ProgressCallback | None = None) -> list[RequestOutput]:
-        """Generate for every prompt (continuous batching); outputs are in input order."""
+        """Generate for every prompt (continuous batching); outputs are in input order.
+
+        A batch with any invalid prompt or params raises ValueError and admits nothing.
+        """
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise ValueError("prompts is invalid: expected a list of str or a list of token-id lists")
         per_prompt = self._params_list(params, len(prompts))
+        ids = [f"generate-{self._num_calls + 1}-{i}" for i in range(len(prompts))]
+        self.engine.add_requests(list(zip(ids, prompts, per_prompt)))  # all or nothing
         self._num_calls += 1
-        ids = [f"generate-{self._num_calls}-{i}" for i in range(len(prompts))]
-        for request_id, prompt, request_params in zip(ids, prompts, per_prompt):
-            self.engine.add_request(request_id, prompt, request_params)
         outputs: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for output in self.engine.step():

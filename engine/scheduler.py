@@ -61,10 +61,9 @@ class Scheduler:
         self._finished: list[RequestOutput] = []
         self.in_flight: defaultdict[Request, deque[int]] = defaultdict(deque)  # K_r, oldest first
 
-    def worst_case_blocks(self, request: Request) -> int:
-        """Blocks over all depths for the request's longest possible sequence."""
-        length = len(request.prompt_token_ids) + request.params.max_tokens
-        return request.num_depths * self.blocks.blocks_for(length)
+    def worst_case_blocks(self, max_length: int, num_depths: int) -> int:
+        """Blocks over all depths for a sequence of at most `max_length` tokens."""
+        return num_depths * self.blocks.blocks_for(max_length)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -118,7 +117,8 @@ class Scheduler:
             request = self.waiting[0]
             num_prefill = len(request.prompt_token_ids) - 1
             num_drafts = self._num_drafts(request, budget - num_prefill)
-            worst = self.worst_case_blocks(request)
+            worst = self.worst_case_blocks(
+                len(request.prompt_token_ids) + request.params.max_tokens, request.num_depths)
             if budget < num_prefill + num_drafts + 1 or not self.blocks.can_reserve(worst):
                 break
             self.waiting.popleft()

@@ -39,7 +39,10 @@ def batched_probabilities(
     *,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Return float32[B, V]: row b is `Sampler().probabilities(logits[b], params_b)`.
+    """Return float32[B, V]: row b is `Sampler().probabilities(logits[b], params_b)` up to float32
+    rounding: the top-k cut is exact, but a token whose strictly-larger mass lies within float32
+    rounding of top_p (a band of ~3.5e-4 at V = 152,064) may be kept by one and not the other,
+    as summation orders differ (docs/sampling.md, "Float tolerance at boundaries").
 
     Guarantees: inputs are never modified; no host read of device data; greedy rows are the
     one-hot argmax of the raw logits (lowest index on ties); kept tokens get the softmax of the

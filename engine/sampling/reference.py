@@ -9,7 +9,8 @@ Order of operations for one row (temperature > 0):
      empties). "Strictly larger probability" is decided on x, where the order is exact;
   4. softmax over the kept tokens; every other token gets exactly 0.
 Temperature 0 gives the one-hot row of the argmax of the raw logits (lowest index on ties).
-The masses of step 3 are summed in float64.
+The masses of step 3 are summed in float64 over float32 softmax probabilities, whose float32
+normaliser makes the top-p cut exact only up to float32 rounding (docs/sampling.md).
 """
 
 from __future__ import annotations

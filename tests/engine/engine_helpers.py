@@ -7,11 +7,16 @@ conftest modules when the whole suite runs in one process.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import pytest
 import torch
 
 from engine import LLM, Engine, EngineConfig, ModelConfig
+
+FLOAT32_UNIT_ROUNDOFF = 2.0**-24
+REDUCTION_LAMBDA = 6.0  # probabilistic summation bound, see reorder_atol
+CANCELLATION = 4.0  # assumed ratio of a reduction's sum of |terms| to the largest output magnitude
 
 TINY_MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3,
                          intermediate_size=64, eos_token_id=0, seed=1)
@@ -67,3 +72,40 @@ def count_non_argmax_accepted(engine: Engine, outputs) -> int:
             position = len(output.prompt_token_ids) + i
             count += source == "accepted" and ids[position] != int(target[position - 1].argmax())
     return count
+
+
+def reorder_atol(scale: float, *, num_reductions: int, max_terms: int) -> float:
+    """Bound on |a - b| for two float32 evaluations of the same network that differ only in the
+    order of their sums (batched vs per-sequence matmuls, paged vs contiguous attention, the
+    vectorised kernels another CPU selects).
+
+    Analysis (Higham & Mary 2019, probabilistic rounding errors: independent, mean zero, each
+    <= u): a float32 sum of n terms in any order is off by <= LAMBDA * sqrt(n) * u * sum|terms|,
+    and a chain of `num_reductions` such sums, whose errors pass on with gain <= 1, by
+    <= LAMBDA * sqrt(num_reductions * n) * u * sum|terms| (all its roundings are one sum of
+    independent errors); exceeded with probability <= N * 2 exp(-LAMBDA**2 / 2), ~2e-5 for the
+    N ~ 1,000 roundings of the small test models. Assumption: every reduction's sum |terms| is
+    within CANCELLATION of `scale`, the largest |output| (RMSNorm holds every layer input at
+    unit rms; the residual stream keeps later layers on the scale of the output). Each
+    evaluation is within LAMBDA * sqrt(num_reductions * n) * u * CANCELLATION * scale of the
+    exact value, the two within twice that.
+    """
+    roundings = num_reductions * max_terms
+    per_evaluation = REDUCTION_LAMBDA * math.sqrt(roundings) * FLOAT32_UNIT_ROUNDOFF
+    return 2 * per_evaluation * CANCELLATION * scale
+
+
+LOOPED_REDUCTIONS_PER_LAYER = 9  # 2 RMSNorm means, qkv, scores, softmax sum, values, out, gate/up, down
+READOUT_REDUCTIONS = 2  # final RMSNorm mean, LM head
+
+
+def looped_atol(model, expected: torch.Tensor, num_positions: int) -> float:
+    """`reorder_atol` for any output of a LoopedModel (logits, or keys / values at any depth):
+    at most every layer of every depth plus the readout are chained before it, and its longest
+    sum has max(hidden, intermediate, num_positions) terms; `scale` is max |expected|."""
+    config = model.config
+    return reorder_atol(
+        float(expected.abs().max()),
+        num_reductions=LOOPED_REDUCTIONS_PER_LAYER * config.num_layers * config.num_loops
+        + READOUT_REDUCTIONS,
+        max_terms=max(config.hidden_size, config.intermediate_size, num_positions))

@@ -2,8 +2,9 @@
 
 Uses the trained default model at temperature 1 / top_k 20 (acceptance ~0.9 at draft_loops 2),
 so rounds accept non-argmax drafts and also reject some. Tolerance: paged (batched) and serial
-(dense) evaluation of the same positions differ only by float32 rounding; 1e-4 absolute on keys
-and values of magnitude O(1) (and on logits) is ~100x the observed difference.
+(dense) evaluation of the same positions differ only in float32 summation order; keys, values
+and logits are compared within engine_helpers.looped_atol (a rounding analysis of the chained
+reductions), scaled by each compared tensor's magnitude.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.sampling import Sampler, categorical, speculative_accept, uniform_blocks
-from engine_helpers import count_non_argmax_accepted, run_checking_live
+from engine_helpers import count_non_argmax_accepted, looped_atol, run_checking_live
 
-KV_ATOL = 1e-4
-LOGIT_ATOL = 1e-4
 PROMPT = "Return a new list of"
 
 
@@ -37,12 +36,13 @@ def check_against_replay(engine: Engine, request) -> None:
     for depth, table in enumerate(request.block_tables):
         assert len(table) == -(-length // kv.layout.block_size)  # rejected tail truncated
         for layer in range(model.num_layers_per_depth):
-            torch.testing.assert_close(paged(kv.key[layer], table, length),
-                                       replay.keys[depth, layer, :length], atol=KV_ATOL, rtol=0)
-            torch.testing.assert_close(paged(kv.value[layer], table, length),
-                                       replay.values[depth, layer, :length], atol=KV_ATOL, rtol=0)
-    torch.testing.assert_close(frontier_logits(engine, request), replay.logits[-1, -1],
-                               atol=LOGIT_ATOL, rtol=0)
+            for pool, expected in ((kv.key[layer], replay.keys), (kv.value[layer], replay.values)):
+                expected = expected[depth, layer, :length]
+                torch.testing.assert_close(paged(pool, table, length), expected, rtol=0,
+                                           atol=looped_atol(model, expected, length))
+    expected = replay.logits[-1, -1]
+    torch.testing.assert_close(frontier_logits(engine, request), expected, rtol=0,
+                               atol=looped_atol(model, expected, length + 1))
 
 
 def frontier_logits(engine: Engine, request) -> torch.Tensor:

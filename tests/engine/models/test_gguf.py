@@ -16,6 +16,7 @@ gguf = pytest.importorskip("gguf", reason="the 'gguf' package (real-model extra)
 from engine.models.gguf import (GGUFError, load_llama, packaged_file, permute_rotary,  # noqa: E402
                                 unpermute_rotary)
 from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: E402
+from engine_helpers import reorder_atol  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 V, H, I, L, HEADS, KV_HEADS = 64, 32, 64, 2, 4, 2
@@ -81,7 +82,7 @@ def loaded_arrays(weights: LlamaWeights) -> dict[str, torch.Tensor]:
 def test_rotary_permutation_round_trips_and_interleaves():
     w = torch.arange(2 * 8 * 3, dtype=torch.float32).view(16, 3)  # 2 heads of D=8, 3 input features
     permuted = permute_rotary(w, 2)
-    torch.testing.assert_close(unpermute_rotary(permuted, 2), w)
+    assert torch.equal(unpermute_rotary(permuted, 2), w)  # a permutation of rows: exact
     # llama.cpp row 2i of a head holds original row i, row 2i+1 holds original row i + D/2.
     assert permuted[:8, 0].tolist() == [0, 12, 3, 15, 6, 18, 9, 21]
 
@@ -99,7 +100,11 @@ def test_f32_file_loads_exact_weights_and_forward(tmp_path):
         LayerWeights(**{f: torch.from_numpy(arrays[f"blk.{i}.{n}.weight"]) for n, f in LAYER_FIELDS.items()})
         for i in range(L)))
     ids = torch.tensor([1, 5, 9, 33, 2])
-    torch.testing.assert_close(LlamaModel(config, weights).forward(ids), LlamaModel(config, direct).forward(ids))
+    expected = LlamaModel(config, direct).forward(ids)
+    # bitwise-equal weights in other tensors: a kernel may still pick another summation order
+    # for another memory alignment, so the reorder bound (9 reductions per layer, readout 2)
+    atol = reorder_atol(float(expected.abs().max()), num_reductions=9 * L + 2, max_terms=max(H, I))
+    torch.testing.assert_close(LlamaModel(config, weights).forward(ids), expected, atol=atol, rtol=0)
 
 
 def test_quantised_types_dequantise_within_their_step(tmp_path):

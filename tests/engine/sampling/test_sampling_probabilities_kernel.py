@@ -1,7 +1,8 @@
 """Paths of the chunked Triton kernel of batched_probabilities, at small sizes (interpreter).
 
-Every case is also compared with the row-wise reference (same support, values within float32
-rounding), so a path that is taken but wrong fails as well as one that is not taken.
+Every case is also compared with the exact float64 distribution (as is the row-wise reference:
+`assert_rows_match`, with the rounding band and value bound of sampling_helpers.py), so a path
+that is taken but wrong fails as well as one that is not taken.
 """
 
 import pytest
