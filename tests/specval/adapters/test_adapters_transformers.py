@@ -193,7 +193,7 @@ def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
                     profiles={})
     file = tmp_path / "tiny.yaml"
     file.write_text(yaml.safe_dump(protocol))
-    bundle, summary = runner.run(file, None, tmp_path / "results", progress=False,
+    bundle, summary = runner.run(file, None, tmp_path / "results", progress=False, exploratory=True,
                                  sut_factory=lambda spec_, k: sut, command=["test"])
     assert summary["verdict"] == "PASS", summary["reason"]
     assert runner.verify(bundle) == []
