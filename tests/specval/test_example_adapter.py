@@ -4,10 +4,11 @@ adapter's declared capabilities refuse a protocol that asks for top-k before any
 
 False-fail rate of the PASS assertion: the smoke run has 2 p-valued families at alpha 0.01 and
 fixed seeds, so it either always passes or always fails on a given platform; a correct sampler
-fails with probability <= 0.02 over seed choices (the harness's own bound)."""
+fails with probability <= 0.02 over seed choices (two gating families at alpha 0.01, Holm within each)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ def test_minimal_adapter_example_passes_and_verifies(example):
     runner = CliRunner()
     result = runner.invoke(main, ["run", str(example / "protocol.yaml"), "--profile", "smoke", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert "PASS: all 7 control and primary criteria passed" in result.output
+    assert re.search(r"^PASS: all \d+ control and primary criteria passed$", result.output, re.M), result.output
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     assert runner.invoke(main, ["verify", str(bundle)]).exit_code == 0
 

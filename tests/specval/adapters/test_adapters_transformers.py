@@ -185,12 +185,13 @@ def test_transformers_processors_give_the_harness_reference(sut, prompt_ids, sam
 
 
 def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
-    """The shipped protocol cut to 6 requests per group and a stratum minimum of 3, so every
-    criterion is computed. Fixed seeds (the ledger's first ranges); with alpha 0.01 per gating family
+    """The shipped protocol cut to 6 requests per group, a stratum minimum of 3 and cells pooled to an
+    expected count of 1 (the Monte Carlo p-values are exact at any cell size), so every criterion
+    is computed. Fixed seeds (the ledger's first ranges); with alpha 0.01 per gating family
     and two stages, a correct SUT fails this run with probability <= 2 * 0.01 * 0.01 = 2e-4."""
     protocol = yaml.safe_load((ROOT / "protocols" / "t2_transformers.yaml").read_text())
-    protocol.update(name="t2_transformers_tiny", samples_per_group=6, stratum_min=3, chunk_size=6, batch_size=6,
-                    profiles={})
+    protocol.update(name="t2_transformers_tiny", samples_per_group=6, stratum_min=3, min_expected=1.0, chunk_size=6,
+                    batch_size=6, profiles={})
     file = tmp_path / "tiny.yaml"
     file.write_text(yaml.safe_dump(protocol))
     bundle, summary = runner.run(file, None, tmp_path / "results", progress=False, exploratory=True,
