@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from engine.mutants import ENGINE_LAYER, MUTANTS
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
-from specval.sut import SUT, SampleBatch, SUTError
+from specval.sut import SUT, Capabilities, SampleBatch, SUTError
 
 
 
@@ -38,6 +39,8 @@ class Completion:
 
 class EngineSUT(SUT):
     """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
+
+    capabilities = Capabilities(mutants=tuple(m.name for m in MUTANTS if m.layer == ENGINE_LAYER))
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 

@@ -146,6 +146,9 @@ def needs(protocol: Protocol) -> list[Need]:
         out.append(Need("sampling", "top_k", ("sampling", "top_k")))
     if sampling.top_p < 1.0:
         out.append(Need("sampling", "top_p", ("sampling", "top_p")))
+    mutant = dict(protocol.sut.options).get("mutant")
+    if mutant is not None:
+        out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))
     out += [Need("accept_single", "quadrature", ("tests", i, "kind"))
             for i, t in enumerate(getattr(protocol, "tests", ())) if getattr(t, "kind", None) == "quadrature"]
     return out

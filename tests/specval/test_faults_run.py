@@ -38,7 +38,7 @@ def _run(cli, *args):
 
 
 def _protocol(tmp_path, adapter="fake_sut:FakeSUT", name="protocol.yaml", **overrides):
-    raw = fake_protocol_dict(sut={"adapter": adapter}, **{**SMALL, **overrides})
+    raw = fake_protocol_dict(**{"sut": {"adapter": adapter}, **SMALL, **overrides})
     return write_protocol(tmp_path, raw, name)
 
 
@@ -103,6 +103,14 @@ def test_missing_capability_names_it_and_the_protocol_line(cli, tmp_path):
     assert _nothing_claimed(tmp_path / "results")
     result = _run(cli, "run", str(_protocol(tmp_path, adapter="fault_suts:NoTopPSUT", name="p2.yaml")), "--quiet")
     assert result.exit_code == 2 and "sampling='top_p'" in result.output
+
+
+def test_a_mutant_the_adapter_does_not_declare_is_refused(cli, tmp_path):
+    file = _protocol(tmp_path, sut={"adapter": "fake_sut:FakeSUT", "options": {"mutant": "residual_from_p"}})
+    line = next(i + 1 for i, text in enumerate(file.read_text().splitlines()) if "mutant:" in text)
+    result = _run(cli, "run", str(file), "--quiet")
+    assert result.exit_code == 2 and "mutants='residual_from_p'" in result.output and f"{file}:{line}" in result.output
+    assert _nothing_claimed(tmp_path / "results")
 
 
 def test_a_protocol_without_quadrature_runs_on_an_adapter_without_accept_single(cli, tmp_path):
