@@ -33,6 +33,21 @@ def test_reports_hold_the_evidence_the_docs_cite():
     assert {"t2_fp32", "t2_smollm2", "quality_arith", "t2_cuda", "t2_cuda_batched", "t2_smollm2_cuda"} <= names
 
 
+RANDOM_PACKAGES = ("numpy", "scipy")  # their random distributions are not stream-stable across versions
+
+
+def _draws_reproducible(bundle: Path) -> str | None:
+    """None if this interpreter has the numpy and scipy versions the bundle was made with (the
+    Monte Carlo null draws are then redrawn bit for bit), else the reason they may not be."""
+    from importlib import metadata
+
+    made = json.loads((bundle / bundles.MANIFEST_FILE).read_text()).get("packages", {})
+    differ = [f"{name} {made.get(name)} (here {metadata.version(name)})" for name in RANDOM_PACKAGES
+              if made.get(name) != metadata.version(name)]
+    return f"made with {', '.join(differ)}: Monte Carlo draws are reproducible under the same versions only" \
+        if differ else None
+
+
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda path: path.name)
 def test_kept_bundle_verifies(bundle):
     if bundle.name in OLD_FORMAT:
@@ -42,6 +57,11 @@ def test_kept_bundle_verifies(bundle):
     if summary.get("kind", "distribution") == "distribution":
         assert summary.get("schema_version") == SCHEMA_VERSION, f"{bundle.name}: summary schema is not current"
     result = CliRunner().invoke(main, ["verify", str(bundle)])
+    reason = _draws_reproducible(bundle)
+    if result.exit_code != 0 and reason and all("monte_carlo" in line or "p_adjusted" in line or "p_value" in line
+                                                or ".reason:" in line for line in result.output.splitlines()
+                                                if line.startswith("DIFFERS")):
+        pytest.skip(reason)  # only Monte Carlo p-values moved, and the random packages differ
     assert result.exit_code == 0, result.output
     assert "verifies" in result.output
 

@@ -196,7 +196,10 @@ def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
     file.write_text(yaml.safe_dump(protocol))
     bundle, summary = runner.run(file, None, tmp_path / "results", progress=False, exploratory=True,
                                  sut_factory=lambda spec_, k: sut, command=["test"])
-    assert summary["verdict"] == "PASS", summary["reason"]
+    # 6 requests per group decide nothing where t1 is nearly certain (P(",") = 0.945): such criteria
+    # are INCONCLUSIVE; the adapter must still run end to end with no criterion failing.
+    assert summary["verdict"] in ("PASS", "INCONCLUSIVE"), summary["reason"]
+    assert not [n for n, t in summary["tests"].items() if t["verdict"] == "FAIL"], summary["reason"]
     assert runner.verify(bundle) == []
     samples = load_samples(bundle, runner.load_bundle_protocol(bundle)[1])
     sync = samples[samples["group"] == "sync"]
