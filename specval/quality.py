@@ -211,18 +211,10 @@ def summarise(path: Path, protocol: QualityProtocol, start: int) -> dict:
 def _start(protocol_file: Path, base: QualityProtocol, protocol: QualityProtocol, output: Path,
            seed_offset: int | None, registration: str, exploratory: bool) -> tuple[Path, seeds.SeedRange]:
     """Claim one seed range for all groups (under the ledger lock) and create the bundle."""
-    from specval.runner import _new_bundle
+    from specval.runner import claim_bundle
 
-    output.mkdir(parents=True, exist_ok=True)
-    made: list[Path] = []
-
-    def new_bundle() -> str:
-        made.append(_new_bundle(output, protocol.name))
-        return made[0].name
-
-    claimed, = seeds.claim_next(output, protocol.name, [PAIRED_GROUP], protocol.num_pairs, protocol.seed_base,
-                                seed_offset, new_bundle)
-    path = made[0]
+    path, (claimed,) = claim_bundle(output, protocol.name, [PAIRED_GROUP], protocol.num_pairs, protocol.seed_base,
+                                    seed_offset)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile, ((PAIRED_GROUP, claimed.start,

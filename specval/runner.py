@@ -75,20 +75,27 @@ def prepare(protocol_file: Path, profile: str | None, exploratory: bool = False)
     return base, resolve(base, profile), state
 
 
-def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
-          seed_offset: int | None = None, registration: str = FROZEN,
-          exploratory: bool = False) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet)."""
+def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: int,
+                 offset: int | None) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim the next seed ranges of protocol `name` and create its bundle, under the ledger lock
+    (the bundle is created only once the ranges are known to be free)."""
     output.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
 
     def new_bundle() -> str:
-        made.append(_new_bundle(output, protocol.name))
+        made.append(_new_bundle(output, name))
         return made[0].name
 
-    ranges = seeds.claim_next(output, protocol.name, [g.name for g in protocol.groups], protocol.samples_per_group,
-                              protocol.seed_base, seed_offset, new_bundle)
-    path = made[0]
+    ranges = seeds.claim_next(output, name, groups, size, base, offset, new_bundle)
+    return made[0], ranges
+
+
+def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
+          seed_offset: int | None = None, registration: str = FROZEN,
+          exploratory: bool = False) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet)."""
+    path, ranges = claim_bundle(output, protocol.name, [g.name for g in protocol.groups], protocol.samples_per_group,
+                                protocol.seed_base, seed_offset)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
