@@ -21,7 +21,6 @@ from specval import seeds
 from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
-REPORT_FILES = ("report.md", "report.html")
 
 
 def _input_error(err: Exception | str) -> None:
