@@ -18,9 +18,12 @@ from specval import bundle as bundles
 from specval import execution
 from specval import protocol as protocols
 from specval import seeds
+from specval.performance_protocol import PERFORMANCE_KIND, load_performance_protocol
 from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
+DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
+OTHER_KINDS = (QUALITY_KIND, PERFORMANCE_KIND)
 
 
 def _input_error(err: Exception | str) -> None:
@@ -28,33 +31,53 @@ def _input_error(err: Exception | str) -> None:
     sys.exit(EXIT_INPUT)
 
 
+def _kind_of(raw) -> str:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    return kind if kind in OTHER_KINDS else DISTRIBUTION_KIND
+
+
 def _protocol_kind(path: Path | None) -> str:
-    """QUALITY_KIND for a paired quality protocol, else "distribution" (the default schema)."""
+    """QUALITY_KIND for a paired quality protocol, PERFORMANCE_KIND for a bench, else "distribution"."""
     if path is None or not path.is_file():
-        return "distribution"
+        return DISTRIBUTION_KIND
     try:
         raw = protocols.read_yaml(path)
     except protocols.ProtocolError as err:
         _input_error(err)
-    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+    return _kind_of(raw)
+
+
+LOADERS = {QUALITY_KIND: load_quality_protocol, PERFORMANCE_KIND: load_performance_protocol}
 
 
 def _loader(path: Path):
     """The parser of PATH's protocol kind."""
-    return load_quality_protocol if _protocol_kind(path) == QUALITY_KIND else protocols.load_protocol
+    return LOADERS.get(_protocol_kind(path), protocols.load_protocol)
 
 
 def _bundle_kind(bundle: Path) -> str:
-    """The `kind` of the protocol a bundle ran (QUALITY_KIND or "distribution"); exit 2 naming the
-    file unless BUNDLE is a bundle. An unreadable protocol.json reads as "distribution": verify then
-    reports it as a difference."""
+    """The `kind` of the protocol a bundle ran (QUALITY_KIND, PERFORMANCE_KIND or "distribution");
+    exit 2 naming the file unless BUNDLE is a bundle. An unreadable protocol.json reads as
+    "distribution": verify then reports it as a difference."""
     if not (bundle / bundles.RUN_FILE).is_file():
         _input_error(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)")
     try:
         raw = bundles.read_json(bundle / bundles.PROTOCOL_JSON)
     except bundles.BundleError:
-        return "distribution"
-    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+        return DISTRIBUTION_KIND
+    return _kind_of(raw)
+
+
+def _bundle_module(bundle: Path):
+    """The module whose verify() / finish() handle BUNDLE's kind."""
+    kind = _bundle_kind(bundle)
+    if kind == QUALITY_KIND:
+        from specval import quality as module
+    elif kind == PERFORMANCE_KIND:
+        from specval import bench as module
+    else:
+        from specval import runner as module
+    return module
 
 
 class _Cli(click.Group):
@@ -132,6 +155,14 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
     from specval.sut import SUTError
 
     _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
+    if resume is not None and _bundle_kind(resume) == PERFORMANCE_KIND:
+        _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
+                     f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
+    if _protocol_kind(protocol_file) == PERFORMANCE_KIND:
+        for name in ("seed_offset", "junit"):
+            if _given(ctx, name):
+                raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a performance protocol")
+        _bench(protocol_file, profile, output, exploratory, quiet)
     if _protocol_kind(protocol_file) == QUALITY_KIND:
         from specval import quality as runner  # same run() contract, paired quality protocols
     try:
@@ -174,16 +205,70 @@ def _interrupted(path: Path | None) -> None:
     _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
 
 
+def _bench(protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool) -> None:
+    """Run a performance protocol, print each pair's ratio, the interval and the verdict; exit with its code."""
+    from specval import bench as benching
+    from specval.preflight import SUTRaised
+
+    kept = "is kept unsealed; a performance run is not resumed: start a new one"
+    try:
+        with execution.signals_interrupt():
+            path, summary = benching.bench(protocol_file, profile, output, exploratory=exploratory,
+                                           progress=not quiet, announce=lambda p: click.echo(f"bundle: {p}"))
+    except (protocols.ProtocolError, bundles.BundleError) as err:
+        _input_error(err)
+    except SUTRaised as err:  # building the engines, before any bundle
+        _fail_with(execution.EXIT_SUT, f"error: {err}; no bundle was started")
+    except execution.RunFailed as err:
+        _fail_with(execution.EXIT_SUT, f"error: {err}; traceback in {err.log}; the bundle {err.path} {kept}")
+    except execution.RunInterrupted as err:
+        _fail_with(execution.EXIT_INTERRUPTED, f"interrupted; the bundle {err.path} {kept}")
+    except KeyboardInterrupt:
+        _fail_with(execution.EXIT_INTERRUPTED, "interrupted; no bundle was started")
+    _print_bench(summary, path)
+    sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+
+
+def _print_bench(summary: dict, path: Path) -> None:
+    proto, ratio = summary["protocol"], summary["ratio"]
+    click.echo(f"{proto['statistic']} ratio b / a per pair ({summary['arms']['a']['name']} = a, "
+               f"{summary['arms']['b']['name']} = b):")
+    for pair in summary["pairs"]:
+        click.echo(f"  pair {pair['pair']:>3} {pair['order']}: a {pair['a']:.6g}  b {pair['b']:.6g}  "
+                   f"ratio {pair['ratio']:.4f}")
+    click.echo(f"median ratio {ratio['median']:.4f}, exact order-statistic interval [{ratio['low']:.4f}, "
+               f"{ratio['high']:.4f}] (coverage {ratio['coverage']:.4f} >= {ratio['confidence']:g}); "
+               f"{proto['hypothesis']} threshold {summary['threshold']:.4f}")
+    marker = "EXPLORATORY " if summary.get("registration", {}).get("exploratory") else ""
+    click.echo(f"{marker}{summary['verdict']}: {summary['reason']}")
+    click.echo(f"bundle: {path}")
+
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
+@click.option("--output", default=Path("results"), type=click.Path(path_type=Path),
+              show_default=True, help="Root directory of bundles.")
+@click.option("--exploratory", is_flag=True,
+              help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench(protocol_file, profile, output, exploratory, quiet) -> None:
+    """Time the two engine configurations of a performance protocol (kind: performance) in ABBA order.
+
+    Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error, 3 the engine raised,
+    130 interrupted. `specval run` on a performance protocol does the same."""
+    if _protocol_kind(protocol_file) != PERFORMANCE_KIND:
+        _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); "
+                     "use specval run")
+    _bench(protocol_file, profile, output, exploratory, quiet)
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def verify(bundle) -> None:
-    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples."""
-    from specval import runner
-
-    if _bundle_kind(bundle) == QUALITY_KIND:
-        from specval import quality as runner  # same verify() contract
-
-    problems = runner.verify(bundle)
+    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
+    bundle: the ratios, the interval and the verdict from its recorded timings)."""
+    problems = _bundle_module(bundle).verify(bundle)
     for problem in problems:
         click.echo(f"DIFFERS {problem}")
     if problems:
@@ -196,10 +281,7 @@ def verify(bundle) -> None:
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def report(bundle) -> None:
     """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
-    from specval import runner
-
-    if _bundle_kind(bundle) == QUALITY_KIND:
-        from specval import quality as runner  # same finish() contract
+    runner = _bundle_module(bundle)  # the same finish() contract for every kind
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
