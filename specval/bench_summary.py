@@ -126,9 +126,9 @@ def _arm_facts(protocol: PerformanceProtocol, table: pd.DataFrame, key: str) -> 
     drafts, accepted = int(timed["num_draft_tokens"].sum()), int(timed["num_accepted_tokens"].sum())
     sampling = protocol.arm_sampling(key)
     return {"name": arm.name, "mode": arm.mode, "draft_loops": arm.draft_loops, "enforce_eager": arm.enforce_eager,
-            "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None, "temperature": sampling.temperature, "top_k": sampling.top_k,
-            "top_p": sampling.top_p, "runs": len(timed), "median": float(np.median(values)),
-            "min": float(values.min()), "max": float(values.max()),
+            "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None,
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "runs": len(timed), "median": float(np.median(values)), "min": float(values.min()), "max": float(values.max()),
             "acceptance_rate": accepted / drafts if drafts else None,
             "rounds_per_request": float(timed["num_rounds"].sum() / timed["num_requests"].sum())}
 
