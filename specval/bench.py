@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from specval import bundle as bundles
 from specval import seeds
-from specval.bench_report import render, render_files
+from specval.bench_report import render_files
 from specval.bench_summary import COLUMNS, PAIR, ScheduledRun, schedule, seed_start, summarise
 from specval.execution import guard_bundle
 from specval.performance_protocol import (ARM_KEYS, PerformanceProtocol, load_performance_protocol,
@@ -252,7 +252,7 @@ def _write_manifest(path: Path, protocol: PerformanceProtocol, device: dict, sta
 
 def finish(path: Path) -> None:
     """Render report.md / report.html and seal the bundle with SHA256SUMS."""
-    render(path)
+    bundles.write_files(path, render_files(path))
     bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 

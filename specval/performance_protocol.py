@@ -21,15 +21,14 @@ for the confidence, a warm-up round on CUDA).
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specval.protocol import (ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail, _float, _int,
-                              _mapping, _name, _plain, _str, _unit_open, canonical_hash, line_of, read_yaml)
+                              _mapping, _name, _str, _unit_open, canonical_hash, line_of, plain_form, read_yaml)
+from specval.protocol import _parse_profiles as _parse_profile_block
 from specval.protocol import _parse_sut as _parse_sut_spec
 from specval.protocol import resolve as protocol_resolve
 from specval.stats.median import min_count
@@ -104,12 +103,8 @@ class PerformanceProtocol:
         return self.arm(key).sampling or self.sampling
 
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(dataclasses.asdict(self))
-        out.pop("profile")
-        out.pop("file_hash")
-        out["sut"]["options"] = dict(self.sut.options)
+        out = plain_form(self)
         out["sut"].pop("device")  # unused: the top-level `device` is the one a bench runs on
-        out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
         return out
 
     @property
@@ -171,22 +166,7 @@ def _parse_sut(raw: Any, file: str) -> SutSpec:
 
 def _parse_profiles(raw: Any, file: str) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """name -> overrides of PROFILE_KEYS: integers >= 1 (warmup_rounds >= 0) or a device string."""
-    raw = _mapping(raw, file, "profiles")
-    profiles = []
-    for name, overrides in sorted(raw.items()):
-        _name(name, file, f"profiles.{name}")
-        overrides = _mapping(overrides, file, f"profiles.{name}")
-        for key, value in overrides.items():
-            where = f"profiles.{name}.{key}"
-            if key not in PROFILE_KEYS:
-                close = difflib.get_close_matches(str(key), PROFILE_KEYS, n=1)
-                _fail(file, where, f"a profile may only set {list(PROFILE_KEYS)}", key, close[0] if close else None)
-            if key == "device":
-                _str(value, file, where)
-            else:
-                _int(value, file, where, minimum=0 if key == "warmup_rounds" else 1)
-        profiles.append((name, tuple(sorted(overrides.items()))))
-    return tuple(profiles)
+    return _parse_profile_block(raw, file, PROFILE_KEYS, zero_ok=("warmup_rounds",), text_keys=("device",))
 
 
 def _check_scale(protocol: PerformanceProtocol, file: str, where: str) -> None:

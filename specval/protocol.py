@@ -165,11 +165,7 @@ class Protocol:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (profile excluded): for an unresolved protocol, the input of the hash."""
-        out = _plain(dataclasses.asdict(self))
-        out.pop("profile")
-        out.pop("file_hash")
-        out["sut"]["options"] = dict(self.sut.options)
-        out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
+        out = plain_form(self)
         if self.confirmation == ONE_STAGE:
             out.pop("confirmation")  # keeps the hash of every one-stage protocol as it was
         return out
@@ -191,6 +187,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def plain_form(protocol: Any) -> dict[str, Any]:
+    """The JSON-able form every protocol kind starts its `to_dict` from: its dataclass fields as
+    plain values without `profile` and `file_hash`, `sut.options` and `profiles` as mappings."""
+    out = _plain(dataclasses.asdict(protocol))
+    out.pop("profile")
+    out.pop("file_hash")
+    out["sut"]["options"] = dict(protocol.sut.options)
+    out["profiles"] = {name: dict(pairs) for name, pairs in protocol.profiles}
+    return out
 
 
 def canonical_hash(obj: Any) -> str:
@@ -382,9 +389,10 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
 
 
 def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
-                    zero_ok: tuple[str, ...] = ()
+                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
                     ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
-    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`)."""
+    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`, or
+    non-empty strings for those in `text_keys`)."""
     raw = _mapping(raw, file, "profiles")
     profiles = []
     for name, overrides in sorted(raw.items()):
@@ -395,7 +403,10 @@ def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
             if key not in keys:
                 close = difflib.get_close_matches(str(key), keys, n=1)
                 _fail(file, where, f"a profile may only set {list(keys)}", key, close[0] if close else None)
-            _int(value, file, where, minimum=0 if key in zero_ok else 1)
+            if key in text_keys:
+                _str(value, file, where)
+            else:
+                _int(value, file, where, minimum=0 if key in zero_ok else 1)
         profiles.append((name, tuple(sorted(overrides.items()))))
     return tuple(profiles)
 

@@ -13,6 +13,15 @@ STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{bor
          ".INCONCLUSIVE{color:#a60}")
 
 
+def page(name: str, verdict: str, reason: str, facts: list[str], body: str) -> str:
+    """A self-contained page: "name: verdict", the reason, the facts as a list, then `body` (HTML)."""
+    title = html.escape(name)
+    items = "".join(f"<li>{html.escape(fact)}</li>" for fact in facts)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
+            f"</head><body><h1>{title}: <span class='{verdict}'>{verdict}</span></h1>"
+            f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n")
+
+
 def html_table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
