@@ -313,3 +313,20 @@ def test_engine_failure_and_interrupt_keep_the_bundle_unsealed(tmp_path, monkeyp
     assert (path / bundles.ERROR_LOG).exists() == (code == 3)
     resumed = _bench(["run", "--resume", str(path)])
     assert resumed.exit_code == 2 and "not resumable" in resumed.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_warmup_captures_every_graph_before_timing(tmp_path):
+    # The shipped c4 protocol at a small size on CUDA: the warm-up round must capture every round
+    # shape the timed runs replay (no timed run captures one), and the async arm must replay graphs.
+    raw = yaml.safe_load((SHIPPED / "perf_async_vs_sync_c4.yaml").read_text())
+    raw.update(name="perf_cuda_small", pairs=6, warmup_rounds=1, max_tokens=16, profiles={})
+    result = _bench(["bench", str(write(tmp_path, raw)), "--output", str(tmp_path / "out"), "--quiet"])
+    path = _bundle(tmp_path / "out")
+    summary = json.loads((path / bundles.SUMMARY_FILE).read_text())
+    assert result.exit_code == (0 if summary["verdict"] == PASS else 1), result.output
+    assert summary["timed_runs_capturing_graphs"] == 0
+    engines = json.loads((path / bundles.MANIFEST_FILE).read_text())["device"]["engines"]
+    assert engines["b"]["graphs"].endswith("captured"), engines
+    assert _bench(["verify", str(path)]).exit_code == 0
