@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import math
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -94,11 +95,34 @@ def _resumable_ranges(path: Path, pooled) -> list:
     return ranges
 
 
+def _batch_size(replicates: int, workers: int) -> int:
+    """Replicates per batch: BATCHES_PER_WORKER batches per worker, at most CHECKPOINT_EVERY."""
+    return max(1, min(CHECKPOINT_EVERY, math.ceil(replicates / (workers * BATCHES_PER_WORKER))))
+
+
+def _map(function: Callable, jobs: list, workers: int) -> list:
+    """`function` over `jobs` in order, in `workers` spawned processes (spawned, not forked: the
+    parent may hold a CUDA context, which a forked child must not inherit)."""
+    if workers == 1:
+        return [function(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(function, jobs))
+
+
+def _evaluate_batch(args: tuple) -> list[dict]:
+    """Evaluate a batch of SUT replicates (rows and spans each) of one protocol."""
+    protocol, reference, laws, replicates = args
+    return [evaluate(protocol, rows, reference, laws, spans) for rows, spans in replicates]
+
+
 def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
-              progress: bool = False, resume: Path | None = None) -> tuple[Path, dict]:
+              progress: bool = False, resume: Path | None = None, workers: int = 1) -> tuple[Path, dict]:
     """Collect `replicates` x `samples` per group on fresh seeds and evaluate every replicate.
     `resume` continues a killed calibration in its own bundle (same protocol, replicates and
-    samples; complete chunks are kept, the rest collected on the bundle's own seed ranges)."""
+    samples; complete chunks are kept, the rest collected on the bundle's own seed ranges).
+    `workers` processes share the evaluation of the replicates (the collection is the SUT's own);
+    the result does not depend on `workers` (each replicate's Monte Carlo streams are seeded by
+    its seed ranges)."""
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
     base, protocol, state = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
@@ -119,12 +143,12 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     finally:
         sut.close()
     one = dataclasses.replace(protocol, samples_per_group=samples)
-    summaries = []
-    for i in range(replicates):
-        rows, spans = _replicate(data, protocol, ranges, i, samples)
-        summaries.append(evaluate(one, rows.reset_index(drop=True), reference, laws, spans))
+    slices = [_replicate(data, protocol, ranges, i, samples) for i in range(replicates)]
+    jobs = [(one, reference, laws, [(rows.reset_index(drop=True), spans) for rows, spans in slices[a : a + step]])
+            for step in [_batch_size(replicates, workers)] for a in range(0, replicates, step)]
+    summaries = [s for batch in _map(_evaluate_batch, jobs, workers) for s in batch]
     result = {"protocol": protocol.name, "hash": protocol.hash, "profile": profile, "samples_per_group": samples,
-              **summarise(summaries, protocol.alpha)}
+              "mode": "sut", "workers": workers, **summarise(summaries, protocol.alpha)}
     bundles.write_json(path / CALIBRATION_FILE, result)
     return path, result
 
@@ -193,7 +217,7 @@ def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, s
     Scaling: O(replicates * (reached prefixes * V + Monte Carlo draws * cells)); `workers`
     processes share the replicates.
     """
-    step = max(1, min(CHECKPOINT_EVERY, math.ceil(replicates / (workers * BATCHES_PER_WORKER))))
+    step = _batch_size(replicates, workers)
     jobs = [(protocol, reference, samples, a, min(a + step, replicates)) for a in range(0, replicates, step)]
     summaries: list[dict] = []
     pool = ProcessPoolExecutor(workers) if workers > 1 else None

@@ -380,7 +380,7 @@ def _print_protocol_plan(protocol, rows) -> None:
 @click.option("--exact", is_flag=True,
               help="Draw every group straight from the float64 reference (calibrates the statistics alone).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes sharing the replicates (--exact only).")
+              help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).")
 def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
     """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
     from specval import calibrate as calibration
@@ -392,7 +392,7 @@ def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume
             path, result = calibration.calibrate_exact_file(protocol_file, profile, output, replicates, size, workers)
         else:
             path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
-                                                 progress=not quiet, resume=resume)
+                                                 progress=not quiet, resume=resume, workers=workers)
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
     for name, row in list(result["criteria"].items()) + [(f"family {r}", f) for r, f in result["families"].items()]:
