@@ -27,7 +27,8 @@ from specval import bundle as bundles
 from specval import runner, seeds
 from specval.protocol import Protocol, load_protocol, resolve
 from specval.reference import transform
-from specval.sut import open_sut
+from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
+from specval.sut import capabilities_of, open_sut
 
 KILL_TABLE_JSON, KILL_TABLE_MD = "kill_table.json", "kill_table.md"
 SEED_COLLISION = "seed_collision"
@@ -81,10 +82,12 @@ def _boundary_excluded(p: np.ndarray, top_p: float) -> np.ndarray:
     return kept / kept.sum()
 
 
-def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, protocol: Protocol) -> np.ndarray | None:
-    """Exact law of t1 of a speculative group under mutant `name` (None: not computed)."""
+def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, protocol: Protocol,
+           semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
+    """Exact law of t1 of a speculative group under mutant `name` (None: not computed); p and q
+    follow the adapter's filter `semantics`."""
     sampling, t = protocol.sampling, protocol.sampling.temperature
-    p, q = transform(target_logits, sampling), transform(draft_logits, sampling)
+    p, q = transform(target_logits, sampling, semantics), transform(draft_logits, sampling, semantics)
     p_raw, q_raw = _softmax(target_logits / t), _softmax(draft_logits / t)
     hot = np.eye(q.size)[int(np.argmax(q))]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -97,7 +100,7 @@ def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, proto
         "draft_filtered_ratio_raw": lambda: _spec_law(p, q, q_raw),
         "target_unfiltered": lambda: _spec_law(p_raw, q, q),
         "argmax_draft": lambda: _spec_law(p, hot, q),
-        "temperature_twice": lambda: transform(target_logits / t, sampling),
+        "temperature_twice": lambda: transform(target_logits / t, sampling, semantics),
         "top_k_ties_dropped": lambda: _ties_dropped(target_logits, t, sampling.top_k) if sampling.top_p >= 1.0 else None,
         "top_p_boundary_excluded": lambda: _boundary_excluded(p, sampling.top_p),
         "float32_cdf": lambda: _spec_law(p, _float32_cdf_law(q), q),
@@ -117,27 +120,29 @@ def _float32_cdf_law(p: np.ndarray) -> np.ndarray:
     return law / law.sum()
 
 
-def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol) -> np.ndarray | None:
+def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol,
+              semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
     """Exact law of t1 of a nospec group under mutant `name` (None: not computed)."""
-    p = transform(target_logits, protocol.sampling)
+    p = transform(target_logits, protocol.sampling, semantics)
     if name == "float32_cdf":
         return _float32_cdf_law(p)
     if name in EVERY_RUNNER:
-        return t1_law(name, target_logits, target_logits, protocol)
+        return t1_law(name, target_logits, target_logits, protocol, semantics)
     return p
 
 
 def t1_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     """Exact TV at t1 between the mutant's law and p, per group."""
-    prompt = sut.encode(protocol.prompt)
+    prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
-    p = transform(target, protocol.sampling)
+    p = transform(target, protocol.sampling, semantics)
     out = {}
     for group in protocol.groups:
         if group.is_speculative:
-            law = t1_law(name, target, np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol)
+            draft = np.asarray(sut.draft_logits(group, prompt), dtype=np.float64)
+            law = t1_law(name, target, draft, protocol, semantics)
         else:
-            law = plain_law(name, target, protocol)
+            law = plain_law(name, target, protocol, semantics)
         out[group.name] = None if law is None else float(0.5 * np.abs(law - p).sum())
     return out
 
@@ -148,14 +153,14 @@ def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     bonus row being p_1 (bonus_wrong_position) or q_1 (bonus_from_q) at the prompt."""
     if name not in BONUS_MUTANTS or protocol.num_speculative_tokens != 1 or protocol.positions < 2:
         return {}
-    prompt = sut.encode(protocol.prompt)
+    prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
-    p = transform(target, protocol.sampling)
+    p = transform(target, protocol.sampling, semantics)
     after = {int(t): transform(np.asarray(sut.target_logits(prompt + [int(t)]), dtype=np.float64),
-                               protocol.sampling) for t in np.flatnonzero(p > 0)}
+                               protocol.sampling, semantics) for t in np.flatnonzero(p > 0)}
     out = {}
     for group in (g for g in protocol.groups if g.is_speculative):
-        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling)
+        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling, semantics)
         bonus = p if name == "bonus_wrong_position" else q
         out[group.name] = float(sum(min(p[t], q[t]) * 0.5 * np.abs(bonus - row).sum() for t, row in after.items()))
     return out

@@ -31,11 +31,13 @@ from specval import bundle as bundles
 from specval import collect, report, seeds
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
-from specval.protocol import FROZEN, Protocol, SutSpec, check_registered, load_protocol, parse_protocol, resolve
+from specval.protocol import (FROZEN, Protocol, ProtocolError, SutSpec, check_registered, load_protocol,
+                              parse_protocol, resolve)
 from specval.reference import Reference, build_reference, needed_prefixes, transform
 from specval.stats import quadrature
 from specval.stats.quadrature import adversarial_pairs
-from specval.sut import SUT, open_sut
+from specval.semantics import FilterSemantics
+from specval.sut import SUT, capabilities_of, open_sut
 from specval.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
 
 SutFactory = Callable[[SutSpec, int], SUT]
@@ -92,15 +94,17 @@ def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: in
 
 def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
           seed_offset: int | None = None, registration: str = FROZEN,
-          exploratory: bool = False) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet)."""
+          exploratory: bool = False, semantics: FilterSemantics | None = None) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet);
+    run.json records the filter semantics the reference will follow (`semantics`, when given)."""
     path, ranges = claim_bundle(output, protocol.name, [g.name for g in protocol.groups], protocol.samples_per_group,
                                 protocol.seed_base, seed_offset)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
                            tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
-                           exploratory=exploratory)
+                           exploratory=exploratory,
+                           semantics=tuple(sorted(semantics.to_dict().items())) if semantics else ())
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
     return path, ranges
 
@@ -123,9 +127,11 @@ def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict
     if not tests:
         return {}
     laws, swept = {}, {}
-    p = transform(sut.target_logits(prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+    semantics = capabilities_of(sut).semantics
+    p = transform(sut.target_logits(prompt_ids), protocol.sampling, semantics).astype(sut.prob_dtype)
     for name in applicable_groups(protocol, tests[0]):
-        q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+        q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling,
+                      semantics).astype(sut.prob_dtype)
         if q.tobytes() not in swept:
             swept[q.tobytes()] = _law("model_prompt", p, q, sut, tests[0].tol)
         laws[name] = [swept[q.tobytes()]]
@@ -152,7 +158,7 @@ def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
 
 def _reference(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:
     return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens, sut.vocab_size), protocol.sampling,
-                           sut.vocab_size)
+                           sut.vocab_size, capabilities_of(sut).semantics)
 
 
 def _token_matrix(frame, positions: int) -> np.ndarray:
@@ -227,7 +233,10 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> 
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
         second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws)
     summary = confirm(protocol, first, second)
-    summary["registration"] = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
+    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    summary["registration"] = plan.registration_block()
+    if plan.semantics:  # bundles made before semantics were recorded keep their summary as it was
+        summary["semantics"] = dict(plan.semantics)
     return json.loads(json.dumps(summary))
 
 
@@ -268,10 +277,13 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
+        semantics = capabilities_of(sut).semantics
         if resume is None:
-            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory)
+            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
+                                 semantics)
         else:
             path = Path(resume)
+            check_resumed_semantics(path, semantics)
         if announce:
             announce(path)
         session = bundles.begin_session(path, command)
@@ -291,6 +303,16 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     write_manifest(path, protocol, ranges, device, timing, command)
     finish(path)
     return path, summary
+
+
+def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
+    """ProtocolError unless the adapter still declares the filter semantics run.json recorded (a
+    bundle that recorded none was started under the defaults, the only semantics there were)."""
+    recorded = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).semantics
+    before = FilterSemantics.from_dict(dict(recorded))
+    if before != semantics:
+        raise ProtocolError(f"{path / bundles.RUN_FILE}: semantics: the bundle was started under filter semantics "
+                            f"({before.describe()}) but the adapter now declares ({semantics.describe()})")
 
 
 def run_timing(started: str, clock: float, collect_s: float, drawn: int) -> dict:

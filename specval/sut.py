@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 
 SOURCES = ("plain", "accepted", "correction", "bonus")
 ENTRY_POINT_GROUP = "specval.sut"
@@ -55,6 +56,8 @@ class Capabilities:
     - `sampling`: the sampling parameters the adapter honours; a protocol that sets any other
       (top_k other than -1, top_p below 1, temperature other than 1) is refused.
     - `mutants`: names of planted bugs the adapter can switch on through `sut.options.mutant`.
+    - `semantics`: how the adapter applies top-k and top-p (`specval.semantics.FilterSemantics`);
+      the float64 reference follows it, and a protocol pinning other semantics is refused.
     """
 
     modes: tuple[str, ...] = MODES
@@ -62,6 +65,7 @@ class Capabilities:
     draft_kind: str = DRAFT_FILTERED
     sampling: tuple[str, ...] = SAMPLING_PARAMETERS
     mutants: tuple[str, ...] = ()
+    semantics: FilterSemantics = DEFAULT_SEMANTICS
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS)):
@@ -70,6 +74,13 @@ class Capabilities:
                 raise ValueError(f"Capabilities.{name}: unknown {unknown}; expected a subset of {allowed}")
         if self.draft_kind not in DRAFT_KINDS:
             raise ValueError(f"Capabilities.draft_kind: {self.draft_kind!r} is not one of {DRAFT_KINDS}")
+        if not isinstance(self.semantics, FilterSemantics):
+            raise ValueError(f"Capabilities.semantics: expected a FilterSemantics, got {self.semantics!r}")
+
+
+def capabilities_of(sut: Any) -> Capabilities:
+    """The adapter's declared capabilities (the defaults for a duck-typed adapter that declares none)."""
+    return getattr(sut, "capabilities", None) or Capabilities()
 
 
 @dataclass(frozen=True)
