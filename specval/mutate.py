@@ -1,22 +1,30 @@
-"""Mutate: run a protocol suite against every planted bug of the engine and tabulate which are killed.
+"""Mutate: run a protocol suite against every planted bug of its adapter and tabulate which are killed.
 
-For each mutant of `engine.mutants`, the suite's protocols (files, or every *.yaml of a
-directory, in sorted order) are re-written with `sut.options.mutant` set and run as ordinary runs
-(each its own bundle, fresh seeds from the mutate root's ledger), one after the other until one
-kills the mutant: its run FAILs (a gating criterion, after two-stage confirmation where the
-protocol has it; the quadrature family includes the stop point), or the seed ledger refuses it
-before sampling (the seed collision). Equivalent mutants and survivors run every protocol.
+The mutant list is the adapter's (`Capabilities.mutants` of the suite's one adapter: the engine
+adapter lists `engine.mutants`), followed by the harness's own mutants (`HARNESS_MUTANTS`: the
+seed collision, which no adapter plants). For each mutant, the suite's protocols (files, or every
+*.yaml of a directory, in sorted order) are re-written with `sut.options.mutant` set and run as
+ordinary runs, one after the other until one kills the mutant: its run FAILs (a gating
+criterion, after two-stage confirmation where the protocol has it; the quadrature family includes
+the stop point), or the seed ledger refuses it before sampling (the seed collision). Equivalent
+mutants and survivors run every protocol. Each mutant runs in its own folder `<root>/<mutant>/`
+with its own seed ledger, so a mutant's row is a function of the mutant, the suite and the sizes
+alone: the same whichever other mutants are chosen, in whatever order or number of worker
+processes (`workers`) they run.
 
 The kill table records, per mutant: the killing protocol and criteria with their p-values, the
 MDE of the killing criterion next to the mutant's exact TV at that position (t1 from the model's
-p and q at the prompt, closed form per mutant; t2 for the bonus mutants of a K = 1 protocol; None
-where no closed form is implemented), and the smallest t1 MDE of the protocols run. It is written
-as `kill_table.json` and `kill_table.md` into the mutate root, which also holds every bundle.
+p and q at the prompt, closed form per engine mutant; t2 for the bonus mutants of a K = 1
+protocol; None, shown n/a, for mutants of other adapters and where no closed form is
+implemented), and the smallest t1 MDE of the protocols run. It is written as `kill_table.json`
+and `kill_table.md` into the mutate root, which also holds every bundle.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +36,15 @@ from specval import runner, seeds
 from specval.protocol import Protocol, load_protocol, resolve
 from specval.reference import transform
 from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
-from specval.sut import capabilities_of, open_sut
+from specval.sut import DEFAULT_ADAPTER, PlantedMutant, capabilities_of, load_adapter, open_sut
 
 KILL_TABLE_JSON, KILL_TABLE_MD = "kill_table.json", "kill_table.md"
 SEED_COLLISION = "seed_collision"
 LEDGER_CHECK = "seed_ledger"
 EVERY_RUNNER = ("temperature_twice", "top_k_ties_dropped", "top_p_boundary_excluded")  # change p of every runner
 BONUS_MUTANTS = ("bonus_wrong_position", "bonus_from_q")
+HARNESS_MUTANTS = (PlantedMutant(SEED_COLLISION, "every group of a run gets the same seed range",
+                                 visible_at="the seed ledger (refused before sampling)"),)
 
 
 # ---------------------------------------------------------------- exact t1 laws
@@ -213,6 +223,8 @@ def _min_mde(summary: dict, prefix: str) -> float | None:
 
 def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     """{"t1": max over groups, "t2": max over groups (bonus mutants, K = 1)}; None: not computed."""
+    if protocol.sut.adapter != DEFAULT_ADAPTER:  # the closed forms describe the engine's mutants only
+        return {"t1": None, "t2": None}
     known = [v for v in t1_tv(name, sut, protocol).values() if v is not None]
     second = [v for v in bonus_tv(name, sut, protocol).values() if v is not None]
     return {"t1": max(known) if known else None, "t2": max(second) if second else None}
@@ -234,18 +246,20 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
         return cell | {"killed": refused, "verdict": "REFUSED" if refused else "RAN",
                        "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None,
                        "tv": {"t1": None, "t2": None}, "mde": None, "mde_t1": None}
-    sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
-    try:
-        tv = _exact_tv(mutant.name, sut, protocol)
-    finally:
-        sut.close()
+    tv = {"t1": None, "t2": None}
+    if protocol.sut.adapter == DEFAULT_ADAPTER:
+        sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
+        try:
+            tv = _exact_tv(mutant.name, sut, protocol)
+        finally:
+            sut.close()
     path, summary = runner.run(file, None if samples is not None else profile, root, progress=False,
                                exploratory=True)  # a mutant protocol is a modified copy, never frozen
     failed = _gating_failures(summary)
     killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
     mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(_killing_position(killing))]
     return cell | {"killed": bool(failed), "verdict": summary["verdict"], "killed_by": sorted(failed),
-                   "p_values": failed, "bundle": path.name, "tv": tv, "kill_position": _killing_position(killing),
+                   "p_values": failed, "bundle": str(path.relative_to(root.parent)), "tv": tv, "kill_position": _killing_position(killing),
                    "mde": max(mdes) if mdes else None, "mde_t1": _min_mde(summary, "t1_gof.")}
 
 
@@ -315,19 +329,46 @@ def suite_files(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
     return files
 
 
-def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
-           names: tuple[str, ...] = (), samples: int | None = None, command: str = "") -> tuple[Path, list[dict]]:
-    """Run the suite against the named mutants (all when `names` is empty); write the table."""
-    from engine import mutants
+def suite_adapter(protocols: list[Protocol], files: list[Path]) -> str:
+    """The one adapter (`sut.adapter`) of the suite's protocols; ValueError naming two that differ."""
+    adapters = {p.sut.adapter: f for p, f in zip(protocols, files)}
+    if len(adapters) > 1:
+        (first, a), (second, b) = list(adapters.items())[:2]
+        raise ValueError(f"the suite mixes adapters: {a} uses sut.adapter {first!r}, {b} uses {second!r}; "
+                         "mutate runs one adapter's mutants")
+    return next(iter(adapters))
 
+
+def adapter_mutants(adapter: str, names: tuple[str, ...] = ()) -> list[PlantedMutant]:
+    """The adapter's planted bugs then HARNESS_MUTANTS (all when `names` is empty, else those named,
+    in the order named); ValueError naming a name the adapter does not list, and the adapter."""
+    listed = list(capabilities_of(load_adapter(adapter)).mutants) + list(HARNESS_MUTANTS)
+    by_name = {m.name: m for m in listed}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"--mutant {unknown[0]!r}: adapter {adapter!r} does not list it (it lists "
+                         f"{[m.name for m in listed]})")
+    return [by_name[n] for n in names] if names else listed
+
+
+def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
+           names: tuple[str, ...] = (), samples: int | None = None, command: str = "",
+           workers: int = 1) -> tuple[Path, list[dict]]:
+    """Run the suite against the named mutants of its adapter (all when `names` is empty), in
+    `workers` processes; write the table (rows in the order of the mutant list, whatever `workers`)."""
     files = suite_files(protocol_paths)
     loaded = [load_protocol(f) for f in files]  # refuse a bad protocol before any run
-    chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
+    chosen = adapter_mutants(suite_adapter(loaded, files), tuple(names))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     label = loaded[0].name if len(loaded) == 1 else "suite"
     root = Path(output) / f"mutate-{label}-{stamp}"
     root.mkdir(parents=True)
-    table = [run_mutant(m, files, profile, root, samples) for m in chosen]
+    roots = [root / m.name for m in chosen]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            table = list(pool.map(run_mutant, chosen, repeat(files), repeat(profile), roots, repeat(samples)))
+    else:
+        table = [run_mutant(m, files, profile, r, samples) for m, r in zip(chosen, roots)]
     for row in table:
         row["as_expected"] = expected_outcome(row)
     bundles.write_json(root / KILL_TABLE_JSON, {"protocols": [str(f) for f in files], "profile": profile,

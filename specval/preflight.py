@@ -163,6 +163,8 @@ def _has(capabilities, need: Need) -> bool:
     if need.capability == "semantics":
         field, _, value = need.value.partition("=")
         return getattr(capabilities.semantics, field) == value
+    if need.capability == "mutants":
+        return need.value in capabilities.mutant_names
     return need.value in getattr(capabilities, need.capability)
 
 
@@ -173,6 +175,8 @@ def _declared(capabilities, need: Need) -> Any:
     if need.capability == "semantics":
         field = need.value.partition("=")[0]
         return f"{field}={getattr(capabilities.semantics, field)}"
+    if need.capability == "mutants":
+        return list(capabilities.mutant_names)
     return list(getattr(capabilities, need.capability))
 
 
