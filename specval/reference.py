@@ -25,6 +25,7 @@ import numpy as np
 
 from specval.protocol import SamplingSpec
 from specval.semantics import CROSSING_DROP, DEFAULT_SEMANTICS, TIES_LOWEST_INDEX, TOP_K_THEN_TOP_P, FilterSemantics
+from specval.sut import DRAFT_GREEDY, DRAFT_TEMPERATURE
 
 Prefix = tuple[int, ...]
 
@@ -84,6 +85,27 @@ def transform(logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSeman
         else:
             alive &= _top_p_mask(_softmax(rows, alive), sampling.top_p, semantics.top_p_crossing)
     return _softmax(rows, alive).reshape(shape)
+
+
+def draft_law(draft_logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics,
+              draft_kind: str) -> np.ndarray:
+    """q f64[V], the law a SUT drafts from, by its declared draft kind (`specval.sut.DRAFT_KINDS`):
+    `filtered`: `transform` with the protocol's temperature, top-k and top-p; `temperature`: the
+    softmax of logits / T, no truncation; `greedy`: the point mass at the argmax of the logits
+    (lowest token id among tied maxima)."""
+    logits = np.asarray(draft_logits, dtype=np.float64)
+    if draft_kind == DRAFT_GREEDY:
+        return point_mass(int(np.argmax(logits)), logits.shape[-1])
+    if draft_kind == DRAFT_TEMPERATURE:
+        return transform(logits, SamplingSpec(temperature=sampling.temperature), semantics)
+    return transform(logits, sampling, semantics)
+
+
+def point_mass(token: int, vocab_size: int) -> np.ndarray:
+    """f64[V]: probability 1 at `token`."""
+    law = np.zeros(vocab_size, dtype=np.float64)
+    law[token] = 1.0
+    return law
 
 
 @dataclass(frozen=True)

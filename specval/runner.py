@@ -33,11 +33,11 @@ from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
 from specval.protocol import (FROZEN, Protocol, ProtocolError, SutSpec, check_registered, load_protocol,
                               parse_protocol, resolve)
-from specval.reference import Reference, build_reference, needed_prefixes, transform
+from specval.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
 from specval.stats import quadrature
 from specval.stats.quadrature import adversarial_pairs
 from specval.semantics import FilterSemantics
-from specval.sut import SUT, capabilities_of, open_sut
+from specval.sut import DRAFT_GREEDY, SUT, capabilities_of, open_sut
 from specval.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
 
 SutFactory = Callable[[SutSpec, int], SUT]
@@ -122,28 +122,38 @@ def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
 def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict[str, list[dict]]:
     """Swept single-draft laws of the SUT's accept kernel: p, q from the model at the prompt (per
     speculative group's draft depth; groups with equal q share one sweep), the synthetic
-    adversarial pairs, and the stop-point case (key STOP_POINT)."""
+    adversarial pairs, and the stop-point case (key STOP_POINT). q is built as the SUT drafts
+    (`Capabilities.draft_kind`, `reference.draft_law`); for a greedy SUT every q, the synthetic
+    ones included, is a point mass at its argmax, and the sweep then checks that the kernel emits
+    exactly p from a point-mass draft."""
     tests = [t for t in protocol.tests if t.kind == "quadrature"]
     if not tests:
         return {}
     laws, swept = {}, {}
-    semantics = capabilities_of(sut).semantics
+    capabilities = capabilities_of(sut)
+    semantics, kind = capabilities.semantics, capabilities.draft_kind
     p = transform(sut.target_logits(prompt_ids), protocol.sampling, semantics).astype(sut.prob_dtype)
     for name in applicable_groups(protocol, tests[0]):
-        q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling,
-                      semantics).astype(sut.prob_dtype)
+        q = draft_law(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling, semantics,
+                      kind).astype(sut.prob_dtype)
         if q.tobytes() not in swept:
             swept[q.tobytes()] = _law("model_prompt", p, q, sut, tests[0].tol)
         laws[name] = [swept[q.tobytes()]]
     rng = np.random.default_rng(ADVERSARIAL_SEED)
-    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), pair.q.astype(sut.prob_dtype), sut,
-                                tests[0].tol)
+    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), _drafted(pair.q, kind).astype(sut.prob_dtype),
+                                sut, tests[0].tol)
                            for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)]
     stop_p, stop_q = quadrature.stop_point_case(sut.prob_dtype)
     laws[STOP_POINT] = [{"name": "p_zero_at_u_accept_0", "kind": STOP_POINT, "p": stop_p.astype(np.float64).tolist(),
                          "q": stop_q.astype(np.float64).tolist(),
                          "first_token": quadrature.stop_point_token(sut.accept_single, sut.prob_dtype)}]
     return laws
+
+
+def _drafted(q: np.ndarray, kind: str) -> np.ndarray:
+    """A synthetic q as a SUT of draft kind `kind` drafts: greedy SUTs draft the argmax (a point mass);
+    the others draw from q itself."""
+    return point_mass(int(np.argmax(q)), q.size) if kind == DRAFT_GREEDY else q
 
 
 def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
