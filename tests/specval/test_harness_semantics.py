@@ -194,3 +194,20 @@ def test_the_reference_follows_the_declared_semantics_and_the_report_prints_them
     assert runner.verify(path) == []
     _, wrong = runner.run(file, "ci", tmp_path / "results", sut_factory=MisdeclaredTiedFakeSUT, progress=False)
     assert wrong["verdict"] == "FAIL" and wrong["semantics"]["top_k_ties"] == "keep"
+
+
+def test_a_resume_under_other_declared_semantics_is_refused(tmp_path):
+    from specval import bundle as bundles
+
+    plan = bundles.RunPlan("fake_t2", "0" * 64, "ci", (("nospec", 0, 10),))
+    bundles.write_json(tmp_path / bundles.RUN_FILE, plan.to_dict())
+    assert "semantics" not in plan.to_dict()  # a bundle that recorded none: started under the defaults
+    runner.check_resumed_semantics(tmp_path, DEFAULT_SEMANTICS)
+    with pytest.raises(ProtocolError, match="started under filter semantics"):
+        runner.check_resumed_semantics(tmp_path, TiedFakeSUT.sampler_semantics)
+    recorded = bundles.RunPlan("fake_t2", "0" * 64, "ci", (("nospec", 0, 10),),
+                               semantics=tuple(TiedFakeSUT.sampler_semantics.to_dict().items()))
+    bundles.write_json(tmp_path / bundles.RUN_FILE, recorded.to_dict())
+    runner.check_resumed_semantics(tmp_path, TiedFakeSUT.sampler_semantics)
+    with pytest.raises(ProtocolError, match="top_k_ties keep"):
+        runner.check_resumed_semantics(tmp_path, DEFAULT_SEMANTICS)
