@@ -37,7 +37,7 @@ from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.reference import Reference, build_reference
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
-from specval.sut import SOURCES, open_sut
+from specval.sut import SOURCES, capabilities_of, open_sut
 from specval.verdict import FAIL, decide, evaluate, statistical_tests, supports_of
 
 CALIBRATION_FILE = "calibration.json"
@@ -157,13 +157,14 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
 
 
 def support_reference(sut, protocol: Protocol, prompt_ids: list[int]) -> Reference:
-    """The reference of every prefix an exact sampler can reach: the support tree of t_1..t_{n-1}."""
-    level, prefixes = [()], [()]
+    """The reference of every prefix an exact sampler can reach: the support tree of t_1..t_{n-1}
+    (under the adapter's declared filter semantics)."""
+    level, prefixes, semantics = [()], [()], capabilities_of(sut).semantics
     for _ in range(protocol.positions - 1):
-        ref = build_reference(sut.target_logits, prompt_ids, level, protocol.sampling, sut.vocab_size)
+        ref = build_reference(sut.target_logits, prompt_ids, level, protocol.sampling, sut.vocab_size, semantics)
         level = [p + (int(t),) for p in level for t in np.flatnonzero(ref.probs(p) > 0.0)]
         prefixes += level
-    return build_reference(sut.target_logits, prompt_ids, prefixes, protocol.sampling, sut.vocab_size)
+    return build_reference(sut.target_logits, prompt_ids, prefixes, protocol.sampling, sut.vocab_size, semantics)
 
 
 def exact_counts(reference: Reference, positions: int, n: int, rng: np.random.Generator) -> dict[tuple, np.ndarray]:

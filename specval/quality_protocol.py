@@ -81,6 +81,7 @@ class QualityProtocol:
         out.pop("file_hash")
         out["sut"]["options"] = dict(self.sut.options)
         out["task"]["options"] = dict(self.task.options)
+        out["sampling"] = self.sampling.to_dict()
         out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
         return out
 
