@@ -377,18 +377,22 @@ def validate(protocol_files) -> None:
 @click.option("--profile", default="ci", show_default=True, help="Scale profile of every mutant run.")
 @click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
               show_default=True, help="Root under which the mutate directory (bundles, kill table) is made.")
-@click.option("--mutant", "names", multiple=True, help="Only these mutants (repeatable; default: all).")
+@click.option("--mutant", "names", multiple=True,
+              help="Only these mutants of the suite's adapter (repeatable; default: all it lists).")
 @click.option("--samples", default=None, type=click.IntRange(min=1),
               help="Samples per group instead of the profile's (reduced runs, e.g. in tests).")
-def mutate(protocol_paths, profile, output, names, samples) -> None:
-    """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml) against every planted
-    bug and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones pass
-    every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Mutants run in this many processes (the table's rows keep their order).")
+def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
+    """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml, all with one adapter)
+    against every planted bug the adapter lists (`Capabilities.mutants`) and the harness's seed
+    collision, and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones
+    pass every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
     from specval import mutate as mutation
 
     try:
         root, table = mutation.mutate(tuple(protocol_paths), profile, output, tuple(names), samples,
-                                        " ".join(bundles.invocation()))
+                                        " ".join(bundles.invocation()), workers)
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)
     click.echo((root / mutation.KILL_TABLE_MD).read_text())
@@ -462,7 +466,7 @@ def _print_protocol_plan(protocol, rows) -> None:
 @click.option("--exact", is_flag=True,
               help="Draw every group straight from the float64 reference (calibrates the statistics alone).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes sharing the replicates (--exact only).")
+              help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).")
 def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
     """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
     from specval import calibrate as calibration
@@ -474,7 +478,7 @@ def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume
             path, result = calibration.calibrate_exact_file(protocol_file, profile, output, replicates, size, workers)
         else:
             path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
-                                                 progress=not quiet, resume=resume)
+                                                 progress=not quiet, resume=resume, workers=workers)
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
     for name, row in list(result["criteria"].items()) + [(f"family {r}", f) for r, f in result["families"].items()]:

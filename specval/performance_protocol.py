@@ -105,6 +105,9 @@ class PerformanceProtocol:
     def to_dict(self) -> dict[str, Any]:
         out = plain_form(self)
         out["sut"].pop("device")  # unused: the top-level `device` is the one a bench runs on
+        for key in ARM_KEYS:
+            sampling = self.arm(key).sampling
+            out[key]["sampling"] = None if sampling is None else sampling.to_dict()
         return out
 
     @property
@@ -120,6 +123,9 @@ def _parse_sampling(raw: Any, file: str, where: str) -> SamplingSpec:
     distribution protocols, since nothing is tested about the distribution."""
     raw = _mapping(raw, file, where)
     _check_keys(raw, SamplingSpec, file, where)
+    if "semantics" in raw:
+        _fail(file, f"{where}.semantics", "a performance protocol pins no filter semantics (nothing is tested "
+                                          "about the distribution)", dict(raw["semantics"] or {}))
     temperature = _float(raw["temperature"], file, f"{where}.temperature")
     if temperature < 0.0:
         _fail(file, f"{where}.temperature", "must be >= 0 (0 is greedy)", raw["temperature"])

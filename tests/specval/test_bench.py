@@ -78,6 +78,7 @@ def test_shipped_protocols_load_frozen_with_a_cpu_ci_profile():
     ({"a": {"name": "sync", "mode": "sync", "rounds_in_flight": 1}}, "a.rounds_in_flight", "1"),
     ({"b": {"name": "async", "mode": "async", "sampling": {"temperature": -1}}}, "b.sampling.temperature", "-1"),
     ({"prompts": []}, "prompts", "[]"),
+    ({"sampling": {"temperature": 1.0, "semantics": {"order": "x"}}}, "sampling.semantics", "{'order': 'x'}"),
 ])
 def test_bad_input_names_file_line_key_and_value(tmp_path, changes, key, value):
     path = write(tmp_path, protocol_dict(**changes), frozen=False)
