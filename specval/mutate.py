@@ -176,6 +176,42 @@ def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     return out
 
 
+def _first_round_drafts(protocol: Protocol, group) -> int:
+    """Drafts of a request's first round: K, capped so that the round's bonus fits the request."""
+    return min(protocol.num_speculative_tokens, protocol.max_tokens(group) - 1)
+
+
+def _reused_row(p2: np.ndarray, q2: np.ndarray, r1: float) -> np.ndarray:
+    """Law of the second position of a round whose first draft was accepted with ratio r1 < 1 when
+    the accept uniform is reused: u | accepted ~ U(0, r1), so the second draft x is accepted w.p.
+    min(1, r2(x) / r1), else the correction is drawn from max(p2 - q2, 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(q2 > 0, p2 / q2, 0.0)
+    accepted = q2 * np.minimum(1.0, ratio / r1)
+    residual = np.maximum(p2 - q2, 0.0)
+    residual = residual / residual.sum() if residual.sum() > 0 else residual
+    return accepted + (1.0 - accepted.sum()) * residual
+
+
+def reused_uniform_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
+    """Exact TV of t2 given t1 (sum over t1 of p(t1) TV(law of t2 | t1, p(. | t1))) under
+    uniform_reused, per speculative group whose first round drafts t2: only a t1 accepted with
+    ratio r1 = p(t1) / q(t1) < 1 changes t2, with weight P(t1 is such an accepted draft) = q r1."""
+    if name != "uniform_reused" or protocol.positions < 2:
+        return {}
+    prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
+    law = lambda logits: transform(np.asarray(logits, dtype=np.float64), protocol.sampling, semantics)  # noqa: E731
+    p1, out = law(sut.target_logits(prompt)), {}
+    for group in (g for g in protocol.groups if g.is_speculative and _first_round_drafts(protocol, g) >= 2):
+        q1, total = law(sut.draft_logits(group, prompt)), 0.0
+        for x in np.flatnonzero((q1 > 0) & (p1 > 0) & (p1 < q1)):
+            r1, after = p1[x] / q1[x], prompt + [int(x)]
+            p2, q2 = law(sut.target_logits(after)), law(sut.draft_logits(group, after))
+            total += q1[x] * r1 * 0.5 * np.abs(_reused_row(p2, q2, r1) - p2).sum()
+        out[group.name] = float(total)
+    return out
+
+
 # ---------------------------------------------------------------- checks
 
 
@@ -222,11 +258,13 @@ def _min_mde(summary: dict, prefix: str) -> float | None:
 
 
 def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
-    """{"t1": max over groups, "t2": max over groups (bonus mutants, K = 1)}; None: not computed."""
+    """{"t1": max over groups, "t2": max over groups (bonus mutants at K = 1, uniform_reused)};
+    None: not computed."""
     if protocol.sut.adapter != DEFAULT_ADAPTER:  # the closed forms describe the engine's mutants only
         return {"t1": None, "t2": None}
     known = [v for v in t1_tv(name, sut, protocol).values() if v is not None]
-    second = [v for v in bonus_tv(name, sut, protocol).values() if v is not None]
+    second = [v for v in (bonus_tv(name, sut, protocol) | reused_uniform_tv(name, sut, protocol)).values()
+              if v is not None]
     return {"t1": max(known) if known else None, "t2": max(second) if second else None}
 
 
@@ -290,13 +328,19 @@ def run_mutant(mutant, protocol_files: list[Path], profile: str | None, root: Pa
 
 
 def expected_outcome(row: dict) -> bool:
-    """The target: equivalent mutants pass every protocol; every other mutant is killed, unless its
-    exact TV at t1 is known and lies below the smallest t1 MDE of the protocols it ran."""
+    """The target: equivalent mutants pass every protocol; every other mutant is killed, unless it
+    can show at t1 only (`visible_at` starts with "t1" and names no other position) and its exact
+    TV at t1 is known and lies below the smallest t1 MDE of the protocols it ran. A survivor that
+    acts beyond t1 (uniform_reused, the bonus mutants) is never as targeted: a t1 TV says nothing
+    about it."""
     if row["equivalent"]:
         return not row["killed"]
     if row["killed"]:
         return True
-    return row["tv_t1"] is not None and row["min_mde_t1"] is not None and row["tv_t1"] < row["min_mde_t1"]
+    at_t1_only = str(row.get("visible_at") or "").startswith("t1") and not any(
+        f"t{k}" in str(row.get("visible_at")) for k in range(2, 10))
+    return (at_t1_only and row["tv_t1"] is not None and row["min_mde_t1"] is not None
+            and row["tv_t1"] < row["min_mde_t1"])
 
 
 def _number(value: float | None, digits: int = 3) -> str:

@@ -22,7 +22,10 @@ from click.testing import CliRunner
 
 from specval import runner
 from specval.cli import main
-from specval.mutate import SEED_COLLISION, adapter_mutants, suite_files, t1_tv
+import numpy as np
+
+from specval.mutate import (SEED_COLLISION, _reused_row, adapter_mutants, expected_outcome, reused_uniform_tv,
+                            suite_files, t1_tv)
 from specval.protocol import load_protocol, lock_path, read_lock, resolve
 from specval.sut import open_sut
 
@@ -113,3 +116,45 @@ def test_a_suite_mixing_adapters_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["mutate", str(suite), "--output", str(tmp_path / "out")])
     assert result.exit_code == 2 and "mixes adapters" in result.output and "fake_sut:FakeSUT" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_reused_uniform_law_is_the_simulated_mechanism_and_exact_without_reuse():
+    """`_reused_row` against a direct simulation of the mechanism (u ~ U(0, r1) given the first
+    accept; the second draft x ~ q2 accepted iff u q2(x) < p2(x), else the residual draw).
+    400,000 draws: each cell's frequency has sd <= sqrt(0.25 / 4e5) = 7.9e-4; the bound 5 sd over
+    6 cells fails a correct law with probability < 6 * 6e-7. At r1 = 1 (a fresh uniform) the law
+    is p2 exactly: the speculative identity, to float64 rounding of six terms (1e-15)."""
+    rng = np.random.default_rng(20261201)
+    p2, q2 = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
+    np.testing.assert_allclose(_reused_row(p2, q2, 1.0), p2, rtol=0, atol=1e-15)
+    r1, n = 0.3, 400_000
+    u, x = rng.random(n) * r1, rng.choice(6, size=n, p=q2)
+    residual = np.maximum(p2 - q2, 0.0)
+    tokens = np.where(u * q2[x] < p2[x], x, rng.choice(6, size=n, p=residual / residual.sum()))
+    frequency = np.bincount(tokens, minlength=6) / n
+    assert np.abs(frequency - _reused_row(p2, q2, r1)).max() < 5 * np.sqrt(0.25 / n)
+    assert np.abs(_reused_row(p2, q2, r1) - p2).sum() > 0.01  # the premise: reuse changes the law here
+
+
+@pytest.mark.parametrize(("protocol", "low", "high"), [
+    ("suite_t2_k2_uniform", 0.03, 1.0),  # built for it: 0.040 at ci size, whose t2 MDE is below that
+    ("suite_t3_k3_bonus", 0.0, 0.002),  # T = 0.5, top_k 3: the draft rarely over-proposes; invisible
+    ("suite_t2_k1_bonus", 0.0, 0.0),  # K = 1: t2 is the bonus, never a second draft
+])
+def test_the_exact_t2_tv_of_a_reused_uniform_per_suite_protocol(protocol, low, high):
+    # Deterministic (closed form from the model's logits); the premise of suite_t2_k2_uniform.
+    spec = resolve(load_protocol(SUITE / f"{protocol}.yaml"), "ci")
+    sut = open_sut(spec.sut, spec.num_speculative_tokens)
+    try:
+        tvs = list(reused_uniform_tv("uniform_reused", sut, spec).values())
+    finally:
+        sut.close()
+    assert all(low <= tv <= high for tv in tvs) and (tvs or high == 0.0), tvs
+
+
+def test_a_survivor_acting_beyond_t1_is_never_as_targeted():
+    row = {"equivalent": False, "killed": False, "tv_t1": 1e-16, "min_mde_t1": 0.03}
+    assert expected_outcome(row | {"visible_at": "t1, by at most ~V * 2**-24"})  # float32_cdf
+    assert not expected_outcome(row | {"visible_at": "t2"})  # uniform_reused: its t1 TV says nothing
+    assert not expected_outcome(row | {"visible_at": "t_{K+1} after K accepts"})
+    assert not expected_outcome(row | {"visible_at": "t1", "tv_t1": 0.05})
