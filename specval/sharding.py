@@ -1,0 +1,329 @@
+"""Sharding: one run spread over the processes that torchrun starts, joined through torch.distributed.
+
+`torchrun --nproc-per-node N -m specval run PROTOCOL ...` starts N copies of one command (and
+`specval run --devices N ...` launches exactly that through `torch.distributed.run`); each copy
+reads RANK, WORLD_SIZE and LOCAL_RANK from its environment. Roles:
+
+- rank 0 is the run: it prepares, probes its adapter, claims the seed ranges in the ledger, creates
+  the bundle, writes every chunk file, analyses, reports and seals, as a one-process run does.
+- every other rank serves: it waits for rank 0's commands, `Collect` (sample these chunks) or
+  `Dismiss` (exit with this code), and sends its samples to rank 0.
+
+How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0 lists the chunks
+still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
+resumed run shards only what is left, with any number of ranks), and chunk i of that list goes to
+rank i mod N. The chunks are taken in rounds of N: in each round every rank collects at most one
+chunk, the chunks reach rank 0 through `gather_object`, rank 0 writes them, and a broadcast tells
+every rank whether the run goes on (the collective error check after each chunk).
+
+Guarantees:
+- The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
+  for a seed depends on the seed alone (the engine's counter-based RNG, the fake SUT): each chunk
+  is made by `collect.collect_chunk` and written by `collect.collect`, as in one process.
+- An exception on any rank while it collects (the SUT raised, its adapter could not be built)
+  ends the round for all: rank 0 raises `SUTRaised` naming the rank, the run exits 3 with the
+  traceback in the bundle's error.log and the bundle unsealed and resumable; every other rank is
+  dismissed with the same exit code. Rank 0 dismisses the other ranks with its own exit code
+  whatever ends it (0, 1, 2, 3, 130), so no rank waits for a command that never comes.
+- A rank that disappears (killed) makes the next collective fail; rank 0 then ends as interrupted
+  (exit 130, bundle kept for --resume). Every collective carries the group timeout GROUP_TIMEOUT,
+  so a rank stuck inside the SUT ends the run after that time rather than never.
+- Only processes on one host are supported (every rank reads the protocol and bundle files).
+
+Backend: gloo for a CPU protocol; `cpu:gloo,cuda:nccl` for a CUDA one, each rank on
+cuda:LOCAL_RANK (`place` rewrites the protocol's device per rank; its hash is unchanged). Samples
+are host arrays once collected (the engine reads each batch back once), so they travel as pickled
+frames, and torch's object collectives take the CPU backend of a group that has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from specval.collect import Chunk, Keep, collect_chunk
+from specval.preflight import SUTRaised, open_guarded
+from specval.protocol import Protocol, ProtocolError, load_protocol
+from specval.sut import SUT, SutSpec, SUTError, open_sut
+
+LEADER = 0  # the rank that claims seeds and writes the bundle
+GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
+CUDA_PREFIX = "cuda"
+EXIT_INTERRUPTED = 130  # specval.execution.EXIT_INTERRUPTED (not imported: it imports preflight's peers)
+SutFactory = Callable[[SutSpec, int], SUT]
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """This process's place among the ranks of a multi-rank run (as torchrun set it)."""
+
+    rank: int
+    size: int
+    local_rank: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Rank 0's command: collect your share (`Chunk`s i with i mod N == rank) of `chunks`."""
+
+    protocol: Protocol
+    prompt_ids: tuple[int, ...]
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True)
+class Dismiss:
+    """Rank 0's last command: exit with `code`."""
+
+    code: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a rank sends instead of its chunk when collecting it raised."""
+
+    rank: int
+    call: str
+    message: str
+    details: str
+    interrupted: bool = False
+
+    def raised(self) -> SUTRaised:
+        return SUTRaised(f"{self.call} on rank {self.rank}", self.message, self.details)
+
+
+class RankLost(KeyboardInterrupt):
+    """A collective failed: another rank is gone (killed, interrupted) or timed out. It ends the run
+    as an interrupt (exit 130, the bundle kept for --resume)."""
+
+
+# ---------------------------------------------------------------- the group
+
+
+def from_environment(environ: dict[str, str]) -> ShardGroup | None:
+    """The shard group torchrun describes in `environ` (RANK, WORLD_SIZE, LOCAL_RANK); None for a
+    one-process run (WORLD_SIZE unset or 1)."""
+    size = int(environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return None
+    rank = int(environ["RANK"])
+    return ShardGroup(rank, size, int(environ.get("LOCAL_RANK", str(rank))))
+
+
+def protocol_device(protocol_file: Path) -> str:
+    """The `sut.device` of a protocol file, read by every rank before the group exists (it picks
+    the backend); "cpu" when the file does not parse (rank 0 then reports the error and dismisses)."""
+    try:
+        return load_protocol(protocol_file).sut.device
+    except (ProtocolError, OSError):
+        return "cpu"
+
+
+def join(group: ShardGroup, device: str) -> None:
+    """Initialise the default process group from torchrun's environment (env://)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "gloo"
+    if device.startswith(CUDA_PREFIX):
+        torch.cuda.set_device(group.local_rank)  # captured graphs and Triton launch on the current device
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, rank=group.rank, world_size=group.size, timeout=GROUP_TIMEOUT)
+
+
+def leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def place(protocol: Protocol, group: ShardGroup) -> Protocol:
+    """The protocol as this rank runs it: a CUDA device becomes cuda:LOCAL_RANK. The hash is the
+    protocol's own (pinned through `file_hash`), so run.json and the manifest record the protocol as
+    written."""
+    if not protocol.sut.device.startswith(CUDA_PREFIX):
+        return protocol
+    sut = dataclasses.replace(protocol.sut, device=f"{CUDA_PREFIX}:{group.local_rank}")
+    return dataclasses.replace(protocol, sut=sut, file_hash=protocol.hash)
+
+
+def _collective(operation: Callable[[], Any]) -> Any:
+    """Run one collective; its failure (a rank gone, the timeout) becomes RankLost."""
+    try:
+        return operation()
+    except RuntimeError as err:  # DistBackendError and DistNetworkError are RuntimeErrors
+        leave()  # a broken group takes no further collective (`dismiss` then sends nothing)
+        raise RankLost(f"a rank of the process group is gone: {err}") from err
+
+
+def _broadcast(value: Any = None) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    _collective(lambda: dist.broadcast_object_list(box, src=LEADER))
+    return box[0]
+
+
+def _gather(value: Any, group: ShardGroup) -> list[Any] | None:
+    import torch.distributed as dist
+
+    out = [None] * group.size if group.is_leader else None
+    _collective(lambda: dist.gather_object(value, out, dst=LEADER))
+    return out
+
+
+# ---------------------------------------------------------------- one round of chunks
+
+
+def _share(chunks: tuple[Chunk, ...] | list[Chunk], first: int, rank: int) -> Chunk | None:
+    """The chunk of `rank` in the round that starts at index `first` (None: the list ran out)."""
+    index = first + rank
+    return chunks[index] if index < len(chunks) else None
+
+
+def _attempt(sut: Any, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None,
+             rank: int) -> tuple[Chunk, pd.DataFrame] | Failure | None:
+    """A serving rank collects one chunk; an exception becomes a Failure, so that every rank
+    reaches the gather."""
+    if chunk is None:
+        return None
+    try:
+        return chunk, collect_chunk(sut, protocol, prompt_ids, chunk)
+    except SUTRaised as err:
+        return Failure(rank, err.call, err.message, err.details)
+    except KeyboardInterrupt:
+        return Failure(rank, "collect", "interrupted", "", interrupted=True)
+    except Exception as err:  # noqa: BLE001 - anything raised while collecting ends the run with exit 3
+        return _failure(rank, "collect", err)
+
+
+def _failure(rank: int, call: str, err: BaseException) -> Failure:
+    details = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    return Failure(rank, call, f"{type(err).__name__}: {err}", details)
+
+
+def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk], Keep], None]:
+    """Rank 0's `collect.ChunkSampler`: the chunks shared by every rank, round by round, each kept
+    (written) by rank 0. A round's first failure (rank 0's own exception, else the lowest failed
+    rank's as SUTRaised or KeyboardInterrupt, else an exception of rank 0 while writing) is raised
+    once every rank knows that the run stops."""
+
+    def sample(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: list[Chunk], keep: Keep) -> None:
+        _broadcast(Collect(protocol, tuple(prompt_ids), tuple(chunks)))
+        for first in range(0, len(chunks), group.size):
+            error: BaseException | None = None
+            try:
+                chunk = _share(chunks, first, LEADER)
+                mine = None if chunk is None else (chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
+            except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
+                mine, error = None, err
+            results = _gather(mine, group)
+            failures = [r for r in results if isinstance(r, Failure)]
+            if error is None and failures:
+                error = KeyboardInterrupt() if failures[0].interrupted else failures[0].raised()
+            if error is None:
+                try:
+                    for result in results:
+                        if result is not None:
+                            keep(*result)
+                except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
+                    error = err
+            _broadcast(error is None)
+            if error is not None:
+                raise error
+
+    return sample
+
+
+# ---------------------------------------------------------------- the other ranks
+
+
+def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
+    """The loop of a rank other than 0: collect its share of each `Collect`, until `Dismiss`; returns
+    the exit code rank 0 sent. Its adapter is built at the first `Collect`, on the placed protocol."""
+    sut, failure = None, None
+    try:
+        while True:
+            command = _broadcast()
+            if isinstance(command, Dismiss):
+                return command.code
+            protocol = place(command.protocol, group)
+            if sut is None and failure is None:
+                sut, failure = _open(protocol, sut_factory, group.rank)
+            _serve_collect(group, sut, protocol, command, failure)
+    finally:
+        if sut is not None:
+            sut.close()
+
+
+def _open(protocol: Protocol, sut_factory: SutFactory | None, rank: int) -> tuple[Any, Failure | None]:
+    try:
+        return open_guarded(sut_factory or open_sut, protocol), None
+    except SUTRaised as err:
+        return None, Failure(rank, err.call, err.message, err.details)
+    except SUTError as err:
+        return None, _failure(rank, "the adapter's constructor", err)
+
+
+def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Collect,
+                   failure: Failure | None) -> None:
+    """Take part in every round of one `Collect` (an adapter that could not be built: its failure
+    is sent in place of the first chunk)."""
+    prompt_ids = list(command.prompt_ids)
+    for first in range(0, len(command.chunks), group.size):
+        chunk = _share(command.chunks, first, group.rank)
+        result = None if chunk is None else (failure or _attempt(sut, protocol, prompt_ids, chunk, group.rank))
+        _gather(result, group)
+        if not _broadcast():
+            return
+
+
+def dismiss(code: int) -> None:
+    """Rank 0, as it exits: send every other rank its exit code. A group already broken (a rank
+    gone) is left as it is: torchrun ends the remaining ranks once rank 0 exits."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        _broadcast(Dismiss(code))
+    except RankLost:
+        pass
+
+
+# ---------------------------------------------------------------- the launcher
+
+
+def launch(devices: int, argv: list[str]) -> int:
+    """Run `torchrun --standalone --nproc-per-node DEVICES -m specval ARGV` through torch's own
+    launcher (torch.distributed.run) in this process; returns rank 0's exit code."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(["--standalone", f"--nproc-per-node={devices}", "-m", "specval", *argv])
+    try:
+        torchrun.run(args)
+    except ChildFailedError as err:
+        return exit_code({rank: failure.exitcode for rank, failure in err.failures.items()})
+    return 0
+
+
+def exit_code(codes: dict[int, int]) -> int:
+    """The run's exit code from the failed ranks' exit codes (negative: killed by that signal):
+    rank 0's own; else another rank's (each exits with rank 0's code when dismissed); else, every
+    failed rank killed by a signal, EXIT_INTERRUPTED."""
+    if codes.get(LEADER, -1) >= 0:
+        return codes[LEADER]
+    exited = [code for _, code in sorted(codes.items()) if code >= 0]
+    return exited[0] if exited else EXIT_INTERRUPTED
