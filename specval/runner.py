@@ -277,6 +277,8 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
+        if shards is not None:
+            sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
         if resume is None:
             path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory)
         else:

@@ -6,8 +6,9 @@ reads RANK, WORLD_SIZE and LOCAL_RANK from its environment. Roles:
 
 - rank 0 is the run: it prepares, probes its adapter, claims the seed ranges in the ledger, creates
   the bundle, writes every chunk file, analyses, reports and seals, as a one-process run does.
-- every other rank serves: it waits for rank 0's commands, `Collect` (sample these chunks) or
-  `Dismiss` (exit with this code), and sends its samples to rank 0.
+- every other rank serves: it waits for rank 0's commands, `Open` (build and probe your adapter,
+  before any seed is claimed), `Collect` (sample these chunks) or `Dismiss` (exit with this code),
+  and sends its samples (or its failure) to rank 0.
 
 How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0 lists the chunks
 still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
@@ -20,7 +21,8 @@ Guarantees:
 - The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
   for a seed depends on the seed alone (the engine's counter-based RNG, the fake SUT): each chunk
   is made by `collect.collect_chunk` and written by `collect.collect`, as in one process.
-- An exception on any rank while it collects (the SUT raised, its adapter could not be built)
+- An adapter that cannot be built or fails the probe on any rank ends the run before any seed is
+  claimed (exit 3, as a failed probe of one process). An exception on any rank while it collects
   ends the round for all: rank 0 raises `SUTRaised` naming the rank, the run exits 3 with the
   traceback in the bundle's error.log and the bundle unsealed and resumable; every other rank is
   dismissed with the same exit code. Rank 0 dismisses the other ranks with its own exit code
@@ -48,7 +50,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from specval.collect import Chunk, Keep, collect_chunk
-from specval.preflight import SUTRaised, open_guarded
+from specval.preflight import SUTRaised, open_guarded, probe
 from specval.protocol import Protocol, ProtocolError, load_protocol
 from specval.sut import SUT, SutSpec, SUTError, open_sut
 
@@ -70,6 +72,13 @@ class ShardGroup:
     @property
     def is_leader(self) -> bool:
         return self.rank == LEADER
+
+
+@dataclass(frozen=True)
+class Open:
+    """Rank 0's first command: build your adapter for `protocol` (placed on your device) and probe it."""
+
+    protocol: Protocol
 
 
 @dataclass(frozen=True)
@@ -249,42 +258,57 @@ def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk
 # ---------------------------------------------------------------- the other ranks
 
 
+def open_ranks(group: ShardGroup, protocol: Protocol) -> None:
+    """Rank 0, once its own adapter passed the preflight and before any seed is claimed: every other
+    rank builds its adapter on its own device and probes it (`preflight.probe`); the lowest failed
+    rank's exception is raised as SUTRaised (exit 3, nothing claimed)."""
+    _broadcast(Open(protocol))
+    failures = [r for r in _gather(None, group) if isinstance(r, Failure)]
+    if failures:
+        raise failures[0].raised()
+
+
 def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
-    """The loop of a rank other than 0: collect its share of each `Collect`, until `Dismiss`; returns
-    the exit code rank 0 sent. Its adapter is built at the first `Collect`, on the placed protocol."""
-    sut, failure = None, None
+    """The loop of a rank other than 0: build and probe its adapter at `Open`, collect its share of
+    each `Collect`, until `Dismiss`; returns the exit code rank 0 sent."""
+    sut = None
     try:
         while True:
             command = _broadcast()
             if isinstance(command, Dismiss):
                 return command.code
             protocol = place(command.protocol, group)
-            if sut is None and failure is None:
+            if isinstance(command, Open):
                 sut, failure = _open(protocol, sut_factory, group.rank)
-            _serve_collect(group, sut, protocol, command, failure)
+                _gather(failure, group)
+            else:
+                _serve_collect(group, sut, protocol, command)
     finally:
         if sut is not None:
             sut.close()
 
 
 def _open(protocol: Protocol, sut_factory: SutFactory | None, rank: int) -> tuple[Any, Failure | None]:
+    """This rank's adapter, built and probed; or None and the failure."""
     try:
-        return open_guarded(sut_factory or open_sut, protocol), None
+        sut = open_guarded(sut_factory or open_sut, protocol)
     except SUTRaised as err:
         return None, Failure(rank, err.call, err.message, err.details)
     except SUTError as err:
         return None, _failure(rank, "the adapter's constructor", err)
+    try:
+        probe(sut, protocol)
+    except SUTRaised as err:
+        sut.close()
+        return None, Failure(rank, err.call, err.message, err.details)
+    return sut, None
 
 
-def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Collect,
-                   failure: Failure | None) -> None:
-    """Take part in every round of one `Collect` (an adapter that could not be built: its failure
-    is sent in place of the first chunk)."""
+def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Collect) -> None:
+    """Take part in every round of one `Collect`."""
     prompt_ids = list(command.prompt_ids)
     for first in range(0, len(command.chunks), group.size):
-        chunk = _share(command.chunks, first, group.rank)
-        result = None if chunk is None else (failure or _attempt(sut, protocol, prompt_ids, chunk, group.rank))
-        _gather(result, group)
+        _gather(_attempt(sut, protocol, prompt_ids, _share(command.chunks, first, group.rank), group.rank), group)
         if not _broadcast():
             return
 

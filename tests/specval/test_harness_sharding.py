@@ -25,6 +25,7 @@ from specval import bundle as bundles
 from specval import collect, runner, sharding
 from specval.cli import main
 from specval.protocol import load_protocol
+from specval.seeds import SeedRange
 
 torch_distributed = pytest.importorskip("torch.distributed")
 if not (torch_distributed.is_available() and torch_distributed.is_gloo_available()):
@@ -121,9 +122,10 @@ def test_devices_inside_torchrun_is_a_usage_error(tmp_path, monkeypatch):
 
 def test_a_rank_that_raises_ends_every_rank_with_3_and_two_ranks_resume(tmp_path, one_process):
     protocol = _protocol(tmp_path, adapter="fault_suts:RankRaisingSUT")
-    # rank 1 raises at its 2nd sample call: round 0 (chunks 0 and 1) is written, round 1 fails
+    # rank 1's probe makes one sample call per group (2), its chunk of round 0 the 3rd; it raises at
+    # the 4th: round 0 (chunks 0 and 1) is written, round 1 fails
     failed = _launch(tmp_path, "-m", "specval.cli", "run", str(protocol), "--quiet", "--devices", str(RANKS),
-                     FAULT_RAISE_ON_RANK="1", FAULT_RAISE_AT_CALL="2")
+                     FAULT_RAISE_ON_RANK="1", FAULT_RAISE_AT_CALL="4")
     output = failed.stdout + failed.stderr
     assert failed.returncode == 3, output
     assert "Traceback" not in output and "in sample on rank 1" in output
@@ -139,3 +141,75 @@ def test_a_rank_that_raises_ends_every_rank_with_3_and_two_ranks_resume(tmp_path
     assert runner.verify(bundle) == []
     manifest = bundles.read_json(bundle / bundles.MANIFEST_FILE)
     assert manifest["ranks"] == RANKS and [s["outcome"] for s in manifest["sessions"]] == ["error", "PASS"]
+
+
+# ---------------------------------------------------------------- the rounds, on a scripted channel
+
+
+class _Channel:
+    """Stands in for the collectives of one rank: `broadcast` returns rank 0's scripted values (or
+    records what rank 0 sends), `gather` records what this rank sends and returns `gathered`."""
+
+    def __init__(self, script=(), gathered=None):
+        self.script, self.gathered, self.sent, self.broadcast_values = list(script), gathered, [], []
+
+    def broadcast(self, value=None):
+        self.broadcast_values.append(value)
+        return self.script.pop(0) if self.script else value
+
+    def gather(self, value, group):
+        self.sent.append(value)
+        return self.gathered.pop(0) if self.gathered else None
+
+
+def _fake_protocol(tmp_path):
+    return load_protocol(_protocol(tmp_path))
+
+
+def test_a_serving_rank_probes_collects_its_share_and_exits_with_rank_0s_code(tmp_path, monkeypatch):
+    protocol = _fake_protocol(tmp_path)
+    chunks = tuple(collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 300)], protocol.chunk_size))
+    channel = _Channel([sharding.Open(protocol), sharding.Collect(protocol, (1, 2), chunks), True, True,
+                        sharding.Dismiss(1)])
+    monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
+    monkeypatch.setattr(sharding, "_gather", channel.gather)
+    assert sharding.serve(sharding.ShardGroup(1, 2, 1)) == 1
+    opened, first, second = channel.sent
+    assert opened is None  # built and probed
+    assert first[0] == chunks[1] and second is None  # rank 1 of 2: chunk 1 of round 0, nothing in round 1
+    assert first[1]["seed"].tolist() == list(range(chunks[1].start, chunks[1].stop))
+
+
+def test_a_serving_rank_whose_adapter_cannot_be_built_sends_its_failure(tmp_path, monkeypatch):
+    protocol = _fake_protocol(tmp_path)
+    channel = _Channel([sharding.Open(protocol), sharding.Dismiss(3)])
+    monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
+    monkeypatch.setattr(sharding, "_gather", channel.gather)
+
+    def broken(spec, k):
+        raise OSError("no such device")
+
+    assert sharding.serve(sharding.ShardGroup(1, 2, 1), broken) == 3
+    (failure,) = channel.sent
+    assert isinstance(failure, sharding.Failure) and "no such device" in failure.message and failure.rank == 1
+
+
+def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path, monkeypatch):
+    from fake_sut import FakeSUT
+
+    from specval.preflight import GuardedSUT, SUTRaised
+
+    protocol = _fake_protocol(tmp_path)
+    chunks = collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 800)], protocol.chunk_size)
+    failure = sharding.Failure(1, "sample", "RuntimeError: planted", "Traceback ...")
+    channel = _Channel(gathered=[["mine", failure]])
+    monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
+    monkeypatch.setattr(sharding, "_gather", channel.gather)
+    kept = []
+    sample = sharding.sampler(sharding.ShardGroup(0, 2, 0))
+    with pytest.raises(SUTRaised, match="sample on rank 1: RuntimeError: planted"):
+        sample(GuardedSUT(FakeSUT(protocol.sut, protocol.num_speculative_tokens)), protocol, [1, 2], chunks,
+               lambda chunk, frame: kept.append(chunk))
+    assert kept == []  # nothing of the failed round is written
+    assert channel.broadcast_values[-1] is False  # every rank was told to stop
+    assert channel.sent[0][0] == chunks[0]  # rank 0 collected its own chunk of the round
