@@ -199,6 +199,8 @@ def _run_sharded(shards, *args) -> None:
         try:
             _run_here(*args, shards=shards)
         except BaseException as err:
+            sys.stdout.flush()  # the launcher may end this process as soon as another rank exits
+            sys.stderr.flush()
             sharding.dismiss(_exit_status(err))
             raise
     finally:

@@ -331,8 +331,11 @@ def dismiss(code: int) -> None:
 
 def launch(devices: int, argv: list[str]) -> int:
     """Run `torchrun --standalone --nproc-per-node DEVICES -m specval ARGV` through torch's own
-    launcher (torch.distributed.run) in this process; returns rank 0's exit code."""
+    launcher (torch.distributed.run) in this process; returns rank 0's exit code (130 when the
+    launcher itself is interrupted: it forwards the signal to every rank, and rank 0 keeps the
+    bundle and prints how to resume it)."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = torchrun.parse_args(["--standalone", f"--nproc-per-node={devices}", "-m", "specval", *argv])
@@ -340,6 +343,8 @@ def launch(devices: int, argv: list[str]) -> int:
         torchrun.run(args)
     except ChildFailedError as err:
         return exit_code({rank: failure.exitcode for rank, failure in err.failures.items()})
+    except (SignalException, KeyboardInterrupt):  # the launcher got SIGINT/SIGTERM and passed it to the ranks
+        return EXIT_INTERRUPTED
     return 0
 
 

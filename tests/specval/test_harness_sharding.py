@@ -101,6 +101,37 @@ def test_exit_code_of_the_launch_is_rank_0s(codes, expected):
     assert sharding.exit_code(codes) == expected
 
 
+def _failed_launch(codes: dict[int, int]):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failures = {rank: ProcessFailure(rank, 1000 + rank, code, "") for rank, code in codes.items()}
+    raise ChildFailedError("specval", failures)
+
+
+def _interrupted_launch():
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException("got signal: 2", sigval=signal.SIGINT)
+
+
+@pytest.mark.parametrize("outcome, expected", [
+    (lambda: None, 0),
+    (lambda: _failed_launch({0: 3, 1: -15}), 3),
+    (_interrupted_launch, 130),
+])
+def test_launch_runs_torchrun_and_returns_rank_0s_exit_code(monkeypatch, outcome, expected):
+    from torch.distributed import run as torchrun
+
+    seen = []
+    monkeypatch.setattr(torchrun, "run", lambda args: seen.append(args) or outcome())
+    assert sharding.launch(2, ["run", "p.yaml", "--quiet"]) == expected
+    (args,) = seen
+    assert args.standalone and args.nproc_per_node == "2" and args.module
+    assert [args.training_script, *args.training_script_args] == ["specval", "run", "p.yaml", "--quiet"]
+
+
 def test_devices_launches_torchrun_with_the_same_arguments(tmp_path, monkeypatch):
     protocol = _protocol(tmp_path)
     launched = []
