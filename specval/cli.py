@@ -136,22 +136,25 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
 
     _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
     shards = sharding.from_environment(dict(os.environ))
+    source = protocol_file or resume / bundles.PROTOCOL_YAML
     if devices > 1 or shards is not None:
-        _check_sharded(protocol_file, devices, shards)
+        _check_sharded(source, devices, shards)
     if devices > 1:
         sys.exit(sharding.launch(devices, _forwarded_args(ctx)))
+    run_args = (protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
     if shards is None:
-        return _run_here(protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
-    return _run_sharded(shards, protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
+        return _run_here(*run_args)
+    return _run_sharded(shards, source, run_args)
 
 
-def _check_sharded(protocol_file: Path | None, devices: int, shards) -> None:
-    """Refusals of a multi-rank run, made by every rank before any rank joins the group (exit 2)."""
+def _check_sharded(protocol_file: Path, devices: int, shards) -> None:
+    """Refusals of a multi-rank run of `protocol_file` (the bundle's copy for --resume), made by
+    every rank before any rank joins the group (exit 2)."""
     if devices > 1 and shards is not None:
         raise click.UsageError("--devices launches torchrun; inside a torchrun-started process drop it")
     if _protocol_kind(protocol_file) == QUALITY_KIND:
         raise click.UsageError("multi-process runs take distribution protocols only, not kind: quality")
-    if devices > 1 and protocol_file is not None:
+    if devices > 1:
         _check_gpus(protocol_file, devices)
 
 
@@ -183,21 +186,21 @@ def _forwarded_args(ctx: click.Context) -> list[str]:
     return args
 
 
-def _run_sharded(shards, *args) -> None:
-    """Join the process group; rank 0 runs the protocol and dismisses the other ranks with its
-    exit code, the other ranks collect until dismissed and exit with that code."""
+def _run_sharded(shards, source: Path, run_args: tuple) -> None:
+    """Join the process group (its backend from `source`, the protocol file); rank 0 runs the
+    protocol (`_run_here(*run_args)`) and dismisses the other ranks with its exit code, the other
+    ranks collect until dismissed and exit with that code."""
     from specval import sharding
 
-    protocol_file, resume = args[0], args[3]
     try:
-        sharding.join(shards, sharding.protocol_device(Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML)))
+        sharding.join(shards, sharding.protocol_device(source))
     except (RuntimeError, ValueError) as err:
         _fail_with(EXIT_INPUT, f"error: rank {shards.rank} cannot join the process group: {err}")
     try:
         if not shards.is_leader:
             sys.exit(_serve(shards))
         try:
-            _run_here(*args, shards=shards)
+            _run_here(*run_args, shards=shards)
         except BaseException as err:
             sys.stdout.flush()  # the launcher may end this process as soon as another rank exits
             sys.stderr.flush()
@@ -215,15 +218,15 @@ def _exit_status(err: BaseException) -> int:
 
 
 def _serve(shards) -> int:
-    """A rank other than 0: rank 0's exit code, or 130 (one line) if the group broke under it."""
+    """A rank other than 0: rank 0's exit code, or 130 if interrupted (one line if the group broke)."""
     from specval import sharding
 
     try:
         with execution.signals_interrupt():
             return sharding.serve(shards)
-    except KeyboardInterrupt as err:
-        reason = f": {err}" if isinstance(err, sharding.RankLost) else ""
-        click.echo(f"rank {shards.rank}: interrupted{reason}", err=True)
+    except KeyboardInterrupt as err:  # rank 0 tells the user about an interrupt; a lost group is ours to tell
+        if isinstance(err, sharding.RankLost):
+            click.echo(f"rank {shards.rank}: {err}", err=True)
         return execution.EXIT_INTERRUPTED
 
 
