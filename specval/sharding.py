@@ -14,8 +14,9 @@ How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0
 still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
 resumed run shards only what is left, with any number of ranks), and chunk i of that list goes to
 rank i mod N. The chunks are taken in rounds of N: in each round every rank collects at most one
-chunk, the chunks reach rank 0 through `gather_object`, rank 0 writes them, and a broadcast tells
-every rank whether the run goes on (the collective error check after each chunk).
+chunk, the chunks reach rank 0 through `gather_object`, and a broadcast tells every rank whether
+the run goes on (the collective error check after each chunk); rank 0 then writes the round's
+chunks in a writer thread while every rank collects the next round.
 
 Guarantees:
 - The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
@@ -43,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -50,6 +52,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from specval.collect import Chunk, Keep, collect_chunk
+from specval.execution import EXIT_INTERRUPTED
 from specval.preflight import SUTRaised, open_guarded, probe
 from specval.protocol import Protocol, ProtocolError, load_protocol
 from specval.sut import SUT, SutSpec, SUTError, open_sut
@@ -57,7 +60,6 @@ from specval.sut import SUT, SutSpec, SUTError, open_sut
 LEADER = 0  # the rank that claims seeds and writes the bundle
 GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
 CUDA_PREFIX = "cuda"
-EXIT_INTERRUPTED = 130  # specval.execution.EXIT_INTERRUPTED (not imported: it imports preflight's peers)
 SutFactory = Callable[[SutSpec, int], SUT]
 
 
@@ -223,36 +225,51 @@ def _failure(rank: int, call: str, err: BaseException) -> Failure:
 
 
 def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk], Keep], None]:
-    """Rank 0's `collect.ChunkSampler`: the chunks shared by every rank, round by round, each kept
-    (written) by rank 0. A round's first failure (rank 0's own exception, else the lowest failed
-    rank's as SUTRaised or KeyboardInterrupt, else an exception of rank 0 while writing) is raised
-    once every rank knows that the run stops."""
+    """Rank 0's `collect.ChunkSampler`: the chunks shared by every rank, round by round. Rank 0
+    keeps (writes) a round's chunks in a writer thread while every rank collects the next round,
+    so the writes do not serialise the ranks. A round's first failure (rank 0's own exception, else
+    the lowest failed rank's as SUTRaised or KeyboardInterrupt, else the failed write of the round
+    before) is raised once every rank knows that the run stops; a write that fails in the last
+    round is raised once the other ranks are back waiting for a command."""
 
     def sample(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: list[Chunk], keep: Keep) -> None:
         _broadcast(Collect(protocol, tuple(prompt_ids), tuple(chunks)))
-        for first in range(0, len(chunks), group.size):
-            error: BaseException | None = None
-            try:
-                chunk = _share(chunks, first, LEADER)
-                mine = None if chunk is None else (chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
-            except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
-                mine, error = None, err
-            results = _gather(mine, group)
-            failures = [r for r in results if isinstance(r, Failure)]
-            if error is None and failures:
-                error = KeyboardInterrupt() if failures[0].interrupted else failures[0].raised()
-            if error is None:
-                try:
-                    for result in results:
-                        if result is not None:
-                            keep(*result)
-                except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
-                    error = err
-            _broadcast(error is None)
-            if error is not None:
-                raise error
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specval-writer") as writer:
+            written: Future | None = None
+            for first in range(0, len(chunks), group.size):
+                results, error = _lead_round(group, sut, protocol, prompt_ids, _share(chunks, first, LEADER))
+                if error is None and written is not None:
+                    error = written.exception()  # waits for the round before, written while this one ran
+                _broadcast(error is None)
+                if error is not None:
+                    raise error
+                written = writer.submit(_keep_all, keep, results)
+        if written is not None and written.exception() is not None:
+            raise written.exception()
 
     return sample
+
+
+def _lead_round(group: ShardGroup, sut: SUT, protocol: Protocol, prompt_ids: list[int],
+                chunk: Chunk | None) -> tuple[list[Any], BaseException | None]:
+    """Rank 0's part of one round: collect its chunk and gather every rank's; returns the gathered
+    results and the round's failure (rank 0's own first, else the lowest failed rank's)."""
+    error: BaseException | None = None
+    try:
+        mine = None if chunk is None else (chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
+    except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
+        mine, error = None, err
+    results = _gather(mine, group)
+    failures = [r for r in results if isinstance(r, Failure)]
+    if error is None and failures:
+        error = KeyboardInterrupt() if failures[0].interrupted else failures[0].raised()
+    return results, error
+
+
+def _keep_all(keep: Keep, results: list[Any]) -> None:
+    for result in results:
+        if result is not None:
+            keep(*result)
 
 
 # ---------------------------------------------------------------- the other ranks

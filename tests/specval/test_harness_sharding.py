@@ -244,3 +244,24 @@ def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path
     assert kept == []  # nothing of the failed round is written
     assert channel.broadcast_values[-1] is False  # every rank was told to stop
     assert channel.sent[0][0] == chunks[0]  # rank 0 collected its own chunk of the round
+
+
+def test_a_failed_write_stops_every_rank_at_the_next_round(tmp_path, monkeypatch):
+    from fake_sut import FakeSUT
+
+    from specval.preflight import GuardedSUT
+
+    protocol = _fake_protocol(tmp_path)
+    chunks = collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 800)], protocol.chunk_size)
+    channel = _Channel(gathered=[[("c0", "f0"), ("c1", "f1")], [("c2", "f2"), ("c3", "f3")]])
+    monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
+    monkeypatch.setattr(sharding, "_gather", channel.gather)
+
+    def full_disk(chunk, frame):
+        raise OSError("no space left on device")
+
+    sample = sharding.sampler(sharding.ShardGroup(0, 2, 0))
+    with pytest.raises(OSError, match="no space left"):
+        sample(GuardedSUT(FakeSUT(protocol.sut, protocol.num_speculative_tokens)), protocol, [1, 2], chunks, full_disk)
+    # round 0 went on (its chunks are written while round 1 runs); round 1 told every rank to stop
+    assert channel.broadcast_values[1:] == [True, False]
