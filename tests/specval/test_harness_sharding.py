@@ -200,15 +200,17 @@ def _fake_protocol(tmp_path):
 def test_a_serving_rank_probes_collects_its_share_and_exits_with_rank_0s_code(tmp_path, monkeypatch):
     protocol = _fake_protocol(tmp_path)
     chunks = tuple(collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 300)], protocol.chunk_size))
+    stage2 = (collect.Chunk("nospec", 900, 1000), collect.Chunk("nospec", 1000, 1100))  # as stage 2 sends
     channel = _Channel([sharding.Open(protocol), sharding.Collect(protocol, (1, 2), chunks), True, True,
-                        sharding.Dismiss(1)])
+                        sharding.Collect(protocol, (1, 2), stage2), True, sharding.Dismiss(1)])
     monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
     monkeypatch.setattr(sharding, "_gather", channel.gather)
     assert sharding.serve(sharding.ShardGroup(1, 2, 1)) == 1
-    opened, first, second = channel.sent
+    opened, first, second, third = channel.sent
     assert opened is None  # built and probed
     assert first[0] == chunks[1] and second is None  # rank 1 of 2: chunk 1 of round 0, nothing in round 1
     assert first[1]["seed"].tolist() == list(range(chunks[1].start, chunks[1].stop))
+    assert third[0] == stage2[1]  # the same adapter serves the second Collect
 
 
 def test_a_serving_rank_whose_adapter_cannot_be_built_sends_its_failure(tmp_path, monkeypatch):
