@@ -84,6 +84,7 @@ class RunPlan:
     bundle_format: int = BUNDLE_FORMAT
     registration: str = "frozen"  # the protocol's state in frozen.lock when the run started
     exploratory: bool = False  # run with --exploratory: the verdict is marked EXPLORATORY
+    semantics: tuple[tuple[str, str], ...] = ()  # filter semantics the reference follows (empty: not recorded)
 
     def to_dict(self) -> dict:
         out = {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
@@ -91,13 +92,16 @@ class RunPlan:
                "registration": self.registration, "exploratory": self.exploratory}
         if self.stage2_ranges:
             out["stage2_ranges"] = _range_dicts(self.stage2_ranges)
+        if self.semantics:
+            out["semantics"] = dict(self.semantics)
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "RunPlan":
         return cls(data["protocol"], data["protocol_hash"], data["profile"], _range_tuples(data["ranges"]),
                    _range_tuples(data.get("stage2_ranges", [])), int(data.get("bundle_format", LEGACY_FORMAT)),
-                   data.get("registration", "frozen"), bool(data.get("exploratory", False)))
+                   data.get("registration", "frozen"), bool(data.get("exploratory", False)),
+                   tuple(sorted(data.get("semantics", {}).items())))
 
     def registration_block(self) -> dict:
         """The summary's `registration` entry: how the protocol stood against frozen.lock."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import math
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -36,7 +37,7 @@ from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.reference import Reference, build_reference
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
-from specval.sut import SOURCES, open_sut
+from specval.sut import SOURCES, capabilities_of, open_sut
 from specval.verdict import FAIL, decide, evaluate, statistical_tests, supports_of
 
 CALIBRATION_FILE = "calibration.json"
@@ -46,12 +47,17 @@ BATCHES_PER_WORKER = 4  # replicates are shared out in this many batches per wor
 CHECKPOINT_EVERY = 50  # at most this many replicates per batch, so partial results are written often
 
 
-def _replicate(samples, protocol: Protocol, ranges, index: int, size: int):
-    """Rows of replicate `index` (seed slice of `size` per group) and its spans."""
-    spans = {r.group: (r.start + index * size, r.start + (index + 1) * size) for r in ranges}
-    lo = samples["group"].map({g: s[0] for g, s in spans.items()})
-    hi = samples["group"].map({g: s[1] for g, s in spans.items()})
-    return samples[(samples["seed"] >= lo) & (samples["seed"] < hi)], spans
+def _replicates(samples, ranges, replicates: int, size: int) -> list[tuple]:
+    """(rows, spans) of every replicate: replicate i of group g holds the seeds
+    [start_g + i * size, start_g + (i + 1) * size). One pass over the rows (a group-by on the
+    replicate index), so slicing costs O(rows), not O(replicates * rows)."""
+    starts = {r.group: r.start for r in ranges}
+    index = (samples["seed"] - samples["group"].map(starts)) // size
+    parts = dict(tuple(samples.groupby(index.to_numpy(), sort=True)))
+    empty = samples.iloc[:0]
+    return [(parts.get(i, empty).reset_index(drop=True),
+             {g: (start + i * size, start + (i + 1) * size) for g, start in starts.items()})
+            for i in range(replicates)]
 
 
 def summarise(summaries: list[dict], alpha: float) -> dict[str, Any]:
@@ -94,11 +100,34 @@ def _resumable_ranges(path: Path, pooled) -> list:
     return ranges
 
 
+def _batch_size(replicates: int, workers: int) -> int:
+    """Replicates per batch: BATCHES_PER_WORKER batches per worker, at most CHECKPOINT_EVERY."""
+    return max(1, min(CHECKPOINT_EVERY, math.ceil(replicates / (workers * BATCHES_PER_WORKER))))
+
+
+def _map(function: Callable, jobs: list, workers: int) -> list:
+    """`function` over `jobs` in order, in `workers` spawned processes (spawned, not forked: the
+    parent may hold a CUDA context, which a forked child must not inherit)."""
+    if workers == 1:
+        return [function(job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(function, jobs))
+
+
+def _evaluate_batch(args: tuple) -> list[dict]:
+    """Evaluate a batch of SUT replicates (rows and spans each) of one protocol."""
+    protocol, reference, laws, replicates = args
+    return [evaluate(protocol, rows, reference, laws, spans) for rows, spans in replicates]
+
+
 def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
-              progress: bool = False, resume: Path | None = None) -> tuple[Path, dict]:
+              progress: bool = False, resume: Path | None = None, workers: int = 1) -> tuple[Path, dict]:
     """Collect `replicates` x `samples` per group on fresh seeds and evaluate every replicate.
     `resume` continues a killed calibration in its own bundle (same protocol, replicates and
-    samples; complete chunks are kept, the rest collected on the bundle's own seed ranges)."""
+    samples; complete chunks are kept, the rest collected on the bundle's own seed ranges).
+    `workers` processes share the evaluation of the replicates (the collection is the SUT's own);
+    the result does not depend on `workers` (each replicate's Monte Carlo streams are seeded by
+    its seed ranges)."""
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
     base, protocol, state = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
@@ -119,12 +148,12 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     finally:
         sut.close()
     one = dataclasses.replace(protocol, samples_per_group=samples)
-    summaries = []
-    for i in range(replicates):
-        rows, spans = _replicate(data, protocol, ranges, i, samples)
-        summaries.append(evaluate(one, rows.reset_index(drop=True), reference, laws, spans))
+    slices = _replicates(data, ranges, replicates, samples)
+    jobs = [(one, reference, laws, slices[a : a + step])
+            for step in [_batch_size(replicates, workers)] for a in range(0, replicates, step)]
+    summaries = [s for batch in _map(_evaluate_batch, jobs, workers) for s in batch]
     result = {"protocol": protocol.name, "hash": protocol.hash, "profile": profile, "samples_per_group": samples,
-              **summarise(summaries, protocol.alpha)}
+              "mode": "sut", "workers": workers, **summarise(summaries, protocol.alpha)}
     bundles.write_json(path / CALIBRATION_FILE, result)
     return path, result
 
@@ -133,13 +162,14 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
 
 
 def support_reference(sut, protocol: Protocol, prompt_ids: list[int]) -> Reference:
-    """The reference of every prefix an exact sampler can reach: the support tree of t_1..t_{n-1}."""
-    level, prefixes = [()], [()]
+    """The reference of every prefix an exact sampler can reach: the support tree of t_1..t_{n-1}
+    (under the adapter's declared filter semantics)."""
+    level, prefixes, semantics = [()], [()], capabilities_of(sut).semantics
     for _ in range(protocol.positions - 1):
-        ref = build_reference(sut.target_logits, prompt_ids, level, protocol.sampling, sut.vocab_size)
+        ref = build_reference(sut.target_logits, prompt_ids, level, protocol.sampling, sut.vocab_size, semantics)
         level = [p + (int(t),) for p in level for t in np.flatnonzero(ref.probs(p) > 0.0)]
         prefixes += level
-    return build_reference(sut.target_logits, prompt_ids, prefixes, protocol.sampling, sut.vocab_size)
+    return build_reference(sut.target_logits, prompt_ids, prefixes, protocol.sampling, sut.vocab_size, semantics)
 
 
 def exact_counts(reference: Reference, positions: int, n: int, rng: np.random.Generator) -> dict[tuple, np.ndarray]:
@@ -193,7 +223,7 @@ def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, s
     Scaling: O(replicates * (reached prefixes * V + Monte Carlo draws * cells)); `workers`
     processes share the replicates.
     """
-    step = max(1, min(CHECKPOINT_EVERY, math.ceil(replicates / (workers * BATCHES_PER_WORKER))))
+    step = _batch_size(replicates, workers)
     jobs = [(protocol, reference, samples, a, min(a + step, replicates)) for a in range(0, replicates, step)]
     summaries: list[dict] = []
     pool = ProcessPoolExecutor(workers) if workers > 1 else None

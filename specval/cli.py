@@ -19,9 +19,12 @@ from specval import bundle as bundles
 from specval import execution
 from specval import protocol as protocols
 from specval import seeds
+from specval.performance_protocol import PERFORMANCE_KIND, load_performance_protocol
 from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
+DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
+OTHER_KINDS = (QUALITY_KIND, PERFORMANCE_KIND)
 
 
 def _input_error(err: Exception | str) -> None:
@@ -29,33 +32,53 @@ def _input_error(err: Exception | str) -> None:
     sys.exit(EXIT_INPUT)
 
 
+def _kind_of(raw) -> str:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    return kind if kind in OTHER_KINDS else DISTRIBUTION_KIND
+
+
 def _protocol_kind(path: Path | None) -> str:
-    """QUALITY_KIND for a paired quality protocol, else "distribution" (the default schema)."""
+    """QUALITY_KIND for a paired quality protocol, PERFORMANCE_KIND for a bench, else "distribution"."""
     if path is None or not path.is_file():
-        return "distribution"
+        return DISTRIBUTION_KIND
     try:
         raw = protocols.read_yaml(path)
     except protocols.ProtocolError as err:
         _input_error(err)
-    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+    return _kind_of(raw)
+
+
+LOADERS = {QUALITY_KIND: load_quality_protocol, PERFORMANCE_KIND: load_performance_protocol}
 
 
 def _loader(path: Path):
     """The parser of PATH's protocol kind."""
-    return load_quality_protocol if _protocol_kind(path) == QUALITY_KIND else protocols.load_protocol
+    return LOADERS.get(_protocol_kind(path), protocols.load_protocol)
 
 
 def _bundle_kind(bundle: Path) -> str:
-    """The `kind` of the protocol a bundle ran (QUALITY_KIND or "distribution"); exit 2 naming the
-    file unless BUNDLE is a bundle. An unreadable protocol.json reads as "distribution": verify then
-    reports it as a difference."""
+    """The `kind` of the protocol a bundle ran (QUALITY_KIND, PERFORMANCE_KIND or "distribution");
+    exit 2 naming the file unless BUNDLE is a bundle. An unreadable protocol.json reads as
+    "distribution": verify then reports it as a difference."""
     if not (bundle / bundles.RUN_FILE).is_file():
         _input_error(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)")
     try:
         raw = bundles.read_json(bundle / bundles.PROTOCOL_JSON)
     except bundles.BundleError:
-        return "distribution"
-    return QUALITY_KIND if isinstance(raw, dict) and raw.get("kind") == QUALITY_KIND else "distribution"
+        return DISTRIBUTION_KIND
+    return _kind_of(raw)
+
+
+def _bundle_module(bundle: Path):
+    """The module whose verify() / finish() handle BUNDLE's kind."""
+    kind = _bundle_kind(bundle)
+    if kind == QUALITY_KIND:
+        from specval import quality as module
+    elif kind == PERFORMANCE_KIND:
+        from specval import bench as module
+    else:
+        from specval import runner as module
+    return module
 
 
 class _Cli(click.Group):
@@ -139,6 +162,14 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
     source = protocol_file or resume / bundles.PROTOCOL_YAML
     if devices > 1 or shards is not None:
         _check_sharded(source, devices, shards)
+    if resume is not None and _bundle_kind(resume) == PERFORMANCE_KIND:
+        _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
+                     f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
+    if _protocol_kind(protocol_file) == PERFORMANCE_KIND:
+        for name in ("seed_offset", "junit"):
+            if _given(ctx, name):
+                raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a performance protocol")
+        _bench(protocol_file, profile, output, exploratory, quiet)
     if devices > 1:
         sys.exit(sharding.launch(devices, _forwarded_args(ctx)))
     run_args = (protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
@@ -152,8 +183,9 @@ def _check_sharded(protocol_file: Path, devices: int, shards) -> None:
     every rank before any rank joins the group (exit 2)."""
     if devices > 1 and shards is not None:
         raise click.UsageError("--devices launches torchrun; inside a torchrun-started process drop it")
-    if _protocol_kind(protocol_file) == QUALITY_KIND:
-        raise click.UsageError("multi-process runs take distribution protocols only, not kind: quality")
+    kind = _protocol_kind(protocol_file)
+    if kind in OTHER_KINDS:
+        raise click.UsageError(f"multi-process runs take distribution protocols only, not kind: {kind}")
     if devices > 1:
         _check_gpus(protocol_file, devices)
 
@@ -281,16 +313,70 @@ def _interrupted(path: Path | None) -> None:
     _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
 
 
+def _bench(protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool) -> None:
+    """Run a performance protocol, print each pair's ratio, the interval and the verdict; exit with its code."""
+    from specval import bench as benching
+    from specval.preflight import SUTRaised
+
+    kept = "is kept unsealed; a performance run is not resumed: start a new one"
+    try:
+        with execution.signals_interrupt():
+            path, summary = benching.bench(protocol_file, profile, output, exploratory=exploratory,
+                                           progress=not quiet, announce=lambda p: click.echo(f"bundle: {p}"))
+    except (protocols.ProtocolError, bundles.BundleError) as err:
+        _input_error(err)
+    except SUTRaised as err:  # building the engines, before any bundle
+        _fail_with(execution.EXIT_SUT, f"error: {err}; no bundle was started")
+    except execution.RunFailed as err:
+        _fail_with(execution.EXIT_SUT, f"error: {err}; traceback in {err.log}; the bundle {err.path} {kept}")
+    except execution.RunInterrupted as err:
+        _fail_with(execution.EXIT_INTERRUPTED, f"interrupted; the bundle {err.path} {kept}")
+    except KeyboardInterrupt:
+        _fail_with(execution.EXIT_INTERRUPTED, "interrupted; no bundle was started")
+    _print_bench(summary, path)
+    sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+
+
+def _print_bench(summary: dict, path: Path) -> None:
+    proto, ratio = summary["protocol"], summary["ratio"]
+    click.echo(f"{proto['statistic']} ratio b / a per pair ({summary['arms']['a']['name']} = a, "
+               f"{summary['arms']['b']['name']} = b):")
+    for pair in summary["pairs"]:
+        click.echo(f"  pair {pair['pair']:>3} {pair['order']}: a {pair['a']:.6g}  b {pair['b']:.6g}  "
+                   f"ratio {pair['ratio']:.4f}")
+    click.echo(f"median ratio {ratio['median']:.4f}, exact order-statistic interval [{ratio['low']:.4f}, "
+               f"{ratio['high']:.4f}] (coverage {ratio['coverage']:.4f} >= {ratio['confidence']:g}); "
+               f"{proto['hypothesis']} threshold {summary['threshold']:.4f}")
+    marker = "EXPLORATORY " if summary.get("registration", {}).get("exploratory") else ""
+    click.echo(f"{marker}{summary['verdict']}: {summary['reason']}")
+    click.echo(f"bundle: {path}")
+
+
+@main.command()
+@click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
+@click.option("--output", default=Path("results"), type=click.Path(path_type=Path),
+              show_default=True, help="Root directory of bundles.")
+@click.option("--exploratory", is_flag=True,
+              help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def bench(protocol_file, profile, output, exploratory, quiet) -> None:
+    """Time the two engine configurations of a performance protocol (kind: performance) in ABBA order.
+
+    Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error, 3 the engine raised,
+    130 interrupted. `specval run` on a performance protocol does the same."""
+    if _protocol_kind(protocol_file) != PERFORMANCE_KIND:
+        _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); "
+                     "use specval run")
+    _bench(protocol_file, profile, output, exploratory, quiet)
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def verify(bundle) -> None:
-    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples."""
-    from specval import runner
-
-    if _bundle_kind(bundle) == QUALITY_KIND:
-        from specval import quality as runner  # same verify() contract
-
-    problems = runner.verify(bundle)
+    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
+    bundle: the ratios, the interval and the verdict from its recorded timings)."""
+    problems = _bundle_module(bundle).verify(bundle)
     for problem in problems:
         click.echo(f"DIFFERS {problem}")
     if problems:
@@ -303,10 +389,7 @@ def verify(bundle) -> None:
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def report(bundle) -> None:
     """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
-    from specval import runner
-
-    if _bundle_kind(bundle) == QUALITY_KIND:
-        from specval import quality as runner  # same finish() contract
+    runner = _bundle_module(bundle)  # the same finish() contract for every kind
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
@@ -402,18 +485,22 @@ def validate(protocol_files) -> None:
 @click.option("--profile", default="ci", show_default=True, help="Scale profile of every mutant run.")
 @click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
               show_default=True, help="Root under which the mutate directory (bundles, kill table) is made.")
-@click.option("--mutant", "names", multiple=True, help="Only these mutants (repeatable; default: all).")
+@click.option("--mutant", "names", multiple=True,
+              help="Only these mutants of the suite's adapter (repeatable; default: all it lists).")
 @click.option("--samples", default=None, type=click.IntRange(min=1),
               help="Samples per group instead of the profile's (reduced runs, e.g. in tests).")
-def mutate(protocol_paths, profile, output, names, samples) -> None:
-    """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml) against every planted
-    bug and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones pass
-    every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Mutants run in this many processes (the table's rows keep their order).")
+def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
+    """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml, all with one adapter)
+    against every planted bug the adapter lists (`Capabilities.mutants`) and the harness's seed
+    collision, and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones
+    pass every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
     from specval import mutate as mutation
 
     try:
         root, table = mutation.mutate(tuple(protocol_paths), profile, output, tuple(names), samples,
-                                        " ".join(bundles.invocation()))
+                                        " ".join(bundles.invocation()), workers)
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)
     click.echo((root / mutation.KILL_TABLE_MD).read_text())
@@ -487,7 +574,7 @@ def _print_protocol_plan(protocol, rows) -> None:
 @click.option("--exact", is_flag=True,
               help="Draw every group straight from the float64 reference (calibrates the statistics alone).")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes sharing the replicates (--exact only).")
+              help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).")
 def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
     """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
     from specval import calibrate as calibration
@@ -499,7 +586,7 @@ def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume
             path, result = calibration.calibrate_exact_file(protocol_file, profile, output, replicates, size, workers)
         else:
             path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
-                                                 progress=not quiet, resume=resume)
+                                                 progress=not quiet, resume=resume, workers=workers)
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
     for name, row in list(result["criteria"].items()) + [(f"family {r}", f) for r, f in result["families"].items()]:

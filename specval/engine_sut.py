@@ -22,7 +22,7 @@ import numpy as np
 
 from engine.mutants import ENGINE_LAYER, MUTANTS
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
-from specval.sut import SUT, Capabilities, SampleBatch, SUTError
+from specval.sut import SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
 
 
 
@@ -40,7 +40,8 @@ class Completion:
 class EngineSUT(SUT):
     """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
 
-    capabilities = Capabilities(mutants=tuple(m.name for m in MUTANTS if m.layer == ENGINE_LAYER))
+    capabilities = Capabilities(mutants=tuple(PlantedMutant(m.name, m.breaks, m.equivalent, m.visible_at)
+                                              for m in MUTANTS if m.layer == ENGINE_LAYER))
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 

@@ -1,22 +1,30 @@
-"""Mutate: run a protocol suite against every planted bug of the engine and tabulate which are killed.
+"""Mutate: run a protocol suite against every planted bug of its adapter and tabulate which are killed.
 
-For each mutant of `engine.mutants`, the suite's protocols (files, or every *.yaml of a
-directory, in sorted order) are re-written with `sut.options.mutant` set and run as ordinary runs
-(each its own bundle, fresh seeds from the mutate root's ledger), one after the other until one
-kills the mutant: its run FAILs (a gating criterion, after two-stage confirmation where the
-protocol has it; the quadrature family includes the stop point), or the seed ledger refuses it
-before sampling (the seed collision). Equivalent mutants and survivors run every protocol.
+The mutant list is the adapter's (`Capabilities.mutants` of the suite's one adapter: the engine
+adapter lists `engine.mutants`), followed by the harness's own mutants (`HARNESS_MUTANTS`: the
+seed collision, which no adapter plants). For each mutant, the suite's protocols (files, or every
+*.yaml of a directory, in sorted order) are re-written with `sut.options.mutant` set and run as
+ordinary runs, one after the other until one kills the mutant: its run FAILs (a gating
+criterion, after two-stage confirmation where the protocol has it; the quadrature family includes
+the stop point), or the seed ledger refuses it before sampling (the seed collision). Equivalent
+mutants and survivors run every protocol. Each mutant runs in its own folder `<root>/<mutant>/`
+with its own seed ledger, so a mutant's row is a function of the mutant, the suite and the sizes
+alone: the same whichever other mutants are chosen, in whatever order or number of worker
+processes (`workers`) they run.
 
 The kill table records, per mutant: the killing protocol and criteria with their p-values, the
 MDE of the killing criterion next to the mutant's exact TV at that position (t1 from the model's
-p and q at the prompt, closed form per mutant; t2 for the bonus mutants of a K = 1 protocol; None
-where no closed form is implemented), and the smallest t1 MDE of the protocols run. It is written
-as `kill_table.json` and `kill_table.md` into the mutate root, which also holds every bundle.
+p and q at the prompt, closed form per engine mutant; t2 for the bonus mutants of a K = 1
+protocol; None, shown n/a, for mutants of other adapters and where no closed form is
+implemented), and the smallest t1 MDE of the protocols run. It is written as `kill_table.json`
+and `kill_table.md` into the mutate root, which also holds every bundle.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +35,16 @@ from specval import bundle as bundles
 from specval import runner, seeds
 from specval.protocol import Protocol, load_protocol, resolve
 from specval.reference import transform
-from specval.sut import open_sut
+from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
+from specval.sut import DEFAULT_ADAPTER, PlantedMutant, capabilities_of, load_adapter, open_sut
 
 KILL_TABLE_JSON, KILL_TABLE_MD = "kill_table.json", "kill_table.md"
 SEED_COLLISION = "seed_collision"
 LEDGER_CHECK = "seed_ledger"
 EVERY_RUNNER = ("temperature_twice", "top_k_ties_dropped", "top_p_boundary_excluded")  # change p of every runner
 BONUS_MUTANTS = ("bonus_wrong_position", "bonus_from_q")
+HARNESS_MUTANTS = (PlantedMutant(SEED_COLLISION, "every group of a run gets the same seed range",
+                                 visible_at="the seed ledger (refused before sampling)"),)
 
 
 # ---------------------------------------------------------------- exact t1 laws
@@ -81,10 +92,12 @@ def _boundary_excluded(p: np.ndarray, top_p: float) -> np.ndarray:
     return kept / kept.sum()
 
 
-def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, protocol: Protocol) -> np.ndarray | None:
-    """Exact law of t1 of a speculative group under mutant `name` (None: not computed)."""
+def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, protocol: Protocol,
+           semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
+    """Exact law of t1 of a speculative group under mutant `name` (None: not computed); p and q
+    follow the adapter's filter `semantics`."""
     sampling, t = protocol.sampling, protocol.sampling.temperature
-    p, q = transform(target_logits, sampling), transform(draft_logits, sampling)
+    p, q = transform(target_logits, sampling, semantics), transform(draft_logits, sampling, semantics)
     p_raw, q_raw = _softmax(target_logits / t), _softmax(draft_logits / t)
     hot = np.eye(q.size)[int(np.argmax(q))]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -97,7 +110,7 @@ def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, proto
         "draft_filtered_ratio_raw": lambda: _spec_law(p, q, q_raw),
         "target_unfiltered": lambda: _spec_law(p_raw, q, q),
         "argmax_draft": lambda: _spec_law(p, hot, q),
-        "temperature_twice": lambda: transform(target_logits / t, sampling),
+        "temperature_twice": lambda: transform(target_logits / t, sampling, semantics),
         "top_k_ties_dropped": lambda: _ties_dropped(target_logits, t, sampling.top_k) if sampling.top_p >= 1.0 else None,
         "top_p_boundary_excluded": lambda: _boundary_excluded(p, sampling.top_p),
         "float32_cdf": lambda: _spec_law(p, _float32_cdf_law(q), q),
@@ -117,27 +130,29 @@ def _float32_cdf_law(p: np.ndarray) -> np.ndarray:
     return law / law.sum()
 
 
-def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol) -> np.ndarray | None:
+def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol,
+              semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
     """Exact law of t1 of a nospec group under mutant `name` (None: not computed)."""
-    p = transform(target_logits, protocol.sampling)
+    p = transform(target_logits, protocol.sampling, semantics)
     if name == "float32_cdf":
         return _float32_cdf_law(p)
     if name in EVERY_RUNNER:
-        return t1_law(name, target_logits, target_logits, protocol)
+        return t1_law(name, target_logits, target_logits, protocol, semantics)
     return p
 
 
 def t1_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     """Exact TV at t1 between the mutant's law and p, per group."""
-    prompt = sut.encode(protocol.prompt)
+    prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
-    p = transform(target, protocol.sampling)
+    p = transform(target, protocol.sampling, semantics)
     out = {}
     for group in protocol.groups:
         if group.is_speculative:
-            law = t1_law(name, target, np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol)
+            draft = np.asarray(sut.draft_logits(group, prompt), dtype=np.float64)
+            law = t1_law(name, target, draft, protocol, semantics)
         else:
-            law = plain_law(name, target, protocol)
+            law = plain_law(name, target, protocol, semantics)
         out[group.name] = None if law is None else float(0.5 * np.abs(law - p).sum())
     return out
 
@@ -148,14 +163,14 @@ def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     bonus row being p_1 (bonus_wrong_position) or q_1 (bonus_from_q) at the prompt."""
     if name not in BONUS_MUTANTS or protocol.num_speculative_tokens != 1 or protocol.positions < 2:
         return {}
-    prompt = sut.encode(protocol.prompt)
+    prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
-    p = transform(target, protocol.sampling)
+    p = transform(target, protocol.sampling, semantics)
     after = {int(t): transform(np.asarray(sut.target_logits(prompt + [int(t)]), dtype=np.float64),
-                               protocol.sampling) for t in np.flatnonzero(p > 0)}
+                               protocol.sampling, semantics) for t in np.flatnonzero(p > 0)}
     out = {}
     for group in (g for g in protocol.groups if g.is_speculative):
-        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling)
+        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling, semantics)
         bonus = p if name == "bonus_wrong_position" else q
         out[group.name] = float(sum(min(p[t], q[t]) * 0.5 * np.abs(bonus - row).sum() for t, row in after.items()))
     return out
@@ -208,6 +223,8 @@ def _min_mde(summary: dict, prefix: str) -> float | None:
 
 def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     """{"t1": max over groups, "t2": max over groups (bonus mutants, K = 1)}; None: not computed."""
+    if protocol.sut.adapter != DEFAULT_ADAPTER:  # the closed forms describe the engine's mutants only
+        return {"t1": None, "t2": None}
     known = [v for v in t1_tv(name, sut, protocol).values() if v is not None]
     second = [v for v in bonus_tv(name, sut, protocol).values() if v is not None]
     return {"t1": max(known) if known else None, "t2": max(second) if second else None}
@@ -229,18 +246,20 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
         return cell | {"killed": refused, "verdict": "REFUSED" if refused else "RAN",
                        "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None,
                        "tv": {"t1": None, "t2": None}, "mde": None, "mde_t1": None}
-    sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
-    try:
-        tv = _exact_tv(mutant.name, sut, protocol)
-    finally:
-        sut.close()
+    tv = {"t1": None, "t2": None}
+    if protocol.sut.adapter == DEFAULT_ADAPTER:
+        sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
+        try:
+            tv = _exact_tv(mutant.name, sut, protocol)
+        finally:
+            sut.close()
     path, summary = runner.run(file, None if samples is not None else profile, root, progress=False,
                                exploratory=True)  # a mutant protocol is a modified copy, never frozen
     failed = _gating_failures(summary)
     killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
     mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(_killing_position(killing))]
     return cell | {"killed": bool(failed), "verdict": summary["verdict"], "killed_by": sorted(failed),
-                   "p_values": failed, "bundle": path.name, "tv": tv, "kill_position": _killing_position(killing),
+                   "p_values": failed, "bundle": str(path.relative_to(root.parent)), "tv": tv, "kill_position": _killing_position(killing),
                    "mde": max(mdes) if mdes else None, "mde_t1": _min_mde(summary, "t1_gof.")}
 
 
@@ -310,19 +329,46 @@ def suite_files(paths: tuple[Path, ...] | list[Path]) -> list[Path]:
     return files
 
 
-def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
-           names: tuple[str, ...] = (), samples: int | None = None, command: str = "") -> tuple[Path, list[dict]]:
-    """Run the suite against the named mutants (all when `names` is empty); write the table."""
-    from engine import mutants
+def suite_adapter(protocols: list[Protocol], files: list[Path]) -> str:
+    """The one adapter (`sut.adapter`) of the suite's protocols; ValueError naming two that differ."""
+    adapters = {p.sut.adapter: f for p, f in zip(protocols, files)}
+    if len(adapters) > 1:
+        (first, a), (second, b) = list(adapters.items())[:2]
+        raise ValueError(f"the suite mixes adapters: {a} uses sut.adapter {first!r}, {b} uses {second!r}; "
+                         "mutate runs one adapter's mutants")
+    return next(iter(adapters))
 
+
+def adapter_mutants(adapter: str, names: tuple[str, ...] = ()) -> list[PlantedMutant]:
+    """The adapter's planted bugs then HARNESS_MUTANTS (all when `names` is empty, else those named,
+    in the order named); ValueError naming a name the adapter does not list, and the adapter."""
+    listed = list(capabilities_of(load_adapter(adapter)).mutants) + list(HARNESS_MUTANTS)
+    by_name = {m.name: m for m in listed}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"--mutant {unknown[0]!r}: adapter {adapter!r} does not list it (it lists "
+                         f"{[m.name for m in listed]})")
+    return [by_name[n] for n in names] if names else listed
+
+
+def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
+           names: tuple[str, ...] = (), samples: int | None = None, command: str = "",
+           workers: int = 1) -> tuple[Path, list[dict]]:
+    """Run the suite against the named mutants of its adapter (all when `names` is empty), in
+    `workers` processes; write the table (rows in the order of the mutant list, whatever `workers`)."""
     files = suite_files(protocol_paths)
     loaded = [load_protocol(f) for f in files]  # refuse a bad protocol before any run
-    chosen = [mutants.get(n) for n in names] if names else list(mutants.MUTANTS)
+    chosen = adapter_mutants(suite_adapter(loaded, files), tuple(names))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     label = loaded[0].name if len(loaded) == 1 else "suite"
     root = Path(output) / f"mutate-{label}-{stamp}"
     root.mkdir(parents=True)
-    table = [run_mutant(m, files, profile, root, samples) for m in chosen]
+    roots = [root / m.name for m in chosen]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            table = list(pool.map(run_mutant, chosen, repeat(files), repeat(profile), roots, repeat(samples)))
+    else:
+        table = [run_mutant(m, files, profile, r, samples) for m, r in zip(chosen, roots)]
     for row in table:
         row["as_expected"] = expected_outcome(row)
     bundles.write_json(root / KILL_TABLE_JSON, {"protocols": [str(f) for f in files], "profile": profile,

@@ -5,7 +5,8 @@ entry) and the command exits 2 (input) or 3 (the system under test raised or bro
 
 - the output root and the `--junit` file can be written (exit 2, naming the path);
 - the protocol asks only for what the adapter declares in `SUT.capabilities` (exit 2, naming the
-  capability and the protocol's file and line);
+  capability and the protocol's file and line), filter semantics pinned under
+  `sampling.semantics` included;
 - the adapter answers a probe: `vocab_size`, `encode`, `target_logits` and, for every group, a
   `sample` call on the reserved probe seeds (`seeds.PROBE_SEEDS`, outside every run's ranges) with
   the protocol's sampling parameters, and `accept_single` when the protocol has a quadrature test.
@@ -29,7 +30,7 @@ import numpy as np
 
 from specval.protocol import Protocol, ProtocolError, line_of, read_yaml
 from specval.seeds import PROBE_SEEDS
-from specval.sut import SOURCES, SUT, Capabilities, SampleBatch, SUTError
+from specval.sut import SOURCES, SUT, SampleBatch, SUTError, capabilities_of
 
 PROBE_ROWS = 2  # rows of the accept_single probe
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
@@ -147,6 +148,8 @@ def needs(protocol: Protocol) -> list[Need]:
         out.append(Need("sampling", "top_k", ("sampling", "top_k")))
     if sampling.top_p < 1.0:
         out.append(Need("sampling", "top_p", ("sampling", "top_p")))
+    out += [Need("semantics", f"{field}={value}", ("sampling", "semantics", field))
+            for field, value in protocol.sampling.semantics]
     mutant = dict(protocol.sut.options).get("mutant")
     if mutant is not None:
         out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))
@@ -158,12 +161,29 @@ def needs(protocol: Protocol) -> list[Need]:
 def _has(capabilities, need: Need) -> bool:
     if need.capability == "accept_single":
         return bool(capabilities.accept_single)
+    if need.capability == "semantics":
+        field, _, value = need.value.partition("=")
+        return getattr(capabilities.semantics, field) == value
+    if need.capability == "mutants":
+        return need.value in capabilities.mutant_names
     return need.value in getattr(capabilities, need.capability)
+
+
+def _declared(capabilities, need: Need) -> Any:
+    """What the adapter declares for the capability `need` asks about (for the error message)."""
+    if need.capability == "accept_single":
+        return "False"
+    if need.capability == "semantics":
+        field = need.value.partition("=")[0]
+        return f"{field}={getattr(capabilities.semantics, field)}"
+    if need.capability == "mutants":
+        return list(capabilities.mutant_names)
+    return list(getattr(capabilities, need.capability))
 
 
 def check_capabilities(protocol: Protocol, sut: Any, protocol_file: Path) -> None:
     """ProtocolError naming the first ask the adapter's `capabilities` do not cover, with the line."""
-    capabilities = getattr(sut, "capabilities", None) or Capabilities()  # duck-typed adapters: the defaults
+    capabilities = capabilities_of(sut)
     raw = None
     for need in needs(protocol):
         if _has(capabilities, need):
@@ -172,10 +192,9 @@ def check_capabilities(protocol: Protocol, sut: Any, protocol_file: Path) -> Non
         line = line_of(raw, need.key_path)
         where = f"{protocol_file}" + (f":{line}" if line else "")
         key = ".".join(str(k) if not isinstance(k, int) else f"[{k}]" for k in need.key_path).replace(".[", "[")
-        declared = "False" if need.capability == "accept_single" else list(getattr(capabilities, need.capability))
         raise ProtocolError(f"{where}: {key}: the protocol needs capability {need.capability}={need.value!r}, which "
                             f"adapter {protocol.sut.adapter!r} does not declare (it declares {need.capability}="
-                            f"{declared})")
+                            f"{_declared(capabilities, need)})")
 
 
 def _raw(protocol_file: Path) -> Any:

@@ -10,6 +10,7 @@ alpha and the multiplicity correction. Guarantees:
   separators): comments, whitespace and key order never change it; any value does.
 - `confirmation` (one stage by default) is left out of the canonical form at its default, so a
   one-stage protocol hashes exactly as before the key existed; a two-stage block enters the hash.
+  Likewise `sampling.semantics` (pinned filter semantics) enters the canonical form only when set.
 - Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
 """
 
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 import yaml
+
+from specval.semantics import CHOICES as SEMANTICS_CHOICES
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 TEST_KINDS = ("gof", "homogeneity", "quadrature")
@@ -66,11 +69,21 @@ class SutSpec:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """Sampling parameters shared by every request of every group."""
+    """Sampling parameters shared by every request of every group. `semantics` holds the filter
+    semantics the protocol pins ((field, value) pairs of `specval.semantics.FilterSemantics`,
+    sorted; empty: none pinned, the adapter's declaration stands)."""
 
     temperature: float
     top_k: int = -1
     top_p: float = 1.0
+    semantics: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form; `semantics` only when pinned, so a protocol without pins hashes as before the key."""
+        out = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        if self.semantics:
+            out["semantics"] = dict(self.semantics)
+        return out
 
 
 @dataclass(frozen=True)
@@ -165,11 +178,7 @@ class Protocol:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (profile excluded): for an unresolved protocol, the input of the hash."""
-        out = _plain(dataclasses.asdict(self))
-        out.pop("profile")
-        out.pop("file_hash")
-        out["sut"]["options"] = dict(self.sut.options)
-        out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
+        out = plain_form(self)
         if self.confirmation == ONE_STAGE:
             out.pop("confirmation")  # keeps the hash of every one-stage protocol as it was
         return out
@@ -191,6 +200,19 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def plain_form(protocol: Any) -> dict[str, Any]:
+    """The JSON-able form every protocol kind starts its `to_dict` from: its dataclass fields as
+    plain values without `profile` and `file_hash`, `sut.options` and `profiles` as mappings, and
+    `sampling` in its own plain form (`SamplingSpec.to_dict`)."""
+    out = _plain(dataclasses.asdict(protocol))
+    out.pop("profile")
+    out.pop("file_hash")
+    out["sut"]["options"] = dict(protocol.sut.options)
+    out["profiles"] = {name: dict(pairs) for name, pairs in protocol.profiles}
+    out["sampling"] = protocol.sampling.to_dict()  # pinned semantics only when set
+    return out
 
 
 def canonical_hash(obj: Any) -> str:
@@ -288,7 +310,21 @@ def _parse_sampling(raw: Any, file: str) -> SamplingSpec:
         _fail(file, "sampling.temperature", "must be > 0 (greedy decoding has no distribution)", raw["temperature"])
     top_k = _int(raw.get("top_k", -1), file, "sampling.top_k", minimum=-1)
     top_p = _unit_open(raw.get("top_p", 1.0), file, "sampling.top_p", upper_closed=True)
-    return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p)
+    return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p,
+                        semantics=_parse_semantics(raw.get("semantics", {}), file))
+
+
+def _parse_semantics(raw: Any, file: str) -> tuple[tuple[str, str], ...]:
+    """The pinned filter semantics: each key a field of FilterSemantics, each value one of its choices."""
+    raw = _mapping(raw, file, "sampling.semantics")
+    pins = []
+    for key, value in raw.items():
+        where = f"sampling.semantics.{key}"
+        if key not in SEMANTICS_CHOICES:
+            close = difflib.get_close_matches(str(key), list(SEMANTICS_CHOICES), n=1)
+            _fail(file, where, "unknown key", suggestion=close[0] if close else None)
+        pins.append((key, _str(value, file, where, SEMANTICS_CHOICES[key])))
+    return tuple(sorted(pins))
 
 
 def _parse_group(raw: Any, file: str, where: str) -> GroupSpec:
@@ -382,9 +418,10 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
 
 
 def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
-                    zero_ok: tuple[str, ...] = ()
+                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
                     ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
-    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`)."""
+    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`, or
+    non-empty strings for those in `text_keys`)."""
     raw = _mapping(raw, file, "profiles")
     profiles = []
     for name, overrides in sorted(raw.items()):
@@ -395,7 +432,10 @@ def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
             if key not in keys:
                 close = difflib.get_close_matches(str(key), keys, n=1)
                 _fail(file, where, f"a profile may only set {list(keys)}", key, close[0] if close else None)
-            _int(value, file, where, minimum=0 if key in zero_ok else 1)
+            if key in text_keys:
+                _str(value, file, where)
+            else:
+                _int(value, file, where, minimum=0 if key in zero_ok else 1)
         profiles.append((name, tuple(sorted(overrides.items()))))
     return tuple(profiles)
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from specval.protocol import (GroupSpec, ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail,
                               _int, _mapping, _name, _parse_groups, _parse_profiles, _parse_sampling,
-                              _parse_sut, _plain, _str, _unit_open, canonical_hash, read_yaml)
+                              _parse_sut, _plain, _str, _unit_open, canonical_hash, plain_form,
+                              read_yaml)
 from specval.protocol import resolve as protocol_resolve
 
 QUALITY_KIND = "quality"
@@ -76,12 +77,8 @@ class QualityProtocol:
         return primary + [("secondary", a, b) for a, b in itertools.combinations(others, 2)]
 
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(dataclasses.asdict(self))
-        out.pop("profile")
-        out.pop("file_hash")
-        out["sut"]["options"] = dict(self.sut.options)
+        out = plain_form(self)
         out["task"]["options"] = dict(self.task.options)
-        out["profiles"] = {name: dict(pairs) for name, pairs in self.profiles}
         return out
 
     @property

@@ -6,7 +6,8 @@ import html
 from pathlib import Path
 
 from specval import bundle as bundles
-from specval.report.html import STYLE, html_table
+from specval.report import summary_files
+from specval.report.html import html_table, page
 from specval.report.markdown import SESSION_HEADER, fmt, md_table, provenance, session_rows
 
 COMPARISON_HEADER = ["comparison", "role", "n pairs", "acc a", "acc b", "diff (b - a)", "CI", "wins / losses / ties",
@@ -52,23 +53,16 @@ def render_markdown(summary: dict, manifest: dict) -> str:
 
 
 def render_html(summary: dict, manifest: dict) -> str:
-    name, verdict = html.escape(summary["protocol"]["name"]), summary["verdict"]
-    facts = "".join(f"<li>{html.escape(fact)}</li>" for fact in _facts(summary, manifest))
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{name}</title><style>{STYLE}</style>"
-            f"</head><body><h1>{name}: <span class='{verdict}'>{verdict}</span></h1>"
-            f"<p>{html.escape(summary['reason'])}</p><ul>{facts}</ul>"
-            f"<h2>Paired comparisons</h2>{html_table(COMPARISON_HEADER, comparison_rows(summary))}"
+    body = (f"<h2>Paired comparisons</h2>{html_table(COMPARISON_HEADER, comparison_rows(summary))}"
             f"<p>{html.escape(CAVEAT)}</p>"
             f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
-            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}</body></html>\n")
+            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}")
+    return page(summary["protocol"]["name"], summary["verdict"], summary["reason"], _facts(summary, manifest), body)
 
 
 def render_files(path: Path) -> dict[str, bytes]:
     """report.md and report.html of the quality bundle at `path`, from its files alone (deterministic)."""
-    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    return {"report.md": render_markdown(summary, manifest).encode(),
-            "report.html": render_html(summary, manifest).encode()}
+    return summary_files(path, render_markdown, render_html)
 
 
 def render(path: Path) -> None:

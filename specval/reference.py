@@ -3,17 +3,17 @@
 The sampling transform is implemented here in float64 numpy, independently of any engine:
 
 1. divide the logits by the temperature;
-2. top-k (k >= 1; disabled by 0, -1 or k >= V): keep x iff fewer than k tokens have a strictly
-   larger logit, so every tie at the k-th value survives;
-3. top-p (0 < p <= 1; disabled at 1): on the softmax of the survivors, keep x iff the total
-   probability of tokens with strictly larger probability is < p (keeps the crossing token and
-   its ties, never empties a row);
-4. softmax over the kept tokens; every other token has probability exactly 0.
+2. apply top-k (k >= 1; disabled by 0, -1 or k >= V) and top-p (0 < p <= 1; disabled at 1) in
+   the declared order, each with its declared tie / crossing rule (`specval.semantics`); top-p
+   reads the softmax of the tokens still alive, top-k ranks only the tokens still alive;
+3. softmax over the kept tokens; every other token has probability exactly 0.
 
-Both rules depend only on values, never on sort order. Guarantee: `transform` equals the
-contract of ARCHITECTURE.md section 2 evaluated in float64; an engine working in float32 may
-differ near a top-p boundary or on float32-rounded ties, which the conformance test of the engine
-documents.
+With the default semantics: top-k keeps x iff fewer than k tokens have a strictly larger logit
+(every tie at the k-th value survives); then top-p keeps x iff the total probability of tokens
+with strictly larger probability is < p (the crossing token and its ties). No rule ever empties a
+row. Guarantee: `transform` equals the contract of ARCHITECTURE.md section 2 (with the declared
+semantics) evaluated in float64; an engine working in float32 may differ near a top-p boundary
+or on float32-rounded ties, which the conformance test of the engine documents.
 """
 
 from __future__ import annotations
@@ -24,16 +24,25 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from specval.protocol import SamplingSpec
+from specval.semantics import CROSSING_DROP, DEFAULT_SEMANTICS, TIES_LOWEST_INDEX, TOP_K_THEN_TOP_P, FilterSemantics
+from specval.sut import DRAFT_GREEDY, DRAFT_TEMPERATURE
 
 Prefix = tuple[int, ...]
 
 
-def _top_k_mask(logits: np.ndarray, top_k: int) -> np.ndarray:
+def _top_k_mask(logits: np.ndarray, top_k: int, ties: str, alive: np.ndarray) -> np.ndarray:
+    """keep[x] among the `alive` tokens of each row: ranked by logit (module doc, `top_k_ties`)."""
     vocab = logits.shape[-1]
     if top_k <= 0 or top_k >= vocab:
-        return np.ones_like(logits, dtype=bool)
-    kth = -np.partition(-logits, top_k - 1, axis=-1)[..., top_k - 1 : top_k]  # [..., 1]
-    return logits >= kth
+        return alive.copy()
+    ranked = np.where(alive, logits, -np.inf)  # [N, V] dead tokens rank last
+    if ties == TIES_LOWEST_INDEX:
+        keep = np.zeros_like(alive)
+        order = np.argsort(-ranked, axis=-1, kind="stable")[:, :top_k]  # stable: lower id first among ties
+        np.put_along_axis(keep, order, True, axis=-1)
+        return keep & alive
+    kth = -np.partition(-ranked, top_k - 1, axis=-1)[..., top_k - 1 : top_k]  # [N, 1]
+    return (ranked >= kth) & alive
 
 
 def _softmax(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -43,28 +52,60 @@ def _softmax(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
-def _top_p_mask(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """keep[x] iff sum of probs strictly larger than probs[x] is < top_p (row-wise)."""
+def _top_p_mask(probs: np.ndarray, top_p: float, crossing: str) -> np.ndarray:
+    """keep[x] row-wise, by value: `keep` iff the mass of probs strictly larger than probs[x] is
+    < top_p; `drop` iff the mass of probs >= probs[x] is < top_p or probs[x] is the row's maximum."""
     if top_p >= 1.0:
         return probs > 0.0
     desc = -np.sort(-probs, axis=-1)  # [N, V]
-    mass_before = np.cumsum(desc, axis=-1) - desc  # [N, V] mass strictly before each sorted slot
+    through = np.cumsum(desc, axis=-1)  # [N, V] mass up to and including each sorted slot
     keep = np.empty_like(probs, dtype=bool)
     for row in range(probs.shape[0]):
-        first = np.searchsorted(-desc[row], -probs[row], side="left")  # first slot holding the value
-        keep[row] = (mass_before[row, first] < top_p) & (probs[row] > 0.0)
+        if crossing == CROSSING_DROP:
+            last = np.searchsorted(-desc[row], -probs[row], side="right") - 1  # last slot holding the value
+            inside = (through[row, last] < top_p) | (probs[row] == desc[row, 0])
+        else:
+            first = np.searchsorted(-desc[row], -probs[row], side="left")  # first slot holding the value
+            inside = (through[row, first] - desc[row, first]) < top_p
+        keep[row] = inside & (probs[row] > 0.0)
     return keep
 
 
-def transform(logits: np.ndarray, sampling: SamplingSpec) -> np.ndarray:
-    """Sampling distribution(s) in float64 for logits f[..., V]; returns f64[..., V] rows summing to 1."""
+def transform(logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray:
+    """Sampling distribution(s) in float64 for logits f[..., V] under `semantics`; returns f64[..., V]
+    rows summing to 1."""
     logits = np.asarray(logits, dtype=np.float64)
     shape = logits.shape
     rows = logits.reshape(-1, shape[-1]) / sampling.temperature  # [N, V]
-    keep = _top_k_mask(rows, sampling.top_k)
-    probs = _softmax(rows, keep)
-    keep &= _top_p_mask(probs, sampling.top_p)
-    return _softmax(rows, keep).reshape(shape)
+    alive = np.ones_like(rows, dtype=bool)
+    top_k_first = semantics.order == TOP_K_THEN_TOP_P
+    for step in ("top_k", "top_p") if top_k_first else ("top_p", "top_k"):
+        if step == "top_k":
+            alive = _top_k_mask(rows, sampling.top_k, semantics.top_k_ties, alive)
+        else:
+            alive &= _top_p_mask(_softmax(rows, alive), sampling.top_p, semantics.top_p_crossing)
+    return _softmax(rows, alive).reshape(shape)
+
+
+def draft_law(draft_logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics,
+              draft_kind: str) -> np.ndarray:
+    """q f64[V], the law a SUT drafts from, by its declared draft kind (`specval.sut.DRAFT_KINDS`):
+    `filtered`: `transform` with the protocol's temperature, top-k and top-p; `temperature`: the
+    softmax of logits / T, no truncation; `greedy`: the point mass at the argmax of the logits
+    (lowest token id among tied maxima)."""
+    logits = np.asarray(draft_logits, dtype=np.float64)
+    if draft_kind == DRAFT_GREEDY:
+        return point_mass(int(np.argmax(logits)), logits.shape[-1])
+    if draft_kind == DRAFT_TEMPERATURE:
+        return transform(logits, SamplingSpec(temperature=sampling.temperature), semantics)
+    return transform(logits, sampling, semantics)
+
+
+def point_mass(token: int, vocab_size: int) -> np.ndarray:
+    """f64[V]: probability 1 at `token`."""
+    law = np.zeros(vocab_size, dtype=np.float64)
+    law[token] = 1.0
+    return law
 
 
 @dataclass(frozen=True)
@@ -112,8 +153,9 @@ def needed_prefixes(tokens: np.ndarray, vocab_size: int | None = None) -> list[P
 
 
 def build_reference(target_logits: Callable[[list[int]], np.ndarray], prompt_ids: Sequence[int],
-                    prefixes: Iterable[Prefix], sampling: SamplingSpec, vocab_size: int) -> Reference:
-    """Replay the target model serially on prompt + prefix and apply `transform` in float64.
+                    prefixes: Iterable[Prefix], sampling: SamplingSpec, vocab_size: int,
+                    semantics: FilterSemantics = DEFAULT_SEMANTICS) -> Reference:
+    """Replay the target model serially on prompt + prefix and apply `transform` (under `semantics`) in float64.
     Prefixes holding a token outside [0, vocab_size) are skipped (no model can replay them)."""
     dists = {}
     for prefix in prefixes:
@@ -122,5 +164,5 @@ def build_reference(target_logits: Callable[[list[int]], np.ndarray], prompt_ids
         logits = np.asarray(target_logits(list(prompt_ids) + list(prefix)), dtype=np.float64)
         if logits.shape != (vocab_size,):
             raise ValueError(f"target logits: expected shape ({vocab_size},), got {logits.shape}")
-        dists[tuple(prefix)] = transform(logits, sampling)
+        dists[tuple(prefix)] = transform(logits, sampling, semantics)
     return Reference(vocab_size, tuple(prompt_ids), dists)

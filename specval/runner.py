@@ -31,11 +31,13 @@ from specval import bundle as bundles
 from specval import collect, report, seeds, sharding
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
-from specval.protocol import FROZEN, Protocol, SutSpec, check_registered, load_protocol, parse_protocol, resolve
-from specval.reference import Reference, build_reference, needed_prefixes, transform
+from specval.protocol import (FROZEN, Protocol, ProtocolError, SutSpec, check_registered, load_protocol,
+                              parse_protocol, resolve)
+from specval.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
 from specval.stats import quadrature
 from specval.stats.quadrature import adversarial_pairs
-from specval.sut import SUT, open_sut
+from specval.semantics import FilterSemantics
+from specval.sut import DRAFT_GREEDY, SUT, capabilities_of, open_sut
 from specval.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
 
 SutFactory = Callable[[SutSpec, int], SUT]
@@ -92,15 +94,17 @@ def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: in
 
 def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
           seed_offset: int | None = None, registration: str = FROZEN,
-          exploratory: bool = False) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet)."""
+          exploratory: bool = False, semantics: FilterSemantics | None = None) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet);
+    run.json records the filter semantics the reference will follow (`semantics`, when given)."""
     path, ranges = claim_bundle(output, protocol.name, [g.name for g in protocol.groups], protocol.samples_per_group,
                                 protocol.seed_base, seed_offset)
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, base.to_dict())
     plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
                            tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
-                           exploratory=exploratory)
+                           exploratory=exploratory,
+                           semantics=tuple(sorted(semantics.to_dict().items())) if semantics else ())
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
     return path, ranges
 
@@ -118,26 +122,38 @@ def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:
 def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict[str, list[dict]]:
     """Swept single-draft laws of the SUT's accept kernel: p, q from the model at the prompt (per
     speculative group's draft depth; groups with equal q share one sweep), the synthetic
-    adversarial pairs, and the stop-point case (key STOP_POINT)."""
+    adversarial pairs, and the stop-point case (key STOP_POINT). q is built as the SUT drafts
+    (`Capabilities.draft_kind`, `reference.draft_law`); for a greedy SUT every q, the synthetic
+    ones included, is a point mass at its argmax, and the sweep then checks that the kernel emits
+    exactly p from a point-mass draft."""
     tests = [t for t in protocol.tests if t.kind == "quadrature"]
     if not tests:
         return {}
     laws, swept = {}, {}
-    p = transform(sut.target_logits(prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+    capabilities = capabilities_of(sut)
+    semantics, kind = capabilities.semantics, capabilities.draft_kind
+    p = transform(sut.target_logits(prompt_ids), protocol.sampling, semantics).astype(sut.prob_dtype)
     for name in applicable_groups(protocol, tests[0]):
-        q = transform(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling).astype(sut.prob_dtype)
+        q = draft_law(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling, semantics,
+                      kind).astype(sut.prob_dtype)
         if q.tobytes() not in swept:
             swept[q.tobytes()] = _law("model_prompt", p, q, sut, tests[0].tol)
         laws[name] = [swept[q.tobytes()]]
     rng = np.random.default_rng(ADVERSARIAL_SEED)
-    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), pair.q.astype(sut.prob_dtype), sut,
-                                tests[0].tol)
+    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), _drafted(pair.q, kind).astype(sut.prob_dtype),
+                                sut, tests[0].tol)
                            for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)]
     stop_p, stop_q = quadrature.stop_point_case(sut.prob_dtype)
     laws[STOP_POINT] = [{"name": "p_zero_at_u_accept_0", "kind": STOP_POINT, "p": stop_p.astype(np.float64).tolist(),
                          "q": stop_q.astype(np.float64).tolist(),
                          "first_token": quadrature.stop_point_token(sut.accept_single, sut.prob_dtype)}]
     return laws
+
+
+def _drafted(q: np.ndarray, kind: str) -> np.ndarray:
+    """A synthetic q as a SUT of draft kind `kind` drafts: greedy SUTs draft the argmax (a point mass);
+    the others draw from q itself."""
+    return point_mass(int(np.argmax(q)), q.size) if kind == DRAFT_GREEDY else q
 
 
 def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
@@ -152,7 +168,7 @@ def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
 
 def _reference(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:
     return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens, sut.vocab_size), protocol.sampling,
-                           sut.vocab_size)
+                           sut.vocab_size, capabilities_of(sut).semantics)
 
 
 def _token_matrix(frame, positions: int) -> np.ndarray:
@@ -228,7 +244,10 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> 
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
         second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws)
     summary = confirm(protocol, first, second)
-    summary["registration"] = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
+    plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    summary["registration"] = plan.registration_block()
+    if plan.semantics:  # bundles made before semantics were recorded keep their summary as it was
+        summary["semantics"] = dict(plan.semantics)
     return json.loads(json.dumps(summary))
 
 
@@ -277,12 +296,15 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
+        semantics = capabilities_of(sut).semantics
         if shards is not None:
             sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
         if resume is None:
-            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory)
+            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
+                                 semantics)
         else:
             path = Path(resume)
+            check_resumed_semantics(path, semantics)
         if announce:
             announce(path)
         session = bundles.begin_session(path, command)
@@ -304,6 +326,16 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     write_manifest(path, protocol, ranges, device, timing, command)
     finish(path)
     return path, summary
+
+
+def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
+    """ProtocolError unless the adapter still declares the filter semantics run.json recorded (a
+    bundle that recorded none was started under the defaults, the only semantics there were)."""
+    recorded = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).semantics
+    before = FilterSemantics.from_dict(dict(recorded))
+    if before != semantics:
+        raise ProtocolError(f"{path / bundles.RUN_FILE}: semantics: the bundle was started under filter semantics "
+                            f"({before.describe()}) but the adapter now declares ({semantics.describe()})")
 
 
 def run_timing(started: str, clock: float, collect_s: float, drawn: int) -> dict:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 
 SOURCES = ("plain", "accepted", "correction", "bonus")
 ENTRY_POINT_GROUP = "specval.sut"
@@ -41,6 +42,17 @@ class SUTError(ValueError):
 
 
 @dataclass(frozen=True)
+class PlantedMutant:
+    """One planted bug an adapter switches on when `sut.options.mutant` names it (`specval mutate`
+    runs a protocol suite against each and tabulates which are killed)."""
+
+    name: str
+    breaks: str  # one sentence: what the bug does
+    equivalent: bool = False  # the same output law as the correct sampler: every protocol must PASS it
+    visible_at: str = ""  # where a correct harness can see it (free text; "" when not stated)
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What an adapter supports, declared as data on the class (`SUT.capabilities`).
 
@@ -54,14 +66,18 @@ class Capabilities:
     - `draft_kind`: how drafts are drawn (one of DRAFT_KINDS); the quadrature builds q the same way.
     - `sampling`: the sampling parameters the adapter honours; a protocol that sets any other
       (top_k other than -1, top_p below 1, temperature other than 1) is refused.
-    - `mutants`: names of planted bugs the adapter can switch on through `sut.options.mutant`.
+    - `mutants`: the planted bugs (`PlantedMutant`) the adapter switches on through
+      `sut.options.mutant`; `specval mutate` takes its mutant list from here.
+    - `semantics`: how the adapter applies top-k and top-p (`specval.semantics.FilterSemantics`);
+      the float64 reference follows it, and a protocol pinning other semantics is refused.
     """
 
     modes: tuple[str, ...] = MODES
     accept_single: bool = True
     draft_kind: str = DRAFT_FILTERED
     sampling: tuple[str, ...] = SAMPLING_PARAMETERS
-    mutants: tuple[str, ...] = ()
+    mutants: tuple[PlantedMutant, ...] = ()
+    semantics: FilterSemantics = DEFAULT_SEMANTICS
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS)):
@@ -70,6 +86,22 @@ class Capabilities:
                 raise ValueError(f"Capabilities.{name}: unknown {unknown}; expected a subset of {allowed}")
         if self.draft_kind not in DRAFT_KINDS:
             raise ValueError(f"Capabilities.draft_kind: {self.draft_kind!r} is not one of {DRAFT_KINDS}")
+        bad = [m for m in self.mutants if not isinstance(m, PlantedMutant)]
+        if bad:
+            raise ValueError(f"Capabilities.mutants: expected PlantedMutant entries, got {bad[0]!r}")
+        if len(set(self.mutant_names)) != len(self.mutants):
+            raise ValueError(f"Capabilities.mutants: duplicate names in {list(self.mutant_names)}")
+        if not isinstance(self.semantics, FilterSemantics):
+            raise ValueError(f"Capabilities.semantics: expected a FilterSemantics, got {self.semantics!r}")
+
+    @property
+    def mutant_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.mutants)
+
+
+def capabilities_of(sut: Any) -> Capabilities:
+    """The adapter's declared capabilities (the defaults for a duck-typed adapter that declares none)."""
+    return getattr(sut, "capabilities", None) or Capabilities()
 
 
 @dataclass(frozen=True)

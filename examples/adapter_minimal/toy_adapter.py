@@ -9,16 +9,25 @@ any seed is claimed, a protocol that asks it for truncation.
 Everything an adapter needs is here: capabilities as data on the class, `vocab_size`, `encode`,
 `sample` (one row per seed, token sources, counts), `target_logits`, `draft_logits`, and
 `accept_single`, the acceptance step on caller-supplied uniforms that the exact quadrature sweeps.
+It also plants two bugs for `specval mutate` (listed in `capabilities.mutants`, switched on by
+`sut.options.mutant`): one that changes the output law and one that does not.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from specval.sut import SUT, Capabilities, SampleBatch, SUTError
+from specval.sut import SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
 
 VOCAB = 8
 WEIGHTS_SEED = 7  # the toy model's fixed weights
+RESIDUAL_FROM_P, ACCEPT_BY_DIVISION = "residual_from_p", "accept_by_division"
+MUTANTS = (
+    PlantedMutant(RESIDUAL_FROM_P, "the correction is drawn from p instead of max(p - q, 0)",
+                  visible_at="t1 (quadrature, t1 goodness of fit)"),
+    PlantedMutant(ACCEPT_BY_DIVISION, "accept iff u < p(x) / q(x): the same rule up to float rounding",
+                  equivalent=True, visible_at="nowhere (equivalent)"),
+)
 
 
 def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
@@ -35,10 +44,13 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 class ToySUT(SUT):
     capabilities = Capabilities(modes=("nospec", "sync"), accept_single=True, draft_kind="temperature",
-                                sampling=("temperature",))
+                                sampling=("temperature",), mutants=MUTANTS)
 
     def __init__(self, spec, num_speculative_tokens):
         super().__init__(spec, num_speculative_tokens)
+        self.mutant = dict(spec.options).get("mutant")  # None: the correct sampler
+        if self.mutant is not None and self.mutant not in self.capabilities.mutant_names:
+            raise SUTError(f"sut.options.mutant: {self.mutant!r} is not one of {self.capabilities.mutant_names}")
         rng = np.random.default_rng(WEIGHTS_SEED)
         self.target = 2.0 * rng.standard_normal((VOCAB, VOCAB))
         self.draft = self.target + rng.standard_normal((VOCAB, VOCAB))
@@ -61,11 +73,20 @@ class ToySUT(SUT):
     def draft_logits(self, group, token_ids: list[int]) -> np.ndarray:
         return self.draft[token_ids[-1]].astype(np.float32)
 
+    def _accepts(self, u: float, q_x: float, p_x: float) -> bool:
+        if self.mutant == ACCEPT_BY_DIVISION:
+            return u < p_x / q_x
+        return u * q_x < p_x
+
+    def _residual(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+        return p if self.mutant == RESIDUAL_FROM_P else np.maximum(p - q, 0.0)
+
     def accept_single(self, draft_tokens, draft_probs, target_probs, uniforms) -> np.ndarray:
         out = np.empty(len(draft_tokens), dtype=np.int64)
         for i, x in enumerate(draft_tokens):
             p, q = np.asarray(target_probs[i], np.float64), np.asarray(draft_probs[i], np.float64)
-            out[i] = x if uniforms[i, 1] * q[x] < p[x] else _inverse_cdf(np.maximum(p - q, 0.0), uniforms[i, 2])
+            out[i] = x if self._accepts(uniforms[i, 1], q[x], p[x]) else _inverse_cdf(self._residual(p, q),
+                                                                                      uniforms[i, 2])
         return out
 
     def sample(self, group, prompt_ids, sampling, seeds, num_tokens, max_tokens) -> SampleBatch:
@@ -100,8 +121,8 @@ class ToySUT(SUT):
             p = _softmax(self.target_logits(context + new), temperature)
             q = _softmax(self.draft_logits(None, context + new), temperature)
             x = _inverse_cdf(q, u[j])
-            if u[k + j] * q[x] >= p[x]:
-                return new + [_inverse_cdf(np.maximum(p - q, 0.0), u[2 * k])], ["accepted"] * j + ["correction"], j
+            if not self._accepts(u[k + j], q[x], p[x]):
+                return new + [_inverse_cdf(self._residual(p, q), u[2 * k])], ["accepted"] * j + ["correction"], j
             new.append(x)
         bonus = _inverse_cdf(_softmax(self.target_logits(context + new), temperature), u[2 * k])
         return new + [bonus], ["accepted"] * k + ["bonus"], k

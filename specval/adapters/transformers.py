@@ -41,6 +41,7 @@ import numpy as np
 
 from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, plain_trace
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
 from specval.sut import DRAFT_FILTERED, SUT, Capabilities, SampleBatch, SUTError
 
 MODEL_NAMES = ("smollm2",)
@@ -104,7 +105,14 @@ class TransformersSUT(SUT):
     """Adapter over transformers' `generate` (plain sampling and early-exit assisted generation)."""
 
     prob_dtype = np.float32
-    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_FILTERED)
+    # transformers 5.24 (generation/logits_process.py, generation/utils.py `_get_logits_processor`):
+    # temperature, then TopKLogitsWarper (removes scores < the k-th largest: ties kept), then
+    # TopPLogitsWarper (removes sorted tokens whose ascending cumulative mass is <= 1 - top_p: the
+    # crossing token kept). Exact ties AT the top-p crossing are split by torch.sort's order
+    # there, which no declared semantics reproduces (docs/harness.md section 8).
+    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_FILTERED,
+                                semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP,
+                                                          order=TOP_K_THEN_TOP_P))
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from specval import bundle as bundles
 from specval.collect import load_samples
@@ -47,3 +48,13 @@ def render_files(path: Path) -> dict[str, bytes]:
 def render(path: Path) -> None:
     """(Re-)write report.md and report.html of the bundle at `path`."""
     bundles.write_files(path, render_files(path))
+
+
+def summary_files(path: Path, markdown: Callable[[dict, dict], str],
+                  html: Callable[[dict, dict], str]) -> dict[str, bytes]:
+    """report.md and report.html of a bundle whose report is rendered from summary.json and
+    manifest.json alone (quality and performance bundles): `markdown(summary, manifest)` and
+    `html(summary, manifest)`. Deterministic, as `render_files`."""
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
+    return {"report.md": markdown(summary, manifest).encode(), "report.html": html(summary, manifest).encode()}

@@ -6,11 +6,20 @@ import base64
 import html
 
 from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, SESSION_HEADER, confirmation_lines, criteria_rows,
-                                     fmt, group_rows, provenance, session_rows)
+                                     fmt, group_rows, provenance, semantics_text, session_rows)
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
          ".INCONCLUSIVE{color:#a60}")
+
+
+def page(name: str, verdict: str, reason: str, facts: list[str], body: str) -> str:
+    """A self-contained page: "name: verdict", the reason, the facts as a list, then `body` (HTML)."""
+    title = html.escape(name)
+    items = "".join(f"<li>{html.escape(fact)}</li>" for fact in facts)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
+            f"</head><body><h1>{title}: <span class='{verdict}'>{verdict}</span></h1>"
+            f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n")
 
 
 def html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -39,6 +48,11 @@ def _confirmation(summary: dict) -> str:
     return "".join(out)
 
 
+def _semantics(summary: dict) -> str:
+    text = semantics_text(summary)
+    return "" if text is None else f"<p>{html.escape(text)}</p>"
+
+
 def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
     images = "".join(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
@@ -50,6 +64,7 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
             f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
             f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
             f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
+            f"{_semantics(summary)}"
             f"<h2>Criteria</h2>{html_table(CRITERIA_HEADER, criteria_rows(summary))}"
             f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
             f"with power &ge; {proto['power']}.</p>"

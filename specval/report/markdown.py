@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specval.semantics import FilterSemantics
+
 
 def fmt(value, digits: int = 4) -> str:
     if value is None:
@@ -82,6 +84,17 @@ def session_rows(manifest: dict) -> list[list[str]]:
              fmt(s["outcome"]), code_text(s["code"])] for i, s in enumerate(manifest.get("sessions") or [])]
 
 
+def semantics_text(summary: dict) -> str | None:
+    """The filter semantics the reference followed, in one line (None: a bundle that did not record them)."""
+    recorded = summary.get("semantics")
+    return None if recorded is None else f"filter semantics: {FilterSemantics.from_dict(recorded).describe()}"
+
+
+def semantics_lines(summary: dict) -> list[str]:
+    text = semantics_text(summary)
+    return [] if text is None else [f"- {text}"]
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
@@ -97,6 +110,7 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
         "iff every control and primary criterion passes",
         f"- stratum minimum {proto['stratum_min']} samples, cells pooled to expected count >= {proto['min_expected']}",
+        *semantics_lines(summary),
         f"- {provenance(manifest)}; started {manifest.get('started')}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
         "", "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""), "",

@@ -4,7 +4,8 @@ Target: a fixed random Markov chain over V = 16 tokens (the next-token logits de
 token only). Draft: the same logits plus a fixed perturbation scaled by 1 / draft_loops. Sampling
 is exact speculative decoding with K drafts per round, numpy float64, one RNG stream per seed.
 `FakeSUT.bug = "residual_from_p"` plants the classic bug (the correction drawn from p instead of
-max(p - q, 0)); it is only set by tests.
+max(p - q, 0)); it is only set by tests. `sampler_semantics` is the filter semantics the sampler
+really applies (the declared ones, `capabilities.semantics`, may be set apart by a test).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from specval.protocol import GroupSpec, SamplingSpec
 from specval.reference import transform
-from specval.sut import SUT, SampleBatch, SUTError
+from specval.semantics import DEFAULT_SEMANTICS, TIES_LOWEST_INDEX, FilterSemantics
+from specval.sut import SUT, Capabilities, SampleBatch, SUTError
 
 VOCAB = 16
 TABLE_SEED = 1234
@@ -31,6 +33,7 @@ def _categorical(weights: np.ndarray, u: float) -> int:
 
 class FakeSUT(SUT):
     bug: str | None = None
+    sampler_semantics = DEFAULT_SEMANTICS
     supported_modes = ("nospec", "sync")
 
     def __init__(self, spec, num_speculative_tokens):
@@ -57,6 +60,9 @@ class FakeSUT(SUT):
         scale = 1.0 / (group.draft_loops or 1)
         return (self.logits[token_ids[-1]] + scale * self.noise[token_ids[-1]]).astype(np.float32)
 
+    def _transform(self, logits: np.ndarray, sampling: SamplingSpec) -> np.ndarray:
+        return transform(logits, sampling, self.sampler_semantics)
+
     def _residual(self, p: np.ndarray, q: np.ndarray) -> np.ndarray:
         return p if self.bug == "residual_from_p" else np.maximum(p - q, 0.0)
 
@@ -74,14 +80,14 @@ class FakeSUT(SUT):
     def _one(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec, seed: int, n: int):
         rng = np.random.default_rng(seed)
         context = list(prompt_ids)
-        p = transform(self.target_logits(context), sampling)
+        p = self._transform(self.target_logits(context), sampling)
         tokens, sources = [_categorical(p, rng.random())], ["plain"]
         rounds = drafts = accepted = 0
         k_max = self.num_speculative_tokens
         while len(tokens) < n:
             context = list(prompt_ids) + tokens
             if not group.is_speculative:
-                tokens.append(_categorical(transform(self.target_logits(context), sampling), rng.random()))
+                tokens.append(_categorical(self._transform(self.target_logits(context), sampling), rng.random()))
                 sources.append("plain")
                 continue
             new, src, num_acc = self._round(group, context, sampling, rng.random(2 * k_max + 1), k_max)
@@ -94,8 +100,8 @@ class FakeSUT(SUT):
         new, src = [], []
         for j in range(k_max):
             ctx = context + new
-            p = transform(self.target_logits(ctx), sampling)
-            q = transform(self.draft_logits(group, ctx), sampling)
+            p = self._transform(self.target_logits(ctx), sampling)
+            q = self._transform(self.draft_logits(group, ctx), sampling)
             x = _categorical(q, u[j])
             if u[k_max + j] * q[x] < p[x]:
                 new.append(x)
@@ -104,7 +110,7 @@ class FakeSUT(SUT):
             new.append(_categorical(self._residual(p, q), u[2 * k_max]))
             src.append("correction")
             return new, src, j
-        new.append(_categorical(transform(self.target_logits(context + new), sampling), u[2 * k_max]))
+        new.append(_categorical(self._transform(self.target_logits(context + new), sampling), u[2 * k_max]))
         src.append("bonus")
         return new, src, k_max
 
@@ -118,6 +124,27 @@ class FakeSUT(SUT):
             num_draft_tokens=np.array([r[3] for r in rows], dtype=np.int64),
             num_accepted_tokens=np.array([r[4] for r in rows], dtype=np.int64),
         )
+
+
+LOWEST_INDEX = FilterSemantics(top_k_ties=TIES_LOWEST_INDEX)
+
+
+class TiedFakeSUT(FakeSUT):
+    """Integer target logits (many exact ties) and a top-k that keeps exactly k, ties broken by the
+    lowest token id; declared as such, so the reference follows it."""
+
+    sampler_semantics = LOWEST_INDEX
+    capabilities = Capabilities(semantics=LOWEST_INDEX)
+
+    def __init__(self, spec, num_speculative_tokens):
+        super().__init__(spec, num_speculative_tokens)
+        self.logits = np.round(self.logits)
+
+
+class MisdeclaredTiedFakeSUT(TiedFakeSUT):
+    """The same sampler declaring the default semantics (top-k ties kept): the reference disagrees."""
+
+    capabilities = Capabilities()
 
 
 class BuggyFakeSUT(FakeSUT):

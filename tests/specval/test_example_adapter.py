@@ -8,6 +8,7 @@ fails with probability <= 0.02 over seed choices (two gating families at alpha 0
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -49,3 +50,51 @@ def test_minimal_adapter_refuses_top_k_before_any_seed(example):
     result = CliRunner().invoke(main, ["run", str(example / "protocol.yaml"), "--exploratory", "--quiet"])
     assert result.exit_code == 2 and "sampling='top_k'" in result.output
     assert not seeds.read_ledger("results")
+
+
+# ---------------------------------------------------------------- mutants of any adapter
+
+MUTATE_SAMPLES = "1000"  # per group: the kill below is by the deterministic quadrature, the rest is a check
+MUTATE_GRID = 1 << 10  # quadrature resolution 1e-3: residual_from_p moves far more mass at t1 (the sweep is exact)
+
+
+def _kill_rows(result, output: Path) -> dict[str, dict]:
+    assert result.exit_code == 0, result.output
+    table = next(output.glob("mutate-*/kill_table.json"))
+    return {r["mutant"]: r for r in json.loads(table.read_text())["rows"]}
+
+
+def test_mutate_runs_the_example_adapters_mutants_with_any_number_of_workers(example, monkeypatch):
+    """False-fail rate: the equivalent mutant survives unless a gating family of its one run rejects a
+    correct law, <= 0.02 (two p-valued families at alpha 0.01); fixed seeds (each mutant's own ledger),
+    so the outcome is fixed and identical for 1 and 2 workers."""
+    from specval import runner as runs
+
+    monkeypatch.setattr(runs, "QUADRATURE_GRID_SIZE", MUTATE_GRID)  # forked workers inherit it
+    cli = CliRunner()
+    tables = []
+    for workers in ("1", "2"):
+        output = Path(f"out{workers}")
+        result = cli.invoke(main, ["mutate", str(example / "protocol.yaml"), "--samples", MUTATE_SAMPLES,
+                                   "--output", str(output), "--workers", workers])
+        tables.append(_kill_rows(result, output))
+    rows = tables[0]
+    assert list(rows) == ["residual_from_p", "accept_by_division", "seed_collision"]  # adapter's, then harness's
+    assert rows["residual_from_p"]["killed"] and "quadrature.sync" in rows["residual_from_p"]["killed_by"]
+    assert not rows["accept_by_division"]["killed"] and rows["accept_by_division"]["equivalent"]
+    assert rows["seed_collision"]["killed_by"] == ["seed_ledger"]
+    assert all(r["as_expected"] and r["tv_t1"] is None for r in rows.values())  # no closed form: n/a
+    assert "| n/a (t1) |" in next(Path("out1").glob("mutate-*/kill_table.md")).read_text()
+    assert list(tables[1]) == list(rows)
+    for name, row in rows.items():
+        other = tables[1][name]
+        assert (row["killed"], row["killed_by"], row["killed_in"]) == (other["killed"], other["killed_by"],
+                                                                       other["killed_in"]), name
+        assert [c["verdict"] for c in row["runs"]] == [c["verdict"] for c in other["runs"]], name
+
+
+def test_a_mutant_the_adapter_does_not_list_is_a_usage_error(example):
+    result = CliRunner().invoke(main, ["mutate", str(example / "protocol.yaml"), "--mutant", "ratio_inverted"])
+    assert result.exit_code == 2
+    assert "'ratio_inverted'" in result.output and "'toy_adapter:ToySUT'" in result.output
+    assert not Path("results").exists() or not list(Path("results").glob("mutate-*"))

@@ -77,8 +77,21 @@ def test_calibrate_resume_keeps_the_bundle_and_refuses_other_sizes(tmp_path, mon
     assert again.exit_code == 0, again.output
     assert (bundle / "calibration.json").read_text() == stored
     assert (out / "ledger.json").read_text() == ledger
+    shared = CliRunner().invoke(main, args + ["--resume", str(bundle), "--workers", "2"], catch_exceptions=False)
+    assert shared.exit_code == 0, shared.output  # the evaluation shared by two processes: the same numbers
+    assert _without_workers(bundle / "calibration.json") == _without_workers_text(stored)
     other = CliRunner().invoke(main, args[:3] + ["5"] + args[4:] + ["--resume", str(bundle)])
     assert other.exit_code == 2 and "not a calibration" in other.output
+
+
+def _without_workers_text(text: str) -> dict:
+    data = __import__("json").loads(text)
+    data.pop("workers")
+    return data
+
+
+def _without_workers(path) -> dict:
+    return _without_workers_text(path.read_text())
 
 
 def test_exact_sampler_calibration_reports_families_and_can_see_an_inflated_test(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from specval import runner
 from specval.cli import main
-from specval.mutate import suite_files, t1_tv
+from specval.mutate import SEED_COLLISION, adapter_mutants, suite_files, t1_tv
 from specval.protocol import load_protocol, lock_path, read_lock, resolve
 from specval.sut import open_sut
 
@@ -90,3 +90,26 @@ def test_the_suite_exposes_each_mutant_at_t1_by_its_exact_tv(protocol, mutant, l
     finally:
         sut.close()
     assert all(low <= tv <= high for tv in tvs), tvs
+
+
+def test_the_engine_adapter_lists_the_engines_mutants_through_the_hook():
+    from engine.mutants import ENGINE_LAYER, MUTANTS
+
+    listed = adapter_mutants("engine")
+    engine_side = [m for m in MUTANTS if m.layer == ENGINE_LAYER]
+    assert [m.name for m in listed] == [m.name for m in engine_side] + [SEED_COLLISION]
+    assert [(m.equivalent, m.breaks) for m in listed[:-1]] == [(m.equivalent, m.breaks) for m in engine_side]
+    assert [m.name for m in adapter_mutants("engine", ("accept_le", SEED_COLLISION))] == ["accept_le", SEED_COLLISION]
+    with pytest.raises(ValueError, match="'no_such_bug': adapter 'engine' does not list it"):
+        adapter_mutants("engine", ("no_such_bug",))
+
+
+def test_a_suite_mixing_adapters_is_refused(tmp_path):
+    suite = _reduced_suite(tmp_path / "suite")
+    other = suite / "suite_t2_k1_bonus.yaml"
+    raw = yaml.safe_load(other.read_text())
+    raw["sut"] = {"adapter": "fake_sut:FakeSUT"}
+    other.write_text(yaml.safe_dump(raw, sort_keys=False))
+    result = CliRunner().invoke(main, ["mutate", str(suite), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "mixes adapters" in result.output and "fake_sut:FakeSUT" in result.output
+    assert not (tmp_path / "out").exists()
