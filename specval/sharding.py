@@ -20,8 +20,9 @@ chunks in a writer thread while every rank collects the next round.
 
 Guarantees:
 - The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
-  for a seed depends on the seed alone (the engine's counter-based RNG, the fake SUT): each chunk
-  is made by `collect.collect_chunk` and written by `collect.collect`, as in one process.
+  for a batch depends on its seeds alone, not on the process or on which of identical devices runs
+  it (the engine's counter-based RNG, the fake SUT): each chunk is made by `collect.collect_chunk`
+  (so split into the same batches) and written by `collect.collect`, as in one process.
 - An adapter that cannot be built or fails the probe on any rank ends the run before any seed is
   claimed (exit 3, as a failed probe of one process). An exception on any rank while it collects
   ends the round for all: rank 0 raises `SUTRaised` naming the rank, the run exits 3 with the

@@ -148,6 +148,14 @@ def test_devices_inside_torchrun_is_a_usage_error(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "--devices launches torchrun" in result.output
 
 
+@pytest.mark.parametrize("shipped", ["quality_arith.yaml", "performance/perf_async_vs_sync_c1.yaml"])
+def test_other_protocol_kinds_are_refused_across_processes(monkeypatch, shipped):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / shipped), "--quiet"])
+    assert result.exit_code == 2 and "multi-process runs take distribution protocols only" in result.output
+
+
 # ---------------------------------------------------------------- 2 processes, gloo
 
 
