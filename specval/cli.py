@@ -8,6 +8,7 @@ under test raised (see specval.execution), 130 interrupted.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -142,19 +143,25 @@ def _announce(path: Path) -> None:
               help="First seed of the run (still checked against the ledger).")
 @click.option("--junit", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--devices", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Processes sharing the collection (one per GPU for a CUDA protocol): launches "
+                   "`torchrun --nproc-per-node N -m specval run ...` through torch.distributed.run.")
 @click.pass_context
-def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet) -> None:
+def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet,
+        devices) -> None:
     """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path.
 
     Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error (nothing claimed), 3 the
     system under test raised (the bundle is kept for --resume; the traceback is in a log file),
-    130 interrupted (the bundle is kept for --resume)."""
-    from specval import runner
-    from specval.preflight import SUTRaised, check_writable_file
-    from specval.report.junit import write_junit
-    from specval.sut import SUTError
+    130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), rank 0
+    runs the protocol and the other ranks collect their share of its chunks (specval.sharding)."""
+    from specval import sharding
 
     _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
+    shards = sharding.from_environment(dict(os.environ))
+    source = protocol_file or resume / bundles.PROTOCOL_YAML
+    if devices > 1 or shards is not None:
+        _check_sharded(source, devices, shards)
     if resume is not None and _bundle_kind(resume) == PERFORMANCE_KIND:
         _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
                      f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
@@ -163,14 +170,115 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
             if _given(ctx, name):
                 raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a performance protocol")
         _bench(protocol_file, profile, output, exploratory, quiet)
+    if devices > 1:
+        sys.exit(sharding.launch(devices, _forwarded_args(ctx)))
+    run_args = (protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
+    if shards is None:
+        return _run_here(*run_args)
+    return _run_sharded(shards, source, run_args)
+
+
+def _check_sharded(protocol_file: Path, devices: int, shards) -> None:
+    """Refusals of a multi-rank run of `protocol_file` (the bundle's copy for --resume), made by
+    every rank before any rank joins the group (exit 2)."""
+    if devices > 1 and shards is not None:
+        raise click.UsageError("--devices launches torchrun; inside a torchrun-started process drop it")
+    kind = _protocol_kind(protocol_file)
+    if kind in OTHER_KINDS:
+        raise click.UsageError(f"multi-process runs take distribution protocols only, not kind: {kind}")
+    if devices > 1:
+        _check_gpus(protocol_file, devices)
+
+
+def _check_gpus(protocol_file: Path, devices: int) -> None:
+    """--devices N of a CUDA protocol needs N GPUs (rank r runs on cuda:r)."""
+    from specval import sharding
+
+    if sharding.protocol_device(protocol_file).startswith(sharding.CUDA_PREFIX):
+        import torch
+
+        if torch.cuda.device_count() < devices:
+            raise click.UsageError(f"--devices {devices}: {protocol_file} runs on CUDA and this host has "
+                                   f"{torch.cuda.device_count()} GPU(s)")
+
+
+def _forwarded_args(ctx: click.Context) -> list[str]:
+    """The `run` arguments given on this command line, --devices left out: what every rank runs."""
+    args = ["run"]
+    for param in ctx.command.params:
+        value = ctx.params[param.name]
+        if param.name == "devices" or not _given(ctx, param.name):
+            continue
+        if isinstance(param, click.Argument):
+            args.append(str(value))
+        elif param.is_flag:
+            args.append(param.opts[0])
+        else:
+            args += [param.opts[0], str(value)]
+    return args
+
+
+def _run_sharded(shards, source: Path, run_args: tuple) -> None:
+    """Join the process group (its backend from `source`, the protocol file); rank 0 runs the
+    protocol (`_run_here(*run_args)`) and dismisses the other ranks with its exit code, the other
+    ranks collect until dismissed and exit with that code."""
+    from specval import sharding
+
+    try:
+        sharding.join(shards, sharding.protocol_device(source))
+    except (RuntimeError, ValueError) as err:
+        _fail_with(EXIT_INPUT, f"error: rank {shards.rank} cannot join the process group: {err}")
+    try:
+        if not shards.is_leader:
+            sys.exit(_serve(shards))
+        try:
+            _run_here(*run_args, shards=shards)
+        except BaseException as err:
+            sys.stdout.flush()  # the launcher may end this process as soon as another rank exits
+            sys.stderr.flush()
+            sharding.dismiss(_exit_status(err))
+            raise
+    finally:
+        sharding.leave()
+
+
+def _exit_status(err: BaseException) -> int:
+    """The status this process exits with as `err` leaves it (an uncaught exception: Python's 1)."""
+    if isinstance(err, SystemExit):
+        return err.code if isinstance(err.code, int) else int(err.code is not None)
+    return execution.EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else 1
+
+
+def _serve(shards) -> int:
+    """A rank other than 0: rank 0's exit code, or 130 if interrupted (one line if the group broke)."""
+    from specval import sharding
+
+    try:
+        with execution.signals_interrupt():
+            return sharding.serve(shards)
+    except KeyboardInterrupt as err:  # rank 0 tells the user about an interrupt; a lost group is ours to tell
+        if isinstance(err, sharding.RankLost):
+            click.echo(f"rank {shards.rank}: {err}", err=True)
+        return execution.EXIT_INTERRUPTED
+
+
+def _run_here(protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet,
+              shards=None) -> None:
+    """The run in this process (rank 0 of a sharded run: with the other ranks collecting); exits."""
+    from specval import runner
+    from specval.preflight import SUTRaised, check_writable_file
+    from specval.report.junit import write_junit
+    from specval.sut import SUTError
+
     if _protocol_kind(protocol_file) == QUALITY_KIND:
         from specval import quality as runner  # same run() contract, paired quality protocols
+    extra = {} if shards is None else {"shards": shards}
     try:
         if junit:
             check_writable_file(junit, "--junit")
         with execution.signals_interrupt():
             path, summary = runner.run(protocol_file, profile, output, resume=resume, exploratory=exploratory,
-                                       seed_offset=seed_offset, progress=not quiet, announce=_announce)
+                                       seed_offset=seed_offset, progress=not quiet, announce=_announce, **extra)
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:

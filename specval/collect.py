@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -80,9 +80,22 @@ def collect_chunk(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Ch
     return _frame(chunk, batches, protocol.positions)
 
 
+Keep = Callable[[Chunk, pd.DataFrame], None]  # writes one collected chunk
+ChunkSampler = Callable[[SUT, Protocol, list[int], list[Chunk], Keep], None]
+
+
+def sample_here(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: list[Chunk], keep: Keep) -> None:
+    """The one-process `ChunkSampler`: collect each chunk in order in this process and keep it."""
+    for chunk in chunks:
+        keep(chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
+
+
 def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequence[SeedRange],
-            bundle: Path, progress: bool = True) -> int:
-    """Collect every missing chunk into `bundle/samples`; returns the number of samples drawn now."""
+            bundle: Path, progress: bool = True, sampler: ChunkSampler | None = None) -> int:
+    """Collect every missing chunk into `bundle/samples`; returns the number of samples drawn now.
+
+    `sampler` (default `sample_here`) produces the missing chunks, in any order, and hands each to
+    the writer; `specval.sharding` spreads them over the processes of a multi-rank run."""
     out = bundle / SAMPLES_DIR
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".*"):  # temp files of a chunk that was being written when the run died
@@ -93,11 +106,12 @@ def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequenc
     done = total - sum(c.stop - c.start for c in todo)
     with tqdm(total=total, initial=done, unit="sample", disable=not progress, desc=protocol.name,
               dynamic_ncols=True) as bar:
-        for chunk in todo:
-            bar.set_postfix_str(chunk.group)
-            frame = collect_chunk(sut, protocol, prompt_ids, chunk)
+        def keep(chunk: Chunk, frame: pd.DataFrame) -> None:
             bundles.write_chunk(bundle, out / chunk.file_name, lambda tmp: frame.to_parquet(tmp, index=False))
+            bar.set_postfix_str(chunk.group)
             bar.update(chunk.stop - chunk.start)
+
+        (sampler or sample_here)(sut, protocol, prompt_ids, todo, keep)
     return total - done
 
 

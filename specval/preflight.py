@@ -42,6 +42,7 @@ class SUTRaised(Exception):
     def __init__(self, call: str, message: str, details: str = ""):
         super().__init__(f"the system under test failed in {call}: {message}")
         self.call = call
+        self.message = message
         self.details = details or message  # full traceback text, for the log file
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from specval import bundle as bundles
-from specval import collect, report, seeds
+from specval import collect, report, seeds, sharding
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
 from specval.protocol import (FROZEN, Protocol, ProtocolError, SutSpec, check_registered, load_protocol,
@@ -205,9 +205,10 @@ def claim_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
 
 
 def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT,
-            progress: bool = False) -> tuple[dict, int]:
-    """Reference, quadrature, stage 2 when the protocol calls for it, and the summary of a bundle
-    whose stage-1 samples are complete; returns (summary, stage-2 samples drawn now)."""
+            progress: bool = False, sampler: collect.ChunkSampler | None = None) -> tuple[dict, int]:
+    """Reference, quadrature, stage 2 when the protocol calls for it (collected by `sampler`), and
+    the summary of a bundle whose stage-1 samples are complete; returns (summary, stage-2 samples
+    drawn now)."""
     prompt_ids = sut.encode(protocol.prompt)
     _write_reference(path, sut, protocol, prompt_ids, ranges)
     laws = quadrature_laws(sut, protocol, prompt_ids)
@@ -215,7 +216,7 @@ def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: 
     drawn = 0
     if needs_second_stage(protocol, _stage_summary(path, protocol, ranges, laws)):
         second = claim_stage2(path, protocol)
-        drawn = collect.collect(sut, protocol, prompt_ids, second, path / bundles.STAGE2_DIR, progress)
+        drawn = collect.collect(sut, protocol, prompt_ids, second, path / bundles.STAGE2_DIR, progress, sampler)
         _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids, second)
     summary = recompute(path, protocol, ranges)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
@@ -270,24 +271,34 @@ def open_checked(protocol: Protocol, protocol_file: Path, sut_factory: SutFactor
 def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
         exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
         sut_factory: SutFactory | None = None, command: list[str] | None = None,
-        announce: Callable[[Path], None] | None = None) -> tuple[Path, dict]:
+        announce: Callable[[Path], None] | None = None,
+        shards: sharding.ShardGroup | None = None) -> tuple[Path, dict]:
     """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary).
 
     Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
     without `exploratory`, an unwritable output root, groups or capabilities the adapter lacks, a
     failed probe. Once the bundle exists, `announce(bundle)` is called; an exception raised by the
     adapter then becomes execution.RunFailed and an interrupt execution.RunInterrupted (see
-    specval.execution): the bundle is kept, unsealed, for `--resume`."""
+    specval.execution): the bundle is kept, unsealed, for `--resume`.
+
+    `shards`: this process is rank 0 of a multi-rank run (specval.sharding): the protocol runs on
+    this rank's device, every collection is shared with the other ranks, and the manifest records
+    the number of ranks. Everything else (claims, bundle, analysis) is this process's alone."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     if resume is None:
         base, protocol, state = prepare(Path(protocol_file), profile, exploratory)
     else:
         bundles.check_resumable(Path(resume))  # refuse sealed or tampered bundles before touching them
         protocol, ranges = load_bundle_protocol(Path(resume))
+    if shards is not None:
+        protocol = sharding.place(protocol, shards)
+    sampler = sharding.sampler(shards) if shards is not None else None
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
     try:
         semantics = capabilities_of(sut).semantics
+        if shards is not None:
+            sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
         if resume is None:
             path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
                                  semantics)
@@ -300,15 +311,17 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         with guard_bundle(path, session):
             prompt_ids = sut.encode(protocol.prompt)
             t0 = time.perf_counter()
-            drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+            drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
             collect_s = time.perf_counter() - t0
-            summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress)
+            summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress, sampler)
             device = {**bundles.device_facts(), "sut": sut.describe()}
     finally:
         sut.close()
     timing = run_timing(started, clock, collect_s, drawn)
     if protocol.confirmation.is_two_stage:
         timing["stage2_samples_drawn"] = drawn_stage2
+    if shards is not None:
+        timing["ranks"] = shards.size
     bundles.end_session(path, session, drawn + drawn_stage2, summary["verdict"])
     write_manifest(path, protocol, ranges, device, timing, command)
     finish(path)

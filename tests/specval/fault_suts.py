@@ -4,7 +4,9 @@ Each is the exact FakeSUT with one fault. Faults that must go away for a resume 
 switched by environment variables, read when the adapter is built (no module-level state):
 - FAULT_RAISE_AT_CALL=N: `RaisingSUT.sample` raises at its N-th call (the probe makes one call per
   group first);
-- FAULT_SLEEP_S=x: `SlowSUT.sample` sleeps x seconds per call (a run long enough to interrupt).
+- FAULT_SLEEP_S=x: `SlowSUT.sample` sleeps x seconds per call (a run long enough to interrupt);
+- FAULT_RAISE_ON_RANK=r with FAULT_RAISE_AT_CALL=N: `RankRaisingSUT.sample` raises at its N-th call
+  in the process of rank r of a multi-rank run (RANK, set by torchrun) only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ class RaisingSUT(FakeSUT):
             self.num_sample_calls += 1
             raise RuntimeError("planted failure inside the adapter")
         return super().sample(*args, **kwargs)
+
+
+class RankRaisingSUT(RaisingSUT):
+    def __init__(self, spec, num_speculative_tokens):
+        super().__init__(spec, num_speculative_tokens)
+        if os.environ.get("RANK", "0") != os.environ.get("FAULT_RAISE_ON_RANK"):
+            self.raise_at = 0
 
 
 class SlowSUT(FakeSUT):
