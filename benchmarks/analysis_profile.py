@@ -227,7 +227,7 @@ def main() -> None:
     print(f"\nidentical to {args.against or kept}: " + ", ".join(f"{n} {'yes' if s else 'NO'}" for n, s in same.items()))
     clock, wall, problems = replay_verify(kept)
     _table(f"specval verify {kept.name}", clock, wall)
-    print(f"\nverify: {'OK' if not problems else problems}")
+    print(f"\nverify: {'OK' if not problems else f'{len(problems)} difference(s), first: {problems[0]}'}")
 
 
 if __name__ == "__main__":
