@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specval import bundle as bundles
@@ -120,12 +122,15 @@ def load_samples(bundle: Path, ranges: Sequence[SeedRange]) -> pd.DataFrame:
     files = sorted((bundle / SAMPLES_DIR).glob("*.parquet"))
     if not files:
         raise ValueError(f"{bundle / SAMPLES_DIR}: no sample chunks")
-    frame = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    # one arrow table converted once: the same frame as concatenating pd.read_parquet of each chunk
+    frame = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
+    groups, rows = pd.factorize(frame["group"])  # never iterate the column in Python (800k rows ~1.5 s)
     for r in ranges:
-        seeds = np.sort(frame.loc[frame["group"] == r.group, "seed"].to_numpy())
+        found = np.flatnonzero(rows == r.group)
+        seeds = np.sort(frame["seed"].to_numpy()[groups == found[0]]) if found.size else np.zeros(0, np.int64)
         if not np.array_equal(seeds, np.arange(r.start, r.stop)):
             raise ValueError(f"samples of group {r.group!r}: expected exactly seeds [{r.start}, {r.stop}), "
                              f"found {len(seeds)} rows ({len(np.unique(seeds))} distinct)")
-    if set(frame["group"]) - {r.group for r in ranges}:
-        raise ValueError(f"samples hold groups outside the plan: {sorted(set(frame['group']))}")
+    if set(rows) - {r.group for r in ranges}:
+        raise ValueError(f"samples hold groups outside the plan: {sorted(set(rows))}")
     return frame.sort_values(["group", "seed"], kind="stable").reset_index(drop=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from specval import bundle as bundles
 from specval import collect, report, seeds, sharding
@@ -176,8 +177,8 @@ def _token_matrix(frame, positions: int) -> np.ndarray:
 
 
 def _write_reference(directory: Path, sut: SUT, protocol: Protocol, prompt_ids: list[int],
-                     ranges: list[seeds.SeedRange]) -> None:
-    samples = collect.load_samples(directory, ranges)
+                     samples: pd.DataFrame) -> None:
+    """reference.json of one stage, from the prefixes that occur in its `samples`."""
     reference = _reference(sut, protocol, prompt_ids, _token_matrix(samples, protocol.positions))
     bundles.write_json(directory / bundles.REFERENCE_FILE, reference.to_dict())
 
@@ -204,38 +205,61 @@ def claim_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
     return planned
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Analysis:
+    """What `analyse` made of a bundle: its summary, the stage-1 samples it read (for the report),
+    and the stage-2 samples drawn now with the seconds that collection took (0 without a stage 2)."""
+
+    summary: dict
+    samples: pd.DataFrame
+    drawn_stage2: int
+    collect_stage2_s: float
+
+
 def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT,
-            progress: bool = False, sampler: collect.ChunkSampler | None = None) -> tuple[dict, int]:
+            progress: bool = False, sampler: collect.ChunkSampler | None = None) -> Analysis:
     """Reference, quadrature, stage 2 when the protocol calls for it (collected by `sampler`), and
-    the summary of a bundle whose stage-1 samples are complete; returns (summary, stage-2 samples
-    drawn now)."""
+    the summary of a bundle whose stage-1 samples are complete.
+
+    Each stage's samples are read once and stage 1 is evaluated once (its summary decides on the
+    second stage and is the summary's first stage); the summary is the one `recompute` derives
+    from the bundle's files, bit for bit (the same files are read: reference.json, quadrature.json)."""
     prompt_ids = sut.encode(protocol.prompt)
-    _write_reference(path, sut, protocol, prompt_ids, ranges)
-    laws = quadrature_laws(sut, protocol, prompt_ids)
-    bundles.write_json(path / bundles.QUADRATURE_FILE, laws)
-    drawn = 0
-    if needs_second_stage(protocol, _stage_summary(path, protocol, ranges, laws)):
+    samples = collect.load_samples(path, ranges)
+    _write_reference(path, sut, protocol, prompt_ids, samples)
+    bundles.write_json(path / bundles.QUADRATURE_FILE, quadrature_laws(sut, protocol, prompt_ids))
+    laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
+    first = _stage_summary(path, protocol, ranges, laws, samples)
+    drawn, collect_s = 0, 0.0
+    if needs_second_stage(protocol, first):
         second = claim_stage2(path, protocol)
+        start = time.perf_counter()
         drawn = collect.collect(sut, protocol, prompt_ids, second, path / bundles.STAGE2_DIR, progress, sampler)
-        _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids, second)
-    summary = recompute(path, protocol, ranges)
+        collect_s = time.perf_counter() - start
+        _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids,
+                         collect.load_samples(path / bundles.STAGE2_DIR, second))
+    summary = recompute(path, protocol, ranges, first)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    return summary, drawn
+    return Analysis(summary, samples, drawn, collect_s)
 
 
-def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict) -> dict:
-    """One stage's summary from its samples and reference in `directory` (the bundle or stage2/)."""
-    samples = collect.load_samples(directory, ranges)
+def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict,
+                   samples: pd.DataFrame | None = None) -> dict:
+    """One stage's summary from its samples (read from `directory` unless given) and reference in
+    `directory` (the bundle or stage2/)."""
+    if samples is None:
+        samples = collect.load_samples(directory, ranges)
     reference = Reference.from_dict(bundles.read_json(directory / bundles.REFERENCE_FILE))
     spans = {r.group: (r.start, r.stop) for r in ranges}
     return evaluate(protocol, samples, reference, laws, spans)
 
 
-def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]) -> dict:
+def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], first: dict | None = None) -> dict:
     """The summary recomputed from the bundle's files alone (raw samples, references, laws), both
-    stages of a two-stage protocol included."""
+    stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), when
+    the caller has just computed it from these files."""
     laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
-    first, second = _stage_summary(path, protocol, ranges, laws), None
+    first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws), None
     if needs_second_stage(protocol, first):
         stage2 = stage2_ranges(path)
         if not stage2:
@@ -312,20 +336,25 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             prompt_ids = sut.encode(protocol.prompt)
             t0 = time.perf_counter()
             drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
-            collect_s = time.perf_counter() - t0
-            summary, drawn_stage2 = analyse(path, protocol, ranges, sut, progress, sampler)
+            t1 = time.perf_counter()
+            analysis = analyse(path, protocol, ranges, sut, progress, sampler)
             device = {**bundles.device_facts(), "sut": sut.describe()}
+            t2 = time.perf_counter()
     finally:
         sut.close()
-    timing = run_timing(started, clock, collect_s, drawn)
+    pngs = report.figures(path, analysis.summary, analysis.samples)
+    phases = {"setup_s": t0 - clock, "collect_s": t1 - t0,
+              "analysis_s": t2 - t1 - analysis.collect_stage2_s, "report_s": time.perf_counter() - t2}
+    timing = run_timing(started, clock, t1 - t0, drawn, phases)
     if protocol.confirmation.is_two_stage:
-        timing["stage2_samples_drawn"] = drawn_stage2
+        timing["stage2_samples_drawn"] = analysis.drawn_stage2
+        timing["collect_stage2_s"] = analysis.collect_stage2_s
     if shards is not None:
         timing["ranks"] = shards.size
-    bundles.end_session(path, session, drawn + drawn_stage2, summary["verdict"])
+    bundles.end_session(path, session, drawn + analysis.drawn_stage2, analysis.summary["verdict"])
     write_manifest(path, protocol, ranges, device, timing, command)
-    finish(path)
-    return path, summary
+    finish(path, pngs)
+    return path, analysis.summary
 
 
 def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
@@ -338,12 +367,24 @@ def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
                             f"({before.describe()}) but the adapter now declares ({semantics.describe()})")
 
 
-def run_timing(started: str, clock: float, collect_s: float, drawn: int) -> dict:
+def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases: dict | None = None) -> dict:
     """The manifest's timing block: `started` (ISO time) and `clock` (perf_counter) at the start
-    of the run, seconds spent collecting and samples drawn."""
-    return {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "wall_s": time.perf_counter() - clock, "collect_s": collect_s, "samples_drawn": drawn,
-            "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    of the run, seconds spent collecting and samples drawn.
+
+    `phases` (a distribution run) splits `wall_s` into consecutive, non-overlapping parts:
+    `setup_s` (protocol, adapter and its probe, seed claims), `collect_s`, `analysis_s` (after
+    collection: reference replay, quadrature sweeps, every criterion with its Monte Carlo p-value,
+    Holm, summary.json; a stage-2 collection is left out, as `collect_stage2_s`) and `report_s`
+    (the report's figures); `analysis_share` = (analysis_s + report_s) / wall_s. Nothing of the
+    analysis overlaps the collection. What follows the manifest (report.md/html text from the
+    figures, SHA256SUMS) is not in `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
+    wall = time.perf_counter() - clock
+    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+              "wall_s": wall, "collect_s": collect_s, "samples_drawn": drawn,
+              "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    if phases:
+        timing.update(phases, analysis_share=(phases["analysis_s"] + phases["report_s"]) / wall if wall > 0 else None)
+    return timing
 
 
 def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], device: dict,
@@ -361,10 +402,11 @@ def write_manifest(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange]
     bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
 
 
-def finish(path: Path) -> None:
+def finish(path: Path, pngs: dict[str, bytes] | None = None) -> None:
     """Render the report and seal the bundle with SHA256SUMS (temp files of a
-    killed process removed first)."""
-    report.render(path)
+    killed process removed first); `pngs`: the report's figures when already rendered
+    (`report.figures`), else they are rendered from the bundle's files."""
+    report.render(path, pngs)
     bundles.remove_stale_temps(path)
     bundles.write_sums(path)
 

@@ -96,14 +96,21 @@ class GroupData:
     num_impossible: int  # rows with a negative count or more accepted than drafted tokens
 
 
+def source_codes(column: pd.Series) -> np.ndarray:
+    """int64 index in SOURCES of each entry, -1 for anything else (missing values included):
+    factorised once, then looked up (a per-row dict map costs ~10x more on 160k rows)."""
+    codes, names = pd.factorize(column)  # code -1: a missing value
+    lookup = np.array([SOURCES.index(n) if n in SOURCES else -1 for n in names] + [-1], dtype=np.int64)
+    return lookup[codes]
+
+
 def group_data(samples: pd.DataFrame, group: str, positions: int, vocab_size: int | None) -> GroupData:
     """Split a group's rows into in-range samples and the counts of invalid ones (never raises on
     any integer a SUT returned)."""
     rows = samples[samples["group"] == group]
     tokens = rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
-    codes = {name: i for i, name in enumerate(SOURCES)}
-    paths = np.stack([rows[f"src{k}"].map(codes).fillna(-1).to_numpy(dtype=np.int64)
-                      for k in range(1, positions + 1)], axis=1) if len(rows) else tokens.copy()
+    paths = np.stack([source_codes(rows[f"src{k}"]) for k in range(1, positions + 1)], axis=1) \
+        if len(rows) else tokens.copy()
     in_range = np.all(tokens >= 0, axis=1) & (np.all(tokens < vocab_size, axis=1) if vocab_size else True)
     counts = rows[list(COUNT_COLUMNS)].to_numpy(dtype=np.int64)
     impossible = np.any(counts < 0, axis=1) | (rows["num_accepted_tokens"].to_numpy() >

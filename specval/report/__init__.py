@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
+
 from specval import bundle as bundles
 from specval.collect import load_samples
 from specval.reference import Reference
@@ -14,10 +16,15 @@ from specval.report.markdown import render_markdown
 from specval.seeds import SeedRange
 
 
-def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
-    """Observed vs expected for every non-control token-stratified GOF criterion, p-values, token sources."""
+def bundle_samples(path: Path, manifest: dict) -> pd.DataFrame:
+    """The stage-1 samples of the bundle at `path`, by the seed ranges its manifest records."""
     ranges = [SeedRange(s["protocol"], s["run"], s["group"], s["start"], s["stop"]) for s in manifest["seeds"]]
-    samples = load_samples(path, ranges)
+    return load_samples(path, ranges)
+
+
+def figures(path: Path, summary: dict, samples: pd.DataFrame) -> dict[str, bytes]:
+    """Observed vs expected for every non-control token-stratified GOF criterion, p-values, token
+    sources; `samples` are the bundle's stage-1 samples (`bundle_samples`)."""
     reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
     positions = summary["protocol"]["positions"]
     out = {}
@@ -34,20 +41,22 @@ def figures(path: Path, summary: dict, manifest: dict) -> dict[str, bytes]:
     return out
 
 
-def render_files(path: Path) -> dict[str, bytes]:
+def render_files(path: Path, pngs: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """report.md and report.html of the bundle at `path`, rendered from its files alone.
     Deterministic: the same bundle gives the same bytes (no clock, no PNG timestamp or software
-    tag, sorted iteration), on any machine with the same matplotlib build."""
+    tag, sorted iteration), on any machine with the same matplotlib build. `pngs`: the bundle's
+    `figures`, when the caller already rendered them (a run, from the samples it holds in memory)."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    pngs = figures(path, summary, manifest)
+    if pngs is None:
+        pngs = figures(path, summary, bundle_samples(path, manifest))
     return {"report.md": render_markdown(summary, manifest, pngs).encode(),
             "report.html": render_html(summary, manifest, pngs).encode()}
 
 
-def render(path: Path) -> None:
-    """(Re-)write report.md and report.html of the bundle at `path`."""
-    bundles.write_files(path, render_files(path))
+def render(path: Path, pngs: dict[str, bytes] | None = None) -> None:
+    """(Re-)write report.md and report.html of the bundle at `path` (`pngs`: as `render_files`)."""
+    bundles.write_files(path, render_files(path, pngs))
 
 
 def summary_files(path: Path, markdown: Callable[[dict, dict], str],

@@ -48,6 +48,16 @@ def test_fresh_bundle_verifies_and_holds_every_documented_file(fake_bundle):
         [(s["prefix"], ["plain"], s["n"]) for s in plain["strata"]]
 
 
+def test_manifest_splits_the_run_wall_into_its_phases(fake_bundle):
+    manifest = json.loads((fake_bundle / "manifest.json").read_text())
+    phases = [manifest[k] for k in ("setup_s", "collect_s", "analysis_s", "report_s")]
+    assert all(p >= 0 for p in phases)
+    # consecutive parts of the run: their sum misses only the few statements between them
+    assert sum(phases) <= manifest["wall_s"] < sum(phases) + 0.5
+    assert manifest["analysis_share"] == pytest.approx((manifest["analysis_s"] + manifest["report_s"])
+                                                       / manifest["wall_s"], rel=1e-12)
+
+
 def _all_files(bundle: Path) -> list[str]:
     return sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file())
 

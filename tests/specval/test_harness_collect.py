@@ -57,6 +57,16 @@ def test_load_samples_refuses_missing_and_duplicated_seeds(tmp_path, fake_protoc
         collect.load_samples(path, ranges)
 
 
+def test_load_samples_equals_the_sorted_concatenation_of_every_chunk(tmp_path, fake_protocol_file):
+    path, _ = runner.run(fake_protocol_file, "ci", tmp_path, sut_factory=FakeSUT, progress=False)
+    _, ranges = runner.load_bundle_protocol(path)
+    chunks = [pd.read_parquet(f) for f in sorted((path / "samples").glob("*.parquet"))]
+    expected = pd.concat(chunks, ignore_index=True).sort_values(["group", "seed"], kind="stable")
+    pd.testing.assert_frame_equal(collect.load_samples(path, ranges), expected.reset_index(drop=True))
+    with pytest.raises(ValueError, match="groups outside the plan"):
+        collect.load_samples(path, [r for r in ranges if r.group != ranges[0].group])
+
+
 def test_chunks_partition_each_range():
     ranges = [SeedRange("p", "r", "a", 10, 25), SeedRange("p", "r", "b", 25, 26)]
     chunks = collect.plan_chunks(ranges, 6)

@@ -4,6 +4,7 @@ engine's row-wise Sampler on random logits (with ties and truncation on both rul
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -83,3 +84,12 @@ def test_path_strata_refine_the_token_strata():
     assert by_path == {((1,), (1,)): [5, 7], ((1,), (2,)): [5, 6], ((2,), (1,)): [5]}
     plain = {prefix: sorted(t.tolist()) for prefix, t in strata(tokens, 2)}
     assert plain == {(1,): [5, 5, 6, 7], (2,): [5]}
+
+
+def test_source_codes_index_sources_and_mark_anything_else_minus_one():
+    from specval.sut import SOURCES
+    from specval.verdict import source_codes
+
+    column = pd.Series([SOURCES[2], "mystery", None, SOURCES[0], SOURCES[3], SOURCES[2]], dtype="str")
+    assert source_codes(column).tolist() == [2, -1, -1, 0, 3, 2]
+    assert source_codes(column).dtype == np.int64
