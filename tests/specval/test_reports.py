@@ -21,7 +21,7 @@ from specval.verdict import SCHEMA_VERSION
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 BUNDLES = sorted(path for path in REPORTS.iterdir() if (path / "SHA256SUMS").is_file())
 OLD_FORMAT = {  # to be re-run with the current code; remove each name when its bundle is replaced
-    "t2_smollm2-20261129T202445Z", "t2_smollm2_cuda-20261129T204419Z"}
+    "t2_smollm2_cuda-20261129T204419Z"}
 
 
 def _format(bundle: Path) -> int:
