@@ -517,7 +517,9 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
 @click.option("--power", default=None, type=float, help="Power (default: the protocol's, else 0.8).")
 @click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
-def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
+@click.option("--vocab-size", default=None, type=click.IntRange(min=2),
+              help="Vocabulary size: bounds the cells of a --protocol without top_k.")
+def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size) -> None:
     """Samples needed for a target TV (--tv), or the MDE of a sample size (--n), or every criterion of
     a protocol (--protocol) at its Holm level and confirmation rule."""
     from specval import plan as planning
@@ -525,14 +527,14 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile) -> None:
     try:
         protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
         if protocol is not None and tv is None and num_samples is None:
-            _print_protocol_plan(protocol, planning.protocol_plan(protocol))
+            _print_protocol_plan(protocol, planning.protocol_plan(protocol, vocab_size))
             return
         alpha = alpha if alpha is not None else (protocol.alpha if protocol else 0.01)
         power = power if power is not None else (protocol.power if protocol else 0.8)
         if bins is None:
             if protocol is None:
                 raise ValueError("--bins is required without --protocol")
-            bins = planning.protocol_bins(protocol)
+            bins = planning.protocol_bins(protocol, vocab_size)
         if tv is not None:
             result = planning.samples_for(tv, bins, alpha, power)
             click.echo(f"TV >= {tv:g} over {bins} cells at alpha {alpha:g}, power {power:g}: "

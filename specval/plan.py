@@ -82,7 +82,7 @@ def protocol_bins(protocol: Protocol, vocab_size: int | None = None) -> int:
     if protocol.sampling.top_k > 0:
         return protocol.sampling.top_k
     if vocab_size is None:
-        raise ValueError("vocab_size is needed for a protocol without top_k (got None)")
+        raise ValueError("the protocol has no top_k: give its vocabulary size (--vocab-size) to bound the cells")
     return vocab_size
 
 

@@ -72,3 +72,16 @@ def test_protocol_plan_lists_every_criterion_at_its_holm_level_and_stages(tmp_pa
     # fake_t2: control family {t1_gof x 2} (m = 2), primary {t2_gof x 2, t2_homogeneity.sync_vs_nospec} (m = 3)
     assert "t1_gof.sync (control, m = 2, level 0.0025, 0.0025" in out.output
     assert "t2_homogeneity.sync_vs_nospec (primary, m = 3" in out.output and "two-stage" in out.output
+
+
+def test_protocol_plan_without_top_k_needs_and_uses_the_vocabulary_size(tmp_path):
+    from fake_protocol import fake_protocol_dict, write_protocol
+
+    raw = fake_protocol_dict()
+    raw["sampling"] = {**raw["sampling"], "top_k": 0}
+    file = write_protocol(tmp_path, raw)
+    refused = CliRunner().invoke(main, ["plan", "--protocol", str(file)])
+    assert refused.exit_code == 2 and "--vocab-size" in refused.output
+    out = CliRunner().invoke(main, ["plan", "--protocol", str(file), "--vocab-size", "64"])
+    assert out.exit_code == 0, out.output
+    assert "t1_gof.sync (control" in out.output and "df <= 63)" in out.output  # 64 cells bound t1
