@@ -446,6 +446,9 @@ def _parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
 def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
     """Parse a YAML mapping into a Protocol; raises ProtocolError naming file, key and value."""
     raw = _mapping(raw, file, "")
+    if "kind" in raw:  # a quality or performance protocol given to a command of statistical ones
+        _fail(file, "kind", "this command takes statistical protocols (no `kind` key); run a protocol of another "
+                            "kind with `specval run` (performance: also `specval bench`)", raw["kind"])
     _check_keys(raw, Protocol, file, "")
     positions = _int(raw["positions"], file, "positions", minimum=1)
     if positions > MAX_POSITIONS:

@@ -8,12 +8,17 @@ fails with probability < 0.0015), and at a quarter of n at rate < 0.8 - 0.08 (th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from specval import plan as planning
 from specval.cli import main
 from specval.stats.strata import stratified_gof
+
+REPO = Path(__file__).resolve().parents[2]
 
 MARGIN = 0.08
 REPS = 400
@@ -85,3 +90,10 @@ def test_protocol_plan_without_top_k_needs_and_uses_the_vocabulary_size(tmp_path
     out = CliRunner().invoke(main, ["plan", "--protocol", str(file), "--vocab-size", "64"])
     assert out.exit_code == 0, out.output
     assert "t1_gof.sync (control" in out.output and "df <= 63)" in out.output  # 64 cells bound t1
+
+
+@pytest.mark.parametrize("protocol", ["protocols/performance/perf_async_vs_sync_c1.yaml",
+                                      "protocols/quality_arith.yaml"])
+def test_a_command_of_statistical_protocols_names_the_kind_it_refuses(protocol):
+    out = CliRunner().invoke(main, ["plan", "--protocol", str(REPO / protocol)])
+    assert out.exit_code == 2 and "kind:" in out.output and "specval run" in out.output, out.output
