@@ -179,12 +179,19 @@ def _child_env(**extra) -> dict:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_exits_130_with_the_resume_command_and_the_bundle_resumes(cli, tmp_path, signum):
     file = _protocol(tmp_path, adapter="fault_suts:SlowSUT")
+    # The child gets SIGINT's default disposition back: a test runner started in the background by a
+    # non-interactive shell ignores SIGINT, an ignored SIGINT is inherited, and Python then installs
+    # no KeyboardInterrupt handler (the run would finish instead of stopping).
     child = subprocess.Popen([sys.executable, "-m", "specval.cli", "run", str(file), "--quiet"], cwd=tmp_path,
                              env=_child_env(FAULT_SLEEP_S="0.2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=_default_sigint)
     first = child.stdout.readline()  # the bundle is announced before any sample is drawn
     assert first.startswith("bundle: "), first + child.stderr.read()
     bundle = tmp_path / _bundle_of(first)
