@@ -148,9 +148,8 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     finally:
         sut.close()
     one = dataclasses.replace(protocol, samples_per_group=samples)
-    slices = _replicates(data, ranges, replicates, samples)
-    jobs = [(one, reference, laws, slices[a : a + step])
-            for step in [_batch_size(replicates, workers)] for a in range(0, replicates, step)]
+    slices, step = _replicates(data, ranges, replicates, samples), _batch_size(replicates, workers)
+    jobs = [(one, reference, laws, slices[a : a + step]) for a in range(0, replicates, step)]
     summaries = [s for batch in _map(_evaluate_batch, jobs, workers) for s in batch]
     result = {"protocol": protocol.name, "hash": protocol.hash, "profile": profile, "samples_per_group": samples,
               "mode": "sut", "workers": workers, **summarise(summaries, protocol.alpha)}

@@ -141,6 +141,11 @@ def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol,
     return p
 
 
+def _filtered(logits, protocol: Protocol, semantics: FilterSemantics) -> np.ndarray:
+    """The protocol's sampling law (float64) of a model's logits, under the adapter's semantics."""
+    return transform(np.asarray(logits, dtype=np.float64), protocol.sampling, semantics)
+
+
 def t1_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     """Exact TV at t1 between the mutant's law and p, per group."""
     prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
@@ -166,11 +171,11 @@ def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
     p = transform(target, protocol.sampling, semantics)
-    after = {int(t): transform(np.asarray(sut.target_logits(prompt + [int(t)]), dtype=np.float64),
-                               protocol.sampling, semantics) for t in np.flatnonzero(p > 0)}
+    after = {int(t): _filtered(sut.target_logits(prompt + [int(t)]), protocol, semantics)
+             for t in np.flatnonzero(p > 0)}
     out = {}
     for group in (g for g in protocol.groups if g.is_speculative):
-        q = transform(np.asarray(sut.draft_logits(group, prompt), dtype=np.float64), protocol.sampling, semantics)
+        q = _filtered(sut.draft_logits(group, prompt), protocol, semantics)
         bonus = p if name == "bonus_wrong_position" else q
         out[group.name] = float(sum(min(p[t], q[t]) * 0.5 * np.abs(bonus - row).sum() for t, row in after.items()))
     return out
@@ -187,10 +192,7 @@ def _reused_row(p2: np.ndarray, q2: np.ndarray, r1: float) -> np.ndarray:
     min(1, r2(x) / r1), else the correction is drawn from max(p2 - q2, 0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(q2 > 0, p2 / q2, 0.0)
-    accepted = q2 * np.minimum(1.0, ratio / r1)
-    residual = np.maximum(p2 - q2, 0.0)
-    residual = residual / residual.sum() if residual.sum() > 0 else residual
-    return accepted + (1.0 - accepted.sum()) * residual
+    return _spec_law(p2, q2, q2, accept=np.minimum(1.0, ratio / r1))
 
 
 def reused_uniform_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
@@ -200,13 +202,13 @@ def reused_uniform_tv(name: str, sut, protocol: Protocol) -> dict[str, float | N
     if name != "uniform_reused" or protocol.positions < 2:
         return {}
     prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
-    law = lambda logits: transform(np.asarray(logits, dtype=np.float64), protocol.sampling, semantics)  # noqa: E731
-    p1, out = law(sut.target_logits(prompt)), {}
+    p1, out = _filtered(sut.target_logits(prompt), protocol, semantics), {}
     for group in (g for g in protocol.groups if g.is_speculative and _first_round_drafts(protocol, g) >= 2):
-        q1, total = law(sut.draft_logits(group, prompt)), 0.0
+        q1, total = _filtered(sut.draft_logits(group, prompt), protocol, semantics), 0.0
         for x in np.flatnonzero((q1 > 0) & (p1 > 0) & (p1 < q1)):
             r1, after = p1[x] / q1[x], prompt + [int(x)]
-            p2, q2 = law(sut.target_logits(after)), law(sut.draft_logits(group, after))
+            p2 = _filtered(sut.target_logits(after), protocol, semantics)
+            q2 = _filtered(sut.draft_logits(group, after), protocol, semantics)
             total += q1[x] * r1 * 0.5 * np.abs(_reused_row(p2, q2, r1) - p2).sum()
         out[group.name] = float(total)
     return out
