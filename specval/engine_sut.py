@@ -188,6 +188,9 @@ class EngineSUT(SUT):
         facts = super().describe()
         facts.update(engine=getattr(engine, "__version__", None), model=self.spec.model, dtype=self.spec.dtype,
                      device=self.spec.device, configs=[f"{m}/draft_loops={d}" for m, d in self._llms])
+        if self._collectors:  # collection: batched
+            facts["collection"] = {m if d is None else f"{m}/draft_loops={d}": c.graph_status
+                                  for (m, d), c in self._collectors.items()}
         return facts
 
     def close(self) -> None:

@@ -102,6 +102,16 @@ class BatchCollector:
         self._shapes: dict[tuple[int, int, int], tuple[BatchState, "torch.cuda.CUDAGraph | None"]] = {}
         self._pool = None
 
+    @property
+    def graph_status(self) -> str:
+        """How the rounds ran: the capture failure, or the number of captured and eager shapes."""
+        if not self.capture:
+            return "eager (no CUDA Graphs on this device)"
+        if self.disabled_reason is not None:
+            return f"eager after: {self.disabled_reason}"
+        captured = sum(graph is not None for _, graph in self._shapes.values())
+        return f"{captured} batch shape(s) captured as CUDA Graphs"
+
     def collect(self, prompt: list[int], params: SamplingParams, seeds: list[int],
                 max_tokens: int, batch_size: int | None = None) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,

@@ -102,6 +102,10 @@ def test_engine_sut_batched_collection_equals_engine_collection():
         spec = SutSpec(adapter="engine", model="looped", options=(("collection", collection),))
         sut = EngineSUT(spec, 3)
         batches.append(sut.sample(group, PROMPT, sampling, np.array(SEEDS), 2, MAX_TOKENS))
+        facts = sut.describe()
+        # the manifest says how the batched rounds ran (no graphs on the CPU), and nothing otherwise
+        assert facts.get("collection") == ({"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"}
+                                           if collection == "batched" else None)
         sut.close()
     for name in ("tokens", "sources", "num_rounds", "num_draft_tokens", "num_accepted_tokens"):
         np.testing.assert_array_equal(getattr(batches[1], name), getattr(batches[0], name))

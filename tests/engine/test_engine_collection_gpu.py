@@ -37,6 +37,7 @@ def test_captured_collection_equals_eager_and_generate(mode):
     captured = BatchCollector(llm.engine)
     graphs = columns(captured.collect(prompt, params, SEEDS, MAX_TOKENS, batch_size=256))
     assert captured.disabled_reason is None and captured._shapes  # the round was captured
+    assert captured.graph_status == "1 batch shape(s) captured as CUDA Graphs"
     halves = [columns(captured.collect(prompt, params, part, MAX_TOKENS, batch_size=256))
               for part in (SEEDS[:77], SEEDS[77:])]
     eager = columns(BatchCollector(llm.engine, capture=False).collect(prompt, params, SEEDS, MAX_TOKENS))
