@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -237,10 +238,34 @@ def git_state(source: Path) -> dict[str, Any]:
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
+SOURCE_PACKAGES = ("specval", "engine")  # the harness and the bundled system under test
+
+
+def source_digest() -> str | None:
+    """SHA-256 over every file of the installed `specval` and `engine` packages (each file's path
+    relative to its package's parent, then its bytes, in path order; `__pycache__` left out).
+
+    Guarantee: two sessions with the same digest ran the same harness and engine source and the
+    same bundled weights, whatever the git metadata beside them says (a copied tree keeps stale
+    git metadata; an installed package has none). It does not cover the dependencies (their
+    versions are under `packages`) or an external adapter. None if a package cannot be found."""
+    digest = hashlib.sha256()
+    for name in SOURCE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            return None
+        root = Path(spec.origin).resolve().parent
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def code_version() -> dict[str, Any]:
-    """The code that runs: specval's version plus the commit and dirty flag of the checkout that
-    holds the package's own source (not of the current directory)."""
-    return {"version": specval.__version__, **git_state(Path(specval.__file__).resolve().parent)}
+    """The code that runs: specval's version, the commit and dirty flag of the checkout that
+    holds the package's own source (not of the current directory), and `source_digest()`."""
+    return {"version": specval.__version__, **git_state(Path(specval.__file__).resolve().parent),
+            "source_sha256": source_digest()}
 
 
 def package_versions() -> dict[str, str | None]:
@@ -431,6 +456,21 @@ def check_format(path: Path) -> list[str]:
     if found == BUNDLE_FORMAT:
         return []
     return [f"{RUN_FILE}: bundle format {found}, this specval verifies format {BUNDLE_FORMAT} (re-run it)"]
+
+
+def code_note(path: Path) -> str | None:
+    """A line for `specval verify` when the code that recomputes the bundle is not provably the
+    code that made it: a session recorded another `source_sha256`, or none (older bundles). None
+    when every session ran this checkout's source. Informational: verdicts are compared anyway."""
+    try:
+        made = {(session.get("code") or {}).get("source_sha256") for session in read_sessions(path)}
+    except READ_ERRORS:
+        return None  # verify reports the unreadable file itself
+    here = source_digest()
+    if made == {here}:
+        return None
+    recorded = ", ".join(sorted(str(digest)[:16] for digest in made if digest)) or "none recorded"
+    return f"note: made by source sha256 {recorded}; recomputed with this checkout's {str(here)[:16]}"
 
 
 def check_sessions(path: Path) -> list[str]:

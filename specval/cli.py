@@ -377,6 +377,9 @@ def verify(bundle) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
     bundle: the ratios, the interval and the verdict from its recorded timings)."""
     problems = _bundle_module(bundle).verify(bundle)
+    note = bundles.code_note(bundle)
+    if note:
+        click.echo(note)
     for problem in problems:
         click.echo(f"DIFFERS {problem}")
     if problems:

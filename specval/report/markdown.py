@@ -69,7 +69,8 @@ SESSION_HEADER = ["session", "command", "started", "finished", "samples drawn", 
 def code_text(code: dict) -> str:
     """specval version, commit and dirty flag of one code-version record (format-1 manifests
     recorded only `git {commit, dirty}`)."""
-    return f"specval {code.get('version', '?')}, git {code.get('commit')} (dirty: {code.get('dirty')})"
+    text = f"specval {code.get('version', '?')}, git {code.get('commit')} (dirty: {code.get('dirty')})"
+    return text + (f", source sha256 {code['source_sha256'][:16]}" if code.get("source_sha256") else "")
 
 
 def provenance(manifest: dict) -> str:

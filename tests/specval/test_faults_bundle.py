@@ -261,3 +261,40 @@ def test_atomic_writers_follow_another_umask(tmp_path):
                seeds.ledger_path(tmp_path)]
     assert [_mode(p) for p in written] == [0o640] * 4
     assert not [p for p in tmp_path.rglob(".*")]  # no temp file left behind
+
+
+def _package_tree(root: Path) -> None:
+    for name, files in {"specval": {"__init__.py": "x = 1\n"},
+                        "engine": {"__init__.py": "", "weights/model.pt": "\x00\x01"}}.items():
+        for relative, text in files.items():
+            (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / name / relative).write_text(text)
+
+
+def test_source_digest_moves_with_any_package_file_and_ignores_bytecode(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    _package_tree(tmp_path)
+    monkeypatch.setattr(bundles.importlib.util, "find_spec",
+                        lambda name: SimpleNamespace(origin=str(tmp_path / name / "__init__.py")))
+    first = bundles.source_digest()
+    assert first == bundles.source_digest() and len(first) == 64
+    (tmp_path / "engine" / "__pycache__").mkdir()
+    (tmp_path / "engine" / "__pycache__" / "x.pyc").write_bytes(b"compiled")
+    assert bundles.source_digest() == first  # bytecode is not source
+    (tmp_path / "engine" / "weights" / "model.pt").write_text("\x00\x02")  # bundled weights count
+    changed = bundles.source_digest()
+    assert changed != first
+    (tmp_path / "engine" / "weights" / "model.pt").rename(tmp_path / "engine" / "weights" / "other.pt")
+    assert bundles.source_digest() not in (first, changed)  # a path is part of the digest
+
+
+def test_verify_notes_when_the_bundle_was_made_by_other_code(copy, monkeypatch):
+    made = json.loads((copy / "sessions.json").read_text())[0]["code"]["source_sha256"]
+    assert made == bundles.source_digest()  # the fixture ran this checkout's code
+    result = CliRunner().invoke(main, ["verify", str(copy)])
+    assert result.exit_code == 0 and "note:" not in result.output, result.output
+    monkeypatch.setattr(bundles, "source_digest", lambda: "f" * 64)
+    result = CliRunner().invoke(main, ["verify", str(copy)])
+    assert result.exit_code == 0, result.output  # informational: the verdicts still recompute
+    assert f"note: made by source sha256 {made[:16]}; recomputed with this checkout's {'f' * 16}" in result.output
