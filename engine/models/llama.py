@@ -329,7 +329,11 @@ class LlamaDepthModel:
         self._group = model.config.num_heads // model.config.num_kv_heads
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed(token_ids)
+        """int64[N] -> hidden[N, H], with no host synchronisation, so that a round can be captured
+        in a CUDA Graph (`LlamaModel.embed` reads min/max back to name a bad id). Ids outside the
+        vocabulary raise on the CPU and trip a device-side assert on CUDA, as `nn.Embedding` does
+        in the looped model; the engine only embeds prompt ids checked at admission and sampled ids."""
+        return F.embedding(token_ids, self.model.weights.embed)
 
     def forward_depth(self, depth: int, hidden: torch.Tensor, positions: torch.Tensor,
                       metadata: AttentionMetadata, kv: PagedKV) -> torch.Tensor:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine import LLM, Engine, EngineConfig, ModelConfig
+from engine.models.llama import LayerWeights, LlamaConfig, LlamaWeights
 
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 REDUCTION_LAMBDA = 6.0  # probabilistic summation bound, see reorder_atol
@@ -20,6 +21,28 @@ CANCELLATION = 4.0  # assumed ratio of a reduction's sum of |terms| to the large
 
 TINY_MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3,
                          intermediate_size=64, eos_token_id=0, seed=1)
+
+TINY_LLAMA = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+                         num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, context_length=64,
+                         tie_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+
+def random_llama_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
+    """Random Llama weights (tied embeddings) of `config`, fixed by `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, scale: float = 0.3) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * scale
+
+    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    layers = tuple(
+        LayerWeights(attn_norm=1 + rand(h, scale=0.1), wq=rand(config.num_heads * d, h),
+                     wk=rand(config.num_kv_heads * d, h), wv=rand(config.num_kv_heads * d, h),
+                     wo=rand(h, config.num_heads * d), ffn_norm=1 + rand(h, scale=0.1),
+                     w_gate=rand(i, h), w_up=rand(i, h), w_down=rand(h, i))
+        for _ in range(config.num_layers))
+    embed = rand(config.vocab_size, h, scale=1.0)
+    return LlamaWeights(embed=embed, layers=layers, final_norm=1 + rand(h, scale=0.1), lm_head=embed)
 
 
 def tiny_llm(**overrides) -> LLM:

@@ -13,11 +13,21 @@ import torch
 from engine import SamplingParams
 from engine.runners.base import SamplingRows
 from engine.runners.speculative import plan_round
-from engine_helpers import no_host_reads, tiny_llm
+from engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights, tiny_llm
 
 
-def started_engine(mode: str):
-    engine = tiny_llm(mode=mode, num_speculative_tokens=3).engine
+def tiny_llama_llm(**options):
+    """The engine over a random-weight Llama (one layer per depth): the real-model family's path."""
+    from engine import LLM, EngineConfig
+    from engine.models.llama import LlamaDepthModel, LlamaModel
+
+    model = LlamaDepthModel(LlamaModel(TINY_LLAMA, random_llama_weights(TINY_LLAMA)), 1)
+    return LLM(EngineConfig(block_size=4, num_kv_blocks=4096, draft_loops=1, **options), model=model)
+
+
+def started_engine(mode: str, family: str = "looped"):
+    make = tiny_llm if family == "looped" else tiny_llama_llm
+    engine = make(mode=mode, num_speculative_tokens=3).engine
     params = [SamplingParams(temperature=0.0, max_tokens=8), SamplingParams(seed=1, max_tokens=8),
               SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=2, max_tokens=2)]
     for i, p in enumerate(params):
@@ -28,8 +38,9 @@ def started_engine(mode: str):
     return engine, batch
 
 
-def test_speculative_round_has_no_host_reads(monkeypatch):
-    engine, batch = started_engine("sync")
+@pytest.mark.parametrize("family", ["looped", "llama"])
+def test_speculative_round_has_no_host_reads(monkeypatch, family):
+    engine, batch = started_engine("sync", family)
     runner, device = engine.runner, engine.device
     assert batch.num_drafts == (3, 3, 1)  # the max_tokens=2 row is ragged
     with torch.inference_mode():
@@ -45,8 +56,9 @@ def test_speculative_round_has_no_host_reads(monkeypatch):
     assert result.tokens.shape == (3, 4)
 
 
-def test_plain_step_has_no_host_reads(monkeypatch):
-    engine, batch = started_engine("nospec")
+@pytest.mark.parametrize("family", ["looped", "llama"])
+def test_plain_step_has_no_host_reads(monkeypatch, family):
+    engine, batch = started_engine("nospec", family)
     with torch.inference_mode():
         rows = SamplingRows.from_requests(batch.decode, engine.device)
         with no_host_reads(monkeypatch):

@@ -13,14 +13,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.models.llama import (ContiguousAttention, LayerWeights, LlamaConfig, LlamaModel, LlamaWeights,
-                                 apply_rope, rms_norm, rope_cos_sin)
+from engine.models.llama import ContiguousAttention, LlamaModel, apply_rope, rms_norm, rope_cos_sin
 from engine_helpers import FLOAT32_UNIT_ROUNDOFF as U
+from engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights as random_weights
 from engine_helpers import reorder_atol
 
-TINY = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
-                   num_kv_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5, context_length=64,
-                   tie_embeddings=True, bos_token_id=1, eos_token_id=2)
+TINY = TINY_LLAMA
 
 
 # Chained float32 reductions per layer: attention RMSNorm mean, q/k/v projection, scores, softmax
@@ -37,23 +35,6 @@ def logit_atol(expected: torch.Tensor, num_layers: int = TINY.num_layers) -> flo
 
 def assert_same_logits(actual: torch.Tensor, expected: torch.Tensor, num_layers: int = TINY.num_layers) -> None:
     torch.testing.assert_close(actual, expected, atol=logit_atol(expected, num_layers), rtol=0)
-
-
-def random_weights(config: LlamaConfig, seed: int = 0) -> LlamaWeights:
-    gen = torch.Generator().manual_seed(seed)
-
-    def rand(*shape: int, scale: float = 0.3) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * scale
-
-    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
-    layers = tuple(
-        LayerWeights(attn_norm=1 + rand(h, scale=0.1), wq=rand(config.num_heads * d, h),
-                     wk=rand(config.num_kv_heads * d, h), wv=rand(config.num_kv_heads * d, h),
-                     wo=rand(h, config.num_heads * d), ffn_norm=1 + rand(h, scale=0.1),
-                     w_gate=rand(i, h), w_up=rand(i, h), w_down=rand(h, i))
-        for _ in range(config.num_layers))
-    embed = rand(config.vocab_size, h, scale=1.0)
-    return LlamaWeights(embed=embed, layers=layers, final_norm=1 + rand(h, scale=0.1), lm_head=embed)
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +206,18 @@ def test_engine_serves_llama_depth_model(model, mode):
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     llm.close()
     assert output.token_ids == expected
+
+
+def test_depth_adapter_embed_reads_nothing_back_to_the_host(model, monkeypatch):
+    """The serving path's embed must not synchronise (a CUDA Graph capture fails on a host read, and
+    the rounds then run eagerly): it returns the reference rows bit for bit with every host read
+    refused; an id outside the vocabulary still raises (on the CPU)."""
+    from engine.models.llama import LlamaDepthModel
+
+    adapter = LlamaDepthModel(model, 1)
+    ids = tokens(7, seed=5)
+    with no_host_reads(monkeypatch):
+        got = adapter.embed(ids)
+    assert torch.equal(got, model.embed(ids))
+    with pytest.raises(IndexError):
+        adapter.embed(torch.tensor([0, TINY.vocab_size]))
