@@ -46,6 +46,7 @@ from specval.verdict import applicable_groups, criterion_name
 SUMMARY_FIGURES = 2  # figures drawn from the summary: p-values across strata, token sources
 POOL_MIN_SAMPLES = 100_000  # a smaller run renders serially: its collection is too short to hide the workers' start
 FIGURE_TIMEOUT_S = 300.0  # a figure takes about a second; one this late is a lost worker
+TERMINATE_JOIN_S = 10.0  # a terminated worker exits at once; this bounds the wait for one that does not
 HIDDEN_DEVICES = ""  # CUDA_VISIBLE_DEVICES of a worker: no device
 
 Prediction = tuple[str, str, int]  # (criterion name, group, position) of an observed-vs-expected figure
@@ -127,10 +128,12 @@ class FigurePool:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     def _terminate(self) -> None:
+        processes = list((getattr(self._executor, "_processes", None) or {}).values())  # shutdown forgets them
         self._executor.shutdown(wait=False, cancel_futures=True)
-        for process in list((getattr(self._executor, "_processes", None) or {}).values()):
-            if process.is_alive():
-                process.terminate()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(TERMINATE_JOIN_S)
 
     def submit_observed(self, path: Path, protocol: Protocol, samples: pd.DataFrame) -> None:
         """Submit the predicted observed-vs-expected figures of the bundle at `path`, whose
