@@ -264,7 +264,7 @@ def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: 
 ANALYSIS_STEPS = {  # the manifest's `analysis_steps`: seconds of wall time per step after collection
     "load_s": "stage-1 samples read (parquet)",
     "reference_s": "stage-1 reference: replay of the occurring prefixes (the SUT's device), reference.json",
-    "figures_submit_s": "observed-vs-expected figures handed to the figure workers (a pooled run only)",
+    "figures_submit_s": "figures handed to the figure workers, early ones and the rest (a pooled run only)",
     "quadrature_s": "quadrature sweeps (the SUT's device), quadrature.json",
     "tests_s": "stage-1 criteria: pooling, Monte Carlo p-values, Holm, group facts",
     "stage2_load_s": "stage-2 samples read (a second stage only; its collection is `collect_stage2_s`)",
@@ -380,23 +380,26 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
                 analysis = analyse(path, protocol, ranges, sut, progress, sampler, pool, watch)
                 device["sut"] = sut.describe()
                 t2 = time.perf_counter()
-                pending = pool.submit(path, analysis.summary, analysis.samples) if pool else None
+                with watch.step("figures_submit_s"):
+                    pending = pool.submit(path, analysis.summary, analysis.samples) if pool else None
         finally:
             with watch.step("sut_close_s"):
                 sut.close()
         with watch.step("figures_s"):
             pngs = pending() if pending else report.figures(path, analysis.summary, analysis.samples)
-    phases = {"setup_s": t0 - clock, "collect_s": t1 - t0, "analysis_s": t2 - t1 - analysis.collect_stage2_s,
-              "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
-    timing = run_timing(started, clock, t1 - t0, drawn, phases)
-    if protocol.confirmation.is_two_stage:
-        timing["stage2_samples_drawn"] = analysis.drawn_stage2
-        timing["collect_stage2_s"] = analysis.collect_stage2_s
-    if shards is not None:
-        timing["ranks"] = shards.size
-    bundles.end_session(path, session, drawn + analysis.drawn_stage2, analysis.summary["verdict"])
-    write_manifest(path, protocol, ranges, device, timing, command)
-    finish(path, pngs)
+        if pool:
+            pool.release()  # the workers exit while the bundle is sealed; leaving the block joins them
+        phases = {"setup_s": t0 - clock, "collect_s": t1 - t0, "analysis_s": t2 - t1 - analysis.collect_stage2_s,
+                  "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
+        timing = run_timing(started, clock, t1 - t0, drawn, phases)
+        if protocol.confirmation.is_two_stage:
+            timing["stage2_samples_drawn"] = analysis.drawn_stage2
+            timing["collect_stage2_s"] = analysis.collect_stage2_s
+        if shards is not None:
+            timing["ranks"] = shards.size
+        bundles.end_session(path, session, drawn + analysis.drawn_stage2, analysis.summary["verdict"])
+        write_manifest(path, protocol, ranges, device, timing, command)
+        finish(path, pngs)
     return path, analysis.summary
 
 

@@ -127,6 +127,10 @@ class FigurePool:
             self._terminate()
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    def release(self) -> None:
+        """Let the workers exit now, without waiting for them (`close` joins them later)."""
+        self._executor.shutdown(wait=False)
+
     def _terminate(self) -> None:
         processes = list((getattr(self._executor, "_processes", None) or {}).values())  # shutdown forgets them
         self._executor.shutdown(wait=False, cancel_futures=True)
