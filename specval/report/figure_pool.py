@@ -109,6 +109,7 @@ class FigurePool:
         self._executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_init)
         self._observed: dict[Prediction, Future] = {}
+        self._released: list = []  # the worker processes, once `release` let them exit
         self._started = [self._executor.submit(_facts) for _ in range(workers)]  # spawns every worker now
 
     def __enter__(self) -> "FigurePool":
@@ -122,17 +123,29 @@ class FigurePool:
         return [future.result(timeout=FIGURE_TIMEOUT_S) for future in self._started]
 
     def close(self, abort: bool = False) -> None:
-        """Shut the workers down; `abort`: cancel what is queued and terminate them now."""
+        """Shut the workers down and join them; `abort`: cancel what is queued and terminate them
+        first. A worker still alive TERMINATE_JOIN_S after its shutdown is terminated."""
+        processes = self._released or self._processes()
         if abort:
             self._terminate()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(wait=not abort, cancel_futures=True)
+        for process in processes:
+            process.join(TERMINATE_JOIN_S)
+            if process.is_alive():
+                process.terminate()
+                process.join()
 
     def release(self) -> None:
         """Let the workers exit now, without waiting for them (`close` joins them later)."""
+        self._released = self._processes()
         self._executor.shutdown(wait=False)
 
+    def _processes(self) -> list:
+        """The worker processes (the executor forgets them at its shutdown)."""
+        return list((getattr(self._executor, "_processes", None) or {}).values())
+
     def _terminate(self) -> None:
-        processes = list((getattr(self._executor, "_processes", None) or {}).values())  # shutdown forgets them
+        processes = self._released or self._processes()
         self._executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
