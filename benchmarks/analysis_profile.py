@@ -12,11 +12,16 @@ one, so the reports render the kept code version and clock). The Monte Carlo dra
 ones only under the numpy and scipy the bundle was made with; `--against` compares with the files
 another checkout's replay kept (`--keep`).
 
+`--workers N` replays the run's pooled path (specval.report.figure_pool): the pool is started and
+its workers have imported the plotting code before the clock starts (in a run they do that while
+the SUT collects), the observed-vs-expected figures are handed to them once reference.json is
+written, and the table shows the parent's side: the hand-over and the wait for the figures.
+
 Each row is the wall time of one instrumented function, summed over its calls (column `calls`);
 the rows do not nest, and `rest` is the step's wall time outside every instrumented function.
 
 Usage, from the repository root:
-    python -m benchmarks.analysis_profile [BUNDLE] [--no-gpu-steps] [--keep DIR] [--against DIR]
+    python -m benchmarks.analysis_profile [BUNDLE] [--no-gpu-steps] [--keep DIR] [--against DIR] [--workers N]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from specval import bundle as bundles
 from specval import collect, report, runner, verdict
 from specval.reference import Reference
 from specval.report import plots
+from specval.report.figure_pool import FigurePool
 
 DEFAULT_BUNDLE = Path("reports/t2_cuda_batched-20261201T012929Z")
 REGENERATED = (bundles.SUMMARY_FILE, bundles.MANIFEST_FILE, "report.md", "report.html", bundles.SUMS_FILE)
@@ -98,6 +104,8 @@ def _targets() -> list[tuple[object, str, Callable[..., str]]]:
             (plots, "observed_vs_expected", _fixed("plot: observed vs expected")),
             (plots, "pvalues_across_strata", _fixed("plot: p-values across strata")),
             (plots, "acceptance_by_position", _fixed("plot: token sources")),
+            (FigurePool, "submit_observed", _fixed("figures: observed vs expected handed to the workers")),
+            (FigurePool, "_wait", _fixed("figures: waited for the workers")),
             (report, "render_markdown", _fixed("report.md")), (report, "render_html", _fixed("report.html")),
             (bundles, "write_json", _fixed("json files written")),
             (bundles, "write_sums", _fixed("SHA256SUMS written")),
@@ -135,9 +143,16 @@ class _NoSut:
         return list(self.prompt_ids)
 
 
-def replay_run(kept: Path, work: Path, against: Path) -> tuple[Clock, float, dict[str, bool]]:
+def replay_run(kept: Path, work: Path, against: Path, workers: int = 0) -> tuple[Clock, float, dict[str, bool]]:
     """The run's post-collection work on a copy of `kept`: (clock, wall s, file -> identical to the
-    one in `against`)."""
+    one in `against`); `workers` > 0: with a FigurePool of that many warm workers."""
+    with FigurePool(workers) if workers > 0 else contextlib.nullcontext(None) as pool:
+        if pool is not None:
+            pool.worker_facts()  # warm before the clock: a run warms them while it collects
+        return _replay(kept, work, against, pool)
+
+
+def _replay(kept: Path, work: Path, against: Path, pool: FigurePool | None) -> tuple[Clock, float, dict[str, bool]]:
     path = work / kept.name
     shutil.copytree(kept, path)
     for name in REGENERATED:
@@ -150,9 +165,12 @@ def replay_run(kept: Path, work: Path, against: Path) -> tuple[Clock, float, dic
     clock = Clock()
     with _stored_gpu_steps(kept), clock.patched(_targets()):
         start = time.perf_counter()
-        analysis = runner.analyse(path, protocol, ranges, _NoSut(prompt))
+        analysis = runner.analyse(path, protocol, ranges, _NoSut(prompt), **({"pool": pool} if pool else {}))
         samples = getattr(analysis, "samples", None)  # code before the analysis kept its samples: None
-        pngs = report.figures(path, analysis.summary, samples) if samples is not None else None
+        if pool is not None:
+            pngs = pool.submit(path, analysis.summary, samples)()
+        else:
+            pngs = report.figures(path, analysis.summary, samples) if samples is not None else None
         runner.write_manifest(path, protocol, ranges, manifest["device"], timing, manifest["command"])
         shutil.copyfile(kept / bundles.MANIFEST_FILE, path / bundles.MANIFEST_FILE)  # the kept code version
         runner.finish(path, pngs) if pngs is not None else runner.finish(path)
@@ -161,11 +179,11 @@ def replay_run(kept: Path, work: Path, against: Path) -> tuple[Clock, float, dic
     return clock, wall, same
 
 
-def replay_verify(kept: Path) -> tuple[Clock, float, list[str]]:
+def replay_verify(kept: Path, workers: int | None = None) -> tuple[Clock, float, list[str]]:
     clock = Clock()
     with clock.patched(_targets()):
         start = time.perf_counter()
-        problems = runner.verify(kept)
+        problems = runner.verify(kept, workers)
         wall = time.perf_counter() - start
     return clock, wall, problems
 
@@ -214,18 +232,19 @@ def main() -> None:
                         "(default: the kept bundle; its Monte Carlo draws match only under its numpy and scipy)")
     parser.add_argument("--keep", type=Path, help="copy the replayed summary and reports into this folder")
     parser.add_argument("--no-gpu-steps", action="store_true", help="skip the CPU estimate of the GPU-side steps")
+    parser.add_argument("--workers", type=int, default=0, help="figure workers (0: the serial path)")
     args = parser.parse_args()
     kept = args.bundle
     extra = {} if args.no_gpu_steps else gpu_steps_on_cpu(kept)
     with tempfile.TemporaryDirectory() as work:
-        clock, wall, same = replay_run(kept, Path(work), args.against or kept)
+        clock, wall, same = replay_run(kept, Path(work), args.against or kept, args.workers)
         if args.keep:
             args.keep.mkdir(parents=True, exist_ok=True)
             for name in COMPARED:
                 shutil.copyfile(Path(work) / kept.name / name, args.keep / name)
     _table(f"run, after collection: {kept.name}", clock, wall, extra)
     print(f"\nidentical to {args.against or kept}: " + ", ".join(f"{n} {'yes' if s else 'NO'}" for n, s in same.items()))
-    clock, wall, problems = replay_verify(kept)
+    clock, wall, problems = replay_verify(kept, args.workers or None)
     _table(f"specval verify {kept.name}", clock, wall)
     print(f"\nverify: {'OK' if not problems else f'{len(problems)} difference(s), first: {problems[0]}'}")
 

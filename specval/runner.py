@@ -16,8 +16,10 @@ bundle and recomputes its summary from the raw samples.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import shutil
 import sys
@@ -35,9 +37,11 @@ from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir
 from specval.protocol import (FROZEN, Protocol, ProtocolError, SutSpec, check_registered, load_protocol,
                               parse_protocol, resolve)
 from specval.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
+from specval.report.figure_pool import FigurePool, worker_count
 from specval.stats import quadrature
 from specval.stats.quadrature import adversarial_pairs
 from specval.semantics import FilterSemantics
+from specval.stopwatch import Stopwatch
 from specval.sut import DRAFT_GREEDY, SUT, capabilities_of, open_sut
 from specval.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
 
@@ -217,30 +221,58 @@ class Analysis:
 
 
 def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT,
-            progress: bool = False, sampler: collect.ChunkSampler | None = None) -> Analysis:
+            progress: bool = False, sampler: collect.ChunkSampler | None = None,
+            pool: FigurePool | None = None, watch: Stopwatch | None = None) -> Analysis:
     """Reference, quadrature, stage 2 when the protocol calls for it (collected by `sampler`), and
     the summary of a bundle whose stage-1 samples are complete.
 
     Each stage's samples are read once and stage 1 is evaluated once (its summary decides on the
     second stage and is the summary's first stage); the summary is the one `recompute` derives
-    from the bundle's files, bit for bit (the same files are read: reference.json, quadrature.json)."""
+    from the bundle's files, bit for bit (the same files are read: reference.json, quadrature.json).
+    `pool`: its workers start on the observed-vs-expected figures once reference.json is written.
+    `watch`: times each step (names in `ANALYSIS_STEPS`)."""
+    step = (watch or Stopwatch()).step
     prompt_ids = sut.encode(protocol.prompt)
-    samples = collect.load_samples(path, ranges)
-    _write_reference(path, sut, protocol, prompt_ids, samples)
-    bundles.write_json(path / bundles.QUADRATURE_FILE, quadrature_laws(sut, protocol, prompt_ids))
-    laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
-    first = _stage_summary(path, protocol, ranges, laws, samples)
-    drawn, collect_s = 0, 0.0
+    with step("load_s"):
+        samples = collect.load_samples(path, ranges)
+    with step("reference_s"):
+        _write_reference(path, sut, protocol, prompt_ids, samples)
+    if pool is not None:
+        with step("figures_submit_s"):
+            pool.submit_observed(path, protocol, samples)
+    with step("quadrature_s"):
+        bundles.write_json(path / bundles.QUADRATURE_FILE, quadrature_laws(sut, protocol, prompt_ids))
+        laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
+    with step("tests_s"):
+        first = _stage_summary(path, protocol, ranges, laws, samples)
+    drawn, collect_s, second = 0, 0.0, None
     if needs_second_stage(protocol, first):
-        second = claim_stage2(path, protocol)
+        stage2 = claim_stage2(path, protocol)
         start = time.perf_counter()
-        drawn = collect.collect(sut, protocol, prompt_ids, second, path / bundles.STAGE2_DIR, progress, sampler)
+        drawn = collect.collect(sut, protocol, prompt_ids, stage2, path / bundles.STAGE2_DIR, progress, sampler)
         collect_s = time.perf_counter() - start
-        _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids,
-                         collect.load_samples(path / bundles.STAGE2_DIR, second))
-    summary = recompute(path, protocol, ranges, first)
-    bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+        with step("stage2_load_s"):
+            second = collect.load_samples(path / bundles.STAGE2_DIR, stage2)
+        with step("stage2_reference_s"):
+            _write_reference(path / bundles.STAGE2_DIR, sut, protocol, prompt_ids, second)
+    with step("summary_s"):
+        summary = recompute(path, protocol, ranges, first, second)
+        bundles.write_json(path / bundles.SUMMARY_FILE, summary)
     return Analysis(summary, samples, drawn, collect_s)
+
+
+ANALYSIS_STEPS = {  # the manifest's `analysis_steps`: seconds of wall time per step after collection
+    "load_s": "stage-1 samples read (parquet)",
+    "reference_s": "stage-1 reference: replay of the occurring prefixes (the SUT's device), reference.json",
+    "figures_submit_s": "figures handed to the figure workers, early ones and the rest (a pooled run only)",
+    "quadrature_s": "quadrature sweeps (the SUT's device), quadrature.json",
+    "tests_s": "stage-1 criteria: pooling, Monte Carlo p-values, Holm, group facts",
+    "stage2_load_s": "stage-2 samples read (a second stage only; its collection is `collect_stage2_s`)",
+    "stage2_reference_s": "stage-2 reference (a second stage only)",
+    "summary_s": "stage-2 criteria when run, confirmation, summary.json",
+    "sut_close_s": "the SUT closed (a pooled run: while the workers render)",
+    "figures_s": "the figures: rendered here (serial), or waited for (pooled)",
+}
 
 
 def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict,
@@ -254,10 +286,11 @@ def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedR
     return evaluate(protocol, samples, reference, laws, spans)
 
 
-def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], first: dict | None = None) -> dict:
+def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], first: dict | None = None,
+              second_samples: pd.DataFrame | None = None) -> dict:
     """The summary recomputed from the bundle's files alone (raw samples, references, laws), both
-    stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), when
-    the caller has just computed it from these files."""
+    stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), and
+    `second_samples`: the stage-2 samples, when the caller has just read them from these files."""
     laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
     first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws), None
     if needs_second_stage(protocol, first):
@@ -266,7 +299,7 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], fir
             raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} "
                                       "records no stage-2 seed ranges")
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
-        second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws)
+        second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws, second_samples)
     summary = confirm(protocol, first, second)
     plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
     summary["registration"] = plan.registration_block()
@@ -296,7 +329,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
         sut_factory: SutFactory | None = None, command: list[str] | None = None,
         announce: Callable[[Path], None] | None = None,
-        shards: sharding.ShardGroup | None = None) -> tuple[Path, dict]:
+        shards: sharding.ShardGroup | None = None, figure_workers: int | None = None) -> tuple[Path, dict]:
     """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary).
 
     Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
@@ -307,7 +340,11 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
 
     `shards`: this process is rank 0 of a multi-rank run (specval.sharding): the protocol runs on
     this rank's device, every collection is shared with the other ranks, and the manifest records
-    the number of ranks. Everything else (claims, bundle, analysis) is this process's alone."""
+    the number of ranks. Everything else (claims, bundle, analysis) is this process's alone.
+
+    `figure_workers`: processes rendering the report's figures beside the analysis
+    (specval.report.figure_pool); None: `figure_pool.worker_count`; 0: rendered here, serially.
+    Either way the figures have the same bytes."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     if resume is None:
         base, protocol, state = prepare(Path(protocol_file), profile, exploratory)
@@ -319,42 +356,63 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     sampler = sharding.sampler(shards) if shards is not None else None
     check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
     sut = open_checked(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
-    try:
-        semantics = capabilities_of(sut).semantics
+    watch = Stopwatch()
+    with _figure_pool(sut, worker_count(protocol) if figure_workers is None else figure_workers) as pool:
+        try:
+            semantics = capabilities_of(sut).semantics
+            if shards is not None:
+                sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
+            if resume is None:
+                path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
+                                     semantics)
+            else:
+                path = Path(resume)
+                check_resumed_semantics(path, semantics)
+            if announce:
+                announce(path)
+            session = bundles.begin_session(path, command)
+            with guard_bundle(path, session):
+                prompt_ids = sut.encode(protocol.prompt)
+                device = bundles.device_facts()  # the device, not the samples: setup, before the clock of collection
+                t0 = time.perf_counter()
+                drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
+                t1 = time.perf_counter()
+                analysis = analyse(path, protocol, ranges, sut, progress, sampler, pool, watch)
+                device["sut"] = sut.describe()
+                t2 = time.perf_counter()
+                with watch.step("figures_submit_s"):
+                    pending = pool.submit(path, analysis.summary, analysis.samples) if pool else None
+        finally:
+            with watch.step("sut_close_s"):
+                sut.close()
+        with watch.step("figures_s"):
+            pngs = pending() if pending else report.figures(path, analysis.summary, analysis.samples)
+        if pool:
+            pool.release()  # the workers exit while the bundle is sealed; leaving the block joins them
+        phases = {"setup_s": t0 - clock, "collect_s": t1 - t0, "analysis_s": t2 - t1 - analysis.collect_stage2_s,
+                  "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
+        timing = run_timing(started, clock, t1 - t0, drawn, phases)
+        if protocol.confirmation.is_two_stage:
+            timing["stage2_samples_drawn"] = analysis.drawn_stage2
+            timing["collect_stage2_s"] = analysis.collect_stage2_s
         if shards is not None:
-            sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
-        if resume is None:
-            path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
-                                 semantics)
-        else:
-            path = Path(resume)
-            check_resumed_semantics(path, semantics)
-        if announce:
-            announce(path)
-        session = bundles.begin_session(path, command)
-        with guard_bundle(path, session):
-            prompt_ids = sut.encode(protocol.prompt)
-            t0 = time.perf_counter()
-            drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
-            t1 = time.perf_counter()
-            analysis = analyse(path, protocol, ranges, sut, progress, sampler)
-            device = {**bundles.device_facts(), "sut": sut.describe()}
-            t2 = time.perf_counter()
-    finally:
-        sut.close()
-    pngs = report.figures(path, analysis.summary, analysis.samples)
-    phases = {"setup_s": t0 - clock, "collect_s": t1 - t0,
-              "analysis_s": t2 - t1 - analysis.collect_stage2_s, "report_s": time.perf_counter() - t2}
-    timing = run_timing(started, clock, t1 - t0, drawn, phases)
-    if protocol.confirmation.is_two_stage:
-        timing["stage2_samples_drawn"] = analysis.drawn_stage2
-        timing["collect_stage2_s"] = analysis.collect_stage2_s
-    if shards is not None:
-        timing["ranks"] = shards.size
-    bundles.end_session(path, session, drawn + analysis.drawn_stage2, analysis.summary["verdict"])
-    write_manifest(path, protocol, ranges, device, timing, command)
-    finish(path, pngs)
+            timing["ranks"] = shards.size
+        bundles.end_session(path, session, drawn + analysis.drawn_stage2, analysis.summary["verdict"])
+        write_manifest(path, protocol, ranges, device, timing, command)
+        finish(path, pngs)
     return path, analysis.summary
+
+
+def _figure_pool(sut: SUT, workers: int) -> contextlib.AbstractContextManager[FigurePool | None]:
+    """A FigurePool of `workers` processes (None when 0: the figures are rendered serially); the
+    SUT is closed if the pool cannot start."""
+    if workers < 1:
+        return contextlib.nullcontext(None)
+    try:
+        return FigurePool(workers)
+    except BaseException:
+        sut.close()
+        raise
 
 
 def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
@@ -372,12 +430,15 @@ def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases:
     of the run, seconds spent collecting and samples drawn.
 
     `phases` (a distribution run) splits `wall_s` into consecutive, non-overlapping parts:
-    `setup_s` (protocol, adapter and its probe, seed claims), `collect_s`, `analysis_s` (after
-    collection: reference replay, quadrature sweeps, every criterion with its Monte Carlo p-value,
-    Holm, summary.json; a stage-2 collection is left out, as `collect_stage2_s`) and `report_s`
-    (the report's figures); `analysis_share` = (analysis_s + report_s) / wall_s. Nothing of the
-    analysis overlaps the collection. What follows the manifest (report.md/html text from the
-    figures, SHA256SUMS) is not in `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
+    `setup_s` (protocol, adapter and its probe, figure workers started, seed claims, device
+    facts), `collect_s`, `analysis_s` (after collection: reference replay, quadrature sweeps,
+    every criterion with its Monte Carlo p-value, Holm, summary.json; a stage-2 collection is left
+    out, as `collect_stage2_s`) and `report_s` (the SUT closed and the report's figures);
+    `analysis_share` = (analysis_s + report_s) / wall_s; `analysis_steps` splits analysis_s and
+    report_s by step (`ANALYSIS_STEPS`; the rest of the two is bookkeeping between the steps).
+    Nothing of the analysis overlaps the collection: the figure workers only start their imports
+    then. What follows the manifest (report.md/html text from the figures, SHA256SUMS) is not in
+    `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
     wall = time.perf_counter() - clock
     timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
               "wall_s": wall, "collect_s": collect_s, "samples_drawn": drawn,
@@ -411,10 +472,28 @@ def finish(path: Path, pngs: dict[str, bytes] | None = None) -> None:
     bundles.write_sums(path)
 
 
-def verify(path: Path) -> list[str]:
+VERIFY_MIN_WORKERS = 2  # verify has nothing beside its figures: one worker would move them, not overlap them
+
+
+def verify(path: Path, figure_workers: int | None = None) -> list[str]:
     """Every difference between the bundle and its seals, its summary recomputed from the raw
-    samples and its reports re-rendered (`bundles.verify_bundle`)."""
-    return bundles.verify_bundle(path, _recompute_bundle, report.render_files)
+    samples and its reports re-rendered (`bundles.verify_bundle`). `figure_workers`: processes
+    that re-render the figures in parallel, started first so that their imports overlap the
+    checks; None: `figure_pool.worker_count` of the bundle's protocol when at least
+    VERIFY_MIN_WORKERS, else 0 (serial). The same bytes either way."""
+    workers = _verify_workers(path) if figure_workers is None else figure_workers
+    with FigurePool(workers) if workers > 0 else contextlib.nullcontext(None) as pool:
+        render = functools.partial(report.render_files, render_figures=pool.figures) if pool else report.render_files
+        return bundles.verify_bundle(path, _recompute_bundle, render)
+
+
+def _verify_workers(path: Path) -> int:
+    try:
+        protocol, _ = load_bundle_protocol(path)
+    except (bundles.BundleError, ProtocolError, *bundles.READ_ERRORS):
+        return 0  # verify reports what is wrong with the bundle; its figures render serially
+    workers = worker_count(protocol)
+    return workers if workers >= VERIFY_MIN_WORKERS else 0
 
 
 def _recompute_bundle(path: Path) -> dict:

@@ -22,34 +22,60 @@ def bundle_samples(path: Path, manifest: dict) -> pd.DataFrame:
     return load_samples(path, ranges)
 
 
-def figures(path: Path, summary: dict, samples: pd.DataFrame) -> dict[str, bytes]:
-    """Observed vs expected for every non-control token-stratified GOF criterion, p-values, token
-    sources; `samples` are the bundle's stage-1 samples (`bundle_samples`)."""
-    reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
-    positions = summary["protocol"]["positions"]
-    out = {}
+OBSERVED_TITLE = "observed vs expected: "  # + the criterion's name
+PVALUES_TITLE = "p-values across strata"
+SOURCES_TITLE = "token sources by position"
+
+
+def observed_criteria(summary: dict) -> list[tuple[str, dict]]:
+    """(name, test) of every non-control token-stratified GOF criterion that has strata, by name:
+    the criteria with an observed-vs-expected figure."""
+    out = []
     for name, test in sorted(summary["tests"].items()):
         rows = test.get("strata") or []
         if test["kind"] == "gof" and test["role"] != "control" and rows and "path" not in rows[0]:
-            png = plots.observed_vs_expected(name, test, samples, reference, positions)
-            if png:
-                out[f"observed vs expected: {name}"] = png
-    for title, png in (("p-values across strata", plots.pvalues_across_strata(summary["tests"])),
-                       ("token sources by position", plots.acceptance_by_position(summary["groups"]))):
+            out.append((name, test))
+    return out
+
+
+def assemble(observed: list[tuple[str, bytes | None]], pvalues: bytes | None,
+             sources: bytes | None) -> dict[str, bytes]:
+    """The report's figures in report order, those that came out None left out: `observed` as
+    (criterion name, png) in `observed_criteria` order, then p-values, then token sources."""
+    out = {f"{OBSERVED_TITLE}{name}": png for name, png in observed if png}
+    for title, png in ((PVALUES_TITLE, pvalues), (SOURCES_TITLE, sources)):
         if png:
             out[title] = png
     return out
 
 
-def render_files(path: Path, pngs: dict[str, bytes] | None = None) -> dict[str, bytes]:
+def read_reference(path: Path) -> Reference:
+    """The stage-1 reference of the bundle at `path` (reference.json), as the figures read it."""
+    return Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
+
+
+def figures(path: Path, summary: dict, samples: pd.DataFrame) -> dict[str, bytes]:
+    """Observed vs expected for every non-control token-stratified GOF criterion, p-values, token
+    sources; `samples` are the bundle's stage-1 samples (`bundle_samples`). Rendered here, one
+    after the other: the reference rendering (a `FigurePool` gives the same bytes)."""
+    reference, positions = read_reference(path), summary["protocol"]["positions"]
+    observed = [(name, plots.observed_vs_expected(name, test, samples, reference, positions))
+                for name, test in observed_criteria(summary)]
+    return assemble(observed, plots.pvalues_across_strata(summary["tests"]),
+                    plots.acceptance_by_position(summary["groups"]))
+
+
+def render_files(path: Path, pngs: dict[str, bytes] | None = None,
+                 render_figures: Callable[[Path, dict, pd.DataFrame], dict[str, bytes]] = figures) -> dict[str, bytes]:
     """report.md and report.html of the bundle at `path`, rendered from its files alone.
     Deterministic: the same bundle gives the same bytes (no clock, no PNG timestamp or software
     tag, sorted iteration), on any machine with the same matplotlib build. `pngs`: the bundle's
-    `figures`, when the caller already rendered them (a run, from the samples it holds in memory)."""
+    `figures`, when the caller already rendered them (a run, from the samples it holds in memory);
+    else `render_figures` (`figures`, or a `FigurePool`'s) renders them."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     if pngs is None:
-        pngs = figures(path, summary, bundle_samples(path, manifest))
+        pngs = render_figures(path, summary, bundle_samples(path, manifest))
     return {"report.md": render_markdown(summary, manifest, pngs).encode(),
             "report.html": render_html(summary, manifest, pngs).encode()}
 

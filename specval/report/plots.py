@@ -19,6 +19,15 @@ MAX_STRATA_PLOTTED = 4
 MAX_TOKENS_PLOTTED = 12
 
 
+def warm_up() -> None:
+    """Draw and discard one small figure with text: loads the fonts and the PNG writer, so the
+    first real figure of a fresh process does not pay for them (its bytes do not depend on it)."""
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.set_title("0", fontsize=6)
+    fig.tight_layout()
+    _png(fig)
+
+
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80, metadata={"Software": None})
@@ -26,12 +35,21 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def group_tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
+    """int64[n, positions]: the tokens of `group`'s rows of `samples`, in row order."""
+    rows = samples[samples["group"] == group]
+    return rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
+
+
 def observed_vs_expected(name: str, test: dict, samples: pd.DataFrame, reference: Reference,
                          positions: int) -> bytes | None:
     """Bars of observed and expected counts of the most likely tokens in the largest strata."""
-    rows = samples[samples["group"] == test["group"]]
-    tokens = rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
-    parts = sorted(strata(tokens, test["position"]), key=lambda s: -len(s[1]))[:MAX_STRATA_PLOTTED]
+    return observed_figure(name, group_tokens(samples, test["group"], positions), test["position"], reference)
+
+
+def observed_figure(name: str, tokens: np.ndarray, position: int, reference: Reference) -> bytes | None:
+    """`observed_vs_expected` of one group's tokens int64[n, positions] (`group_tokens`)."""
+    parts = sorted(strata(tokens, position), key=lambda s: -len(s[1]))[:MAX_STRATA_PLOTTED]
     if not parts:
         return None
     fig, axes = plt.subplots(1, len(parts), figsize=(4 * len(parts), 3), squeeze=False)
