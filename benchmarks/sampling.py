@@ -116,11 +116,17 @@ def variants(bandwidth, batch=256, vocab=152064, config=None):
             top_k = torch.full_like(t, k, dtype=torch.int64)
             sets.append((logits, t, top_k, torch.full_like(t, p)))
         ms = time_ms(implementations(config)["triton"], sets)
-        fallback = int((run_probabilities(*sets[0], config or DEFAULT_CONFIG).row_mode
-                        == RowMode.FALLBACK).sum())
+        fallback = fallback_rows(run_probabilities(*sets[0], config or DEFAULT_CONFIG))
         floor_ms = batch * vocab * 8 / bandwidth * 1e3
-        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback}/{batch} |")
+        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback} |")
     return lines
+
+
+def fallback_rows(result) -> str:
+    """'split / whole-row' counts of the rows not proven on the chunk candidates, of B."""
+    split = int((result.row_mode == RowMode.FALLBACK).sum())
+    whole = int((result.row_mode == RowMode.WHOLE_ROW).sum())
+    return f"{split} / {whole} of {result.row_mode.numel()}"
 
 
 # the GPU tests check every one of these configurations too
@@ -132,22 +138,23 @@ def sweep(bandwidth, batch=256, vocab=152064):
     sets = [inputs(batch, vocab, seed) for seed in range(2)]
     floor_ms = batch * vocab * 8 / bandwidth * 1e3
     lines = ["| chunk | capacity | chunk warps | compact | select warps | write chunk "
-             "| triton (us) | triton/floor | chunk / select / write kernels (us) | fallback rows |",
+             "| triton (us) | triton/floor | chunk / select / write / split kernels (us) "
+             "| fallback rows (split / whole-row) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for config in SWEEP:
         ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
-        fallback = int((run_probabilities(*sets[0], config).row_mode == RowMode.FALLBACK).sum())
+        fallback = fallback_rows(run_probabilities(*sets[0], config))
         times = kernel_times(sets[0], config)
         kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)
         lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
                      f"{config.compact} | {config.select_warps} | {config.write_chunk} | "
                      f"{ms * 1e3:.1f} | "
-                     f"{ms / floor_ms:.2f} | {kernels} | {fallback}/{batch} |")
+                     f"{ms / floor_ms:.2f} | {kernels} | {fallback} |")
         print(lines[-1], flush=True)
     return lines
 
 
-KERNEL_NAMES = ("_chunk_kernel", "_select_kernel", "_write_kernel")
+KERNEL_NAMES = ("_chunk_kernel", "_select_kernel", "_write_kernel", "_split_kernel")
 
 
 def kernel_times(args, config, calls=20) -> dict:
@@ -197,7 +204,8 @@ def main() -> None:
                      f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} | {host:.0f} |")
         print(lines[-1], flush=True)
     lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
-              "| rows | triton (us) | triton/floor | fallback rows |", "|---|---:|---:|---:|"]
+              "| rows | triton (us) | triton/floor | fallback rows (split / whole-row) |",
+              "|---|---:|---:|---:|"]
     lines += variants(bandwidth, config=config)
     emit(lines, args.out, "a")
 

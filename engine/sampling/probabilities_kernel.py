@@ -6,9 +6,10 @@ Three launches, no host read between them (S = number of chunks of CHUNK vocabul
    and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
    max, sum exp(x - max) and (greedy rows) first argmax. Greedy and truncating rows zero their
    chunk of the output here. Truncating rows also keep candidates: a quick floor
-   (mean + PIVOT_SIGMAS standard deviations of the finite x, aimed at CAPACITY / 4 tokens) is
-   counted once; only if more than CAPACITY tokens reach it, a 6-step search over 32 pivot
-   levels (max - spread * 2**((j - LEVEL_ZERO) / 4)) finds the lowest level that fits. EVERY
+   (mean + z standard deviations of the finite x, aimed at CAPACITY / 4 tokens, or at
+   CAPACITY / 2 for rows with k > `wide_k_limit`, so that k of them clear the row floor F
+   below) is counted once; only if more than CAPACITY tokens reach it, a 6-step search over
+   32 pivot levels (max - spread * 2**((j - LEVEL_ZERO) / 4)) finds the lowest level that fits. EVERY
    x >= the chunk's floor is stored (x and vocabulary index packed in one int64). A
    vocabulary that fits one chunk (small models) is one chunk of next_power_of_2(V) entries
    with a slot for each: every finite x is stored, so such rows never need the fallback.
@@ -34,6 +35,8 @@ whole-row kernel; only sums differ from the reference by float32 rounding.
 from __future__ import annotations
 
 import enum
+import functools
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -50,24 +53,38 @@ class RowMode(enum.IntEnum):
     GREEDY = 0  # temperature 0: one-hot argmax
     DENSE = 1  # no truncation: softmax over the row
     SPARSE = 2  # truncated, threshold found on the chunk candidates
-    FALLBACK = 3  # truncated, candidates insufficient: whole-row kernel
+    FALLBACK = 3  # truncated, chunk candidates insufficient: proven on a lower split pivot
+    WHOLE_ROW = 4  # truncated, the split pivots could not prove it either: whole-row kernel
 
 
 _GREEDY = tl.constexpr(int(RowMode.GREEDY))
 _DENSE = tl.constexpr(int(RowMode.DENSE))
 _SPARSE = tl.constexpr(int(RowMode.SPARSE))
 _FALLBACK = tl.constexpr(int(RowMode.FALLBACK))
+_WHOLE_ROW = tl.constexpr(int(RowMode.WHOLE_ROW))
+NUM_SPLIT_PIVOTS = tl.constexpr(32)  # pivots of the split fallback, 2**(1/4) apart in distance
+SPLIT_PIVOT_ZERO = tl.constexpr(20)  # split pivot 20 is the row mean, 0 is m - spread / 32
+SPLIT_SUB = 512  # vocabulary entries per step of the split count and gather (at most CHUNK)
+MASS_MARGIN = tl.constexpr(1e-3)  # top-p coverage of a split pivot needs this mass beyond p
 NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk (overflow search)
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
 QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE tokens per chunk
+# Rows with a large k aim at CAPACITY / KernelConfig.wide_share tokens per chunk instead. The row
+# floor F is the largest of the chunk floors, so fewer tokens clear it than the chunks store: on
+# N(0, 5^2) logits at V = 152,064 (297 chunks of 512, 32 slots, 256 rows) 929-1,556 of the
+# expected 2,376 with share 4 (39-65%), 2,315-3,430 with share 2 (both below the 4,096 compact
+# slots). A row is wide when k * WIDE_K_MARGIN > num_chunks * capacity / QUICK_FLOOR_SHARE.
+WIDE_K_MARGIN = 4
 NUM_WARPS = 8  # write kernel (fewer make its whole-row fallback spill registers)
+SCRATCH_ALIGN = 16  # elements: every scratch view starts 16-byte aligned (Triton specialises on it)
 MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
 # planes of the packed scratch tensors
-CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1),
+                                                 tl.constexpr(2), tl.constexpr(3))
 CHUNK_ARGMAX, CHUNK_COUNT = tl.constexpr(0), tl.constexpr(1)
-ROW_MAX, ROW_NORM = tl.constexpr(0), tl.constexpr(1)
+ROW_MAX, ROW_NORM, ROW_SPREAD = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @dataclass(frozen=True)
@@ -85,11 +102,12 @@ class KernelConfig:
     write_chunk: int = 2048  # vocabulary entries per program of the write kernel
     block: int = 2048  # vocabulary step of the whole-row fallback
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
+    wide_share: int = 2  # rows with k > wide_k_limit aim at chunk_capacity / wide_share tokens
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity"):
+                     "candidate_capacity", "wide_share"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
@@ -105,10 +123,9 @@ class KernelConfig:
             chunk *= 2
         return chunk
 
-    def pivot_sigmas(self, chunk: int) -> float:
-        """z of the quick floor mean + z * std: a normal chunk has CAPACITY / 4 tokens above."""
-        share = self.chunk_capacity / (QUICK_FLOOR_SHARE * chunk)
-        return NormalDist().inv_cdf(1.0 - share)
+    def pivot_sigmas(self, chunk: int, share: int = QUICK_FLOOR_SHARE) -> float:
+        """z of the quick floor mean + z * std: a normal chunk has CAPACITY / share tokens above."""
+        return NormalDist().inv_cdf(1.0 - self.chunk_capacity / (share * chunk))
 
 
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
@@ -189,7 +206,8 @@ def _searched_floor(x, m, CAPACITY: tl.constexpr):
 
 @triton.jit
 def _quick_floor(x, m, sigmas):
-    """mean + sigmas * std of the finite x, clamped to [-FLT_MAX, m]; +inf if NaN.
+    """(floor, mean): mean + sigmas * std of the finite x, clamped to [-FLT_MAX, m] (+inf if
+    NaN), and their mean.
 
     Moments are taken of d = m - x >= 0, which keeps the variance free of cancellation."""
     finite = x > float("-inf")
@@ -198,13 +216,14 @@ def _quick_floor(x, m, sigmas):
     mean_d = tl.sum(d, 0) / n
     var_d = tl.maximum(tl.sum(d * d, 0) / n - mean_d * mean_d, 0.0)
     floor = tl.maximum(m - tl.maximum(mean_d - sigmas * tl.sqrt(var_d), 0.0), -FLT_MAX)
-    return tl.where(floor == floor, floor, float("inf"))
+    return tl.where(floor == floor, floor, float("inf")), m - mean_d
 
 
 @triton.jit
-def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, count_ptr,
+def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
                      CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
-    """Store every x >= the chunk floor (packed with its index), then the floor and count.
+    """Store every x >= the chunk floor (packed with its index), then the floor, the mean of
+    the finite x (m for KEEP_ALL: its rows need no split fallback) and the count.
     KEEP_ALL (the chunk is the whole row and has a slot per entry): the floor is -FLT_MAX, so
     every finite x is a candidate and no top-k or top-p row needs the fallback, unless the
     chunk holds NaN or +inf (floor +inf: no candidates, the exact fallback decides)."""
@@ -212,8 +231,9 @@ def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, count_ptr,
         bad = tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0) > 0
         floor = tl.where(bad, float("inf"), -FLT_MAX)
         num_taken = _count_at_least(x, floor)
+        mean = m
     else:
-        floor = _quick_floor(x, m, sigmas)
+        floor, mean = _quick_floor(x, m, sigmas)
         num_taken = _count_at_least(x, floor)
         if num_taken > CAPACITY:  # a heavy upper tail: search the pivot levels
             floor = _searched_floor(x, m, CAPACITY)
@@ -223,6 +243,7 @@ def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, count_ptr,
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
     tl.store(cand_ptr + pos, _pack(x, offs), mask=take & (pos < CAPACITY))
     tl.store(floor_ptr, tl.where(complete, floor, float("inf")))
+    tl.store(mean_ptr, mean)
     tl.store(count_ptr, tl.where(complete, num_taken, 0))
 
 
@@ -233,12 +254,14 @@ def _chunk_kernel(
     top_k_ptr,  # [B] int32 / int64
     top_p_ptr,  # [B] float32
     out_ptr,  # [B, V] float32 out: zeros in greedy and truncating rows
-    chunk_f32_ptr,  # [3, B * S] float32: max, sum exp(x - max), candidate floor
+    chunk_f32_ptr,  # [4, B * S] float32: max, sum exp(x - max), candidate floor, finite mean
     chunk_i32_ptr,  # [2, B * S] int32: first argmax (greedy rows), candidate count
     cand_ptr,  # [B * S, CAPACITY] int64: packed candidates (x, vocabulary index)
     V,
     NUM_CHUNKS,
     pivot_sigmas,  # float32: z of the quick floor
+    wide_sigmas,  # float32: z of the quick floor of rows with k > wide_k (a lower floor)
+    wide_k,  # int: rows with a larger top-k aim at the wide share of candidates
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
@@ -263,10 +286,13 @@ def _chunk_kernel(
         z = tl.sum(tl.where(x > float("-inf"), tl.exp(x - m), 0.0), 0)
         tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
         k = tl.load(top_k_ptr + row)
-        if ((k > 0) & (k < V)) | (tl.load(top_p_ptr + row) < 1.0):
+        use_k = (k > 0) & (k < V)
+        if use_k | (tl.load(top_p_ptr + row) < 1.0):
             tl.store(out_ptr + row * V + offs, zeros, mask=mask)
-            _keep_candidates(x, offs, m, pivot_sigmas, cand_ptr + slot * CAPACITY,
+            sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
+            _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
                              chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
+                             chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
                              chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
 
 
@@ -355,16 +381,26 @@ def _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr, compact_ptr, out_row,
                    chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
                    NUM_CHUNKS, tl.max(floors, 0), CAPACITY, BLOCK, COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
+    is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                         COMPACT)
+    return tl.where(is_sparse, _SPARSE, _FALLBACK), tl.where(is_sparse, norm, z)
+
+
+@triton.jit
+def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                       COMPACT: tl.constexpr):
+    """(proven, norm): if the `num` packed candidates at compact_ptr fit COMPACT and hold every
+    kept token, find the cut on them and scatter the kept probabilities into the zeroed row."""
     i = tl.arange(0, COMPACT)
     valid = i < num
     packed = tl.load(compact_ptr + i, mask=valid, other=0)
     x = tl.where(valid, _unpack_x(packed), float("-inf"))
     key_lo, norm, covered = _threshold(x, valid, m, z, k, p, use_k, use_p)
-    is_sparse = covered & (num <= COMPACT)
-    if is_sparse:
+    proven = covered & (num <= COMPACT)
+    if proven:
         keep = valid & (_key(x) >= key_lo)
         tl.store(out_row + _unpack_index(packed), tl.exp(x - m) / norm, mask=keep)
-    return tl.where(is_sparse, _SPARSE, _FALLBACK), norm
+    return proven, norm
 
 
 @triton.jit
@@ -373,12 +409,13 @@ def _select_kernel(
     top_k_ptr,  # [B] int32 / int64
     top_p_ptr,  # [B] float32
     out_ptr,  # [B, V] float32 out: 1.0 of greedy rows, kept values of SPARSE rows
-    chunk_f32_ptr,  # [3, B * S] float32 (see _chunk_kernel)
+    chunk_f32_ptr,  # [4, B * S] float32 (see _chunk_kernel)
     chunk_i32_ptr,  # [2, B * S] int32
     cand_ptr,  # [B * S, CAPACITY] int64
     compact_ptr,  # [B, COMPACT] int64 scratch
-    row_f32_ptr,  # [2, B] float32 out: row max, normaliser
+    row_f32_ptr,  # [3, B] float32 out: row max, normaliser (Z of FALLBACK rows), spread
     row_mode_ptr,  # [B] int64 out: RowMode
+    ticket_ptr,  # [B] int32 out: zeroed, counts the split fallback's finished programs
     V,
     NUM_CHUNKS,
     CHUNKS_PAD: tl.constexpr,
@@ -396,6 +433,7 @@ def _select_kernel(
                         mask=live, other=float("-inf"))
     m = tl.max(chunk_max, 0)
     mode = tl.zeros([1], tl.int32).sum(0) + _GREEDY
+    tl.store(ticket_ptr + row, 0)
     if tl.load(temperature_ptr + row) == 0.0:
         first = tl.min(tl.where(live & (chunk_max == m), chunks, NUM_CHUNKS - 1), 0)
         arg = tl.load(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + first_slot + first)
@@ -415,8 +453,14 @@ def _select_kernel(
                                         compact_ptr + row * COMPACT, out_ptr + row * V,
                                         num_slots, first_slot, NUM_CHUNKS, m, z, k, p, use_k,
                                         use_p, CHUNKS_PAD, CAPACITY, BLOCK, COMPACT)
+        means = tl.load(chunk_f32_ptr + CHUNK_MEAN * num_slots + first_slot + chunks,
+                        mask=live, other=float("-inf"))
+        has_mean = live & (means > float("-inf"))
+        mean = tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(
+            tl.sum(has_mean.to(tl.float32), 0), 1.0)
         tl.store(row_f32_ptr + ROW_MAX * num_rows + row, m)
         tl.store(row_f32_ptr + ROW_NORM * num_rows + row, norm)
+        tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, m - mean)
     tl.store(row_mode_ptr + row, mode.to(tl.int64))
 
 
@@ -427,14 +471,13 @@ def _write_kernel(
     top_k_ptr,  # [B] int32 / int64
     top_p_ptr,  # [B] float32
     out_ptr,  # [B, V] float32 out
-    row_f32_ptr,  # [2, B] float32 (see _select_kernel)
+    row_f32_ptr,  # [3, B] float32 (see _select_kernel)
     row_mode_ptr,  # [B] int64
-    row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row fallback
-    row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row fallback
+    split_i32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] int32 out: counts at the split pivots
+    split_f32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] float32 out: masses at the split pivots
     V,
     CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    ROW_CAPACITY: tl.constexpr,
+    SUB: tl.constexpr,  # entries per step of the split count, a divisor of CHUNK
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -447,11 +490,156 @@ def _write_kernel(
         m = tl.load(row_f32_ptr + ROW_MAX * num_rows + row)
         norm = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
         tl.store(out_ptr + row * V + offs, tl.exp(x - m) / norm, mask=mask)
-    elif (mode == _FALLBACK) & (chunk == 0):
-        write_row(logits_ptr + row * V, out_ptr + row * V, V, tl.load(temperature_ptr + row),
-                  tl.load(top_k_ptr + row), tl.load(top_p_ptr + row),
-                  row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY, BLOCK,
-                  ROW_CAPACITY)
+    elif mode == _FALLBACK:
+        _split_count(logits_ptr + row * V, V, tl.load(temperature_ptr + row), row_f32_ptr,
+                     num_rows, row, chunk, split_i32_ptr, split_f32_ptr, CHUNK, SUB)
+
+
+@triton.jit
+def _split_pivots(row_f32_ptr, num_rows, row):
+    """[NUM_SPLIT_PIVOTS] pivots m - spread * 2**((j - SPLIT_PIVOT_ZERO) / 4), spread = m - the
+    mean of the chunks' finite means: nonincreasing in j, never below -FLT_MAX (-inf logits
+    never count); NaN (nothing counts, the whole-row kernel decides) if m is not finite."""
+    m = tl.load(row_f32_ptr + ROW_MAX * num_rows + row)
+    spread = tl.load(row_f32_ptr + ROW_SPREAD * num_rows + row)
+    j = tl.arange(0, NUM_SPLIT_PIVOTS)
+    drop = spread * tl.exp2((j - SPLIT_PIVOT_ZERO).to(tl.float32) * 0.25)
+    return tl.maximum(m - drop, -FLT_MAX), m
+
+
+@triton.jit
+def _split_count(row_ptr, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr,
+                 split_f32_ptr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Counts and masses exp(x - m) of this program's x >= each split pivot, stored per
+    (row, program): summed later in a fixed order, so the pick does not depend on timing."""
+    pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+    counts = tl.zeros([NUM_SPLIT_PIVOTS], tl.int32)
+    masses = tl.zeros([NUM_SPLIT_PIVOTS], tl.float32)
+    for start in range(0, CHUNK, SUB):
+        offs = chunk * CHUNK + start + tl.arange(0, SUB)
+        in_row = offs < V
+        x = scaled_logits(row_ptr, offs, in_row, t)
+        at_least = (x[:, None] >= pivots[None, :]) & in_row[:, None]  # [SUB, P]
+        counts += tl.sum(at_least.to(tl.int32), 0)
+        masses += tl.sum(tl.where(at_least, tl.exp(x - m)[:, None], 0.0), 0)
+    slot = (row * tl.num_programs(1) + chunk) * NUM_SPLIT_PIVOTS + tl.arange(0, NUM_SPLIT_PIVOTS)
+    tl.store(split_i32_ptr + slot, counts)
+    tl.store(split_f32_ptr + slot, masses)
+
+
+@triton.jit
+def _split_pick(split_i32_ptr, split_f32_ptr, row, chunk, NUM_WRITE, z, k, p, use_k,
+                WRITE_PAD: tl.constexpr):
+    """(best pivot index, candidates at it in the row, before this program): the highest split
+    pivot holding every kept token (count >= k; top-p only: mass >= (p + MASS_MARGIN) * Z);
+    best = NUM_SPLIT_PIVOTS if none does."""
+    w = tl.arange(0, WRITE_PAD)
+    j = tl.arange(0, NUM_SPLIT_PIVOTS)
+    slot = (row * NUM_WRITE + w[:, None]) * NUM_SPLIT_PIVOTS + j[None, :]
+    live = (w < NUM_WRITE)[:, None] & (j < NUM_SPLIT_PIVOTS)[None, :]
+    counts = tl.load(split_i32_ptr + slot, mask=live, other=0)  # [W, P]
+    masses = tl.load(split_f32_ptr + slot, mask=live, other=0.0)
+    row_counts = tl.sum(counts, 0)
+    covers = tl.where(use_k, row_counts >= k, tl.sum(masses, 0) >= (p + MASS_MARGIN) * z)
+    best = tl.min(tl.where(covers, j, NUM_SPLIT_PIVOTS), 0)
+    at_best = tl.where(j[None, :] == best, counts, 0)
+    total = tl.sum(tl.sum(at_best, 1), 0)
+    before = tl.sum(tl.sum(tl.where(w[:, None] < chunk, at_best, 0), 1), 0)
+    return best, total, before
+
+
+@triton.jit
+def _split_gather(row_ptr, V, t, pivot, chunk, dst_ptr, CHUNK: tl.constexpr,
+                  SUB: tl.constexpr):
+    """Store this program's x >= pivot (packed with the index) at dst_ptr, vocabulary order."""
+    base = tl.zeros([1], tl.int32).sum(0)
+    for start in range(0, CHUNK, SUB):
+        offs = chunk * CHUNK + start + tl.arange(0, SUB)
+        in_row = offs < V
+        x = scaled_logits(row_ptr, offs, in_row, t)
+        take = in_row & (x >= pivot)
+        pos = base + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(dst_ptr + pos, _pack(x, offs), mask=take)
+        base += tl.sum(take.to(tl.int32), 0)
+
+
+@triton.jit
+def _split_kernel(
+    logits_ptr,  # [B, V] float32 / bfloat16 / float16
+    temperature_ptr,  # [B] float32
+    top_k_ptr,  # [B] int32 / int64
+    top_p_ptr,  # [B] float32
+    out_ptr,  # [B, V] float32 out: kept values of FALLBACK rows (zeroed by the chunk kernel)
+    row_f32_ptr,  # [3, B] float32 (see _select_kernel)
+    row_mode_ptr,  # [B] int64 in/out: FALLBACK rows the split pivots cannot prove -> WHOLE_ROW
+    split_i32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] int32 (see _write_kernel)
+    split_f32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] float32
+    compact_ptr,  # [B, COMPACT] int64 scratch: the row's candidates at the chosen pivot
+    ticket_ptr,  # [B] int32: programs of the row done gathering
+    row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row kernel
+    row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row kernel
+    V,
+    CHUNK: tl.constexpr,
+    SUB: tl.constexpr,  # entries per step of the split gather, a divisor of CHUNK
+    WRITE_PAD: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
+):
+    """FALLBACK rows over W programs of CHUNK entries: each gathers its candidates at the
+    chosen split pivot into its own range of the row's buffer; the last program of the row
+    to finish (atomic ticket, acquire-release) proves the cut on them and scatters, or runs the
+    whole-row kernel if no split pivot fits COMPACT and holds every kept token."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    num_write = tl.num_programs(1)
+    num_rows = tl.num_programs(0).to(tl.int64)
+    if tl.load(row_mode_ptr + row) == _FALLBACK:
+        t = tl.load(temperature_ptr + row)
+        k = tl.load(top_k_ptr + row)
+        p = tl.load(top_p_ptr + row)
+        use_k = (k > 0) & (k < V)
+        z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
+        pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+        best, total, before = _split_pick(split_i32_ptr, split_f32_ptr, row, chunk, num_write,
+                                          z, k, p, use_k, WRITE_PAD)
+        fits = (best < NUM_SPLIT_PIVOTS) & (total <= COMPACT)
+        compact_row = compact_ptr + row * COMPACT
+        if fits:
+            pivot = tl.sum(tl.where(tl.arange(0, NUM_SPLIT_PIVOTS) == best, pivots, 0.0), 0)
+            _split_gather(logits_ptr + row * V, V, t, pivot, chunk, compact_row + before, CHUNK,
+                          SUB)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == num_write - 1:
+            proven = fits
+            if fits:
+                proven, norm = _prove_and_scatter(compact_row, total, out_ptr + row * V, m, z,
+                                                  k, p, use_k, p < 1.0, COMPACT)
+            if proven == 0:
+                write_row(logits_ptr + row * V, out_ptr + row * V, V, t, k, p,
+                          row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY,
+                          BLOCK, ROW_CAPACITY)
+                tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)
+
+
+def _scratch(dtype, device, *shapes) -> tuple[torch.Tensor, ...]:
+    """Views of one uninitialised allocation, one per shape (one allocator call, not several:
+    the host cost of an eager call is mostly such calls)."""
+    sizes = [math.prod(shape) for shape in shapes]
+    padded = [-(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN for size in sizes]
+    parts = torch.empty(sum(padded), dtype=dtype, device=device).split(padded)
+    return tuple(part[:size].view(shape) for part, size, shape in zip(parts, sizes, shapes))
+
+
+@functools.lru_cache(maxsize=64)
+def _floor_sigmas(config: KernelConfig, chunk: int) -> tuple[float, float]:
+    """(narrow, wide) z of the quick floor, computed once per configuration and chunk."""
+    return config.pivot_sigmas(chunk), config.pivot_sigmas(chunk, config.wide_share)
+
+
+def wide_k_limit(num_chunks: int, capacity: int) -> int:
+    """Rows with top-k above this aim at the wide candidate share (see WIDE_K_MARGIN)."""
+    return num_chunks * capacity // (QUICK_FLOOR_SHARE * WIDE_K_MARGIN)
 
 
 def run_probabilities(logits, temperature, top_k, top_p,
@@ -465,33 +653,41 @@ def run_probabilities(logits, temperature, top_k, top_p,
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
     num_slots = num_rows * num_chunks
+    num_write = triton.cdiv(vocab, config.write_chunk)
+    sub = min(SPLIT_SUB, config.write_chunk)  # powers of two: a divisor of the write chunk
+    split = (num_rows, num_write, NUM_SPLIT_PIVOTS.value)
     out = torch.empty((num_rows, vocab), dtype=torch.float32, device=dev)
-    chunk_f32 = torch.empty((3, num_slots), dtype=torch.float32, device=dev)
-    chunk_i32 = torch.empty((2, num_slots), dtype=torch.int32, device=dev)
-    cand = torch.empty((num_slots, capacity), dtype=torch.int64, device=dev)
-    compact = torch.empty((num_rows, config.compact), dtype=torch.int64, device=dev)
-    row_f32 = torch.empty((2, num_rows), dtype=torch.float32, device=dev)
     row_mode = torch.empty((num_rows,), dtype=torch.int64, device=dev)
-    row_val = torch.empty((num_rows, config.candidate_capacity), dtype=torch.float32, device=dev)
-    row_idx = torch.empty((num_rows, config.candidate_capacity), dtype=torch.int32, device=dev)
+    chunk_f32, row_f32, row_val, split_f32 = _scratch(
+        torch.float32, dev, (4, num_slots), (3, num_rows), (num_rows, config.candidate_capacity),
+        split)
+    chunk_i32, row_idx, split_i32, ticket = _scratch(
+        torch.int32, dev, (2, num_slots), (num_rows, config.candidate_capacity), split,
+        (num_rows,))
+    cand, compact = _scratch(torch.int64, dev, (num_slots, capacity), (num_rows, config.compact))
     if num_rows > 0:
         grid = (num_rows, num_chunks)
         _chunk_kernel[grid](
             logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
-            num_chunks, config.pivot_sigmas(chunk), CHUNK=chunk,
+            num_chunks, *_floor_sigmas(config, chunk), wide_k_limit(num_chunks, capacity),
+            CHUNK=chunk,
             CAPACITY=capacity, KEEP_ALL=keep_all, num_warps=config.chunk_warps,
         )
         _select_kernel[(num_rows,)](
             temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-            row_mode, vocab, num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
+            row_mode, ticket, vocab, num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
             CAPACITY=capacity, BLOCK=config.select_block, COMPACT=config.compact,
             num_warps=config.select_warps,
         )
-        _write_kernel[(num_rows, triton.cdiv(vocab, config.write_chunk))](
-            logits, temperature, top_k, top_p, out, row_f32, row_mode, row_val, row_idx,
-            vocab, CHUNK=config.write_chunk, BLOCK=config.block,
-            ROW_CAPACITY=config.candidate_capacity,
-            num_warps=NUM_WARPS,
+        _write_kernel[(num_rows, num_write)](
+            logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
+            vocab, CHUNK=config.write_chunk, SUB=sub, num_warps=NUM_WARPS,
+        )
+        _split_kernel[(num_rows, num_write)](
+            logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
+            compact, ticket, row_val, row_idx, vocab, CHUNK=config.write_chunk, SUB=sub,
+            WRITE_PAD=triton.next_power_of_2(num_write), COMPACT=config.compact,
+            BLOCK=config.block, ROW_CAPACITY=config.candidate_capacity, num_warps=NUM_WARPS,
         )
     return KernelOutput(out, row_mode)
 

@@ -37,8 +37,8 @@ def test_heavy_upper_tail_takes_the_pivot_search():
 
 def test_a_vocabulary_of_one_chunk_keeps_every_token_and_never_falls_back():
     """V <= chunk: one chunk of next_power_of_2(V) slots holds every finite logit, so top-k and
-    top-p rows are SPARSE however the logits fall (with 4 slots per chunk these rows would all
-    take the whole-row fallback); a row holding NaN still takes the exact fallback."""
+    top-p rows are SPARSE however the logits fall (with 4 slots per chunk some of these rows
+    take the fallback); a row holding NaN still takes the exact whole-row kernel."""
     k = kernel()
     logits = torch.randn(5, 200, generator=generator(25)) * 3
     logits[3, 1::3] = float("-inf")
@@ -51,20 +51,22 @@ def test_a_vocabulary_of_one_chunk_keeps_every_token_and_never_falls_back():
     assert k.RowMode.FALLBACK in multi.row_mode.tolist()  # the same rows over two chunks
     logits[4, 7] = float("nan")
     with_nan = k.run_probabilities(logits, t, top_k, p, config)
-    assert with_nan.row_mode.tolist()[4] == k.RowMode.FALLBACK
+    assert with_nan.row_mode.tolist()[4] == k.RowMode.WHOLE_ROW
     assert_rows_match(with_nan.probs[:4], logits[:4], t[:4], top_k[:4], p[:4])
 
 
 def test_compact_overflow_falls_back_exactly():
-    """More candidates at or above the row floor than `compact` slots: the row takes the
-    whole-row fallback and is still exact; with room for them the same row is SPARSE."""
+    """More candidates at or above the row floor than `compact` slots: the rows take the
+    fallback, and are still exact. The split pivots hold top-k 5 and the top-p 0.9 row in 8
+    slots (FALLBACK), but not top-k 12 (the whole-row kernel: WHOLE_ROW); with room for the
+    chunk candidates the same rows are SPARSE."""
     k = kernel()
     logits = torch.randn(3, 1000, generator=generator(23)) * 3
     t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
     small = k.run_probabilities(logits, t, top_k, p,
                                 k.KernelConfig(chunk=128, chunk_capacity=32, compact=8))
     assert_rows_match(small.probs, logits, t, top_k, p)
-    assert small.row_mode.tolist() == [k.RowMode.FALLBACK] * 3
+    assert small.row_mode.tolist() == [k.RowMode.FALLBACK] * 2 + [k.RowMode.WHOLE_ROW]
     roomy = k.run_probabilities(logits, t, top_k, p,
                                 k.KernelConfig(chunk=128, chunk_capacity=32, compact=512))
     assert torch.equal(roomy.probs > 0, small.probs > 0)
@@ -132,3 +134,45 @@ def test_fallback_row_with_masked_logits_reads_only_written_scratch(monkeypatch)
     assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 3
     assert torch.isfinite(result.probs).all()
     assert_rows_match(result.probs, logits, t, top_k, p)
+
+
+def test_rows_with_a_large_k_aim_at_the_wide_candidate_share():
+    """32 chunks of 128 with 16 slots: the narrow floor (4 tokens per chunk) leaves 46-80 tokens
+    of these rows at or above the row floor, fewer than k = 100, so they would all take the
+    whole-row fallback; k > wide_k_limit (32) aims at 8 per chunk (126-172 at or above the row
+    floor) and the rows are proven on the candidates. With the wide share set to the narrow one
+    the same rows fall back, so the test fails if large-k rows stop aiming lower."""
+    k = kernel()
+    logits = torch.randn(4, 4096, generator=generator(41)) * 3
+    t, top_k, p = params([1.0] * 4, [100] * 4, [1.0, 0.95, 0.9, 1.0])
+    config = k.KernelConfig(chunk=128, chunk_capacity=16)
+    assert k.wide_k_limit(32, 16) == 32
+    result = k.run_probabilities(logits, t, top_k, p, config)
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 4
+    narrow_config = k.KernelConfig(chunk=128, chunk_capacity=16, wide_share=k.QUICK_FLOOR_SHARE)
+    narrow = k.run_probabilities(logits, t, top_k, p, narrow_config)
+    assert narrow.row_mode.tolist() == [k.RowMode.FALLBACK] * 4
+    assert_rows_match(narrow.probs, logits, t, top_k, p)
+
+
+def test_split_fallback_over_several_programs_is_exact(monkeypatch):
+    """One slot per chunk: no truncating row is proven on the chunk candidates, so every one
+    takes the split fallback, over 3 programs per row (write_chunk 256): top-p only,
+    top-k + top-p, a large k, -inf logits, a flat row and a row with ties at the cut. All must
+    be proven on a split pivot (FALLBACK, not WHOLE_ROW) and match the reference, with every
+    scratch buffer poisoned (an unwritten candidate or count shows up as a wrong row)."""
+    k = kernel()
+    logits = torch.randn(6, 700, generator=generator(51)) * 2
+    logits[3, 1::5] = float("-inf")
+    logits[4] *= 0.01  # flat: top-p 0.5 keeps about half the row
+    logits[5, 100:110] = 20.0  # ten tied tokens above the rest: top-k 5 keeps all ten
+    t, top_k, p = params([1.0, 0.8, 1.0, 1.3, 1.0, 1.0], [-1, 10, 300, 40, -1, 5],
+                         [0.6, 0.9, 1.0, 0.95, 0.5, 1.0])
+    monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
+    config = k.KernelConfig(chunk=128, chunk_capacity=1, write_chunk=256)
+    result = k.run_probabilities(logits, t, top_k, p, config)
+    monkeypatch.undo()
+    assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 6
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert int((result.probs[5] > 0).sum()) == 10  # top-k keeps ties
