@@ -1,6 +1,6 @@
 """Triton backend of `batched_probabilities`: sort-free, every row split over many programs.
 
-Three launches, no host read between them (S = number of chunks of CHUNK vocabulary entries):
+Four launches, no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (2,048 entries
    and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
@@ -22,12 +22,20 @@ Three launches, no host read between them (S = number of chunks of CHUNK vocabul
    and the normaliser, and the kept probabilities are scattered into the zeroed row. Otherwise
    the row is marked for the whole-row fallback.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
-   exp(x - m) / Z (one more read of the logits); fallback rows run
-   `probabilities_row_kernel.write_row` in the program of chunk 0; other rows are done.
+   exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
+   (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
+   of the chunk means); other rows are done.
+4. `_split_kernel`, one program per (row, write chunk), FALLBACK rows only: every program sums
+   the counts in the same fixed order and picks the highest pivot holding every kept token
+   (count >= k, or top-p only: mass >= (p + 1e-3) * Z); if its candidates fit COMPACT, each
+   program gathers its own at a fixed offset (vocabulary order, so the result does not depend
+   on timing). The last program of the row to finish (atomic ticket) finds the cut on them and
+   scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
+   exact, slow) in that program and is marked WHOLE_ROW.
 
 Every output element is written by exactly one program of one launch (or rewritten whole by
-the fallback in a later launch), so no program needs a barrier between its zeros and its
-values. A truncating row costs one read of the logits, one write of the output and the
+the whole-row kernel in a later launch), so no program needs a barrier between its zeros and
+its values. A truncating row costs one read of the logits, one write of the output and the
 candidates (a few percent of the row). The decisions are exact on float32 x, as in the
 whole-row kernel; only sums differ from the reference by float32 rounding.
 """

@@ -1,9 +1,10 @@
 """Whole-row path of the `batched_probabilities` kernel: one program handles one row.
 
-This is the exact fallback of the chunked kernel (`probabilities_kernel`) for the rows whose
-top-k / top-p cut its per-chunk candidates cannot prove to hold (k larger than the candidates,
-flat rows with a large p, heavy ties). It runs inside the write kernel, on the program of the
-row's first chunk, for random rows only (temperature > 0, with top-k or top-p).
+This is the last, exact fallback of the chunked kernel (`probabilities_kernel`) for the rows
+whose top-k / top-p cut neither its per-chunk candidates nor its split pivots can prove to hold
+(k larger than the compact buffer, very flat rows with a large p, NaN or +inf logits). It runs
+inside the split kernel, on the row's last program to finish, for random rows only
+(temperature > 0, with top-k or top-p).
 
 Per row (x = logits / T, decided on float32 x):
   A. one pass: row max m and Z = sum exp(x - m) (online), and the row mean;
