@@ -3,9 +3,15 @@
 Prints, for B in {1, 64, 256, 1024} and V in {32000, 152064} (temperature 0.8, top-k 50,
 top-p 0.9 on every row), the median time per call of the Triton kernel, the torch backend
 and a plain sort-based torch implementation, next to the floor: the bytes that must move
-(logits read once + probabilities written once) over the measured device copy bandwidth.
-Timing: triton.testing.do_bench (CUDA events, median), after a warm-up, rotating through
-input sets totalling >= 4x the L2 cache so repeated calls do not measure the cache.
+(logits read once + probabilities written once) over the measured device copy bandwidth;
+then the Triton kernel on other row mixes at B 256 and 1024. Two timings of the Triton kernel:
+- eager: triton.testing.do_bench (CUDA events around each call, median), after a warm-up,
+  rotating through input sets totalling >= 4x the L2 cache so repeated calls do not measure the
+  cache. A call whose host enqueue is slower than its kernels measures the host.
+- graph: triton.testing.do_bench_cudagraph (calls captured in a CUDA Graph and replayed,
+  median): device time without host enqueue, what a decode round captured in a graph pays.
+  One input set (at small B it sits in L2).
+"host" is the host time to enqueue one eager call (no synchronisation in the timed loop).
 
 With --sweep it first times the kernel configurations that may be the default
 (`CANDIDATE_CONFIGS`) at B=256, V=152064, in total and per kernel (torch.profiler), and one
@@ -34,6 +40,7 @@ TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.9
 LOGIT_SCALE = 4.0  # standard deviation of the random logits
 L2_BYTES = 50 * 2**20
 WARMUP_MS, REP_MS = 50, 300
+GRAPH_REP_MS = 50  # calls captured in one graph: about this many ms of device time
 
 
 def sort_based(logits, temperature, top_k, top_p):
@@ -71,6 +78,12 @@ def time_ms(fn, sets) -> float:
                                    return_mode="median")
 
 
+def graph_ms(fn, args) -> float:
+    """Median device time per call of `fn(*args)` replayed from a CUDA Graph."""
+    return triton.testing.do_bench_cudagraph(lambda: fn(*args), rep=GRAPH_REP_MS,
+                                             return_mode="median")
+
+
 def implementations(config: KernelConfig | None = None):
     """The timed implementations; `config` None is the public default of `batched_probabilities`."""
     triton_fn = (lambda *a: batched_probabilities(*a, backend="triton")) if config is None else (
@@ -98,34 +111,45 @@ def row(batch, vocab, bandwidth, config=None):
     nbytes = batch * vocab * 4 * 2
     num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
     sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
-    times = {name: time_ms(fn, sets) for name, fn in implementations(config).items()}
+    impls = implementations(config)
+    times = {name: time_ms(fn, sets) for name, fn in impls.items()}
     floor_ms = nbytes / bandwidth * 1e3
-    host = host_us(implementations(config)["triton"], sets[0])
-    return (batch, vocab, times["triton"], times["torch"], times["sort"], floor_ms, host)
+    host = host_us(impls["triton"], sets[0])
+    graph = graph_ms(impls["triton"], sets[0])
+    return (batch, vocab, times["triton"], graph, times["torch"], times["sort"], floor_ms, host)
 
 
-def variants(bandwidth, batch=256, vocab=152064, config=None):
-    """Other row mixes at one size: which paths cost what."""
-    cases = {"no truncation": (-1, 1.0), "top-k 50 only": (50, 1.0),
-             "top-p 0.9 only": (-1, 0.9), "top-k 1000 + top-p 0.95": (1000, 0.95)}
+MIX_BATCHES = (256, 1024)
+MIXES = {"no truncation": (-1, 1.0), "top-k 50 only": (50, 1.0), "top-p 0.9 only": (-1, 0.9),
+         "top-k 50 + top-p 0.9": (TOP_K, TOP_P), "top-k 1000 + top-p 0.95": (1000, 0.95)}
+
+
+def variants(bandwidth, vocab=152064, config=None):
+    """Row mixes at B >= 256: eager and graph time per call, device time per kernel."""
     lines = []
-    for name, (k, p) in cases.items():
+    fn = implementations(config)["triton"]
+    for batch, (name, (k, p)) in itertools.product(MIX_BATCHES, MIXES.items()):
         sets = []
         for seed in range(2):
             logits, t, _, _ = inputs(batch, vocab, seed)
             top_k = torch.full_like(t, k, dtype=torch.int64)
             sets.append((logits, t, top_k, torch.full_like(t, p)))
-        ms = time_ms(implementations(config)["triton"], sets)
+        ms, graph = time_ms(fn, sets), graph_ms(fn, sets[0])
         fallback = fallback_rows(run_probabilities(*sets[0], config or DEFAULT_CONFIG))
+        times = kernel_times(sets[0], config or DEFAULT_CONFIG)
+        kernels = " / ".join(f"{times.get(kernel, 0.0):.1f}" for kernel in KERNEL_NAMES)
         floor_ms = batch * vocab * 8 / bandwidth * 1e3
-        lines.append(f"| {name} | {ms * 1e3:.1f} | {ms / floor_ms:.2f} | {fallback} |")
+        lines.append(f"| {batch} | {name} | {ms * 1e3:.1f} | {graph * 1e3:.1f} | "
+                     f"{graph / floor_ms:.2f} | {kernels} | {fallback} |")
+        print(lines[-1], flush=True)
     return lines
 
 
 def fallback_rows(result) -> str:
     """'split / whole-row' counts of the rows not proven on the chunk candidates, of B."""
     split = int((result.row_mode == RowMode.FALLBACK).sum())
-    whole = int((result.row_mode == RowMode.WHOLE_ROW).sum())
+    whole_row = getattr(RowMode, "WHOLE_ROW", None)  # versions without it count none
+    whole = 0 if whole_row is None else int((result.row_mode == whole_row).sum())
     return f"{split} / {whole} of {result.row_mode.numel()}"
 
 
@@ -154,6 +178,7 @@ def sweep(bandwidth, batch=256, vocab=152064):
     return lines
 
 
+# kernels of this and earlier versions (a version without one reports 0.0 for it)
 KERNEL_NAMES = ("_chunk_kernel", "_select_kernel", "_write_kernel", "_split_kernel")
 
 
@@ -189,9 +214,9 @@ def main() -> None:
         f"{LOGIT_SCALE}^2), float32; times in microseconds (median)",
         f"triton kernel configuration: {config or DEFAULT_CONFIG}",
         "",
-        "| B | V | triton | torch backend | sort-based | floor | triton/floor | sort/triton "
-        "| triton host |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| B | V | triton eager | triton graph | torch backend | sort-based | floor "
+        "| eager/floor | graph/floor | sort/eager | triton host |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     emit(header[:3], args.out, "w")
     if args.sweep:  # first: the configurations decide the default
@@ -199,13 +224,15 @@ def main() -> None:
              args.out, "a")
     lines = ["", *header[3:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
-        b, v, tri, tor, srt, flo, host = row(batch, vocab, bandwidth, config)
-        lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {tor * 1e3:.1f} | {srt * 1e3:.1f} | "
-                     f"{flo * 1e3:.1f} | {tri / flo:.2f} | {srt / tri:.1f} | {host:.0f} |")
+        b, v, tri, graph, tor, srt, flo, host = row(batch, vocab, bandwidth, config)
+        lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {graph * 1e3:.1f} | {tor * 1e3:.1f} | "
+                     f"{srt * 1e3:.1f} | {flo * 1e3:.1f} | {tri / flo:.2f} | {graph / flo:.2f} | "
+                     f"{srt / tri:.1f} | {host:.0f} |")
         print(lines[-1], flush=True)
-    lines += ["", "B=256, V=152064, Triton kernel, other row mixes:", "",
-              "| rows | triton (us) | triton/floor | fallback rows (split / whole-row) |",
-              "|---|---:|---:|---:|"]
+    lines += ["", "V=152064, Triton kernel, row mixes (kernels: torch.profiler device time):", "",
+              "| B | rows | eager (us) | graph (us) | graph/floor "
+              "| chunk / select / write / split kernels (us) | fallback rows (split / whole-row) |",
+              "|---:|---|---:|---:|---:|---|---:|"]
     lines += variants(bandwidth, config=config)
     emit(lines, args.out, "a")
 

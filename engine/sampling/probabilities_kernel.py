@@ -1,6 +1,6 @@
 """Triton backend of `batched_probabilities`: sort-free, every row split over many programs.
 
-Four launches, no host read between them (S = number of chunks of CHUNK vocabulary entries):
+Three launches, no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (2,048 entries
    and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
@@ -20,22 +20,20 @@ Four launches, no host read between them (S = number of chunks of CHUNK vocabula
    their mass is >= p * Z (top-p only), every kept token is among them: a bisection over an
    order-preserving 32-bit key of x, in registers, finds the threshold (keep iff key >= key_lo)
    and the normaliser, and the kept probabilities are scattered into the zeroed row. Otherwise
-   the row is marked for the whole-row fallback.
+   the row is marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
    (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
-   of the chunk means); other rows are done.
-4. `_split_kernel`, one program per (row, write chunk), FALLBACK rows only: every program sums
-   the counts in the same fixed order and picks the highest pivot holding every kept token
-   (count >= k, or top-p only: mass >= (p + 1e-3) * Z); if its candidates fit COMPACT, each
-   program gathers its own at a fixed offset (vocabulary order, so the result does not depend
-   on timing). The last program of the row to finish (atomic ticket) finds the cut on them and
+   of the chunk means), and the row's last program to finish (atomic ticket) sums the counts
+   in a fixed order, picks the highest pivot holding every kept token (count >= k, or top-p
+   only: mass >= (p + 1e-3) * Z), gathers the row's candidates at it in vocabulary order (so
+   the result does not depend on timing) and, if they fit COMPACT, finds the cut on them and
    scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
-   exact, slow) in that program and is marked WHOLE_ROW.
+   exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load.
 
 Every output element is written by exactly one program of one launch (or rewritten whole by
-the whole-row kernel in a later launch), so no program needs a barrier between its zeros and
-its values. A truncating row costs one read of the logits, one write of the output and the
+the whole-row kernel once every other program of its row is done), so no program needs a
+barrier between its zeros and its values. A truncating row costs one read of the logits, one write of the output and the
 candidates (a few percent of the row). The decisions are exact on float32 x, as in the
 whole-row kernel; only sums differ from the reference by float32 rounding.
 """
@@ -53,6 +51,7 @@ import triton
 import triton.language as tl
 
 from engine.sampling.probabilities_row_kernel import scaled_logits, write_row
+from engine.sampling.scratch import ScratchCache
 
 
 class RowMode(enum.IntEnum):
@@ -480,13 +479,25 @@ def _write_kernel(
     top_p_ptr,  # [B] float32
     out_ptr,  # [B, V] float32 out
     row_f32_ptr,  # [3, B] float32 (see _select_kernel)
-    row_mode_ptr,  # [B] int64
-    split_i32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] int32 out: counts at the split pivots
-    split_f32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] float32 out: masses at the split pivots
+    row_mode_ptr,  # [B] int64 in/out: FALLBACK rows no split pivot proves -> WHOLE_ROW
+    split_i32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] int32 scratch: counts at the split pivots
+    split_f32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] float32 scratch: masses at the split pivots
+    compact_ptr,  # [B, COMPACT] int64 scratch: a FALLBACK row's candidates at its split pivot
+    ticket_ptr,  # [B] int32: programs of the row done counting (zeroed by _select_kernel)
+    row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row kernel
+    row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row kernel
     V,
     CHUNK: tl.constexpr,
-    SUB: tl.constexpr,  # entries per step of the split count, a divisor of CHUNK
+    SUB: tl.constexpr,  # entries per step of the split count and gather, a divisor of CHUNK
+    WRITE_PAD: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
 ):
+    """DENSE rows: exp(x - m) / Z over this program's CHUNK entries. FALLBACK rows: this
+    program's counts at the split pivots; the row's last program to finish counting (atomic
+    ticket, acquire-release) proves the row on a split pivot (`_split_finish`). Other rows
+    were written by the chunk and select kernels: the program exits after one load."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     num_rows = tl.num_programs(0).to(tl.int64)
@@ -499,8 +510,18 @@ def _write_kernel(
         norm = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
         tl.store(out_ptr + row * V + offs, tl.exp(x - m) / norm, mask=mask)
     elif mode == _FALLBACK:
-        _split_count(logits_ptr + row * V, V, tl.load(temperature_ptr + row), row_f32_ptr,
-                     num_rows, row, chunk, split_i32_ptr, split_f32_ptr, CHUNK, SUB)
+        t = tl.load(temperature_ptr + row)
+        _split_count(logits_ptr + row * V, V, t, row_f32_ptr, num_rows, row, chunk,
+                     split_i32_ptr, split_f32_ptr, CHUNK, SUB)
+        tl.debug_barrier()  # every thread's counts precede the release below
+        num_write = tl.num_programs(1)
+        if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == num_write - 1:
+            _split_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
+                          tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), row_f32_ptr,
+                          num_rows, row, row_mode_ptr, split_i32_ptr, split_f32_ptr,
+                          compact_ptr + row * COMPACT, num_write,
+                          row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY,
+                          SUB, WRITE_PAD, COMPACT, BLOCK, ROW_CAPACITY)
 
 
 @triton.jit
@@ -536,11 +557,11 @@ def _split_count(row_ptr, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr
 
 
 @triton.jit
-def _split_pick(split_i32_ptr, split_f32_ptr, row, chunk, NUM_WRITE, z, k, p, use_k,
+def _split_pick(split_i32_ptr, split_f32_ptr, row, NUM_WRITE, z, k, p, use_k,
                 WRITE_PAD: tl.constexpr):
-    """(best pivot index, candidates at it in the row, before this program): the highest split
-    pivot holding every kept token (count >= k; top-p only: mass >= (p + MASS_MARGIN) * Z);
-    best = NUM_SPLIT_PIVOTS if none does."""
+    """(best pivot index, candidates at it in the row): the highest split pivot holding every
+    kept token (count >= k; top-p only: mass >= (p + MASS_MARGIN) * Z), the W programs' counts
+    summed in one fixed order; best = NUM_SPLIT_PIVOTS if none does."""
     w = tl.arange(0, WRITE_PAD)
     j = tl.arange(0, NUM_SPLIT_PIVOTS)
     slot = (row * NUM_WRITE + w[:, None]) * NUM_SPLIT_PIVOTS + j[None, :]
@@ -550,99 +571,55 @@ def _split_pick(split_i32_ptr, split_f32_ptr, row, chunk, NUM_WRITE, z, k, p, us
     row_counts = tl.sum(counts, 0)
     covers = tl.where(use_k, row_counts >= k, tl.sum(masses, 0) >= (p + MASS_MARGIN) * z)
     best = tl.min(tl.where(covers, j, NUM_SPLIT_PIVOTS), 0)
-    at_best = tl.where(j[None, :] == best, counts, 0)
-    total = tl.sum(tl.sum(at_best, 1), 0)
-    before = tl.sum(tl.sum(tl.where(w[:, None] < chunk, at_best, 0), 1), 0)
-    return best, total, before
+    return best, tl.sum(tl.where(j == best, row_counts, 0), 0)
 
 
 @triton.jit
-def _split_gather(row_ptr, V, t, pivot, chunk, dst_ptr, CHUNK: tl.constexpr,
-                  SUB: tl.constexpr):
-    """Store this program's x >= pivot (packed with the index) at dst_ptr, vocabulary order."""
+def _split_gather(row_ptr, V, t, pivot, dst_ptr, SUB: tl.constexpr, COMPACT: tl.constexpr):
+    """Store the row's x >= pivot (packed with the index) at dst_ptr[0:COMPACT], vocabulary
+    order (the caller has counted that they fit)."""
     base = tl.zeros([1], tl.int32).sum(0)
-    for start in range(0, CHUNK, SUB):
-        offs = chunk * CHUNK + start + tl.arange(0, SUB)
+    for start in range(0, V, SUB):
+        offs = start + tl.arange(0, SUB)
         in_row = offs < V
         x = scaled_logits(row_ptr, offs, in_row, t)
         take = in_row & (x >= pivot)
         pos = base + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(dst_ptr + pos, _pack(x, offs), mask=take)
+        tl.store(dst_ptr + pos, _pack(x, offs), mask=take & (pos < COMPACT))
         base += tl.sum(take.to(tl.int32), 0)
 
 
 @triton.jit
-def _split_kernel(
-    logits_ptr,  # [B, V] float32 / bfloat16 / float16
-    temperature_ptr,  # [B] float32
-    top_k_ptr,  # [B] int32 / int64
-    top_p_ptr,  # [B] float32
-    out_ptr,  # [B, V] float32 out: kept values of FALLBACK rows (zeroed by the chunk kernel)
-    row_f32_ptr,  # [3, B] float32 (see _select_kernel)
-    row_mode_ptr,  # [B] int64 in/out: FALLBACK rows the split pivots cannot prove -> WHOLE_ROW
-    split_i32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] int32 (see _write_kernel)
-    split_f32_ptr,  # [B, W, NUM_SPLIT_PIVOTS] float32
-    compact_ptr,  # [B, COMPACT] int64 scratch: the row's candidates at the chosen pivot
-    ticket_ptr,  # [B] int32: programs of the row done gathering
-    row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row kernel
-    row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row kernel
-    V,
-    CHUNK: tl.constexpr,
-    SUB: tl.constexpr,  # entries per step of the split gather, a divisor of CHUNK
-    WRITE_PAD: tl.constexpr,
-    COMPACT: tl.constexpr,
-    BLOCK: tl.constexpr,
-    ROW_CAPACITY: tl.constexpr,
-):
-    """FALLBACK rows over W programs of CHUNK entries: each gathers its candidates at the
-    chosen split pivot into its own range of the row's buffer; the last program of the row
-    to finish (atomic ticket, acquire-release) proves the cut on them and scatters, or runs the
-    whole-row kernel if no split pivot fits COMPACT and holds every kept token."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    num_write = tl.num_programs(1)
-    num_rows = tl.num_programs(0).to(tl.int64)
-    if tl.load(row_mode_ptr + row) == _FALLBACK:
-        t = tl.load(temperature_ptr + row)
-        k = tl.load(top_k_ptr + row)
-        p = tl.load(top_p_ptr + row)
-        use_k = (k > 0) & (k < V)
-        z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
-        pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
-        best, total, before = _split_pick(split_i32_ptr, split_f32_ptr, row, chunk, num_write,
-                                          z, k, p, use_k, WRITE_PAD)
-        fits = (best < NUM_SPLIT_PIVOTS) & (total <= COMPACT)
-        compact_row = compact_ptr + row * COMPACT
-        if fits:
-            pivot = tl.sum(tl.where(tl.arange(0, NUM_SPLIT_PIVOTS) == best, pivots, 0.0), 0)
-            _split_gather(logits_ptr + row * V, V, t, pivot, chunk, compact_row + before, CHUNK,
-                          SUB)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == num_write - 1:
-            proven = fits
-            if fits:
-                proven, norm = _prove_and_scatter(compact_row, total, out_ptr + row * V, m, z,
-                                                  k, p, use_k, p < 1.0, COMPACT)
-            if proven == 0:
-                write_row(logits_ptr + row * V, out_ptr + row * V, V, t, k, p,
-                          row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY,
-                          BLOCK, ROW_CAPACITY)
-                tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)
+def _split_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
+                  split_i32_ptr, split_f32_ptr, compact_row, num_write, row_val, row_idx,
+                  SUB: tl.constexpr, WRITE_PAD: tl.constexpr, COMPACT: tl.constexpr,
+                  BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+    """A FALLBACK row, in one program once every program of the row has counted: pick the
+    split pivot, gather the row's candidates at it, prove the cut on them and scatter; a row
+    no pivot proves within COMPACT candidates runs the whole-row kernel (WHOLE_ROW)."""
+    use_k = (k > 0) & (k < V)
+    z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
+    pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+    best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p, use_k,
+                              WRITE_PAD)
+    proven = (best < NUM_SPLIT_PIVOTS) & (total <= COMPACT)
+    if proven:
+        pivot = tl.sum(tl.where(tl.arange(0, NUM_SPLIT_PIVOTS) == best, pivots, 0.0), 0)
+        _split_gather(row_ptr, V, t, pivot, compact_row, SUB, COMPACT)
+        tl.debug_barrier()  # the gathered candidates land before other threads read them
+        proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k,
+                                          p < 1.0, COMPACT)
+    if proven == 0:
+        write_row(row_ptr, out_row, V, t, k, p, row_val, row_idx, BLOCK, ROW_CAPACITY)
+        tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)
 
 
 def _scratch(dtype, device, *shapes) -> tuple[torch.Tensor, ...]:
-    """Views of one uninitialised allocation, one per shape (one allocator call, not several:
-    the host cost of an eager call is mostly such calls)."""
+    """Views of one uninitialised allocation, one per shape, each SCRATCH_ALIGN-aligned."""
     sizes = [math.prod(shape) for shape in shapes]
     padded = [-(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN for size in sizes]
     parts = torch.empty(sum(padded), dtype=dtype, device=device).split(padded)
     return tuple(part[:size].view(shape) for part, size, shape in zip(parts, sizes, shapes))
-
-
-@functools.lru_cache(maxsize=64)
-def _floor_sigmas(config: KernelConfig, chunk: int) -> tuple[float, float]:
-    """(narrow, wide) z of the quick floor, computed once per configuration and chunk."""
-    return config.pivot_sigmas(chunk), config.pivot_sigmas(chunk, config.wide_share)
 
 
 def wide_k_limit(num_chunks: int, capacity: int) -> int:
@@ -650,57 +627,118 @@ def wide_k_limit(num_chunks: int, capacity: int) -> int:
     return num_chunks * capacity // (QUICK_FLOOR_SHARE * WIDE_K_MARGIN)
 
 
-def run_probabilities(logits, temperature, top_k, top_p,
-                      config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
-    """Launch the three kernels; arguments were validated by `batched_probabilities`."""
-    num_rows, vocab = logits.shape
-    dev = logits.device
+@dataclass(frozen=True, eq=False)  # one object per shape (launch_plan): identity is equality
+class LaunchPlan:
+    """Everything about a call that depends only on (config, B, V): grids, constexprs, scratch
+    shapes. Computed once per shape (`launch_plan`), so an eager call does no such arithmetic."""
+
+    num_rows: int
+    vocab: int
+    chunk: int  # vocabulary entries per chunk program
+    capacity: int  # candidate slots per chunk
+    keep_all: bool  # one chunk is the whole row, with a slot per entry
+    num_chunks: int
+    num_write: int  # write programs per row
+    sub: int  # split count / gather step
+    pivot_sigmas: float  # z of the quick floor
+    wide_sigmas: float  # z of the quick floor of rows with k > wide_k
+    wide_k: int
+    config: KernelConfig
+
+    @property
+    def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
+        return ((4, self.num_rows * self.num_chunks), (3, self.num_rows),
+                (self.num_rows, self.config.candidate_capacity), self.split_shape)
+
+    @property
+    def i32_shapes(self):  # chunk argmax / count, whole-row indices, split counts, tickets
+        return ((2, self.num_rows * self.num_chunks),
+                (self.num_rows, self.config.candidate_capacity), self.split_shape,
+                (self.num_rows,))
+
+    @property
+    def i64_shapes(self):  # chunk candidates, per-row compact buffer, row modes
+        return ((self.num_rows * self.num_chunks, self.capacity),
+                (self.num_rows, self.config.compact), (self.num_rows,))
+
+    @property
+    def split_shape(self):
+        return (self.num_rows, self.num_write, NUM_SPLIT_PIVOTS.value)
+
+
+@functools.lru_cache(maxsize=256)
+def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
+    """The `LaunchPlan` of a [num_rows, vocab] call (cached)."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
-    num_slots = num_rows * num_chunks
-    num_write = triton.cdiv(vocab, config.write_chunk)
-    sub = min(SPLIT_SUB, config.write_chunk)  # powers of two: a divisor of the write chunk
-    split = (num_rows, num_write, NUM_SPLIT_PIVOTS.value)
-    out = torch.empty((num_rows, vocab), dtype=torch.float32, device=dev)
-    row_mode = torch.empty((num_rows,), dtype=torch.int64, device=dev)
-    chunk_f32, row_f32, row_val, split_f32 = _scratch(
-        torch.float32, dev, (4, num_slots), (3, num_rows), (num_rows, config.candidate_capacity),
-        split)
-    chunk_i32, row_idx, split_i32, ticket = _scratch(
-        torch.int32, dev, (2, num_slots), (num_rows, config.candidate_capacity), split,
-        (num_rows,))
-    cand, compact = _scratch(torch.int64, dev, (num_slots, capacity), (num_rows, config.compact))
-    if num_rows > 0:
-        grid = (num_rows, num_chunks)
-        _chunk_kernel[grid](
-            logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
-            num_chunks, *_floor_sigmas(config, chunk), wide_k_limit(num_chunks, capacity),
-            CHUNK=chunk,
-            CAPACITY=capacity, KEEP_ALL=keep_all, num_warps=config.chunk_warps,
-        )
-        _select_kernel[(num_rows,)](
-            temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-            row_mode, ticket, vocab, num_chunks, CHUNKS_PAD=triton.next_power_of_2(num_chunks),
-            CAPACITY=capacity, BLOCK=config.select_block, COMPACT=config.compact,
-            num_warps=config.select_warps,
-        )
-        _write_kernel[(num_rows, num_write)](
-            logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
-            vocab, CHUNK=config.write_chunk, SUB=sub, num_warps=NUM_WARPS,
-        )
-        _split_kernel[(num_rows, num_write)](
-            logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
-            compact, ticket, row_val, row_idx, vocab, CHUNK=config.write_chunk, SUB=sub,
-            WRITE_PAD=triton.next_power_of_2(num_write), COMPACT=config.compact,
-            BLOCK=config.block, ROW_CAPACITY=config.candidate_capacity, num_warps=NUM_WARPS,
-        )
-    return KernelOutput(out, row_mode)
+    return LaunchPlan(
+        num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, keep_all=keep_all,
+        num_chunks=num_chunks, num_write=triton.cdiv(vocab, config.write_chunk),
+        sub=min(SPLIT_SUB, config.write_chunk),  # powers of two: a divisor of the write chunk
+        pivot_sigmas=config.pivot_sigmas(chunk),
+        wide_sigmas=config.pivot_sigmas(chunk, config.wide_share),
+        wide_k=wide_k_limit(num_chunks, capacity), config=config)
+
+
+def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
+    """The scratch of one call: three allocations (one per dtype), 12 views."""
+    return (*_scratch(torch.float32, device, *plan.f32_shapes),
+            *_scratch(torch.int32, device, *plan.i32_shapes),
+            *_scratch(torch.int64, device, *plan.i64_shapes))
+
+
+# Scratch reused by eager calls of the same shape on the same stream (see ScratchCache).
+SCRATCH = ScratchCache()
+
+
+def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
+    """Enqueue the three kernels (no host read, no allocation); returns the row modes."""
+    (chunk_f32, row_f32, row_val, split_f32, chunk_i32, row_idx, split_i32, ticket, cand,
+     compact, row_mode) = scratch
+    config, num_rows, vocab = plan.config, plan.num_rows, plan.vocab
+    _chunk_kernel[(num_rows, plan.num_chunks)](
+        logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
+        plan.num_chunks, plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k, CHUNK=plan.chunk,
+        CAPACITY=plan.capacity, KEEP_ALL=plan.keep_all, num_warps=config.chunk_warps,
+    )
+    _select_kernel[(num_rows,)](
+        temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
+        row_mode, ticket, vocab, plan.num_chunks,
+        CHUNKS_PAD=triton.next_power_of_2(plan.num_chunks), CAPACITY=plan.capacity,
+        BLOCK=config.select_block, COMPACT=config.compact, num_warps=config.select_warps,
+    )
+    _write_kernel[(num_rows, plan.num_write)](
+        logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
+        compact, ticket, row_val, row_idx, vocab, CHUNK=config.write_chunk, SUB=plan.sub,
+        WRITE_PAD=triton.next_power_of_2(plan.num_write), COMPACT=config.compact,
+        BLOCK=config.block, ROW_CAPACITY=config.candidate_capacity, num_warps=NUM_WARPS,
+    )
+    return row_mode
+
+
+def run_probabilities(logits, temperature, top_k, top_p,
+                      config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
+    """Launch the three kernels on fresh scratch; arguments were validated by the caller
+    (`batched_probabilities`). The row modes are returned, so they are not shared."""
+    plan = launch_plan(config, *logits.shape)
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    scratch = _make_scratch(plan, logits.device)
+    if plan.num_rows > 0:
+        _launch(logits, temperature, top_k, top_p, plan, out, scratch)
+    return KernelOutput(out, scratch[-1])
 
 
 def probabilities_triton(logits, temperature, top_k, top_p, *,
                          config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """float32[B, V] probabilities of every row (see `run_probabilities`)."""
-    return run_probabilities(logits, temperature, top_k, top_p, config).probs
+    """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
+    scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
+    output is allocated per call."""
+    plan = launch_plan(config, *logits.shape)
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    if plan.num_rows > 0:
+        scratch = SCRATCH.get(plan, logits.device, lambda: _make_scratch(plan, logits.device))
+        _launch(logits, temperature, top_k, top_p, plan, out, scratch)
+    return out

@@ -3,7 +3,7 @@
 This is the last, exact fallback of the chunked kernel (`probabilities_kernel`) for the rows
 whose top-k / top-p cut neither its per-chunk candidates nor its split pivots can prove to hold
 (k larger than the compact buffer, very flat rows with a large p, NaN or +inf logits). It runs
-inside the split kernel, on the row's last program to finish, for random rows only
+inside the write kernel, on the row's last program to finish, for random rows only
 (temperature > 0, with top-k or top-p).
 
 Per row (x = logits / T, decided on float32 x):

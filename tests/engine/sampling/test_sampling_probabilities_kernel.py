@@ -176,3 +176,32 @@ def test_split_fallback_over_several_programs_is_exact(monkeypatch):
     assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 6
     assert_rows_match(result.probs, logits, t, top_k, p)
     assert int((result.probs[5] > 0).sum()) == 10  # top-k keeps ties
+
+
+def poison_(tensors):
+    """Fill float tensors with NaN and integer tensors with -7, in place."""
+    for t in tensors:
+        t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+def test_reused_scratch_holds_no_state_between_calls():
+    """probabilities_triton reuses its scratch for the next call of the same shape: the second
+    call gets the first call's buffers (the cache hit is checked), poisoned in between, with
+    other rows (dense, sparse, fallback, greedy swapped around), and must still match the
+    reference: every scratch element a call reads was written by that call."""
+    k = kernel()
+    config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=256)
+    k.SCRATCH.clear()
+    first = torch.randn(4, 700, generator=generator(61)) * 2
+    t, top_k, p = params([1.0, 0.8, 0.0, 1.0], [-1, 10, -1, 300], [1.0, 0.9, 1.0, 0.95])
+    k.probabilities_triton(first, t, top_k, p, config=config)
+    (cached,) = k.SCRATCH._entries.values()
+    poison_(cached)
+    second = torch.randn(4, 700, generator=generator(62)) * 2
+    t, top_k, p = params([0.0, 1.0, 1.3, 0.8], [-1, 300, -1, 10], [1.0, 0.95, 0.6, 0.9])
+    out = k.probabilities_triton(second, t, top_k, p, config=config)
+    (again,) = k.SCRATCH._entries.values()
+    assert all(a is b for a, b in zip(again, cached)) and len(k.SCRATCH) == 1
+    assert not out.isnan().any()
+    assert_rows_match(out, second, t, top_k, p)
+    k.SCRATCH.clear()
