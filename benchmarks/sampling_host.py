@@ -1,8 +1,9 @@
 """Host cost of one eager batched_probabilities call on a CUDA device, step by step.
 
 Prints, for B in {1, 8, 64, 256} at V = 152,064 (temperature 0.8, top-k 50, top-p 0.9):
-- "call": host time per call to enqueue (perf_counter over CALLS calls, no synchronisation in
-  the loop, after a warm-up);
+- "call": host time per call to enqueue (median over REPEATS loops of CALLS calls, no
+  synchronisation inside a loop, after a warm-up: the median keeps other processes' bursts on
+  the host out);
 - "validate": the argument checks alone (`probabilities._check_inputs`);
 - one column per Triton kernel: the host time of its launch (`JITFunction.run`, timed by a
   wrapper around it: binding and specialising the arguments, the cache lookup, the driver
@@ -23,6 +24,7 @@ import cProfile
 import collections
 import io
 import pstats
+import statistics
 import time
 
 import torch
@@ -35,7 +37,8 @@ from engine.sampling.probabilities import _check_inputs
 
 BATCHES = (1, 8, 64, 256)
 VOCAB = 152064
-CALLS = 300
+CALLS = 100
+REPEATS = 7
 WARMUP_CALLS = 20
 PROFILE_LINES = 25
 
@@ -48,16 +51,19 @@ def inputs(batch: int, vocab: int = VOCAB):
 
 
 def per_call_us(fn, calls: int = CALLS) -> float:
-    """Host microseconds per call of fn() (no synchronisation inside the timed loop)."""
+    """Host microseconds per call of fn(): the median over REPEATS timed loops of `calls`
+    calls (no synchronisation inside a loop)."""
     for _ in range(WARMUP_CALLS):
         fn()
+    loops = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter_ns() - start) / calls / 1e3)
     torch.cuda.synchronize()
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter_ns() - start
-    torch.cuda.synchronize()
-    return elapsed / calls / 1e3
+    return statistics.median(loops)
 
 
 class LaunchTimer:
@@ -88,9 +94,9 @@ def steps(batch: int) -> tuple[float, float, dict]:
     args = inputs(batch)
     call = per_call_us(lambda: batched_probabilities(*args, backend="triton"))
     validate = per_call_us(lambda: _check_inputs(*args))
-    with LaunchTimer() as timer:
+    with LaunchTimer() as timer:  # mean over every call, warm-up included
         per_call_us(lambda: batched_probabilities(*args, backend="triton"))
-    total_calls = CALLS + WARMUP_CALLS
+    total_calls = CALLS * REPEATS + WARMUP_CALLS
     launches = {name: ns / total_calls / 1e3 for name, ns in timer.ns.items()}
     return call, validate, launches
 
@@ -146,7 +152,8 @@ def main() -> None:
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"triton {triton.__version__}; host us per call (mean of {CALLS})", ""]
+             f"triton {triton.__version__}; host us per call (call, validate: median of "
+             f"{REPEATS} loops of {CALLS}; launches: mean)", ""]
     results = [(batch, *steps(batch)) for batch in BATCHES]
     kernels = sorted({name for *_, launches in results for name in launches})
     lines += ["| B | call | validate | " + " | ".join(kernels) + " | other |",
