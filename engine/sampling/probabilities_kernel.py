@@ -50,7 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.probabilities_row_kernel import scaled_logits, write_row
+from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
+from engine.sampling.launcher import CompiledLaunches
 from engine.sampling.scratch import ScratchCache
 
 
@@ -580,13 +581,8 @@ def _split_gather(row_ptr, V, t, pivot, dst_ptr, SUB: tl.constexpr, COMPACT: tl.
     order (the caller has counted that they fit)."""
     base = tl.zeros([1], tl.int32).sum(0)
     for start in range(0, V, SUB):
-        offs = start + tl.arange(0, SUB)
-        in_row = offs < V
-        x = scaled_logits(row_ptr, offs, in_row, t)
-        take = in_row & (x >= pivot)
-        pos = base + tl.cumsum(take.to(tl.int32), 0) - 1
+        x, offs, take, pos, base = take_at_least(row_ptr, V, t, start, pivot, base, SUB)
         tl.store(dst_ptr + pos, _pack(x, offs), mask=take & (pos < COMPACT))
-        base += tl.sum(take.to(tl.int32), 0)
 
 
 @triton.jit
@@ -629,21 +625,23 @@ def wide_k_limit(num_chunks: int, capacity: int) -> int:
 
 @dataclass(frozen=True, eq=False)  # one object per shape (launch_plan): identity is equality
 class LaunchPlan:
-    """Everything about a call that depends only on (config, B, V): grids, constexprs, scratch
-    shapes. Computed once per shape (`launch_plan`), so an eager call does no such arithmetic."""
+    """Everything about a call that depends only on (config, B, V): grids, scratch shapes and
+    the three kernels' constexprs. Computed once per shape (`launch_plan`), so an eager call
+    does no such arithmetic."""
 
     num_rows: int
     vocab: int
     chunk: int  # vocabulary entries per chunk program
     capacity: int  # candidate slots per chunk
-    keep_all: bool  # one chunk is the whole row, with a slot per entry
     num_chunks: int
     num_write: int  # write programs per row
-    sub: int  # split count / gather step
     pivot_sigmas: float  # z of the quick floor
     wide_sigmas: float  # z of the quick floor of rows with k > wide_k
     wide_k: int
     config: KernelConfig
+    chunk_constexprs: tuple[tuple[str, int], ...]  # (name, value), signature order
+    select_constexprs: tuple[tuple[str, int], ...]
+    write_constexprs: tuple[tuple[str, int], ...]
 
     @property
     def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
@@ -674,13 +672,21 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
+    num_write = triton.cdiv(vocab, config.write_chunk)
     return LaunchPlan(
-        num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, keep_all=keep_all,
-        num_chunks=num_chunks, num_write=triton.cdiv(vocab, config.write_chunk),
-        sub=min(SPLIT_SUB, config.write_chunk),  # powers of two: a divisor of the write chunk
-        pivot_sigmas=config.pivot_sigmas(chunk),
+        num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
+        num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
         wide_sigmas=config.pivot_sigmas(chunk, config.wide_share),
-        wide_k=wide_k_limit(num_chunks, capacity), config=config)
+        wide_k=wide_k_limit(num_chunks, capacity), config=config,
+        chunk_constexprs=(("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all)),
+        select_constexprs=(("CHUNKS_PAD", triton.next_power_of_2(num_chunks)),
+                           ("CAPACITY", capacity), ("BLOCK", config.select_block),
+                           ("COMPACT", config.compact)),
+        write_constexprs=(("CHUNK", config.write_chunk),
+                          ("SUB", min(SPLIT_SUB, config.write_chunk)),  # divides the chunk
+                          ("WRITE_PAD", triton.next_power_of_2(num_write)),
+                          ("COMPACT", config.compact), ("BLOCK", config.block),
+                          ("ROW_CAPACITY", config.candidate_capacity)))
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
@@ -692,30 +698,43 @@ def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
 
 # Scratch reused by eager calls of the same shape on the same stream (see ScratchCache).
 SCRATCH = ScratchCache()
+# The compiled kernels of every specialisation launched so far (see CompiledLaunches).
+LAUNCHES = CompiledLaunches()
+
+
+def specialisation_key(plan: LaunchPlan, logits, temperature, top_k, top_p) -> tuple:
+    """Every argument property Triton specialises the three kernels on, beyond their
+    constexprs: the integer arguments (V, number of chunks, wide_k: Triton specialises on
+    their value being 1 or a multiple of 16, and their width), the device, and the caller's
+    tensors' dtypes and 16-byte alignment. The other tensors are allocated here (aligned,
+    fixed dtypes); float arguments are not specialised."""
+    return (plan.vocab, plan.num_chunks, plan.wide_k, logits.device, logits.dtype, top_k.dtype,
+            logits.data_ptr() % 16 == 0, temperature.data_ptr() % 16 == 0,
+            top_k.data_ptr() % 16 == 0, top_p.data_ptr() % 16 == 0)
 
 
 def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
     """Enqueue the three kernels (no host read, no allocation); returns the row modes."""
     (chunk_f32, row_f32, row_val, split_f32, chunk_i32, row_idx, split_i32, ticket, cand,
      compact, row_mode) = scratch
-    config, num_rows, vocab = plan.config, plan.num_rows, plan.vocab
-    _chunk_kernel[(num_rows, plan.num_chunks)](
-        logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
-        plan.num_chunks, plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k, CHUNK=plan.chunk,
-        CAPACITY=plan.capacity, KEEP_ALL=plan.keep_all, num_warps=config.chunk_warps,
-    )
-    _select_kernel[(num_rows,)](
-        temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-        row_mode, ticket, vocab, plan.num_chunks,
-        CHUNKS_PAD=triton.next_power_of_2(plan.num_chunks), CAPACITY=plan.capacity,
-        BLOCK=config.select_block, COMPACT=config.compact, num_warps=config.select_warps,
-    )
-    _write_kernel[(num_rows, plan.num_write)](
-        logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
-        compact, ticket, row_val, row_idx, vocab, CHUNK=config.write_chunk, SUB=plan.sub,
-        WRITE_PAD=triton.next_power_of_2(plan.num_write), COMPACT=config.compact,
-        BLOCK=config.block, ROW_CAPACITY=config.candidate_capacity, num_warps=NUM_WARPS,
-    )
+    key = specialisation_key(plan, logits, temperature, top_k, top_p)
+    num_rows, vocab = plan.num_rows, plan.vocab
+    config = plan.config
+    LAUNCHES.launch(
+        _chunk_kernel, (num_rows, plan.num_chunks), key,
+        (logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
+         plan.num_chunks, plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k),
+        plan.chunk_constexprs, config.chunk_warps)
+    LAUNCHES.launch(
+        _select_kernel, (num_rows,), key,
+        (temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
+         row_mode, ticket, vocab, plan.num_chunks),
+        plan.select_constexprs, config.select_warps)
+    LAUNCHES.launch(
+        _write_kernel, (num_rows, plan.num_write), key,
+        (logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
+         compact, ticket, row_val, row_idx, vocab),
+        plan.write_constexprs, NUM_WARPS)
     return row_mode
 
 

@@ -150,18 +150,26 @@ def _pick_pivot(row_ptr, V, temperature, m, z, mean, k, p, use_k, BLOCK: tl.cons
 
 
 @triton.jit
+def take_at_least(row_ptr, V, temperature, start, pivot, base, BLOCK: tl.constexpr):
+    """One step of compacting a row's x >= pivot in vocabulary order: for entries
+    [start, start + BLOCK), (x, index, taken, slot = base + rank among the taken, next base)."""
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < V
+    x = scaled_logits(row_ptr, offs, mask, temperature)
+    take = mask & (x >= pivot)
+    slot = base + tl.cumsum(take.to(tl.int32), 0) - 1
+    return x, offs, take, slot, base + tl.sum(take.to(tl.int32), 0)
+
+
+@triton.jit
 def _compact(row_ptr, V, temperature, pivot, val_ptr, idx_ptr, BLOCK: tl.constexpr):
     """Write every x >= pivot and its index to the scratch row, in vocabulary order."""
     base = tl.zeros([1], tl.int32).sum(0)
     for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < V
-        x = scaled_logits(row_ptr, offs, mask, temperature)
-        take = mask & (x >= pivot)
-        slot = base + tl.cumsum(take.to(tl.int32), 0) - 1
+        x, offs, take, slot, base = take_at_least(row_ptr, V, temperature, start, pivot, base,
+                                                  BLOCK)
         tl.store(val_ptr + slot, x, mask=take)
         tl.store(idx_ptr + slot, offs, mask=take)
-        base += tl.sum(take.to(tl.int32), 0)
 
 
 @triton.jit

@@ -205,3 +205,20 @@ def test_reused_scratch_holds_no_state_between_calls():
     assert not out.isnan().any()
     assert_rows_match(out, second, t, top_k, p)
     k.SCRATCH.clear()
+
+
+def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexprs():
+    """V = 152,064 and 152,063 have the same chunks, pads and constexprs, but Triton compiles V
+    differently (a multiple of 16 or not): a compiled kernel reused across them would assume
+    the wrong V, so their keys must differ; the caller's dtypes and alignment count too."""
+    k = kernel()
+    t, top_k, p = params([1.0], [5], [1.0])
+    plans = [k.launch_plan(k.DEFAULT_CONFIG, 1, vocab) for vocab in (152064, 152063)]
+    assert plans[0].chunk_constexprs == plans[1].chunk_constexprs
+    assert plans[0].write_constexprs == plans[1].write_constexprs
+    logits = torch.zeros(1, 152064 + 4)
+    keys = {k.specialisation_key(plan, logits[:, :plan.vocab], t, top_k, p) for plan in plans}
+    assert len(keys) == 2
+    variants = [logits[:, 1:152065], logits[:, :152064].bfloat16(), logits[:, :152064]]
+    keys = {k.specialisation_key(plans[0], x, t, top_k, p) for x in variants}
+    assert len(keys) == 3  # unaligned float32, bfloat16, aligned float32
