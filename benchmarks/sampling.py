@@ -17,7 +17,8 @@ With --sweep it first times the kernel configurations that may be the default
 (`CANDIDATE_CONFIGS`) at B=256, V=152064, in total and per kernel (torch.profiler), and one
 that sends every row through the whole-row fallback.
 
-Usage, from the repository root: python3 -m benchmarks.sampling [--out table.md] [--sweep]
+Usage, from the repository root:
+    python3 -m benchmarks.sampling [--out table.md] [--sweep] [--quick]
 """
 
 from __future__ import annotations
@@ -107,12 +108,14 @@ def host_us(fn, args, calls=50) -> float:
     return elapsed / calls * 1e6
 
 
-def row(batch, vocab, bandwidth, config=None):
+def row(batch, vocab, bandwidth, config=None, baselines=True):
+    """One line of the main table; without `baselines` the torch and sort columns are nan."""
     nbytes = batch * vocab * 4 * 2
     num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
     sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
     impls = implementations(config)
-    times = {name: time_ms(fn, sets) for name, fn in impls.items()}
+    times = {name: time_ms(fn, sets) if baselines or name == "triton" else float("nan")
+             for name, fn in impls.items()}
     floor_ms = nbytes / bandwidth * 1e3
     host = host_us(impls["triton"], sets[0])
     graph = graph_ms(impls["triton"], sets[0])
@@ -204,6 +207,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time other configurations")
     parser.add_argument("--config", type=int, default=None,
                         help="time CANDIDATE_CONFIGS[N] instead of the default in the main tables")
+    parser.add_argument("--quick", action="store_true",
+                        help="skip the torch backend and sort-based columns (printed as nan)")
     args = parser.parse_args()
     config = None if args.config is None else CANDIDATE_CONFIGS[args.config]
     bandwidth = copy_bandwidth()
@@ -224,7 +229,7 @@ def main() -> None:
              args.out, "a")
     lines = ["", *header[3:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
-        b, v, tri, graph, tor, srt, flo, host = row(batch, vocab, bandwidth, config)
+        b, v, tri, graph, tor, srt, flo, host = row(batch, vocab, bandwidth, config, not args.quick)
         lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {graph * 1e3:.1f} | {tor * 1e3:.1f} | "
                      f"{srt * 1e3:.1f} | {flo * 1e3:.1f} | {tri / flo:.2f} | {graph / flo:.2f} | "
                      f"{srt / tri:.1f} | {host:.0f} |")
