@@ -111,6 +111,9 @@ class FigurePool:
         self._observed: dict[Prediction, Future] = {}
         self._released: list = []  # the worker processes, once `release` let them exit
         self._started = [self._executor.submit(_facts) for _ in range(workers)]  # spawns every worker now
+        # The executor's manager thread also joins the workers; a worker is only known to be reaped
+        # (its exit code recorded) once that thread is done, and shutdown(wait=False) forgets it.
+        self._manager = getattr(self._executor, "_executor_manager_thread", None)
 
     def __enter__(self) -> "FigurePool":
         return self
@@ -134,6 +137,8 @@ class FigurePool:
             if process.is_alive():
                 process.terminate()
                 process.join()
+        if self._manager is not None:
+            self._manager.join(TERMINATE_JOIN_S)
 
     def release(self) -> None:
         """Let the workers exit now, without waiting for them (`close` joins them later)."""
@@ -157,9 +162,12 @@ class FigurePool:
         reference.json is written and whose stage-1 `samples` are complete."""
         predicted = predicted_criteria(protocol)
         tokens = _tokens_by_group(samples, {group for _, group, _ in predicted}, protocol.positions)
-        for name, group, position in predicted:
-            self._observed[name, group, position] = self._executor.submit(_observed, str(path), name, tokens[group],
-                                                                          position)
+        try:
+            for name, group, position in predicted:
+                self._observed[name, group, position] = self._executor.submit(_observed, str(path), name,
+                                                                              tokens[group], position)
+        except BrokenProcessPool:
+            self._observed.clear()  # a worker is lost: `submit` finds the pool broken and renders serially
 
     def submit(self, path: Path, summary: dict, samples: pd.DataFrame) -> Callable[[], dict[str, bytes]]:
         """Hand the figures of `report.figures(path, summary, samples)` to the workers; the returned

@@ -72,11 +72,17 @@ def test_pool_renders_a_kept_bundle_as_its_report_and_workers_never_see_cuda(cap
     assert "warning" not in capsys.readouterr().err
 
 
-def test_a_lost_worker_falls_back_to_serial_rendering_with_one_line(pooled_bundle, capsys):
+@pytest.mark.parametrize("early", [False, True], ids=["late", "early"])
+def test_a_lost_worker_falls_back_to_serial_rendering_with_one_line(pooled_bundle, capsys, early):
     summary, samples = _inputs(pooled_bundle)
     with FigurePool(1) as pool:
         (facts,) = pool.worker_facts()
         os.kill(facts["pid"], signal.SIGKILL)
+        if early:  # the early hand-over meets the broken pool first: it must not raise
+            protocol, _ = runner.load_bundle_protocol(pooled_bundle)
+            probe = pool._executor.submit(os.getpid)  # noqa: SLF001 - fails once the executor noticed the loss
+            assert probe.exception(timeout=60) is not None
+            pool.submit_observed(pooled_bundle, protocol, samples)
         figures = pool.figures(pooled_bundle, summary, samples)
     assert figures == report.figures(pooled_bundle, summary, samples)
     err = capsys.readouterr().err
