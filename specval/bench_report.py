@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
-from specval.report import summary_files
-from specval.report.html import html_table, page
-from specval.report.markdown import SESSION_HEADER, fmt, md_table, provenance, session_rows
+from specval.report import Section, summary_files
+from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
 
 RATIO_HEADER = ["pairs", "median ratio b / a", "interval", "order statistics", "exact coverage", "threshold",
                 "verdict"]
@@ -62,25 +60,13 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
             f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
 
 
-def render_markdown(summary: dict, manifest: dict) -> str:
-    lines = [f"# {summary['protocol']['name']}: {summary['verdict']}", "", summary["reason"], ""]
-    lines += [f"- {fact}" for fact in _facts(summary, manifest)]
-    lines += ["", "## Median ratio", "", md_table(RATIO_HEADER, ratio_rows(summary)), "", METHOD, "", VERIFY_NOTE,
-              "", "## Pairs", "", md_table(PAIR_HEADER, pair_rows(summary)), "",
-              "## Arms", "", md_table(ARM_HEADER, arm_rows(summary)), "",
-              "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest))]
-    return "\n".join(lines) + "\n"
-
-
-def render_html(summary: dict, manifest: dict) -> str:
-    body = (f"<h2>Median ratio</h2>{html_table(RATIO_HEADER, ratio_rows(summary))}"
-            f"<p>{html.escape(METHOD)}</p><p>{html.escape(VERIFY_NOTE)}</p>"
-            f"<h2>Pairs</h2>{html_table(PAIR_HEADER, pair_rows(summary))}"
-            f"<h2>Arms</h2>{html_table(ARM_HEADER, arm_rows(summary))}"
-            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}")
-    return page(summary["protocol"]["name"], summary["verdict"], summary["reason"], _facts(summary, manifest), body)
+def _sections(summary: dict, manifest: dict) -> list[Section]:
+    return [Section("Median ratio", RATIO_HEADER, ratio_rows(summary), (METHOD, VERIFY_NOTE)),
+            Section("Pairs", PAIR_HEADER, pair_rows(summary)),
+            Section("Arms", ARM_HEADER, arm_rows(summary)),
+            Section("Sessions", SESSION_HEADER, session_rows(manifest))]
 
 
 def render_files(path: Path) -> dict[str, bytes]:
     """report.md and report.html of the bench bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, render_markdown, render_html)
+    return summary_files(path, _facts, _sections)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from specval import bundle as bundles
-from specval.report import summary_files
-from specval.report.html import html_table, page
-from specval.report.markdown import SESSION_HEADER, fmt, md_table, provenance, session_rows
+from specval.report import Section, summary_files
+from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
 
 COMPARISON_HEADER = ["comparison", "role", "n pairs", "acc a", "acc b", "diff (b - a)", "CI", "wins / losses / ties",
                      "McNemar p (exact)", "margin", "verdict", "reason"]
@@ -43,26 +41,15 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
             f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
 
 
-def render_markdown(summary: dict, manifest: dict) -> str:
-    lines = [f"# {summary['protocol']['name']}: {summary['verdict']}", "", summary["reason"], ""]
-    lines += [f"- {fact}" for fact in _facts(summary, manifest)]
-    lines += ["", "## Paired comparisons", "", md_table(COMPARISON_HEADER, comparison_rows(summary)), "",
-              CAVEAT, "", "## Groups", "", md_table(GROUP_HEADER, group_rows(summary)), "",
-              "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest))]
-    return "\n".join(lines) + "\n"
-
-
-def render_html(summary: dict, manifest: dict) -> str:
-    body = (f"<h2>Paired comparisons</h2>{html_table(COMPARISON_HEADER, comparison_rows(summary))}"
-            f"<p>{html.escape(CAVEAT)}</p>"
-            f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
-            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}")
-    return page(summary["protocol"]["name"], summary["verdict"], summary["reason"], _facts(summary, manifest), body)
+def _sections(summary: dict, manifest: dict) -> list[Section]:
+    return [Section("Paired comparisons", COMPARISON_HEADER, comparison_rows(summary), (CAVEAT,)),
+            Section("Groups", GROUP_HEADER, group_rows(summary)),
+            Section("Sessions", SESSION_HEADER, session_rows(manifest))]
 
 
 def render_files(path: Path) -> dict[str, bytes]:
     """report.md and report.html of the quality bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, render_markdown, render_html)
+    return summary_files(path, _facts, _sections)
 
 
 def render(path: Path) -> None:

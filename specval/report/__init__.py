@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Callable
 
@@ -11,8 +13,8 @@ from specval import bundle as bundles
 from specval.collect import load_samples
 from specval.reference import Reference
 from specval.report import plots
-from specval.report.html import render_html
-from specval.report.markdown import render_markdown
+from specval.report.html import html_table, page, render_html
+from specval.report.markdown import md_table, render_markdown
 from specval.seeds import SeedRange
 
 
@@ -85,11 +87,31 @@ def render(path: Path, pngs: dict[str, bytes] | None = None) -> None:
     bundles.write_files(path, render_files(path, pngs))
 
 
-def summary_files(path: Path, markdown: Callable[[dict, dict], str],
-                  html: Callable[[dict, dict], str]) -> dict[str, bytes]:
+@dataclass(frozen=True)
+class Section:
+    """One section of a summary-only report: a titled table, then paragraphs of notes."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: tuple[str, ...] = ()
+
+
+def summary_files(path: Path, facts: Callable[[dict, dict], list[str]],
+                  sections: Callable[[dict, dict], list[Section]]) -> dict[str, bytes]:
     """report.md and report.html of a bundle whose report is rendered from summary.json and
-    manifest.json alone (quality and performance bundles): `markdown(summary, manifest)` and
-    `html(summary, manifest)`. Deterministic, as `render_files`."""
+    manifest.json alone (quality and performance bundles): "name: verdict", the reason,
+    `facts(summary, manifest)` as a list, then `sections(summary, manifest)`, the same content in
+    both files. Deterministic, as `render_files`."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    return {"report.md": markdown(summary, manifest).encode(), "report.html": html(summary, manifest).encode()}
+    listed, parts = facts(summary, manifest), sections(summary, manifest)
+    name, verdict, reason = summary["protocol"]["name"], summary["verdict"], summary["reason"]
+    lines = [f"# {name}: {verdict}", "", reason, ""] + [f"- {fact}" for fact in listed]
+    for part in parts:
+        lines += ["", f"## {part.title}", "", md_table(part.header, part.rows)]
+        lines += [line for note in part.notes for line in ("", note)]
+    body = "".join(f"<h2>{part.title}</h2>{html_table(part.header, part.rows)}"
+                   + "".join(f"<p>{escape(note)}</p>" for note in part.notes) for part in parts)
+    return {"report.md": ("\n".join(lines) + "\n").encode(),
+            "report.html": page(name, verdict, reason, listed, body).encode()}
