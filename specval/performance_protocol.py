@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specval.protocol import (ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _fail, _float, _int,
-                              _mapping, _name, _str, _unit_open, canonical_hash, line_of, plain_form, read_yaml)
+from specval.protocol import (ProtocolError, SamplingSpec, SutSpec, _bool, _check_keys, _draft_loops, _fail, _float,
+                              _int, _mapping, _name, _str, _unit_open, canonical_hash, line_of, plain_form, read_yaml)
 from specval.protocol import _parse_profiles as _parse_profile_block
 from specval.protocol import _parse_sut as _parse_sut_spec
 from specval.protocol import resolve as protocol_resolve
@@ -136,9 +136,7 @@ def _parse_sampling(raw: Any, file: str, where: str) -> SamplingSpec:
 def _parse_arm(raw: Any, file: str, where: str) -> ArmSpec:
     raw = _mapping(raw, file, where)
     _check_keys(raw, ArmSpec, file, where)
-    draft_loops = raw.get("draft_loops")
-    if draft_loops is not None:
-        draft_loops = _int(draft_loops, file, f"{where}.draft_loops", minimum=1)
+    draft_loops = _draft_loops(raw, file, where)
     mode = _str(raw["mode"], file, f"{where}.mode", MODES)
     rounds = _int(raw.get("rounds_in_flight", 2), file, f"{where}.rounds_in_flight", minimum=1)
     if rounds not in ROUNDS_IN_FLIGHT:

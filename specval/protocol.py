@@ -327,16 +327,19 @@ def _parse_semantics(raw: Any, file: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pins))
 
 
+def _draft_loops(raw: dict, file: str, where: str) -> int | None:
+    """`where.draft_loops` of a group or an arm: absent (the engine's default) or an integer >= 1."""
+    value = raw.get("draft_loops")
+    return None if value is None else _int(value, file, f"{where}.draft_loops", minimum=1)
+
+
 def _parse_group(raw: Any, file: str, where: str) -> GroupSpec:
     raw = _mapping(raw, file, where)
     _check_keys(raw, GroupSpec, file, where)
-    draft_loops = raw.get("draft_loops")
-    if draft_loops is not None:
-        draft_loops = _int(draft_loops, file, f"{where}.draft_loops", minimum=1)
     return GroupSpec(
         name=_name(raw["name"], file, f"{where}.name"),
         mode=_name(raw["mode"], file, f"{where}.mode"),
-        draft_loops=draft_loops,
+        draft_loops=_draft_loops(raw, file, where),
     )
 
 
