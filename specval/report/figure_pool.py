@@ -91,15 +91,6 @@ def _observed(path: str, name: str, tokens: np.ndarray, position: int) -> bytes 
     return plots.observed_figure(name, tokens, position, report.read_reference(Path(path)))
 
 
-def _tokens_by_group(samples: pd.DataFrame, groups: set[str], positions: int) -> dict[str, np.ndarray]:
-    """`plots.group_tokens` of each of `groups` (the same rows in the same order), from one pass
-    over the group column instead of one comparison of it per group."""
-    codes, names = pd.factorize(samples["group"])
-    tokens = samples[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)  # [N, positions]
-    index = {name: code for code, name in enumerate(names)}
-    return {group: tokens[codes == index.get(group, -2)] for group in groups}  # -2: no row (factorize's NA is -1)
-
-
 class FigurePool:
     """`workers` spawned processes rendering the report's figures (module doc)."""
 
@@ -161,7 +152,7 @@ class FigurePool:
         """Submit the predicted observed-vs-expected figures of the bundle at `path`, whose
         reference.json is written and whose stage-1 `samples` are complete."""
         predicted = predicted_criteria(protocol)
-        tokens = _tokens_by_group(samples, {group for _, group, _ in predicted}, protocol.positions)
+        tokens = plots.tokens_by_group(samples, {group for _, group, _ in predicted}, protocol.positions)
         try:
             for name, group, position in predicted:
                 self._observed[name, group, position] = self._executor.submit(_observed, str(path), name,

@@ -35,10 +35,18 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
+def tokens_by_group(samples: pd.DataFrame, groups: set[str], positions: int) -> dict[str, np.ndarray]:
+    """int64[n, positions] per group of `groups`: the tokens of its rows of `samples`, in row order
+    (empty for a group without rows), from one pass over the group column."""
+    codes, names = pd.factorize(samples["group"])
+    tokens = samples[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)  # [N, positions]
+    index = {name: code for code, name in enumerate(names)}
+    return {group: tokens[codes == index.get(group, -2)] for group in groups}  # -2: no row (factorize's NA is -1)
+
+
 def group_tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarray:
-    """int64[n, positions]: the tokens of `group`'s rows of `samples`, in row order."""
-    rows = samples[samples["group"] == group]
-    return rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
+    """`tokens_by_group` of one group."""
+    return tokens_by_group(samples, {group}, positions)[group]
 
 
 def observed_vs_expected(name: str, test: dict, samples: pd.DataFrame, reference: Reference,
