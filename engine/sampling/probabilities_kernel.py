@@ -111,14 +111,19 @@ class KernelConfig:
     block: int = 2048  # vocabulary step of the whole-row fallback
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
     wide_share: int = 2  # rows with k > wide_k_limit aim at chunk_capacity / wide_share tokens
+    single_launch_rows: int = 0  # batches of at most this many rows take the single launch
+    single_warps: int = 4  # warps per program of the single launch
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share"):
+                     "candidate_capacity", "wide_share", "single_warps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
+        if not isinstance(self.single_launch_rows, int) or self.single_launch_rows < 0:
+            raise ValueError(f"KernelConfig.single_launch_rows={self.single_launch_rows!r} "
+                             "must be an integer >= 0")
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
             raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
                              f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
@@ -139,7 +144,11 @@ class KernelConfig:
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
 # three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
-DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192)
+# Batches of at most SINGLE_LAUNCH_ROWS rows take one launch (`_single_kernel`): at B = 1 the
+# three launches cost more host time than their device time (docs/performance.md).
+SINGLE_LAUNCH_ROWS = 64
+DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
+                              single_launch_rows=SINGLE_LAUNCH_ROWS)
 # Configurations the benchmark sweeps and the GPU tests check (the default first).
 CANDIDATE_CONFIGS = (
     DEFAULT_CONFIG,
@@ -148,6 +157,14 @@ CANDIDATE_CONFIGS = (
     KernelConfig(chunk=1024, chunk_capacity=64, chunk_warps=2, write_chunk=8192),
     KernelConfig(write_chunk=8192),
     KernelConfig(compact=2048),
+)
+# Single-launch configurations the small-batch benchmark compares and the GPU tests check.
+SINGLE_LAUNCH_CONFIGS = (
+    DEFAULT_CONFIG,
+    KernelConfig(chunk=512, chunk_capacity=32, single_warps=8,
+                 single_launch_rows=SINGLE_LAUNCH_ROWS),
+    KernelConfig(chunk=2048, chunk_capacity=128, single_warps=8,
+                 single_launch_rows=SINGLE_LAUNCH_ROWS),
 )
 
 
@@ -274,8 +291,16 @@ def _chunk_kernel(
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
+    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
+                tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
+
+
+@triton.jit
+def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
+                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
+    """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`)."""
     num_slots = tl.num_programs(0).to(tl.int64) * NUM_CHUNKS
     slot = row * NUM_CHUNKS + chunk
     t = tl.load(temperature_ptr + row)
@@ -431,7 +456,19 @@ def _select_kernel(
     BLOCK: tl.constexpr,
     COMPACT: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
+                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
+                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, BLOCK, COMPACT)
+
+
+@triton.jit
+def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
+                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS, row,
+                CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
+                COMPACT: tl.constexpr):
+    """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
+    stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
+    the max and the normaliser."""
     num_rows = tl.num_programs(0).to(tl.int64)
     num_slots = num_rows * NUM_CHUNKS
     first_slot = row * NUM_CHUNKS
@@ -441,6 +478,7 @@ def _select_kernel(
                         mask=live, other=float("-inf"))
     m = tl.max(chunk_max, 0)
     mode = tl.zeros([1], tl.int32).sum(0) + _GREEDY
+    norm = tl.zeros([1], tl.float32).sum(0) + 1.0
     tl.store(ticket_ptr + row, 0)
     if tl.load(temperature_ptr + row) == 0.0:
         first = tl.min(tl.where(live & (chunk_max == m), chunks, NUM_CHUNKS - 1), 0)
@@ -470,6 +508,7 @@ def _select_kernel(
         tl.store(row_f32_ptr + ROW_NORM * num_rows + row, norm)
         tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, m - mean)
     tl.store(row_mode_ptr + row, mode.to(tl.int64))
+    return mode, m, norm
 
 
 @triton.jit
@@ -504,12 +543,10 @@ def _write_kernel(
     num_rows = tl.num_programs(0).to(tl.int64)
     mode = tl.load(row_mode_ptr + row)
     if mode == _DENSE:
-        offs = chunk * CHUNK + tl.arange(0, CHUNK)
-        mask = offs < V
-        x = scaled_logits(logits_ptr + row * V, offs, mask, tl.load(temperature_ptr + row))
-        m = tl.load(row_f32_ptr + ROW_MAX * num_rows + row)
-        norm = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
-        tl.store(out_ptr + row * V + offs, tl.exp(x - m) / norm, mask=mask)
+        _write_dense(logits_ptr + row * V, out_ptr + row * V, V, tl.load(temperature_ptr + row),
+                     tl.load(row_f32_ptr + ROW_MAX * num_rows + row),
+                     tl.load(row_f32_ptr + ROW_NORM * num_rows + row), chunk * CHUNK, CHUNK,
+                     CHUNK)
     elif mode == _FALLBACK:
         t = tl.load(temperature_ptr + row)
         _split_count(logits_ptr + row * V, V, t, row_f32_ptr, num_rows, row, chunk,
@@ -526,6 +563,74 @@ def _write_kernel(
 
 
 @triton.jit
+def _write_dense(row_ptr, out_row, V, t, m, norm, first, length, BLOCK: tl.constexpr):
+    """exp(x - m) / norm over the row's entries [first, first + length), BLOCK at a time."""
+    for start in range(first, first + length, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < V
+        x = scaled_logits(row_ptr, offs, mask, t)
+        tl.store(out_row + offs, tl.exp(x - m) / norm, mask=mask)
+
+
+@triton.jit
+def _single_kernel(
+    logits_ptr,  # [B, V] float32 / bfloat16 / float16
+    temperature_ptr,  # [B] float32
+    top_k_ptr,  # [B] int32 / int64
+    top_p_ptr,  # [B] float32
+    out_ptr,  # [B, V] float32 out
+    chunk_f32_ptr,  # [4, B * S] float32 (see _chunk_kernel)
+    chunk_i32_ptr,  # [2, B * S] int32
+    cand_ptr,  # [B * S, CAPACITY] int64
+    compact_ptr,  # [B, COMPACT] int64 scratch
+    row_f32_ptr,  # [3, B] float32 scratch (see _select_kernel)
+    row_mode_ptr,  # [B] int64 out: RowMode
+    ticket_ptr,  # [B] int32: zero before the launch; the row's last program zeroes it again
+    row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row kernel
+    row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row kernel
+    V,
+    NUM_CHUNKS,
+    pivot_sigmas,
+    wide_sigmas,
+    wide_k,
+    CHUNK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    KEEP_ALL: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    SELECT_BLOCK: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
+):
+    """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
+    then the row's last program to finish it (atomic ticket, acquire-release) selects the row
+    (`_select_row`) and writes what the write kernel would: a DENSE row over all V entries,
+    a FALLBACK row counted at the split pivots over the whole row (`_serial_finish`)."""
+    row = tl.program_id(0).to(tl.int64)
+    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
+                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
+        mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
+                                    chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
+                                    compact_ptr, row_f32_ptr, row_mode_ptr,
+                                    ticket_ptr, V, NUM_CHUNKS, row, CHUNKS_PAD, CAPACITY,
+                                    SELECT_BLOCK, COMPACT)
+        t = tl.load(temperature_ptr + row)
+        if mode == _DENSE:
+            _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
+        elif mode == _FALLBACK:
+            tl.debug_barrier()  # the row statistics land before other threads read them
+            _serial_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
+                           tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), row_f32_ptr,
+                           tl.num_programs(0).to(tl.int64), row, row_mode_ptr,
+                           compact_ptr + row * COMPACT, row_val_ptr + row * ROW_CAPACITY,
+                           row_idx_ptr + row * ROW_CAPACITY, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+
+
+@triton.jit
 def _split_pivots(row_f32_ptr, num_rows, row):
     """[NUM_SPLIT_PIVOTS] pivots m - spread * 2**((j - SPLIT_PIVOT_ZERO) / 4), spread = m - the
     mean of the chunks' finite means: nonincreasing in j, never below -FLT_MAX (-inf logits
@@ -538,41 +643,55 @@ def _split_pivots(row_f32_ptr, num_rows, row):
 
 
 @triton.jit
-def _split_count(row_ptr, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr,
-                 split_f32_ptr, CHUNK: tl.constexpr, SUB: tl.constexpr):
-    """Counts and masses exp(x - m) of this program's x >= each split pivot, stored per
-    (row, program): summed later in a fixed order, so the pick does not depend on timing."""
-    pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+def _pivot_counts(row_ptr, V, t, pivots, m, first, length, SUB: tl.constexpr):
+    """([P] counts, [P] masses exp(x - m)) of the x >= each pivot among the row's entries
+    [first, first + length), SUB at a time."""
     counts = tl.zeros([NUM_SPLIT_PIVOTS], tl.int32)
     masses = tl.zeros([NUM_SPLIT_PIVOTS], tl.float32)
-    for start in range(0, CHUNK, SUB):
-        offs = chunk * CHUNK + start + tl.arange(0, SUB)
+    for start in range(first, first + length, SUB):
+        offs = start + tl.arange(0, SUB)
         in_row = offs < V
         x = scaled_logits(row_ptr, offs, in_row, t)
         at_least = (x[:, None] >= pivots[None, :]) & in_row[:, None]  # [SUB, P]
         counts += tl.sum(at_least.to(tl.int32), 0)
         masses += tl.sum(tl.where(at_least, tl.exp(x - m)[:, None], 0.0), 0)
+    return counts, masses
+
+
+@triton.jit
+def _split_count(row_ptr, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr,
+                 split_f32_ptr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    """Counts and masses exp(x - m) of this program's x >= each split pivot, stored per
+    (row, program): summed later in a fixed order, so the pick does not depend on timing."""
+    pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+    counts, masses = _pivot_counts(row_ptr, V, t, pivots, m, chunk * CHUNK, CHUNK, SUB)
     slot = (row * tl.num_programs(1) + chunk) * NUM_SPLIT_PIVOTS + tl.arange(0, NUM_SPLIT_PIVOTS)
     tl.store(split_i32_ptr + slot, counts)
     tl.store(split_f32_ptr + slot, masses)
 
 
 @triton.jit
+def _best_pivot(row_counts, row_masses, z, k, p, use_k):
+    """(best pivot index, candidates at it in the row): the highest split pivot holding every
+    kept token (count >= k; top-p only: mass >= (p + MASS_MARGIN) * Z); best =
+    NUM_SPLIT_PIVOTS if none does."""
+    j = tl.arange(0, NUM_SPLIT_PIVOTS)
+    covers = tl.where(use_k, row_counts >= k, row_masses >= (p + MASS_MARGIN) * z)
+    best = tl.min(tl.where(covers, j, NUM_SPLIT_PIVOTS), 0)
+    return best, tl.sum(tl.where(j == best, row_counts, 0), 0)
+
+
+@triton.jit
 def _split_pick(split_i32_ptr, split_f32_ptr, row, NUM_WRITE, z, k, p, use_k,
                 WRITE_PAD: tl.constexpr):
-    """(best pivot index, candidates at it in the row): the highest split pivot holding every
-    kept token (count >= k; top-p only: mass >= (p + MASS_MARGIN) * Z), the W programs' counts
-    summed in one fixed order; best = NUM_SPLIT_PIVOTS if none does."""
+    """`_best_pivot` of the W programs' counts, summed in one fixed order."""
     w = tl.arange(0, WRITE_PAD)
     j = tl.arange(0, NUM_SPLIT_PIVOTS)
     slot = (row * NUM_WRITE + w[:, None]) * NUM_SPLIT_PIVOTS + j[None, :]
     live = (w < NUM_WRITE)[:, None] & (j < NUM_SPLIT_PIVOTS)[None, :]
     counts = tl.load(split_i32_ptr + slot, mask=live, other=0)  # [W, P]
     masses = tl.load(split_f32_ptr + slot, mask=live, other=0.0)
-    row_counts = tl.sum(counts, 0)
-    covers = tl.where(use_k, row_counts >= k, tl.sum(masses, 0) >= (p + MASS_MARGIN) * z)
-    best = tl.min(tl.where(covers, j, NUM_SPLIT_PIVOTS), 0)
-    return best, tl.sum(tl.where(j == best, row_counts, 0), 0)
+    return _best_pivot(tl.sum(counts, 0), tl.sum(masses, 0), z, k, p, use_k)
 
 
 @triton.jit
@@ -591,13 +710,37 @@ def _split_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_
                   SUB: tl.constexpr, WRITE_PAD: tl.constexpr, COMPACT: tl.constexpr,
                   BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
     """A FALLBACK row, in one program once every program of the row has counted: pick the
-    split pivot, gather the row's candidates at it, prove the cut on them and scatter; a row
-    no pivot proves within COMPACT candidates runs the whole-row kernel (WHOLE_ROW)."""
-    use_k = (k > 0) & (k < V)
+    split pivot on the stored counts and prove the row on it (`_split_prove`)."""
     z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
     pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
-    best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p, use_k,
-                              WRITE_PAD)
+    best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p,
+                              (k > 0) & (k < V), WRITE_PAD)
+    _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
+                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+
+
+@triton.jit
+def _serial_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
+                   compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
+                   BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+    """A FALLBACK row of the single launch, in one program: count the whole row at the split
+    pivots (one pass), then pick and prove as `_split_finish` does."""
+    z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
+    pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
+    counts, masses = _pivot_counts(row_ptr, V, t, pivots, m, 0, V, SUB)
+    best, total = _best_pivot(counts, masses, z, k, p, (k > 0) & (k < V))
+    _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
+                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+
+
+@triton.jit
+def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
+                 compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
+                 BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+    """Gather the row's candidates at split pivot `best` (`total` of them), prove the cut on
+    them and scatter; a row no pivot proves within COMPACT candidates runs the whole-row
+    kernel (WHOLE_ROW)."""
+    use_k = (k > 0) & (k < V)
     proven = (best < NUM_SPLIT_PIVOTS) & (total <= COMPACT)
     if proven:
         pivot = tl.sum(tl.where(tl.arange(0, NUM_SPLIT_PIVOTS) == best, pivots, 0.0), 0)
@@ -642,6 +785,8 @@ class LaunchPlan:
     chunk_constexprs: tuple[tuple[str, int], ...]  # (name, value), signature order
     select_constexprs: tuple[tuple[str, int], ...]
     write_constexprs: tuple[tuple[str, int], ...]
+    single: bool  # one launch of `_single_kernel` (num_rows <= config.single_launch_rows)
+    single_constexprs: tuple[tuple[str, int], ...]
 
     @property
     def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
@@ -673,27 +818,37 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
     num_write = triton.cdiv(vocab, config.write_chunk)
+    chunk_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
+    chunks_pad = triton.next_power_of_2(num_chunks)
+    sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
         wide_sigmas=config.pivot_sigmas(chunk, config.wide_share),
         wide_k=wide_k_limit(num_chunks, capacity), config=config,
-        chunk_constexprs=(("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all)),
-        select_constexprs=(("CHUNKS_PAD", triton.next_power_of_2(num_chunks)),
-                           ("CAPACITY", capacity), ("BLOCK", config.select_block),
-                           ("COMPACT", config.compact)),
-        write_constexprs=(("CHUNK", config.write_chunk),
-                          ("SUB", min(SPLIT_SUB, config.write_chunk)),  # divides the chunk
+        chunk_constexprs=chunk_constexprs,
+        select_constexprs=(("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
+                           ("BLOCK", config.select_block), ("COMPACT", config.compact)),
+        write_constexprs=(("CHUNK", config.write_chunk), ("SUB", sub),
                           ("WRITE_PAD", triton.next_power_of_2(num_write)),
                           ("COMPACT", config.compact), ("BLOCK", config.block),
-                          ("ROW_CAPACITY", config.candidate_capacity)))
+                          ("ROW_CAPACITY", config.candidate_capacity)),
+        single=num_rows <= config.single_launch_rows,
+        single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
+                           ("SELECT_BLOCK", config.select_block), ("COMPACT", config.compact),
+                           ("SUB", sub), ("BLOCK", config.block),
+                           ("ROW_CAPACITY", config.candidate_capacity)))
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
-    """The scratch of one call: three allocations (one per dtype), 12 views."""
-    return (*_scratch(torch.float32, device, *plan.f32_shapes),
-            *_scratch(torch.int32, device, *plan.i32_shapes),
-            *_scratch(torch.int64, device, *plan.i64_shapes))
+    """The scratch of one call: three allocations (one per dtype), 11 views. The single
+    launch's tickets start at zero (each call leaves them at zero again)."""
+    scratch = (*_scratch(torch.float32, device, *plan.f32_shapes),
+               *_scratch(torch.int32, device, *plan.i32_shapes),
+               *_scratch(torch.int64, device, *plan.i64_shapes))
+    if plan.single:
+        scratch[7].zero_()  # the tickets
+    return scratch
 
 
 # Scratch reused by eager calls of the same shape on the same stream (see ScratchCache).
@@ -720,6 +875,14 @@ def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
     key = specialisation_key(plan, logits, temperature, top_k, top_p)
     num_rows, vocab = plan.num_rows, plan.vocab
     config = plan.config
+    if plan.single:
+        LAUNCHES.launch(
+            _single_kernel, (num_rows, plan.num_chunks), key,
+            (logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact,
+             row_f32, row_mode, ticket, row_val, row_idx, vocab, plan.num_chunks,
+             plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k),
+            plan.single_constexprs, config.single_warps)
+        return row_mode
     LAUNCHES.launch(
         _chunk_kernel, (num_rows, plan.num_chunks), key,
         (logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,

@@ -29,11 +29,12 @@ def test_large_vocab_kernel_matches_reference(dtype):
     assert_matches_reference_rows(out.cpu(), logits, t, k, p)
 
 
-def random_rows(num_rows, seed):
-    """Fresh random rows at V = 152,064: scales, temperatures, k and p all drawn at random."""
+def random_rows(num_rows, seed, vocab=QWEN_VOCAB):
+    """Fresh random rows (V = 152,064 by default): scales, temperatures, k and p all drawn at
+    random."""
     g = generator(seed)
     scale = 0.5 + 6 * torch.rand(num_rows, 1, generator=g)
-    logits = torch.randn(num_rows, QWEN_VOCAB, generator=g) * scale
+    logits = torch.randn(num_rows, vocab, generator=g) * scale
     t = 0.2 + 1.8 * torch.rand(num_rows, generator=g)
     k = torch.randint(1, 3000, (num_rows,), generator=g)
     k[::3] = -1
@@ -128,17 +129,73 @@ def test_benchmark_large_k_rows_are_proven_on_the_candidates():
     assert_matches_reference_rows(result.probs.cpu(), logits, t, k, p)
 
 
+def mixed_rows(num_rows, seed, vocab):
+    """`random_rows` with every row kind among the first rows of the batch: top-k + top-p
+    over -inf logits, greedy (with a tie across the vocabulary), a flat top-p 0.5 row (half the
+    vocabulary kept: no split pivot proves it within the compact buffer, so WHOLE_ROW), ten
+    tied tokens at a top-k 5 cut, no truncation."""
+    logits, t, k, p = random_rows(num_rows, seed, vocab)
+    kinds = [(0.9, 40, 0.95), (0.0, -1, 1.0), (1.0, -1, 0.5), (1.0, 5, 1.0), (1.0, -1, 1.0)]
+    for b, (temperature, top_k, top_p) in enumerate(kinds[:num_rows]):
+        t[b], k[b], p[b] = temperature, top_k, top_p
+    logits[0, 1::5] = float("-inf")
+    if num_rows > 3:
+        logits[1, [7, vocab - 3]] = logits[1].max() + 1.0  # greedy tie: the lower index wins
+        logits[2] *= 0.01
+        logits[3, 100:110] = logits[3].max() + 5.0
+    return logits, t, k, p
+
+
+def single_launch_configs():
+    """Every single-launch configuration, and one whose truncating rows all fall back."""
+    from engine.sampling.probabilities_kernel import SINGLE_LAUNCH_CONFIGS, KernelConfig
+
+    forced = KernelConfig(chunk=512, chunk_capacity=1, single_launch_rows=64)
+    return [*SINGLE_LAUNCH_CONFIGS, forced]
+
+
+# (configuration index, B): every configuration at B 1 and 8; B 64 (the threshold) with the
+# default and the all-fallback configuration (each reference row costs ~0.1-0.6 s of CPU).
+SINGLE_CASES = [(index, num_rows) for index in range(len(single_launch_configs()))
+                for num_rows in (1, 8)] + [(0, 64), (len(single_launch_configs()) - 1, 64)]
+
+
+@pytest.mark.parametrize("vocab", [32000, QWEN_VOCAB])
+@pytest.mark.parametrize("index, num_rows", SINGLE_CASES)
+def test_single_launch_on_fresh_random_rows(index, num_rows, vocab):
+    """The single launch (B <= single_launch_rows) on fresh random rows of every kind
+    (`mixed_rows`), into a NaN-filled output block: every row matches the float64 reference,
+    and with one candidate slot per chunk every truncating row took the fallback (FALLBACK or
+    WHOLE_ROW), so the serial split count is exercised at every B."""
+    from engine.sampling.probabilities_kernel import RowMode, launch_plan, run_probabilities
+
+    config = single_launch_configs()[index]
+    assert launch_plan(config, num_rows, vocab).single
+    logits, t, k, p = mixed_rows(num_rows, 200 + 10 * index + num_rows + vocab % 7, vocab)
+    poison_allocator(logits.shape)
+    result = run_probabilities(*(a.cuda() for a in (logits, t, k, p)), config)
+    assert_matches_reference_rows(result.probs.cpu(), logits, t, k, p)
+    modes = result.row_mode.cpu()
+    truncating = (t > 0) & (((k > 0) & (k < vocab)) | (p < 1.0))
+    if config.chunk_capacity == 1:
+        assert (modes[truncating] >= RowMode.FALLBACK).all(), modes
+    if num_rows > 3:
+        assert modes[2] == RowMode.WHOLE_ROW, modes
+
+
+@pytest.mark.parametrize("single", [False, True])
 @pytest.mark.parametrize("capacity", [32, 1])
-def test_graph_replay_equals_eager_and_captures_own_scratch(capacity):
+def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     """probabilities_triton captured in a CUDA Graph (as a decode round is) and replayed on
     fresh inputs copied into its static inputs gives bitwise the eager result on those inputs
     (same kernels, same inputs, sums in a fixed order), and the capture takes fresh scratch from
     the graph's pool, not the eager cache; capacity 1 sends the truncating rows through the
-    split fallback."""
+    split fallback; `single`: the single launch (its tickets must be zero at every replay)."""
     from engine.sampling.probabilities_kernel import (SCRATCH, KernelConfig,
                                                       probabilities_triton)
 
-    config = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192)
+    config = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
+                          single_launch_rows=64 if single else 0)
     static = [a.cuda() for a in random_rows(16, 91)]
     fresh = [a.cuda() for a in random_rows(16, 92)]
     probabilities_triton(*static, config=config)  # compiles, and fills the eager cache
@@ -153,6 +210,8 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity):
     graph.replay()
     eager = probabilities_triton(*fresh, config=config)
     assert torch.equal(out, eager)
+    graph.replay()  # a second replay: the first left every ticket at zero
+    assert torch.equal(out, eager)
     assert_matches_reference_rows(eager.cpu(), *(a.cpu() for a in fresh))
 
 
@@ -162,7 +221,8 @@ def test_compiled_launches_respecialise_on_dtype_and_alignment():
     pointer is not 16-byte aligned and V = 152,063 (the same constexprs as 152,064, but not a
     multiple of 16) are different specialisations, so each must get its own compiled kernel
     and still match the reference."""
-    from engine.sampling.probabilities_kernel import LAUNCHES, probabilities_triton
+    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, LAUNCHES, launch_plan,
+                                                      probabilities_triton)
 
     logits, t, k, p = random_rows(8, 93)
     unaligned = torch.empty(8 * QWEN_VOCAB + 1, device="cuda")[1:].view(8, QWEN_VOCAB)
@@ -174,4 +234,5 @@ def test_compiled_launches_respecialise_on_dtype_and_alignment():
         for _ in range(2):  # the JIT, then the compiled kernels
             out = probabilities_triton(case_logits, t.cuda(), case_k, p.cuda())
         assert_matches_reference_rows(out.cpu(), case_logits.float().cpu(), t, k, p)
-    assert len(LAUNCHES) == 3 * len(cases)  # three kernels per specialisation
+    kernels = 1 if launch_plan(DEFAULT_CONFIG, 8, QWEN_VOCAB).single else 3
+    assert len(LAUNCHES) == kernels * len(cases)  # one or three kernels per specialisation

@@ -19,6 +19,7 @@ KERNELS = [
     ("engine.sampling.probabilities_kernel", "_chunk_kernel"),
     ("engine.sampling.probabilities_kernel", "_select_kernel"),
     ("engine.sampling.probabilities_kernel", "_write_kernel"),
+    ("engine.sampling.probabilities_kernel", "_single_kernel"),
     ("engine.sampling.categorical_kernel", "_categorical_kernel"),
     ("engine.sampling.accept_kernel", "_accept_kernel"),
     ("engine.sampling.rng_kernel", "_uniform_blocks_kernel"),
@@ -87,7 +88,10 @@ def test_triton_launchers_never_read_the_host(monkeypatch):
         recorders.append(recorder)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets backend="triton" accept CPU tensors
     forbid_host_reads(monkeypatch)
-    call_all("triton")
+    call_all("triton")  # batched_probabilities at B = 4: the single launch
+    rows = importlib.import_module(KERNELS[0][0]).SINGLE_LAUNCH_ROWS + 1  # three launches
+    batched_probabilities(torch.randn(rows, 50), torch.ones(rows), torch.full((rows,), 5),
+                          torch.ones(rows), backend="triton")
     assert all(r.launches == 1 for r in recorders)
 
 

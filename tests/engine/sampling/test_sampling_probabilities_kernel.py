@@ -222,3 +222,68 @@ def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexpr
     variants = [logits[:, 1:152065], logits[:, :152064].bfloat16(), logits[:, :152064]]
     keys = {k.specialisation_key(plans[0], x, t, top_k, p) for x in variants}
     assert len(keys) == 3  # unaligned float32, bfloat16, aligned float32
+
+
+# Rows of every kind for the single launch: greedy with a tie across chunks, dense, top-k,
+# top-p, -inf logits, ten tied tokens at a top-k 5 cut, and a large k.
+SINGLE_ROWS = ([0.0, 1.0, 0.8, 1.3, 1.0, 1.0, 1.0], [-1, -1, 10, -1, 40, 5, 300],
+               [1.0, 1.0, 0.9, 0.6, 0.95, 1.0, 1.0])
+
+
+def single_rows(seed):
+    logits = torch.randn(7, 700, generator=generator(seed)) * 2
+    logits[0, [130, 650]] = 9.0  # greedy tie in chunks 1 and 5: lowest index
+    logits[4, 1::5] = float("-inf")
+    logits[5, 100:110] = 20.0
+    return logits, *params(*SINGLE_ROWS)
+
+
+@pytest.mark.parametrize("capacity, compact, truncated", [
+    (16, 4096, "SPARSE"), (1, 4096, "FALLBACK"), (1, 8, "WHOLE_ROW")])
+def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capacity, compact,
+                                                             truncated):
+    """B <= single_launch_rows: one launch, whose last program per row selects and writes the
+    dense and fallback rows itself. With every buffer poisoned it must match the reference and
+    give each row the RowMode the three launches give it: capacity 16 (greedy, dense, SPARSE),
+    capacity 1 (truncating rows FALLBACK, counted serially), compact 8 (truncating rows no
+    split pivot proves in 8 slots: WHOLE_ROW)."""
+    k = kernel()
+    logits, t, top_k, p = single_rows(71)
+    three = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact)
+    single = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact,
+                            single_launch_rows=7)
+    assert k.launch_plan(single, 7, 700).single and not k.launch_plan(three, 7, 700).single
+    expected = k.run_probabilities(logits, t, top_k, p, three)
+    monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
+    result = k.run_probabilities(logits, t, top_k, p, single)
+    monkeypatch.undo()
+    assert not result.probs.isnan().any()
+    assert_rows_match(result.probs, logits, t, top_k, p)
+    assert result.row_mode.tolist() == expected.row_mode.tolist()
+    assert int(result.probs[0].argmax()) == 130
+    assert int((result.probs[5] > 0).sum()) == 10  # top-k keeps ties
+    assert result.row_mode.tolist()[:2] == [k.RowMode.GREEDY, k.RowMode.DENSE]
+    assert k.RowMode[truncated] in result.row_mode.tolist()[2:]
+
+
+def test_single_launch_leaves_its_tickets_at_zero():
+    """The single launch's scratch is reused by the next call of the shape; its tickets are
+    zeroed once, when allocated, so every call must leave them at zero: the second call
+    (other rows, every other scratch buffer poisoned) must still be exact."""
+    k = kernel()
+    config = k.KernelConfig(chunk=128, chunk_capacity=16, single_launch_rows=8)
+    k.SCRATCH.clear()
+    first, t, top_k, p = single_rows(72)
+    k.probabilities_triton(first, t, top_k, p, config=config)
+    (cached,) = k.SCRATCH._entries.values()
+    ticket = cached[7]
+    assert ticket.tolist() == [0] * 7
+    poison_([buffer for i, buffer in enumerate(cached) if i != 7])
+    second, t, top_k, p = single_rows(73)
+    order = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+    t, top_k, p = t[order], top_k[order], p[order]
+    out = k.probabilities_triton(second, t, top_k, p, config=config)
+    assert not out.isnan().any()
+    assert_rows_match(out, second, t, top_k, p)
+    assert ticket.tolist() == [0] * 7
+    k.SCRATCH.clear()
