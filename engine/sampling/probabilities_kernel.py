@@ -1,6 +1,6 @@
 """Triton backend of `batched_probabilities`: sort-free, every row split over many programs.
 
-Three launches, no host read between them (S = number of chunks of CHUNK vocabulary entries):
+Three launches (one for small batches, below), no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (2,048 entries
    and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
@@ -30,6 +30,15 @@ Three launches, no host read between them (S = number of chunks of CHUNK vocabul
    the result does not depend on timing) and, if they fit COMPACT, finds the cut on them and
    scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
    exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load.
+
+Small batches (B <= `KernelConfig.single_launch_rows`, 64 by default) take ONE launch instead,
+`_single_kernel` over (row, chunk) programs: each does step 1 for its chunk, and the row's last
+program to finish (atomic ticket, acquire-release, as in step 3) runs step 2 for the row and
+then step 3 alone: a DENSE row's V values, a FALLBACK row's split counts over the whole row
+(one pass), its pick, gather and proof. Three launches cost the host more than the device
+work of a small batch (docs/performance.md); one program per row writing V values is cheap
+only while B is small. The tickets start at zero (zeroed when the scratch is allocated) and
+the last program zeroes its row's ticket again.
 
 Every output element is written by exactly one program of one launch (or rewritten whole by
 the whole-row kernel once every other program of its row is done), so no program needs a

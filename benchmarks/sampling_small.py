@@ -1,0 +1,113 @@
+"""Small batches of batched_probabilities on a CUDA device: three launches against one.
+
+For each (B, V, row mix) it times the three-launch path (`DEFAULT_CONFIG` with
+`single_launch_rows=0`) and every configuration of `SINGLE_LAUNCH_CONFIGS` forced onto the
+single launch, all through `probabilities_triton` (the public call's path: cached scratch,
+compiled launches):
+- "eager": `triton.testing.do_bench` median (CUDA events around each call, inputs rotated over
+  >= 4x L2): the larger of host enqueue and device time per call;
+- "graph": `triton.testing.do_bench_cudagraph` median: device time alone;
+- "host": host time to enqueue one call (mean of 50 calls, `benchmarks.sampling.host_us`).
+Then the cost of FALLBACK rows: one candidate slot per chunk sends every truncating row into
+the fallback (split over the write programs in three launches, counted by one program in the
+single launch).
+
+Usage, from the repository root: python3 -m benchmarks.sampling_small [--out small.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+
+import torch
+import triton
+import triton.testing
+
+from benchmarks.sampling import L2_BYTES, host_us, inputs
+from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
+                                                  RowMode, probabilities_triton,
+                                                  run_probabilities)
+
+WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
+ANY_BATCH = 2**20  # single_launch_rows that sends every batch of this script to one launch
+MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "no truncation": (-1, 1.0),
+         "top-k 1000 + top-p 0.95": (1000, 0.95)}
+# (B, V, mix): the default mix at every size up to past the threshold, the others at 1/8/64
+CASES = ([(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064) for b in (1, 8, 32, 64, 128)]
+         + [(b, 152064, mix) for mix in list(MIXES)[1:] for b in (1, 8, 64)])
+FALLBACK_BATCHES = (1, 8, 64)
+
+
+def variants(base=DEFAULT_CONFIG):
+    """(name, config): three launches, then each single-launch configuration."""
+    three = dataclasses.replace(base, single_launch_rows=0)
+    singles = [(f"single {i}", dataclasses.replace(c, single_launch_rows=ANY_BATCH))
+               for i, c in enumerate(SINGLE_LAUNCH_CONFIGS)]
+    return [("three", three), *singles]
+
+
+def input_sets(batch, vocab, mix):
+    k, p = MIXES[mix]
+    num_sets = max(1, min(16, -(-4 * L2_BYTES // (batch * vocab * 8))))
+    sets = []
+    for seed in range(num_sets):
+        logits, t, _, _ = inputs(batch, vocab, seed)
+        sets.append((logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p)))
+    return sets
+
+
+def timings(config, sets) -> tuple[float, float, float]:
+    """(eager us, graph us, host us) of probabilities_triton with `config`."""
+    fn = lambda *a: probabilities_triton(*a, config=config)  # noqa: E731
+    cycle = itertools.cycle(sets)
+    eager = triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
+                                    return_mode="median")
+    graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
+                                              return_mode="median")
+    return eager * 1e3, graph * 1e3, host_us(fn, sets[0])
+
+
+def modes(config, args) -> str:
+    """Row modes of one call, e.g. 'SPARSE 8' or 'FALLBACK 6, WHOLE_ROW 2'."""
+    found = run_probabilities(*args, config).row_mode.cpu().tolist()
+    return ", ".join(f"{RowMode(m).name} {found.count(m)}" for m in sorted(set(found)))
+
+
+def table(cases, named_configs) -> list[str]:
+    names = [name for name, _ in named_configs]
+    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host" for n in names)
+             + " | row modes |", "|---:|---:|---|" + "---:|" * len(names) + "---|"]
+    for batch, vocab, mix in cases:
+        sets = input_sets(batch, vocab, mix)
+        cells = [" / ".join(f"{x:.1f}" for x in timings(config, sets))
+                 for _, config in named_configs]
+        lines.append(f"| {batch} | {vocab} | {mix} | " + " | ".join(cells)
+                     + f" | {modes(named_configs[-1][1], sets[0])} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the tables to this file")
+    args = parser.parse_args()
+    configs = variants()
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"triton {triton.__version__}; microseconds per call", "",
+             *(f"- {name}: {config}" for name, config in configs), ""]
+    print("\n".join(lines), flush=True)
+    lines += table(CASES, configs)
+    forced = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=1)
+    fallback = [("three", dataclasses.replace(forced, single_launch_rows=0)),
+                ("single", dataclasses.replace(forced, single_launch_rows=ANY_BATCH))]
+    lines += ["", "Every truncating row FALLBACK (one candidate slot per chunk):", ""]
+    lines += table([(b, 152064, "top-k 50 + top-p 0.9") for b in FALLBACK_BATCHES], fallback)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
