@@ -121,7 +121,10 @@ class KernelConfig:
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
     wide_share: int = 2  # rows with k > wide_k_limit aim at chunk_capacity / wide_share tokens
     single_launch_rows: int = 0  # batches of at most this many rows take the single launch
-    single_warps: int = 4  # warps per program of the single launch
+    # warps per program of the single launch: its last program per row runs the select
+    # kernel's work (select_warps: a COMPACT block in registers) and the whole-row kernel
+    # (the write kernel's NUM_WARPS); fewer make them spill registers
+    single_warps: int = 8
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -150,12 +153,13 @@ class KernelConfig:
         return NormalDist().inv_cdf(1.0 - self.chunk_capacity / (share * chunk))
 
 
+# Batches of at most SINGLE_LAUNCH_ROWS rows take one launch (`_single_kernel`): at B = 1 the
+# three launches cost more host time than their device time (docs/performance.md). 64 is the
+# issue's small-batch range, not yet a measured crossover (benchmarks/sampling_small.py).
+SINGLE_LAUNCH_ROWS = 64
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
 # three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
-# Batches of at most SINGLE_LAUNCH_ROWS rows take one launch (`_single_kernel`): at B = 1 the
-# three launches cost more host time than their device time (docs/performance.md).
-SINGLE_LAUNCH_ROWS = 64
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_rows=SINGLE_LAUNCH_ROWS)
 # Configurations the benchmark sweeps and the GPU tests check (the default first).
@@ -170,7 +174,7 @@ CANDIDATE_CONFIGS = (
 # Single-launch configurations the small-batch benchmark compares and the GPU tests check.
 SINGLE_LAUNCH_CONFIGS = (
     DEFAULT_CONFIG,
-    KernelConfig(chunk=512, chunk_capacity=32, single_warps=8,
+    KernelConfig(chunk=512, chunk_capacity=32, single_warps=4,
                  single_launch_rows=SINGLE_LAUNCH_ROWS),
     KernelConfig(chunk=2048, chunk_capacity=128, single_warps=8,
                  single_launch_rows=SINGLE_LAUNCH_ROWS),
