@@ -287,3 +287,27 @@ def test_single_launch_leaves_its_tickets_at_zero():
     assert_rows_match(out, second, t, top_k, p)
     assert ticket.tolist() == [0] * 7
     k.SCRATCH.clear()
+
+
+def test_single_launch_of_one_chunk_rows_and_bfloat16():
+    """A vocabulary of one chunk (small models: every token a candidate) has one program per
+    row, which is its own last program (ticket 0 == NUM_CHUNKS - 1); bfloat16 logits are read
+    as in the three launches. Both must match the reference and the three launches' modes."""
+    k = kernel()
+    logits = (torch.randn(4, 200, generator=generator(74)) * 3).bfloat16()
+    t, top_k, p = params([0.0, 1.0, 0.7, 1.2], [-1, -1, 20, -1], [1.0, 1.0, 0.9, 0.5])
+    single = k.KernelConfig(chunk=256, chunk_capacity=4, single_launch_rows=4)
+    assert k.launch_plan(single, 4, 200).num_chunks == 1
+    result = k.run_probabilities(logits, t, top_k, p, single)
+    three = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=256, chunk_capacity=4))
+    assert_rows_match(result.probs, logits.float(), t, top_k, p)
+    assert result.row_mode.tolist() == three.row_mode.tolist() == [
+        k.RowMode.GREEDY, k.RowMode.DENSE, k.RowMode.SPARSE, k.RowMode.SPARSE]
+    assert torch.equal(result.probs > 0, three.probs > 0)
+
+
+@pytest.mark.parametrize("field, value", [("single_launch_rows", -1), ("single_launch_rows", 1.5),
+                                          ("single_warps", 3)])
+def test_single_launch_fields_are_checked(field, value):
+    with pytest.raises(ValueError, match=field):
+        kernel().KernelConfig(**{field: value})
