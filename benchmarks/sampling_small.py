@@ -7,7 +7,10 @@ compiled launches):
 - "eager": `triton.testing.do_bench` median (CUDA events around each call, inputs rotated over
   >= 4x L2): the larger of host enqueue and device time per call;
 - "graph": `triton.testing.do_bench_cudagraph` median: device time alone;
-- "host": host time to enqueue one call (mean of 50 calls, `benchmarks.sampling.host_us`).
+- "host": host time to enqueue one call (mean of 50 calls, `benchmarks.sampling.host_us`);
+- "latency": one call from the host's call to its result on the device (the call, then
+  torch.cuda.synchronize; median of LATENCY_CALLS): what a caller waiting for one small batch
+  sees, host and device together, with no other call queued behind it.
 Then the cost of FALLBACK rows: one candidate slot per chunk sends every truncating row into
 the fallback (split over the write programs in three launches, counted by one program in the
 single launch).
@@ -20,6 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import statistics
+import time
 
 import torch
 import triton
@@ -31,11 +36,14 @@ from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_
                                                   run_probabilities)
 
 WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
+LATENCY_CALLS = 200
 ANY_BATCH = 2**20  # single_launch_rows that sends every batch of this script to one launch
 MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "no truncation": (-1, 1.0),
          "top-k 1000 + top-p 0.95": (1000, 0.95)}
 # (B, V, mix): the default mix at every size up to past the threshold, the others at 1/8/64
-CASES = ([(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064) for b in (1, 8, 32, 64, 128)]
+CASES = ([(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064)
+          for b in (1, 2, 4, 8, 32, 64, 128)]
+         + [(b, 32000, "no truncation") for b in (1, 8)]
          + [(b, 152064, mix) for mix in list(MIXES)[1:] for b in (1, 8, 64)])
 FALLBACK_BATCHES = (1, 8, 64)
 
@@ -58,15 +66,28 @@ def input_sets(batch, vocab, mix):
     return sets
 
 
-def timings(config, sets) -> tuple[float, float, float]:
-    """(eager us, graph us, host us) of probabilities_triton with `config`."""
+def latency_us(fn, args, calls=LATENCY_CALLS) -> float:
+    """Median time of one call followed by torch.cuda.synchronize (host and device)."""
+    fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn(*args)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def timings(config, sets) -> tuple[float, float, float, float]:
+    """(eager us, graph us, host us, latency us) of probabilities_triton with `config`."""
     fn = lambda *a: probabilities_triton(*a, config=config)  # noqa: E731
     cycle = itertools.cycle(sets)
     eager = triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
                                     return_mode="median")
     graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
                                               return_mode="median")
-    return eager * 1e3, graph * 1e3, host_us(fn, sets[0])
+    return eager * 1e3, graph * 1e3, host_us(fn, sets[0]), latency_us(fn, sets[0])
 
 
 def modes(config, args) -> str:
@@ -77,7 +98,7 @@ def modes(config, args) -> str:
 
 def table(cases, named_configs) -> list[str]:
     names = [name for name, _ in named_configs]
-    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host" for n in names)
+    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host / latency" for n in names)
              + " | row modes |", "|---:|---:|---|" + "---:|" * len(names) + "---|"]
     for batch, vocab, mix in cases:
         sets = input_sets(batch, vocab, mix)

@@ -49,6 +49,7 @@ whole-row kernel; only sums differ from the reference by float32 rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -125,11 +126,14 @@ class KernelConfig:
     # kernel's work (select_warps: a COMPACT block in registers) and the whole-row kernel
     # (the write kernel's NUM_WARPS); fewer make them spill registers
     single_warps: int = 8
+    # vocabulary step of the single launch's DENSE row write (one program writes all V values:
+    # a larger step keeps more loads in flight)
+    dense_block: int = 2048
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share", "single_warps"):
+                     "candidate_capacity", "wide_share", "single_warps", "dense_block"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
@@ -174,10 +178,10 @@ CANDIDATE_CONFIGS = (
 # Single-launch configurations the small-batch benchmark compares and the GPU tests check.
 SINGLE_LAUNCH_CONFIGS = (
     DEFAULT_CONFIG,
-    KernelConfig(chunk=512, chunk_capacity=32, single_warps=4,
-                 single_launch_rows=SINGLE_LAUNCH_ROWS),
     KernelConfig(chunk=2048, chunk_capacity=128, single_warps=8,
                  single_launch_rows=SINGLE_LAUNCH_ROWS),
+    dataclasses.replace(DEFAULT_CONFIG, dense_block=8192),
+    dataclasses.replace(DEFAULT_CONFIG, dense_block=16384),
 )
 
 
@@ -615,6 +619,7 @@ def _single_kernel(
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
+    DENSE_BLOCK: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -633,7 +638,8 @@ def _single_kernel(
                                     SELECT_BLOCK, COMPACT)
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
-            _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
+            _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V,
+                         DENSE_BLOCK)
         elif mode == _FALLBACK:
             tl.debug_barrier()  # the row statistics land before other threads read them
             _serial_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
@@ -850,7 +856,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
         single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
                            ("SELECT_BLOCK", config.select_block), ("COMPACT", config.compact),
                            ("SUB", sub), ("BLOCK", config.block),
-                           ("ROW_CAPACITY", config.candidate_capacity)))
+                           ("ROW_CAPACITY", config.candidate_capacity),
+                           ("DENSE_BLOCK", config.dense_block)))
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:

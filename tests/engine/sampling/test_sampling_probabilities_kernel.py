@@ -246,12 +246,13 @@ def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capaci
     dense and fallback rows itself. With every buffer poisoned it must match the reference and
     give each row the RowMode the three launches give it: capacity 16 (greedy, dense, SPARSE),
     capacity 1 (truncating rows FALLBACK, counted serially), compact 8 (truncating rows no
-    split pivot proves in 8 slots: WHOLE_ROW)."""
+    split pivot proves in 8 slots: WHOLE_ROW). The DENSE row is written in 256-entry steps
+    (three over V = 700, the last ragged); the other single-launch tests take one 2,048 step."""
     k = kernel()
     logits, t, top_k, p = single_rows(71)
     three = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact)
     single = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact,
-                            single_launch_rows=7)
+                            single_launch_rows=7, dense_block=256)
     assert k.launch_plan(single, 7, 700).single and not k.launch_plan(three, 7, 700).single
     expected = k.run_probabilities(logits, t, top_k, p, three)
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
@@ -307,7 +308,7 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
 
 
 @pytest.mark.parametrize("field, value", [("single_launch_rows", -1), ("single_launch_rows", 1.5),
-                                          ("single_warps", 3)])
+                                          ("single_warps", 3), ("dense_block", 3)])
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         kernel().KernelConfig(**{field: value})
