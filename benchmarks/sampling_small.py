@@ -1,13 +1,17 @@
 """Small batches of batched_probabilities on a CUDA device: three launches against one.
 
 For each (B, V, row mix) it times the three-launch path (`DEFAULT_CONFIG` with
-`single_launch_rows=0`) and every configuration of `SINGLE_LAUNCH_CONFIGS` forced onto the
+`single_launch_entries=0`) and every configuration of `SINGLE_LAUNCH_CONFIGS` forced onto the
 single launch, all through `probabilities_triton` (the public call's path: cached scratch,
 compiled launches):
 - "eager": `triton.testing.do_bench` median (CUDA events around each call, inputs rotated over
-  >= 4x L2): the larger of host enqueue and device time per call;
-- "graph": `triton.testing.do_bench_cudagraph` median: device time alone;
-- "host": host time to enqueue one call (mean of 50 calls, `benchmarks.sampling.host_us`);
+  >= 4x L2): device time with a cold L2. do_bench zeroes a 256 MB buffer before each call and
+  the host enqueues the call while that runs, so host time below that zeroing's duration does
+  not show here (three launches on a DENSE row read ~20 us although their enqueue takes ~55);
+- "graph": `triton.testing.do_bench_cudagraph` median: device time alone, warm L2;
+- "host": host time to enqueue one call (median over HOST_REPEATS loops of HOST_CALLS calls,
+  no synchronisation inside a loop). Back-to-back eager calls cost the larger of host and
+  device time each;
 - "latency": one call from the host's call to its result on the device (the call, then
   torch.cuda.synchronize; median of LATENCY_CALLS): what a caller waiting for one small batch
   sees, host and device together, with no other call queued behind it.
@@ -30,14 +34,15 @@ import torch
 import triton
 import triton.testing
 
-from benchmarks.sampling import L2_BYTES, host_us, inputs
+from benchmarks.sampling import L2_BYTES, inputs
 from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
                                                   RowMode, probabilities_triton,
                                                   run_probabilities)
 
 WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
 LATENCY_CALLS = 200
-ANY_BATCH = 2**20  # single_launch_rows that sends every batch of this script to one launch
+HOST_REPEATS, HOST_CALLS = 20, 25
+ANY_SIZE = 2**40  # single_launch_entries that sends every batch of this script to one launch
 MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "no truncation": (-1, 1.0),
          "top-k 1000 + top-p 0.95": (1000, 0.95)}
 # (B, V, mix): the default mix at every size up to past the threshold, the others at 1/8/64
@@ -50,8 +55,8 @@ FALLBACK_BATCHES = (1, 8, 64)
 
 def variants(base=DEFAULT_CONFIG):
     """(name, config): three launches, then each single-launch configuration."""
-    three = dataclasses.replace(base, single_launch_rows=0)
-    singles = [(f"single {i}", dataclasses.replace(c, single_launch_rows=ANY_BATCH))
+    three = dataclasses.replace(base, single_launch_entries=0)
+    singles = [(f"single {i}", dataclasses.replace(c, single_launch_entries=ANY_SIZE))
                for i, c in enumerate(SINGLE_LAUNCH_CONFIGS)]
     return [("three", three), *singles]
 
@@ -64,6 +69,19 @@ def input_sets(batch, vocab, mix):
         logits, t, _, _ = inputs(batch, vocab, seed)
         sets.append((logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p)))
     return sets
+
+
+def host_median_us(fn, args) -> float:
+    """Median over HOST_REPEATS loops of the host time per call to enqueue `fn`."""
+    times = []
+    for _ in range(HOST_REPEATS):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(HOST_CALLS):
+            fn(*args)
+        times.append((time.perf_counter() - start) / HOST_CALLS)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
 
 
 def latency_us(fn, args, calls=LATENCY_CALLS) -> float:
@@ -87,7 +105,7 @@ def timings(config, sets) -> tuple[float, float, float, float]:
                                     return_mode="median")
     graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
                                               return_mode="median")
-    return eager * 1e3, graph * 1e3, host_us(fn, sets[0]), latency_us(fn, sets[0])
+    return eager * 1e3, graph * 1e3, host_median_us(fn, sets[0]), latency_us(fn, sets[0])
 
 
 def modes(config, args) -> str:
@@ -121,8 +139,8 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     lines += table(CASES, configs)
     forced = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=1)
-    fallback = [("three", dataclasses.replace(forced, single_launch_rows=0)),
-                ("single", dataclasses.replace(forced, single_launch_rows=ANY_BATCH))]
+    fallback = [("three", dataclasses.replace(forced, single_launch_entries=0)),
+                ("single", dataclasses.replace(forced, single_launch_entries=ANY_SIZE))]
     lines += ["", "Every truncating row FALLBACK (one candidate slot per chunk):", ""]
     lines += table([(b, 152064, "top-k 50 + top-p 0.9") for b in FALLBACK_BATCHES], fallback)
     if args.out:

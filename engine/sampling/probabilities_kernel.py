@@ -31,13 +31,15 @@ Three launches (one for small batches, below), no host read between them (S = nu
    scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
    exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load.
 
-Small batches (B <= `KernelConfig.single_launch_rows`, 64 by default) take ONE launch instead,
+Small batches (B * V <= `KernelConfig.single_launch_entries`, 262,144 by default: B <= 8 at
+V = 32,000, B = 1 at V = 152,064) take ONE launch instead,
 `_single_kernel` over (row, chunk) programs: each does step 1 for its chunk, and the row's last
 program to finish (atomic ticket, acquire-release, as in step 3) runs step 2 for the row and
 then step 3 alone: a DENSE row's V values, a FALLBACK row's split counts over the whole row
-(one pass), its pick, gather and proof. Three launches cost the host more than the device
-work of a small batch (docs/performance.md); one program per row writing V values is cheap
-only while B is small. The tickets start at zero (zeroed when the scratch is allocated) and
+(one pass), its pick, gather and proof. Three launches cost the host about twice the
+single launch's enqueue time, more than the device work of a small batch; the row's select and
+a DENSE row's V values then run in one program, cheap only while B * V is small
+(docs/performance.md). The tickets start at zero (zeroed when the scratch is allocated) and
 the last program zeroes its row's ticket again.
 
 Every output element is written by exactly one program of one launch (or rewritten whole by
@@ -49,7 +51,6 @@ whole-row kernel; only sums differ from the reference by float32 rounding.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import functools
 import math
@@ -121,24 +122,21 @@ class KernelConfig:
     block: int = 2048  # vocabulary step of the whole-row fallback
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
     wide_share: int = 2  # rows with k > wide_k_limit aim at chunk_capacity / wide_share tokens
-    single_launch_rows: int = 0  # batches of at most this many rows take the single launch
+    single_launch_entries: int = 0  # batches of at most this many logits (B * V): one launch
     # warps per program of the single launch: its last program per row runs the select
     # kernel's work (select_warps: a COMPACT block in registers) and the whole-row kernel
     # (the write kernel's NUM_WARPS); fewer make them spill registers
     single_warps: int = 8
-    # vocabulary step of the single launch's DENSE row write (one program writes all V values:
-    # a larger step keeps more loads in flight)
-    dense_block: int = 2048
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share", "single_warps", "dense_block"):
+                     "candidate_capacity", "wide_share", "single_warps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
-        if not isinstance(self.single_launch_rows, int) or self.single_launch_rows < 0:
-            raise ValueError(f"KernelConfig.single_launch_rows={self.single_launch_rows!r} "
+        if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
+            raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
             raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
@@ -157,15 +155,19 @@ class KernelConfig:
         return NormalDist().inv_cdf(1.0 - self.chunk_capacity / (share * chunk))
 
 
-# Batches of at most SINGLE_LAUNCH_ROWS rows take one launch (`_single_kernel`): at B = 1 the
-# three launches cost more host time than their device time (docs/performance.md). 64 is the
-# issue's small-batch range, not yet a measured crossover (benchmarks/sampling_small.py).
-SINGLE_LAUNCH_ROWS = 64
+# Batches of at most SINGLE_LAUNCH_ENTRIES logits (B * V) take one launch (`_single_kernel`).
+# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~28-31 us
+# against ~55-60 us for the three launches, but its device time grows with B * V (the row's
+# select and a DENSE row's write run in one program): at top-k 50 + top-p 0.9 it is the faster
+# per call up to B = 8 at V = 32,000 (37 us device) and B = 2 at V = 152,064 (47 us), and
+# slower from B = 32 at V = 32,000 (69 us) and B = 4 at V = 152,064 (60 us). 2**18 keeps it
+# below both crossovers.
+SINGLE_LAUNCH_ENTRIES = 2**18
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
 # three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
-                              single_launch_rows=SINGLE_LAUNCH_ROWS)
+                              single_launch_entries=SINGLE_LAUNCH_ENTRIES)
 # Configurations the benchmark sweeps and the GPU tests check (the default first).
 CANDIDATE_CONFIGS = (
     DEFAULT_CONFIG,
@@ -179,9 +181,7 @@ CANDIDATE_CONFIGS = (
 SINGLE_LAUNCH_CONFIGS = (
     DEFAULT_CONFIG,
     KernelConfig(chunk=2048, chunk_capacity=128, single_warps=8,
-                 single_launch_rows=SINGLE_LAUNCH_ROWS),
-    dataclasses.replace(DEFAULT_CONFIG, dense_block=8192),
-    dataclasses.replace(DEFAULT_CONFIG, dense_block=16384),
+                 single_launch_entries=SINGLE_LAUNCH_ENTRIES),
 )
 
 
@@ -619,7 +619,6 @@ def _single_kernel(
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
-    DENSE_BLOCK: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -638,8 +637,7 @@ def _single_kernel(
                                     SELECT_BLOCK, COMPACT)
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
-            _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V,
-                         DENSE_BLOCK)
+            _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
         elif mode == _FALLBACK:
             tl.debug_barrier()  # the row statistics land before other threads read them
             _serial_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
@@ -804,7 +802,7 @@ class LaunchPlan:
     chunk_constexprs: tuple[tuple[str, int], ...]  # (name, value), signature order
     select_constexprs: tuple[tuple[str, int], ...]
     write_constexprs: tuple[tuple[str, int], ...]
-    single: bool  # one launch of `_single_kernel` (num_rows <= config.single_launch_rows)
+    single: bool  # one launch of `_single_kernel` (B * V <= config.single_launch_entries)
     single_constexprs: tuple[tuple[str, int], ...]
 
     @property
@@ -829,8 +827,12 @@ class LaunchPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
-    """The `LaunchPlan` of a [num_rows, vocab] call (cached)."""
+def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
+                captured: bool = False) -> LaunchPlan:
+    """The `LaunchPlan` of a [num_rows, vocab] call (cached). A call `captured` in a CUDA
+    Graph always takes the three launches: the single launch only saves host enqueue time,
+    which a graph pays once, and its device time is never below theirs by more than ~2 us in
+    the H200 table (docs/performance.md), and up to 5x above (a DENSE row at V = 152,064)."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
@@ -852,12 +854,11 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
                           ("WRITE_PAD", triton.next_power_of_2(num_write)),
                           ("COMPACT", config.compact), ("BLOCK", config.block),
                           ("ROW_CAPACITY", config.candidate_capacity)),
-        single=num_rows <= config.single_launch_rows,
+        single=not captured and num_rows * vocab <= config.single_launch_entries,
         single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
                            ("SELECT_BLOCK", config.select_block), ("COMPACT", config.compact),
                            ("SUB", sub), ("BLOCK", config.block),
-                           ("ROW_CAPACITY", config.candidate_capacity),
-                           ("DENSE_BLOCK", config.dense_block)))
+                           ("ROW_CAPACITY", config.candidate_capacity)))
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
@@ -921,11 +922,20 @@ def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
     return row_mode
 
 
+def _plan(config: KernelConfig, logits: torch.Tensor) -> LaunchPlan:
+    """The launch plan of this call: `launch_plan`, told whether a CUDA Graph captures it
+    (asked only when the plan would be the single launch)."""
+    plan = launch_plan(config, *logits.shape)
+    if plan.single and logits.is_cuda and torch.cuda.is_current_stream_capturing():
+        return launch_plan(config, *logits.shape, captured=True)
+    return plan
+
+
 def run_probabilities(logits, temperature, top_k, top_p,
                       config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
-    """Launch the three kernels on fresh scratch; arguments were validated by the caller
+    """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
-    plan = launch_plan(config, *logits.shape)
+    plan = _plan(config, logits)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     scratch = _make_scratch(plan, logits.device)
     if plan.num_rows > 0:
@@ -938,7 +948,7 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
-    plan = launch_plan(config, *logits.shape)
+    plan = _plan(config, logits)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if plan.num_rows > 0:
         scratch = SCRATCH.get(plan, logits.device, lambda: _make_scratch(plan, logits.device))

@@ -1,5 +1,7 @@
 """GPU checks of the Triton kernels at full size (skipped without CUDA)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -146,12 +148,17 @@ def mixed_rows(num_rows, seed, vocab):
     return logits, t, k, p
 
 
+ANY_SIZE = 2**40  # single_launch_entries that sends every batch of these tests to one launch
+
+
 def single_launch_configs():
-    """Every single-launch configuration, and one whose truncating rows all fall back."""
+    """Every single-launch configuration, and one whose truncating rows all fall back, each
+    forced onto the single launch at every batch size."""
     from engine.sampling.probabilities_kernel import SINGLE_LAUNCH_CONFIGS, KernelConfig
 
-    forced = KernelConfig(chunk=512, chunk_capacity=1, single_launch_rows=64)
-    return [*SINGLE_LAUNCH_CONFIGS, forced]
+    forced = KernelConfig(chunk=512, chunk_capacity=1)
+    return [dataclasses.replace(c, single_launch_entries=ANY_SIZE)
+            for c in (*SINGLE_LAUNCH_CONFIGS, forced)]
 
 
 # (configuration index, B): every configuration at B 1 and 8; B 64 (the threshold) with the
@@ -163,7 +170,7 @@ SINGLE_CASES = [(index, num_rows) for index in range(len(single_launch_configs()
 @pytest.mark.parametrize("vocab", [32000, QWEN_VOCAB])
 @pytest.mark.parametrize("index, num_rows", SINGLE_CASES)
 def test_single_launch_on_fresh_random_rows(index, num_rows, vocab):
-    """The single launch (B <= single_launch_rows) on fresh random rows of every kind
+    """The single launch (B * V <= single_launch_entries) on fresh random rows of every kind
     (`mixed_rows`), into a NaN-filled output block: every row matches the float64 reference;
     with one candidate slot per chunk the top-k rows take the fallback, so the serial split
     count is exercised at every B, and the flat row runs the whole-row kernel."""
@@ -186,17 +193,19 @@ def test_single_launch_on_fresh_random_rows(index, num_rows, vocab):
 @pytest.mark.parametrize("capacity", [32, 1])
 def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     """probabilities_triton captured in a CUDA Graph (as a decode round is) and replayed on
-    fresh inputs copied into its static inputs gives bitwise the eager result on those inputs
-    (same kernels, same inputs, sums in a fixed order), and the capture takes fresh scratch from
-    the graph's pool, not the eager cache; capacity 1 sends the truncating rows through the
-    split fallback; `single`: the single launch (its tickets must be zero at every replay)."""
-    from engine.sampling.probabilities_kernel import (SCRATCH, KernelConfig,
+    fresh inputs copied into its static inputs gives bitwise the eager three-launch result on
+    those inputs (same kernels, same inputs, sums in a fixed order), and the capture takes fresh
+    scratch from the graph's pool, not the eager cache; capacity 1 sends the truncating rows
+    through the split fallback. `single`: a configuration whose eager calls take the single
+    launch; the capture must still take the three launches (`launch_plan(captured=True)`)."""
+    from engine.sampling.probabilities_kernel import (SCRATCH, KernelConfig, launch_plan,
                                                       probabilities_triton)
 
-    config = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
-                          single_launch_rows=64 if single else 0)
+    three = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192)
+    config = dataclasses.replace(three, single_launch_entries=ANY_SIZE if single else 0)
     static = [a.cuda() for a in random_rows(16, 91)]
     fresh = [a.cuda() for a in random_rows(16, 92)]
+    assert launch_plan(config, 16, QWEN_VOCAB).single == single
     probabilities_triton(*static, config=config)  # compiles, and fills the eager cache
     cached = len(SCRATCH)
     torch.cuda.synchronize()
@@ -207,11 +216,14 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     for dst, src in zip(static, fresh):
         dst.copy_(src)
     graph.replay()
-    eager = probabilities_triton(*fresh, config=config)
+    eager = probabilities_triton(*fresh, config=three)
     assert torch.equal(out, eager)
-    graph.replay()  # a second replay: the first left every ticket at zero
+    graph.replay()  # a second replay of the same inputs
     assert torch.equal(out, eager)
     assert_matches_reference_rows(eager.cpu(), *(a.cpu() for a in fresh))
+    if single:  # the eager single launch on the same inputs is exact too
+        assert_matches_reference_rows(probabilities_triton(*fresh, config=config).cpu(),
+                                      *(a.cpu() for a in fresh))
 
 
 def test_compiled_launches_respecialise_on_dtype_and_alignment():

@@ -89,7 +89,8 @@ def test_triton_launchers_never_read_the_host(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets backend="triton" accept CPU tensors
     forbid_host_reads(monkeypatch)
     call_all("triton")  # batched_probabilities at B = 4: the single launch
-    rows = importlib.import_module(KERNELS[0][0]).SINGLE_LAUNCH_ROWS + 1  # three launches
+    entries = importlib.import_module(KERNELS[0][0]).SINGLE_LAUNCH_ENTRIES
+    rows = entries // 50 + 1  # B * V above the single launch's threshold: three launches
     batched_probabilities(torch.randn(rows, 50), torch.ones(rows), torch.full((rows,), 5),
                           torch.ones(rows), backend="triton")
     assert all(r.launches == 1 for r in recorders)

@@ -5,6 +5,8 @@ Every case is also compared with the exact float64 distribution (as is the row-w
 that is taken but wrong fails as well as one that is not taken.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -242,17 +244,16 @@ def single_rows(seed):
     (16, 4096, "SPARSE"), (1, 4096, "FALLBACK"), (1, 8, "WHOLE_ROW")])
 def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capacity, compact,
                                                              truncated):
-    """B <= single_launch_rows: one launch, whose last program per row selects and writes the
+    """B * V <= single_launch_entries: one launch, whose last program per row selects and writes the
     dense and fallback rows itself. With every buffer poisoned it must match the reference and
     give each row the RowMode the three launches give it: capacity 16 (greedy, dense, SPARSE),
     capacity 1 (truncating rows FALLBACK, counted serially), compact 8 (truncating rows no
-    split pivot proves in 8 slots: WHOLE_ROW). The DENSE row is written in 256-entry steps
-    (three over V = 700, the last ragged); the other single-launch tests take one 2,048 step."""
+    split pivot proves in 8 slots: WHOLE_ROW)."""
     k = kernel()
     logits, t, top_k, p = single_rows(71)
     three = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact)
     single = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact,
-                            single_launch_rows=7, dense_block=256)
+                            single_launch_entries=7 * 700)
     assert k.launch_plan(single, 7, 700).single and not k.launch_plan(three, 7, 700).single
     expected = k.run_probabilities(logits, t, top_k, p, three)
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
@@ -272,7 +273,7 @@ def test_single_launch_leaves_its_tickets_at_zero():
     zeroed once, when allocated, so every call must leave them at zero: the second call
     (other rows, every other scratch buffer poisoned) must still be exact."""
     k = kernel()
-    config = k.KernelConfig(chunk=128, chunk_capacity=16, single_launch_rows=8)
+    config = k.KernelConfig(chunk=128, chunk_capacity=16, single_launch_entries=7 * 700)
     k.SCRATCH.clear()
     first, t, top_k, p = single_rows(72)
     k.probabilities_triton(first, t, top_k, p, config=config)
@@ -297,7 +298,7 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
     k = kernel()
     logits = (torch.randn(4, 200, generator=generator(74)) * 3).bfloat16()
     t, top_k, p = params([0.0, 1.0, 0.7, 1.2], [-1, -1, 20, -1], [1.0, 1.0, 0.9, 0.5])
-    single = k.KernelConfig(chunk=256, chunk_capacity=4, single_launch_rows=4)
+    single = k.KernelConfig(chunk=256, chunk_capacity=4, single_launch_entries=4 * 200)
     assert k.launch_plan(single, 4, 200).num_chunks == 1
     result = k.run_probabilities(logits, t, top_k, p, single)
     three = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=256, chunk_capacity=4))
@@ -307,8 +308,19 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
     assert torch.equal(result.probs > 0, three.probs > 0)
 
 
-@pytest.mark.parametrize("field, value", [("single_launch_rows", -1), ("single_launch_rows", 1.5),
-                                          ("single_warps", 3), ("dense_block", 3)])
+def test_default_single_launch_threshold_and_graph_capture():
+    """The default sends B * V <= 2**18 to the single launch (B <= 8 at V = 32,000, B = 1 at
+    V = 152,064) and larger batches to the three launches; a captured call always takes the
+    three launches (a graph pays their host cost once)."""
+    k = kernel()
+    plan = functools.partial(k.launch_plan, k.DEFAULT_CONFIG)
+    assert plan(8, 32000).single and not plan(9, 32000).single
+    assert plan(1, 152064).single and not plan(2, 152064).single
+    assert not plan(1, 32000, captured=True).single
+
+
+@pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
+                                          ("single_launch_entries", 1.5), ("single_warps", 3)])
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         kernel().KernelConfig(**{field: value})
