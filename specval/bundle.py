@@ -63,7 +63,10 @@ SAMPLES_DIR = "samples"
 CHUNKS_FILE = "chunks.json"  # {"samples/<file>": sha256} of one stage (the bundle or stage2/)
 SESSIONS_FILE = "sessions.json"
 REPORT_FILES = ("report.md", "report.html")
-BUNDLE_FORMAT = 2  # 2: chunks.json, sessions.json, every file hashed, reports re-rendered by verify
+# 2: chunks.json, sessions.json, every file hashed, reports re-rendered by verify;
+# 3: reference.json's probabilities and token ids as base64 arrays (`reference.Reference.to_dict`)
+BUNDLE_FORMAT = 3
+VERIFIABLE_FORMATS = (2, 3)  # format 2 differs only in reference.json's encoding, which is read too
 LEGACY_FORMAT = 1  # bundles whose run.json records no format
 PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
             "click", "pyyaml", "tqdm")
@@ -451,11 +454,12 @@ READ_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError, OSEr
 
 
 def check_format(path: Path) -> list[str]:
-    """The bundle format recorded in run.json must be this code's."""
+    """The bundle format recorded in run.json must be one this code verifies (VERIFIABLE_FORMATS)."""
     found = RunPlan.from_dict(read_json(path / RUN_FILE)).bundle_format
-    if found == BUNDLE_FORMAT:
+    if found in VERIFIABLE_FORMATS:
         return []
-    return [f"{RUN_FILE}: bundle format {found}, this specval verifies format {BUNDLE_FORMAT} (re-run it)"]
+    return [f"{RUN_FILE}: bundle format {found}, this specval verifies formats "
+            f"{', '.join(map(str, VERIFIABLE_FORMATS))} (re-run it)"]
 
 
 def code_note(path: Path) -> str | None:

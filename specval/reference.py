@@ -18,6 +18,8 @@ or on float32-rounded ties, which the conformance test of the engine documents.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -28,6 +30,9 @@ from specval.semantics import CROSSING_DROP, DEFAULT_SEMANTICS, TIES_LOWEST_INDE
 from specval.sut import DRAFT_GREEDY, DRAFT_TEMPERATURE
 
 Prefix = tuple[int, ...]
+# reference.json's binary fields (bundle format 3): base64 of little-endian arrays
+PROBS_DTYPE = np.dtype("<f8")
+TOKENS_DTYPE = np.dtype("<i4")
 
 
 def _top_k_mask(logits: np.ndarray, top_k: int, ties: str, alive: np.ndarray) -> np.ndarray:
@@ -120,23 +125,65 @@ class Reference:
         return self.dists[tuple(int(t) for t in prefix)]
 
     def to_dict(self) -> dict:
-        """Sparse JSON form: only tokens with positive probability are listed (floats round-trip)."""
+        """JSON form (bundle format 3), exact: per prefix, `probs` is the base64 of the float64
+        little-endian probabilities of the support and `tokens` the base64 of its int32
+        little-endian token ids, ascending; a distribution whose support is the whole vocabulary
+        has no `tokens` (its `probs` are all V, in token order). Base64 keeps the bytes of a float
+        at 10.7 characters against ~22 for its decimal form."""
         entries = []
         for prefix in sorted(self.dists, key=lambda p: (len(p), p)):
             probs = self.dists[prefix]
             support = np.flatnonzero(probs > 0.0)
-            entries.append({"prefix": list(prefix), "tokens": support.tolist(), "probs": probs[support].tolist()})
+            entry = {"prefix": list(prefix), "probs": _encode(probs[support], PROBS_DTYPE)}
+            if support.size < self.vocab_size:
+                entry["tokens"] = _encode(support, TOKENS_DTYPE)
+            entries.append(entry)
         return {"vocab_size": self.vocab_size, "prompt_token_ids": list(self.prompt_token_ids), "dists": entries}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Reference":
+        """The inverse of `to_dict`; also reads format 2, whose `tokens` and `probs` are JSON
+        lists (always both). A malformed entry raises ValueError naming the prefix."""
         vocab = int(data["vocab_size"])
         dists = {}
         for entry in data["dists"]:
-            probs = np.zeros(vocab, dtype=np.float64)
-            probs[np.asarray(entry["tokens"], dtype=np.int64)] = entry["probs"]
-            dists[tuple(entry["prefix"])] = probs
+            prefix = tuple(int(t) for t in entry["prefix"])
+            dists[prefix] = _dense(entry, vocab, prefix)
         return cls(vocab, tuple(data["prompt_token_ids"]), dists)
+
+
+def _encode(values: np.ndarray, dtype: np.dtype) -> str:
+    return base64.b64encode(np.ascontiguousarray(values, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _decode(text: str, dtype: np.dtype, field: str, prefix: Prefix) -> np.ndarray:
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as err:
+        raise ValueError(f"dists prefix {list(prefix)}: {field} is not base64 ({err})") from err
+    if len(raw) % dtype.itemsize:
+        raise ValueError(f"dists prefix {list(prefix)}: {field} holds {len(raw)} bytes, not a whole "
+                         f"number of {dtype.itemsize}-byte values")
+    return np.frombuffer(raw, dtype=dtype)
+
+
+def _dense(entry: Mapping, vocab: int, prefix: Prefix) -> np.ndarray:
+    """f64[V] of one `dists` entry, in either encoding (`Reference.from_dict`)."""
+    values, tokens = entry["probs"], entry.get("tokens")
+    if isinstance(values, str):
+        values = _decode(values, PROBS_DTYPE, "probs", prefix).astype(np.float64)
+        tokens = (np.arange(vocab) if tokens is None
+                  else _decode(tokens, TOKENS_DTYPE, "tokens", prefix).astype(np.int64))
+    else:
+        values = np.asarray(values, dtype=np.float64)
+        tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.shape != values.shape or values.ndim != 1:
+        raise ValueError(f"dists prefix {list(prefix)}: {values.size} probs for {tokens.size} tokens")
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"dists prefix {list(prefix)}: a token outside [0, {vocab})")
+    probs = np.zeros(vocab, dtype=np.float64)
+    probs[tokens] = values
+    return probs
 
 
 def needed_prefixes(tokens: np.ndarray, vocab_size: int | None = None) -> list[Prefix]:

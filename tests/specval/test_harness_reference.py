@@ -3,6 +3,9 @@ engine's row-wise Sampler on random logits (with ties and truncation on both rul
 
 from __future__ import annotations
 
+import base64
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -68,11 +71,36 @@ def test_reference_round_trips_exactly_and_prefixes_cover_every_stratum():
     assert needed_prefixes(tokens) == [(), (1,), (5,), (1, 2), (5, 6)]
     rng = np.random.default_rng(0)
     dists = {p: transform(rng.standard_normal(16), SamplingSpec(1.0, 4, 1.0)) for p in needed_prefixes(tokens)}
+    dists[(1, 2)] = transform(rng.standard_normal(16), SamplingSpec(1.0))  # support = whole vocabulary
     ref = Reference(16, (9, 9), dists)
-    back = Reference.from_dict(ref.to_dict())
+    data = json.loads(json.dumps(ref.to_dict()))
+    back = Reference.from_dict(data)
     assert back.prompt_token_ids == (9, 9)
     for prefix, probs in dists.items():
         assert np.array_equal(back.probs(prefix), probs)
+    entries = {tuple(entry["prefix"]): entry for entry in data["dists"]}
+    assert "tokens" not in entries[(1, 2)] and isinstance(entries[(1, 2)]["probs"], str)
+    assert len(base64.b64decode(entries[()]["tokens"])) == 4 * 4  # top-k 4: four int32 ids
+
+
+def test_reference_reads_format_2_lists_and_names_a_malformed_entry():
+    """Bundles of format 2 list tokens and probs as JSON numbers; they still read, exactly.
+    A corrupt entry raises ValueError naming its prefix (verify reports it, no traceback)."""
+    probs = transform(np.random.default_rng(1).standard_normal(8), SamplingSpec(1.0, 3, 1.0))
+    support = np.flatnonzero(probs > 0)
+    legacy = {"vocab_size": 8, "prompt_token_ids": [1],
+              "dists": [{"prefix": [], "tokens": support.tolist(), "probs": probs[support].tolist()}]}
+    assert np.array_equal(Reference.from_dict(json.loads(json.dumps(legacy))).probs(()), probs)
+    good = Reference(8, (1,), {(4,): probs}).to_dict()
+    for field, value, message in [("probs", "not base64!", "probs is not base64"),
+                                  ("probs", base64.b64encode(b"1234567").decode(), "7 bytes"),
+                                  ("tokens", base64.b64encode(b"\0" * 8).decode(), "3 probs for 2 tokens"),
+                                  ("tokens", base64.b64encode(np.array([0, 1, 99], "<i4").tobytes()).decode(),
+                                   "outside")]:
+        bad = json.loads(json.dumps(good))
+        bad["dists"][0][field] = value
+        with pytest.raises(ValueError, match=rf"prefix \[4\].*{message}"):
+            Reference.from_dict(bad)
 
 
 def test_path_strata_refine_the_token_strata():
