@@ -8,9 +8,7 @@ compiled launches):
   >= 4x L2): device time with a cold L2. do_bench zeroes a 256 MB buffer before each call and
   the host enqueues the call while that runs, so host time below that zeroing's duration does
   not show here (three launches on a DENSE row read ~20 us although their enqueue takes ~55);
-- "graph": `triton.testing.do_bench_cudagraph` median: device time alone, warm L2. A captured
-  call always takes the three launches (`launch_plan(captured=True)`), so the single variants'
-  graph column is the three launches' too;
+- "graph": `triton.testing.do_bench_cudagraph` median: device time alone, warm L2;
 - "host": host time to enqueue one call (median over HOST_REPEATS loops of HOST_CALLS calls,
   no synchronisation inside a loop). Back-to-back eager calls cost the larger of host and
   device time each;

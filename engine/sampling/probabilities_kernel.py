@@ -31,8 +31,8 @@ Three launches (one for small batches, below), no host read between them (S = nu
    scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
    exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load.
 
-Small batches (B * V <= `KernelConfig.single_launch_entries`, 262,144 by default: B <= 8 at
-V = 32,000, B = 1 at V = 152,064) take ONE launch instead,
+Small batches (B * V <= `KernelConfig.single_launch_entries`, 131,072 by default: B <= 4 at
+V = 32,000) take ONE launch instead, eager or captured in a CUDA Graph alike,
 `_single_kernel` over (row, chunk) programs: each does step 1 for its chunk, and the row's last
 program to finish (atomic ticket, acquire-release, as in step 3) runs step 2 for the row and
 then step 3 alone: a DENSE row's V values, a FALLBACK row's split counts over the whole row
@@ -156,13 +156,14 @@ class KernelConfig:
 
 
 # Batches of at most SINGLE_LAUNCH_ENTRIES logits (B * V) take one launch (`_single_kernel`).
-# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~28-31 us
-# against ~55-60 us for the three launches, but its device time grows with B * V (the row's
-# select and a DENSE row's write run in one program): at top-k 50 + top-p 0.9 it is the faster
-# per call up to B = 8 at V = 32,000 (37 us device) and B = 2 at V = 152,064 (47 us), and
-# slower from B = 32 at V = 32,000 (69 us) and B = 4 at V = 152,064 (60 us). 2**18 keeps it
-# below both crossovers.
-SINGLE_LAUNCH_ENTRIES = 2**18
+# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~28-39 us
+# against ~55-100 us for the three launches, but its device time grows with B * V (the row's
+# select and a DENSE row's V values run in one program). Captured in a CUDA Graph (as decode
+# rounds are) only the device time counts: there it is within 2 us of the three launches for
+# truncating rows at V = 32,000 up to B = 4, but 5.5 us slower for a DENSE row at B = 1 and
+# 39 us slower at V = 152,064. 2**17 (B <= 4 at V = 32,000, B <= 2 at 49,152, never at
+# 152,064) keeps the eager gain where a captured round loses at most a few microseconds.
+SINGLE_LAUNCH_ENTRIES = 2**17
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
 # three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
@@ -827,12 +828,10 @@ class LaunchPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
-                captured: bool = False) -> LaunchPlan:
-    """The `LaunchPlan` of a [num_rows, vocab] call (cached). A call `captured` in a CUDA
-    Graph always takes the three launches: the single launch only saves host enqueue time,
-    which a graph pays once, and its device time is never below theirs by more than ~2 us in
-    the H200 table (docs/performance.md), and up to 5x above (a DENSE row at V = 152,064)."""
+def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
+    """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone, so
+    a call captured in a CUDA Graph runs the kernels its eager warm-up compiled and ran (a
+    kernel compiled during a capture invalidates it), and replays give the eager result."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
@@ -854,7 +853,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                           ("WRITE_PAD", triton.next_power_of_2(num_write)),
                           ("COMPACT", config.compact), ("BLOCK", config.block),
                           ("ROW_CAPACITY", config.candidate_capacity)),
-        single=not captured and num_rows * vocab <= config.single_launch_entries,
+        single=num_rows * vocab <= config.single_launch_entries,
         single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
                            ("SELECT_BLOCK", config.select_block), ("COMPACT", config.compact),
                            ("SUB", sub), ("BLOCK", config.block),
@@ -922,20 +921,11 @@ def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
     return row_mode
 
 
-def _plan(config: KernelConfig, logits: torch.Tensor) -> LaunchPlan:
-    """The launch plan of this call: `launch_plan`, told whether a CUDA Graph captures it
-    (asked only when the plan would be the single launch)."""
-    plan = launch_plan(config, *logits.shape)
-    if plan.single and logits.is_cuda and torch.cuda.is_current_stream_capturing():
-        return launch_plan(config, *logits.shape, captured=True)
-    return plan
-
-
 def run_probabilities(logits, temperature, top_k, top_p,
                       config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
-    plan = _plan(config, logits)
+    plan = launch_plan(config, *logits.shape)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     scratch = _make_scratch(plan, logits.device)
     if plan.num_rows > 0:
@@ -948,7 +938,7 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
-    plan = _plan(config, logits)
+    plan = launch_plan(config, *logits.shape)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if plan.num_rows > 0:
         scratch = SCRATCH.get(plan, logits.device, lambda: _make_scratch(plan, logits.device))

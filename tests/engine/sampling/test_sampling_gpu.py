@@ -193,16 +193,15 @@ def test_single_launch_on_fresh_random_rows(index, num_rows, vocab):
 @pytest.mark.parametrize("capacity", [32, 1])
 def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     """probabilities_triton captured in a CUDA Graph (as a decode round is) and replayed on
-    fresh inputs copied into its static inputs gives bitwise the eager three-launch result on
-    those inputs (same kernels, same inputs, sums in a fixed order), and the capture takes fresh
-    scratch from the graph's pool, not the eager cache; capacity 1 sends the truncating rows
-    through the split fallback. `single`: a configuration whose eager calls take the single
-    launch; the capture must still take the three launches (`launch_plan(captured=True)`)."""
+    fresh inputs copied into its static inputs gives bitwise the eager result on those inputs
+    (same kernels, same inputs, sums in a fixed order), and the capture takes fresh scratch from
+    the graph's pool, not the eager cache; capacity 1 sends the truncating rows through the
+    split fallback; `single`: the single launch (its tickets must be zero at every replay)."""
     from engine.sampling.probabilities_kernel import (SCRATCH, KernelConfig, launch_plan,
                                                       probabilities_triton)
 
-    three = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192)
-    config = dataclasses.replace(three, single_launch_entries=ANY_SIZE if single else 0)
+    config = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
+                          single_launch_entries=ANY_SIZE if single else 0)
     static = [a.cuda() for a in random_rows(16, 91)]
     fresh = [a.cuda() for a in random_rows(16, 92)]
     assert launch_plan(config, 16, QWEN_VOCAB).single == single
@@ -216,14 +215,11 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     for dst, src in zip(static, fresh):
         dst.copy_(src)
     graph.replay()
-    eager = probabilities_triton(*fresh, config=three)
+    eager = probabilities_triton(*fresh, config=config)
     assert torch.equal(out, eager)
-    graph.replay()  # a second replay of the same inputs
+    graph.replay()  # a second replay: the first left every ticket at zero
     assert torch.equal(out, eager)
     assert_matches_reference_rows(eager.cpu(), *(a.cpu() for a in fresh))
-    if single:  # the eager single launch on the same inputs is exact too
-        assert_matches_reference_rows(probabilities_triton(*fresh, config=config).cpu(),
-                                      *(a.cpu() for a in fresh))
 
 
 def test_compiled_launches_respecialise_on_dtype_and_alignment():

@@ -308,15 +308,14 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
     assert torch.equal(result.probs > 0, three.probs > 0)
 
 
-def test_default_single_launch_threshold_and_graph_capture():
-    """The default sends B * V <= 2**18 to the single launch (B <= 8 at V = 32,000, B = 1 at
-    V = 152,064) and larger batches to the three launches; a captured call always takes the
-    three launches (a graph pays their host cost once)."""
+def test_default_single_launch_threshold():
+    """The default sends B * V <= 2**17 to the single launch (B <= 4 at V = 32,000, B <= 2 at
+    49,152, never at 152,064) and larger batches to the three launches."""
     k = kernel()
     plan = functools.partial(k.launch_plan, k.DEFAULT_CONFIG)
-    assert plan(8, 32000).single and not plan(9, 32000).single
-    assert plan(1, 152064).single and not plan(2, 152064).single
-    assert not plan(1, 32000, captured=True).single
+    assert plan(4, 32000).single and not plan(5, 32000).single
+    assert plan(2, 49152).single and not plan(3, 49152).single
+    assert not plan(1, 152064).single
 
 
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
