@@ -178,6 +178,43 @@ def test_resume_with_an_unrecorded_chunk_is_refused(killed):
         bundles.check_resumable(killed)
 
 
+def _as_format(bundle: Path, found: int) -> None:
+    """Rewrite `bundle` as the format `found` wrote it: run.json's bundle_format and, for format
+    2, reference.json's tokens and probs as JSON lists of numbers (the same values)."""
+    from specval.reference import Reference
+
+    run = json.loads((bundle / bundles.RUN_FILE).read_text())
+    run["bundle_format"] = found
+    bundles.write_json(bundle / bundles.RUN_FILE, run)
+    reference = Reference.from_dict(bundles.read_json(bundle / bundles.REFERENCE_FILE))
+    entries = [{"prefix": list(prefix), "tokens": [int(t) for t in (probs > 0).nonzero()[0]],
+                "probs": probs[probs > 0].tolist()}
+               for prefix, probs in sorted(reference.dists.items(), key=lambda item: (len(item[0]), item[0]))]
+    bundles.write_json(bundle / bundles.REFERENCE_FILE, {**reference.to_dict(), "dists": entries})
+
+
+def test_a_format_2_bundle_still_verifies_and_format_1_is_refused_by_name(copy):
+    """Format 2 differs from 3 only in reference.json's encoding (JSON lists), which is read too:
+    its verdicts recompute. A bundle of format 1 (or a future format) is refused, naming it."""
+    assert isinstance(bundles.read_json(copy / bundles.REFERENCE_FILE)["dists"][0]["probs"], str)  # base64
+    _as_format(copy, 2)
+    assert isinstance(bundles.read_json(copy / bundles.REFERENCE_FILE)["dists"][0]["probs"], list)
+    assert _reseal(copy) == []
+    for found in (1, bundles.BUNDLE_FORMAT + 1):
+        run = json.loads((copy / bundles.RUN_FILE).read_text())
+        run["bundle_format"] = found
+        bundles.write_json(copy / bundles.RUN_FILE, run)
+        assert f"run.json: bundle format {found}, this specval verifies formats 2, 3 (re-run it)" in _reseal(copy)
+
+
+def test_resume_of_an_older_format_bundle_is_refused(killed):
+    run = json.loads((killed / bundles.RUN_FILE).read_text())
+    run["bundle_format"] = 2
+    bundles.write_json(killed / bundles.RUN_FILE, run)
+    with pytest.raises(bundles.BundleError, match="bundle format 2, this specval resumes format 3 only"):
+        bundles.check_resumable(killed)
+
+
 def test_cli_resume_of_a_sealed_bundle_exits_2(sealed):
     result = CliRunner().invoke(main, ["run", "--resume", str(sealed), "--quiet"])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
