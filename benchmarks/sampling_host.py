@@ -51,13 +51,13 @@ def inputs(batch: int, vocab: int = VOCAB):
     return (logits, full(0.8, torch.float32), full(50, torch.int64), full(0.9, torch.float32))
 
 
-def per_call_us(fn, calls: int = CALLS) -> float:
-    """Host microseconds per call of fn(): the median over REPEATS timed loops of `calls`
+def per_call_us(fn, calls: int = CALLS, repeats: int = REPEATS) -> float:
+    """Host microseconds per call of fn(): the median over `repeats` timed loops of `calls`
     calls (no synchronisation inside a loop)."""
     for _ in range(WARMUP_CALLS):
         fn()
     loops = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter_ns()
         for _ in range(calls):

@@ -35,6 +35,7 @@ import triton
 import triton.testing
 
 from benchmarks.sampling import L2_BYTES, inputs
+from benchmarks.sampling_host import per_call_us
 from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
                                                   RowMode, probabilities_triton,
                                                   run_probabilities)
@@ -71,19 +72,6 @@ def input_sets(batch, vocab, mix):
     return sets
 
 
-def host_median_us(fn, args) -> float:
-    """Median over HOST_REPEATS loops of the host time per call to enqueue `fn`."""
-    times = []
-    for _ in range(HOST_REPEATS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(HOST_CALLS):
-            fn(*args)
-        times.append((time.perf_counter() - start) / HOST_CALLS)
-    torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
-
-
 def latency_us(fn, args, calls=LATENCY_CALLS) -> float:
     """Median time of one call followed by torch.cuda.synchronize (host and device)."""
     fn(*args)
@@ -105,7 +93,8 @@ def timings(config, sets) -> tuple[float, float, float, float]:
                                     return_mode="median")
     graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
                                               return_mode="median")
-    return eager * 1e3, graph * 1e3, host_median_us(fn, sets[0]), latency_us(fn, sets[0])
+    host = per_call_us(lambda: fn(*sets[0]), HOST_CALLS, HOST_REPEATS)
+    return eager * 1e3, graph * 1e3, host, latency_us(fn, sets[0])
 
 
 def modes(config, args) -> str:
