@@ -181,8 +181,7 @@ CANDIDATE_CONFIGS = (
 # Single-launch configurations the small-batch benchmark compares and the GPU tests check.
 SINGLE_LAUNCH_CONFIGS = (
     DEFAULT_CONFIG,
-    KernelConfig(chunk=2048, chunk_capacity=128, single_warps=8,
-                 single_launch_entries=SINGLE_LAUNCH_ENTRIES),
+    KernelConfig(chunk=2048, chunk_capacity=128, single_launch_entries=SINGLE_LAUNCH_ENTRIES),
 )
 
 
