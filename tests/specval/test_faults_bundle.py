@@ -132,6 +132,20 @@ def test_a_corrupt_file_fails_verify_in_lines_without_a_traceback(copy, name, co
     assert result.output.splitlines()[-1].startswith(f"FAIL: {copy} does not verify")
 
 
+def test_a_resealed_reference_with_a_malformed_entry_fails_verify_naming_it(copy):
+    """reference.json's base64 fields (format 3), corrupted and resealed: verify reads the
+    reference to recompute the verdicts, so it fails in lines naming the entry, no traceback."""
+    reference = bundles.read_json(copy / bundles.REFERENCE_FILE)
+    reference["dists"][0]["probs"] = "not base64!"
+    bundles.write_json(copy / bundles.REFERENCE_FILE, reference)
+    bundles.write_sums(copy)
+    result = CliRunner().invoke(main, ["verify", str(copy)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    assert "dists prefix []: probs is not base64" in result.output, result.output
+    assert result.output.splitlines()[-1].startswith(f"FAIL: {copy} does not verify")
+
+
 def test_report_of_a_resealed_corrupt_summary_exits_2_in_one_line(copy):
     (copy / "summary.json").write_text("[]")
     bundles.write_sums(copy)
