@@ -16,11 +16,13 @@ Three launches (one for small batches, below), no host read between them (S = nu
 2. `_select_kernel`, one program per row: row max m and Z from the chunk statistics. Greedy
    rows write their 1.0 at the argmax. For truncating rows, F = the largest chunk floor; every
    token of the row with x >= F is among the stored candidates, and these are compacted into a
-   per-row buffer of COMPACT slots. If they fit and at least k of them have x >= F (top-k), or
-   their mass is >= p * Z (top-p only), every kept token is among them: a bisection over an
-   order-preserving 32-bit key of x, in registers, finds the threshold (keep iff key >= key_lo)
-   and the normaliser, and the kept probabilities are scattered into the zeroed row. Otherwise
-   the row is marked FALLBACK.
+   per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
+   have x >= F (top-k), or their mass is >= p * Z (top-p only), every kept token is among
+   them: a bisection over an order-preserving 32-bit key of x, in registers, finds the
+   threshold (keep iff key >= key_lo) and the normaliser, and the kept probabilities are
+   scattered into the zeroed row. Rows with at most SMALL candidates (`small_compact`) run the
+   bisection on a SMALL block, whose 64 block reductions cost less. Otherwise the row is
+   marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
    (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
@@ -51,6 +53,7 @@ whole-row kernel; only sums differ from the reference by float32 rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import math
@@ -117,6 +120,7 @@ class KernelConfig:
     chunk_warps: int = 4  # warps per program of the chunk kernel
     compact: int = 4096  # select kernel's register block: a row's candidates with x >= F
     select_block: int = 2048  # candidate slots per step of the select kernel's compaction
+    # (at least one chunk's)
     select_warps: int = 8  # warps per program of the select kernel
     write_chunk: int = 2048  # vocabulary entries per program of the write kernel
     block: int = 2048  # vocabulary step of the whole-row fallback
@@ -127,6 +131,9 @@ class KernelConfig:
     # kernel's work (select_warps: a COMPACT block in registers) and the whole-row kernel
     # (the write kernel's NUM_WARPS); fewer make them spill registers
     single_warps: int = 8
+    # rows with at most this many candidates >= F search a block of this size instead of
+    # `compact` (0: never); a power of two below `compact`
+    small_compact: int = 0
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -138,6 +145,11 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
+        small = self.small_compact
+        if not isinstance(small, int) or small < 0 or small and (
+                small & (small - 1) or small >= self.compact):
+            raise ValueError(f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
+                             f"power of two below compact ({self.compact})")
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
             raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
                              f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
@@ -167,9 +179,15 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
 # three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
+#
+# small_compact=2048: rows with at most 2,048 candidates >= F bisect a 2,048-slot block. On the
+# H200 (docs/performance.md, "The select kernel") that cut the select kernel by 3.5 us at B = 1
+# and 11 us at B = 64 (top-k 50 + top-p 0.9, V = 152,064), but rows with more candidates
+# (top-k 1000) then took up to 10 us longer at B = 64 than with no small block.
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
-                              single_launch_entries=SINGLE_LAUNCH_ENTRIES)
-# Configurations the benchmark sweeps and the GPU tests check (the default first).
+                              single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048)
+# Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
+# last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
     DEFAULT_CONFIG,
     KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, compact=2048, write_chunk=8192),
@@ -177,6 +195,7 @@ CANDIDATE_CONFIGS = (
     KernelConfig(chunk=1024, chunk_capacity=64, chunk_warps=2, write_chunk=8192),
     KernelConfig(write_chunk=8192),
     KernelConfig(compact=2048),
+    dataclasses.replace(DEFAULT_CONFIG, small_compact=0),  # appended: indices name configs
 )
 # Single-launch configurations the small-batch benchmark compares and the GPU tests check.
 SINGLE_LAUNCH_CONFIGS = (
@@ -378,23 +397,29 @@ def _top_p_key(key, mass, target):
 
 @triton.jit
 def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.constexpr,
-             BLOCK: tl.constexpr, COMPACT: tl.constexpr):
-    """Copy the row's stored candidates with x >= floor to compact_ptr[0:COMPACT] (any order);
-    return how many there are (they fit iff the count is <= COMPACT).
+             TILE: tl.constexpr, COMPACT: tl.constexpr):
+    """Copy the row's stored candidates with x >= floor to compact_ptr[0:COMPACT], in
+    (chunk, slot) order; return how many there are (they fit iff the count is <= COMPACT).
 
-    `cand_ptr` / `count_ptr` point to the row's first chunk: candidate slot i is slot
-    i % CAPACITY of chunk i // CAPACITY, at cand_ptr + i."""
+    `cand_ptr` / `count_ptr` point to the row's first chunk: slot j of chunk c is at
+    cand_ptr + c * CAPACITY + j. A step takes a [TILE chunks, CAPACITY slots] tile: a chunk's
+    offset is a scan over TILE per-chunk counts, a slot's a scan along its chunk's CAPACITY
+    slots (on the H200 2.4 us faster per row than one scan over the flattened tile:
+    docs/performance.md)."""
     num = tl.zeros([1], tl.int32).sum(0)
-    for start in range(0, NUM_CHUNKS * CAPACITY, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        chunk = i // CAPACITY
-        live = chunk < NUM_CHUNKS
-        stored = live & (i % CAPACITY < tl.load(count_ptr + chunk, mask=live, other=0))
-        packed = tl.load(cand_ptr + i, mask=stored, other=0)
-        valid = stored & (_unpack_x(packed) >= floor)
-        pos = num + tl.cumsum(valid.to(tl.int32), 0) - 1
-        tl.store(compact_ptr + pos, packed, mask=valid & (pos < COMPACT))
-        num += tl.sum(valid.to(tl.int32), 0)
+    slots = tl.arange(0, CAPACITY)
+    for first in range(0, NUM_CHUNKS, TILE):
+        chunks = first + tl.arange(0, TILE)
+        count = tl.load(count_ptr + chunks, mask=chunks < NUM_CHUNKS, other=0)
+        stored = slots[None, :] < count[:, None]
+        packed = tl.load(cand_ptr + chunks[:, None] * CAPACITY + slots[None, :], mask=stored,
+                         other=0)
+        valid = (stored & (_unpack_x(packed) >= floor)).to(tl.int32)
+        per_chunk = tl.sum(valid, 1)
+        before = tl.cumsum(per_chunk, 0) - per_chunk
+        pos = num + before[:, None] + tl.cumsum(valid, 1) - 1
+        tl.store(compact_ptr + pos, packed, mask=(valid != 0) & (pos < COMPACT))
+        num += tl.sum(per_chunk, 0)
     return num
 
 
@@ -422,25 +447,44 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 @triton.jit
 def _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots,
                    first_slot, NUM_CHUNKS, m, z, k, p, use_k, use_p, CHUNKS_PAD: tl.constexpr,
-                   CAPACITY: tl.constexpr, BLOCK: tl.constexpr, COMPACT: tl.constexpr):
+                   CAPACITY: tl.constexpr, TILE: tl.constexpr, COMPACT: tl.constexpr,
+                   SMALL: tl.constexpr):
     """RowMode and normaliser of a truncating row; SPARSE rows get their kept values here."""
     chunks = tl.arange(0, CHUNKS_PAD)
     floors = tl.load(chunk_f32_ptr + CHUNK_FLOOR * num_slots + first_slot + chunks,
                      mask=chunks < NUM_CHUNKS, other=float("-inf"))
     num = _compact(cand_ptr + first_slot * CAPACITY,
                    chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
-                   NUM_CHUNKS, tl.max(floors, 0), CAPACITY, BLOCK, COMPACT)
+                   NUM_CHUNKS, tl.max(floors, 0), CAPACITY, TILE, COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
     is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                         COMPACT)
+                                         COMPACT, SMALL)
     return tl.where(is_sparse, _SPARSE, _FALLBACK), tl.where(is_sparse, norm, z)
 
 
 @triton.jit
 def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                       COMPACT: tl.constexpr):
+                       COMPACT: tl.constexpr, SMALL: tl.constexpr):
     """(proven, norm): if the `num` packed candidates at compact_ptr fit COMPACT and hold every
-    kept token, find the cut on them and scatter the kept probabilities into the zeroed row."""
+    kept token, find the cut on them and scatter the kept probabilities into the zeroed row.
+    Rows with at most SMALL candidates (SMALL > 0) search a SMALL block instead: each block
+    reduction of the search then covers fewer slots."""
+    if SMALL > 0:
+        if num <= SMALL:
+            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                        SMALL)
+        else:
+            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                        COMPACT)
+    else:
+        proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                    COMPACT)
+    return proven, norm
+
+
+@triton.jit
+def _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT: tl.constexpr):
+    """`_prove_and_scatter` on a block of COMPACT slots."""
     i = tl.arange(0, COMPACT)
     valid = i < num
     packed = tl.load(compact_ptr + i, mask=valid, other=0)
@@ -470,19 +514,20 @@ def _select_kernel(
     NUM_CHUNKS,
     CHUNKS_PAD: tl.constexpr,
     CAPACITY: tl.constexpr,
-    BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
     COMPACT: tl.constexpr,
+    SMALL: tl.constexpr,
 ):
     _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
-                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, BLOCK, COMPACT)
+                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
 
 
 @triton.jit
 def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS, row,
-                CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, BLOCK: tl.constexpr,
-                COMPACT: tl.constexpr):
+                CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
+                COMPACT: tl.constexpr, SMALL: tl.constexpr):
     """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
     stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
     the max and the normaliser."""
@@ -515,7 +560,7 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
             mode, norm = _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
                                         compact_ptr + row * COMPACT, out_ptr + row * V,
                                         num_slots, first_slot, NUM_CHUNKS, m, z, k, p, use_k,
-                                        use_p, CHUNKS_PAD, CAPACITY, BLOCK, COMPACT)
+                                        use_p, CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
         means = tl.load(chunk_f32_ptr + CHUNK_MEAN * num_slots + first_slot + chunks,
                         mask=live, other=float("-inf"))
         has_mean = live & (means > float("-inf"))
@@ -550,6 +595,7 @@ def _write_kernel(
     COMPACT: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
+    SMALL: tl.constexpr,
 ):
     """DENSE rows: exp(x - m) / Z over this program's CHUNK entries. FALLBACK rows: this
     program's counts at the split pivots; the row's last program to finish counting (atomic
@@ -576,7 +622,7 @@ def _write_kernel(
                           num_rows, row, row_mode_ptr, split_i32_ptr, split_f32_ptr,
                           compact_ptr + row * COMPACT, num_write,
                           row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY,
-                          SUB, WRITE_PAD, COMPACT, BLOCK, ROW_CAPACITY)
+                          SUB, WRITE_PAD, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
 
 
 @triton.jit
@@ -614,11 +660,12 @@ def _single_kernel(
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
     CHUNKS_PAD: tl.constexpr,
-    SELECT_BLOCK: tl.constexpr,
+    SELECT_TILE: tl.constexpr,
     COMPACT: tl.constexpr,
     SUB: tl.constexpr,
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
+    SMALL: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -634,7 +681,7 @@ def _single_kernel(
                                     chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
                                     compact_ptr, row_f32_ptr, row_mode_ptr,
                                     ticket_ptr, V, NUM_CHUNKS, row, CHUNKS_PAD, CAPACITY,
-                                    SELECT_BLOCK, COMPACT)
+                                    SELECT_TILE, COMPACT, SMALL)
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
             _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
@@ -644,7 +691,8 @@ def _single_kernel(
                            tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), row_f32_ptr,
                            tl.num_programs(0).to(tl.int64), row, row_mode_ptr,
                            compact_ptr + row * COMPACT, row_val_ptr + row * ROW_CAPACITY,
-                           row_idx_ptr + row * ROW_CAPACITY, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+                           row_idx_ptr + row * ROW_CAPACITY, SUB, COMPACT, BLOCK, ROW_CAPACITY,
+                           SMALL)
 
 
 @triton.jit
@@ -725,7 +773,7 @@ def _split_gather(row_ptr, V, t, pivot, dst_ptr, SUB: tl.constexpr, COMPACT: tl.
 def _split_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
                   split_i32_ptr, split_f32_ptr, compact_row, num_write, row_val, row_idx,
                   SUB: tl.constexpr, WRITE_PAD: tl.constexpr, COMPACT: tl.constexpr,
-                  BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+                  BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
     """A FALLBACK row, in one program once every program of the row has counted: pick the
     split pivot on the stored counts and prove the row on it (`_split_prove`)."""
     z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
@@ -733,13 +781,13 @@ def _split_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_
     best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p,
                               (k > 0) & (k < V), WRITE_PAD)
     _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
-                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
 
 
 @triton.jit
 def _serial_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
                    compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
-                   BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+                   BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
     """A FALLBACK row of the single launch, in one program: count the whole row at the split
     pivots (one pass), then pick and prove as `_split_finish` does."""
     z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
@@ -747,13 +795,13 @@ def _serial_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row
     counts, masses = _pivot_counts(row_ptr, V, t, pivots, m, 0, V, SUB)
     best, total = _best_pivot(counts, masses, z, k, p, (k > 0) & (k < V))
     _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
-                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY)
+                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
 
 
 @triton.jit
 def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
                  compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
-                 BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr):
+                 BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
     """Gather the row's candidates at split pivot `best` (`total` of them), prove the cut on
     them and scatter; a row no pivot proves within COMPACT candidates runs the whole-row
     kernel (WHOLE_ROW)."""
@@ -764,7 +812,7 @@ def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mo
         _split_gather(row_ptr, V, t, pivot, compact_row, SUB, COMPACT)
         tl.debug_barrier()  # the gathered candidates land before other threads read them
         proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k,
-                                          p < 1.0, COMPACT)
+                                          p < 1.0, COMPACT, SMALL)
     if proven == 0:
         write_row(row_ptr, out_row, V, t, k, p, row_val, row_idx, BLOCK, ROW_CAPACITY)
         tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)
@@ -840,6 +888,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
     chunk_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
+    select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
@@ -847,16 +896,19 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
         wide_k=wide_k_limit(num_chunks, capacity), config=config,
         chunk_constexprs=chunk_constexprs,
         select_constexprs=(("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
-                           ("BLOCK", config.select_block), ("COMPACT", config.compact)),
+                           ("TILE", select_tile), ("COMPACT", config.compact),
+                           ("SMALL", config.small_compact)),
         write_constexprs=(("CHUNK", config.write_chunk), ("SUB", sub),
                           ("WRITE_PAD", triton.next_power_of_2(num_write)),
                           ("COMPACT", config.compact), ("BLOCK", config.block),
-                          ("ROW_CAPACITY", config.candidate_capacity)),
+                          ("ROW_CAPACITY", config.candidate_capacity),
+                          ("SMALL", config.small_compact)),
         single=num_rows * vocab <= config.single_launch_entries,
         single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
-                           ("SELECT_BLOCK", config.select_block), ("COMPACT", config.compact),
+                           ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                            ("SUB", sub), ("BLOCK", config.block),
-                           ("ROW_CAPACITY", config.candidate_capacity)))
+                           ("ROW_CAPACITY", config.candidate_capacity),
+                           ("SMALL", config.small_compact)))
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:

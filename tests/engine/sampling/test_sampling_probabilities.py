@@ -196,7 +196,9 @@ def test_triton_chunked_random_rows():
 
 @pytest.mark.parametrize("field, value", [("chunk", 1000), ("chunk_capacity", 0),
                                           ("chunk_warps", 3), ("block", 2.0),
-                                          ("compact", 3000), ("select_block", 0)])
+                                          ("compact", 3000), ("select_block", 0),
+                                          ("small_compact", 3000), ("small_compact", 4096),
+                                          ("small_compact", -2), ("small_compact", 1.5)])
 def test_kernel_config_rejects_bad_values(field, value):
     from engine.sampling.probabilities_kernel import KernelConfig
 

@@ -323,3 +323,76 @@ def test_default_single_launch_threshold():
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         kernel().KernelConfig(**{field: value})
+
+
+def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """int64 candidates as the chunk kernel packs them: float32 bits high, index low."""
+    return (x.float().view(torch.int32).to(torch.int64) << 32) | index.to(torch.int64)
+
+
+def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small):
+    """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove`."""
+    from select_block_kernel import compact_and_prove
+
+    compacted = torch.full((compact,), -7, dtype=torch.int64)
+    out = torch.zeros(vocab)
+    result = torch.zeros(3)
+    compact_and_prove[(1,)](cand, count, compacted, out, result, count.numel(), floor, m, z, k,
+                            p, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small)
+    return compacted, out, result.tolist()
+
+
+@pytest.mark.parametrize("tile", [1, 4, 16])
+def test_compaction_keeps_stored_candidates_at_the_floor_in_chunk_order(tile):
+    """`_compact` copies, chunk by chunk and slot by slot, every stored candidate (slot < the
+    chunk's count) with x >= floor, whatever the tile (13 chunks: the last tile is partial).
+    Slots past a chunk's count hold huge x that would pass the floor if they were read."""
+    g = generator(91)
+    num_chunks, capacity = 13, 8
+    x = torch.randn(num_chunks, capacity, generator=g)
+    count = torch.randint(0, capacity + 1, (num_chunks,), generator=g, dtype=torch.int32)
+    stored = torch.arange(capacity)[None, :] < count[:, None].long()
+    x = torch.where(stored, x, torch.full_like(x, 1e30))
+    cand = packed_candidates(x.flatten(), torch.arange(num_chunks * capacity))
+    compacted, _, (num, _, _) = run_select_block(cand, count, 0.0, 1.0, 1.0, 3, 1.0, 128,
+                                                 capacity=capacity, tile=tile, compact=128,
+                                                 small=0)
+    expected = cand[(stored & (x >= 0.0)).flatten()]
+    assert 0 < expected.numel() < stored.sum()
+    assert int(num) == expected.numel()
+    assert torch.equal(compacted[:expected.numel()], expected)
+
+
+@pytest.mark.parametrize("num", [40, 100])
+def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
+    """`_prove_and_scatter` with SMALL = 64: a row of 40 candidates bisects a 64-slot block, one
+    of 100 the 256-slot block; either way the kept tokens (top-k 10, then the top-p prefix of
+    6: p is set halfway between two prefix masses, far from any rounding) and their values
+    are those of SMALL = 0 and of the exact float64 cut. The largest candidate sits in the last
+    slot, so a block that misses a slot fails."""
+    g = generator(92)
+    vocab = 300
+    x = (torch.arange(num, dtype=torch.float64) * -0.7 + torch.rand(num, generator=g,
+                                                                  dtype=torch.float64) * 0.3)
+    x = x.float()[torch.randperm(num, generator=g)]
+    last = int(x.argmax())
+    x[last], x[-1] = x[-1].clone(), x[last].clone()  # the largest in the last slot read
+    index = torch.randperm(vocab, generator=g)[:num]
+    cand = packed_candidates(x, index)
+    count = torch.full((num // 4,), 4, dtype=torch.int32)  # chunks of 4 slots, all stored
+    order = x.double().sort(descending=True)
+    e = (order.values - order.values[0]).exp()
+    z = float(e.sum())
+    prefix = e[:10].cumsum(0)
+    p = float((prefix[4] + prefix[5]) / 2 / prefix[-1])
+    expected = torch.zeros(vocab, dtype=torch.float64)
+    expected[index[order.indices[:6]]] = e[:6] / e[:6].sum()
+    rows = {small: run_select_block(cand, count, float("-inf"), float(x.max()), z, 10, p, vocab,
+                                    capacity=4, tile=8, compact=256, small=small)
+            for small in (0, 64)}
+    for compacted, out, (found, proven, _) in rows.values():
+        assert (int(found), proven) == (num, 1.0)
+        # float32 exp(x - m) (x - m rounded: <= 7u relative after exp for |x - m| <= 70 * 0.7)
+        # over a float32 sum of 6 positive terms (<= 5u): 3e-5 covers both with room
+        torch.testing.assert_close(out.double(), expected, rtol=3e-5, atol=0)
+    assert torch.equal(rows[0][1] > 0, rows[64][1] > 0)

@@ -1,0 +1,75 @@
+"""Device time of the three launches of batched_probabilities by kernel, with and without the
+select kernel's small block, on a CUDA device.
+
+For each (B, row mix) at V = 152,064 it runs `DEFAULT_CONFIG` on the three launches (single
+launch off) and the same with `small_compact=0` (every row bisects the `compact`-slot block),
+checks that both keep the same tokens, and prints the graph time of one call
+(`triton.testing.do_bench_cudagraph` median) and each kernel's mean device time
+(torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2) logits,
+temperature 0.8 (those of benchmarks/sampling.py).
+
+Usage, from the repository root: python3 -m benchmarks.select_kernel [--out select.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+import triton
+import triton.testing
+
+from benchmarks.sampling import inputs, kernel_times
+from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
+
+VOCAB = 152064
+GRAPH_REP_MS = 20
+PROFILED_CALLS = 50
+MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "top-k 1000 + top-p 0.95": (1000, 0.95),
+         "top-p 0.9 only": (-1, 0.9)}
+CASES = [(b, mix) for b in (1, 8, 64, 256) for mix in MIXES]
+VARIANTS = {"small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0),
+            "no small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0,
+                                                  small_compact=0)}
+
+
+def row(batch: int, mix: str) -> str:
+    k, p = MIXES[mix]
+    logits, t, _, _ = inputs(batch, VOCAB, 7)
+    args = (logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p))
+    cells, kept = [], []
+    for config in VARIANTS.values():
+        kept.append(probabilities_triton(*args, config=config) > 0)
+        graph = triton.testing.do_bench_cudagraph(
+            lambda c=config: probabilities_triton(*args, config=c), rep=GRAPH_REP_MS,
+            return_mode="median") * 1e3
+        kernels = kernel_times(args, config, calls=PROFILED_CALLS)
+        cells.append(f"{graph:.1f} | " + " / ".join(
+            f"{kernels.get(name, 0.0):.1f}"
+            for name in ("_chunk_kernel", "_select_kernel", "_write_kernel")))
+    same = "yes" if torch.equal(kept[0], kept[1]) else "NO"
+    return f"| {batch} | {mix} | {' | '.join(cells)} | {same} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the table to this file")
+    args = parser.parse_args()
+    names = list(VARIANTS)
+    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"triton {triton.__version__}; V = {VOCAB}, us", "",
+             f"| B | rows | {names[0]}: graph | chunk / select / write | {names[1]}: graph "
+             "| chunk / select / write | same kept tokens |",
+             "|---:|---|---:|---|---:|---|---|"]
+    print("\n".join(lines), flush=True)
+    for case in CASES:
+        lines.append(row(*case))
+        print(lines[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
