@@ -177,13 +177,14 @@ class KernelConfig:
 # 152,064) keeps the eager gain where a captured round loses at most a few microseconds.
 SINGLE_LAUNCH_ENTRIES = 2**17
 # The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
-# three kernels take 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
-# floor); KernelConfig() (the previous default) took 304 us. See docs/performance.md.
+# three kernels took 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
+# floor; KernelConfig(), the previous default, took 304 us), and 171 us (2.33x) with the tiled
+# compaction and small block. See docs/performance.md.
 #
 # small_compact=2048: rows with at most 2,048 candidates >= F bisect a 2,048-slot block. On the
-# H200 (docs/performance.md, "The select kernel") that cut the select kernel by 3.5 us at B = 1
-# and 11 us at B = 64 (top-k 50 + top-p 0.9, V = 152,064), but rows with more candidates
-# (top-k 1000) then took up to 10 us longer at B = 64 than with no small block.
+# H200 (docs/performance.md, "The select kernel") that cut the select kernel by 3.7 us at B = 1
+# and 10.9 us at B = 64 (top-k 50 + top-p 0.9, V = 152,064), but rows with more candidates
+# (top-k 1000) then took up to 11 us longer at B >= 64 than with no small block.
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
