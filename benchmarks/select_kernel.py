@@ -20,15 +20,15 @@ import torch
 import triton
 import triton.testing
 
-from benchmarks.sampling import inputs, kernel_times
+from benchmarks.sampling import KERNEL_NAMES, MIXES, inputs, kernel_times
 from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
 
 VOCAB = 152064
 GRAPH_REP_MS = 20
 PROFILED_CALLS = 50
-MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "top-k 1000 + top-p 0.95": (1000, 0.95),
-         "top-p 0.9 only": (-1, 0.9)}
-CASES = [(b, mix) for b in (1, 8, 64, 256) for mix in MIXES]
+# row mixes of benchmarks.sampling (name -> (top-k, top-p)) that truncate, so the select runs
+MIX_NAMES = ("top-k 50 + top-p 0.9", "top-k 1000 + top-p 0.95", "top-p 0.9 only")
+CASES = [(b, mix) for b in (1, 8, 64, 256) for mix in MIX_NAMES]
 VARIANTS = {"small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0),
             "no small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0,
                                                   small_compact=0)}
@@ -46,8 +46,7 @@ def row(batch: int, mix: str) -> str:
             return_mode="median") * 1e3
         kernels = kernel_times(args, config, calls=PROFILED_CALLS)
         cells.append(f"{graph:.1f} | " + " / ".join(
-            f"{kernels.get(name, 0.0):.1f}"
-            for name in ("_chunk_kernel", "_select_kernel", "_write_kernel")))
+            f"{kernels.get(name, 0.0):.1f}" for name in KERNEL_NAMES[:3]))
     same = "yes" if torch.equal(kept[0], kept[1]) else "NO"
     return f"| {batch} | {mix} | {' | '.join(cells)} | {same} |"
 
