@@ -5,15 +5,16 @@ Prints, for B in {1, 8, 64, 256} at V = 152,064 (temperature 0.8, top-k 50, top-
   synchronisation inside a loop, after a warm-up: the median keeps other processes' bursts on
   the host out);
 - "validate": the argument checks alone (`probabilities._check_inputs`);
-- one column per Triton kernel: the host time of its launch, timed by a wrapper around the
-  method every launch goes through (`CompiledLaunches.launch` where the engine has it, else
-  `JITFunction.run`: binding and specialising the arguments, the cache lookup, the driver
-  launch);
+- one column per Triton kernel: the host time of its launch, timed by wrappers around the two
+  methods a launch goes through (`KernelLaunch.through_jit` for the first call of a
+  specialisation, `CompiledLaunch.enqueue` for every later one: the compiled kernel's
+  launcher, pointers passed as integers);
 - "other": the rest (allocation, Python between the steps).
 Then the cost of one launch by itself: an empty Triton kernel with 1 and with 14 arguments,
-launched through the JIT (`kernel[grid](...)`) and through the compiled kernel's runner
-(`compiled[grid](...)`, no binding or specialisation), next to a torch launch (`x.add_(1)`)
-and a torch.empty. Last, a cProfile of CALLS calls at B = 1 (functions by own time).
+launched through the JIT (`kernel[grid](...)`), through the compiled kernel's runner
+(`compiled[grid](...)`, no binding or specialisation) and through `CompiledLaunch.enqueue`
+(the runner's launcher call without metadata or hooks, pointers as integers), next to a torch
+launch (`x.add_(1)`) and a torch.empty. Last, a cProfile of CALLS calls at B = 1 (functions by own time).
 
 Usage, from the repository root: python3 -m benchmarks.sampling_host [--out host.md]
 """
@@ -31,9 +32,9 @@ import time
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.jit import JITFunction
 
 from engine.sampling import batched_probabilities
+from engine.sampling.launcher import CompiledLaunch, KernelLaunch, current_stream
 from engine.sampling.probabilities import _check_inputs
 
 BATCHES = (1, 8, 64, 256)
@@ -67,39 +68,33 @@ def per_call_us(fn, calls: int = CALLS, repeats: int = REPEATS) -> float:
     return statistics.median(loops)
 
 
-def launch_method() -> tuple[type, str]:
-    """(class, method) every kernel launch of this engine version goes through: this
-    version's `CompiledLaunches.launch`, or `JITFunction.run` where the version has none."""
-    try:
-        from engine.sampling.launcher import CompiledLaunches
-    except ImportError:
-        return JITFunction, "run"
-    return CompiledLaunches, "launch"
-
-
 class LaunchTimer:
-    """Wraps the launch method: host nanoseconds spent in each kernel's launch, by name."""
+    """Wraps the two ways a kernel launch of this engine goes (`KernelLaunch.through_jit`, the
+    first call of a specialisation, and `CompiledLaunch.enqueue`, every later one): host
+    nanoseconds spent in each kernel's launches, by kernel name."""
+
+    METHODS = ((KernelLaunch, "through_jit", lambda launch: launch.kernel.fn.__name__),
+               (CompiledLaunch, "enqueue", lambda launch: launch.compiled.name))
 
     def __init__(self):
         self.ns = collections.Counter()
-        self.cls, self.name = launch_method()
-        self.original = getattr(self.cls, self.name)
+        self.originals = [(cls, name, getattr(cls, name), kernel_name)
+                          for cls, name, kernel_name in self.METHODS]
 
     def __enter__(self):
-        original, ns, is_jit = self.original, self.ns, self.cls is JITFunction
-
-        def timed(obj, *args, **kwargs):
-            start = time.perf_counter_ns()
-            result = original(obj, *args, **kwargs)
-            kernel = obj if is_jit else args[0]  # CompiledLaunches.launch(kernel, ...)
-            ns[kernel.fn.__name__] += time.perf_counter_ns() - start
-            return result
-
-        setattr(self.cls, self.name, timed)
+        ns = self.ns
+        for cls, name, original, kernel_name in self.originals:
+            def timed(obj, *args, _original=original, _kernel_name=kernel_name):
+                start = time.perf_counter_ns()
+                result = _original(obj, *args)
+                ns[_kernel_name(obj)] += time.perf_counter_ns() - start
+                return result
+            setattr(cls, name, timed)
         return self
 
     def __exit__(self, *exc):
-        setattr(self.cls, self.name, self.original)
+        for cls, name, original, _ in self.originals:
+            setattr(cls, name, original)
 
 
 def steps(batch: int) -> tuple[float, float, dict]:
@@ -133,12 +128,19 @@ def launch_costs() -> list[str]:
     jit_14 = lambda: _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4, C2=8, C3=16)  # noqa: E731
     rows = [("Triton JIT launch, 1 argument", per_call_us(jit_1)),
             ("Triton JIT launch, 14 arguments (3 constexpr)", per_call_us(jit_14))]
-    compiled_1 = _empty_1[(1,)](x)
-    try:
-        runner = compiled_1[(1, 1, 1)]
-        rows.append(("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))))
-    except Exception as error:  # the runner's signature differs between Triton versions
-        rows.append((f"compiled kernel runner: {type(error).__name__}", float("nan")))
+    compiled_1, compiled_14 = _empty_1[(1,)](x), _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4,
+                                                                  C2=8, C3=16)
+    runner = compiled_1[(1, 1, 1)]
+    stream = current_stream(x.device)
+    direct_1 = CompiledLaunch(compiled_1, (1, 1, 1), ())
+    direct_14 = CompiledLaunch(compiled_14, (1, 1, 1), (4, 8, 16))
+    pointers = (x.data_ptr(),)
+    pointers_14 = (*(t.data_ptr() for t in ptrs), 100, 200, 300)
+    rows += [("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))),
+             ("CompiledLaunch.enqueue, 1 argument",
+              per_call_us(lambda: direct_1.enqueue(stream, pointers))),
+             ("CompiledLaunch.enqueue, 14 arguments (3 constexpr)",
+              per_call_us(lambda: direct_14.enqueue(stream, pointers_14)))]
     rows += [("torch x.add_(1)", per_call_us(lambda: x.add_(1))),
              ("torch.empty(16)", per_call_us(lambda: torch.empty(16, device="cuda")))]
     return [f"| {name} | {us:.1f} |" for name, us in rows]

@@ -10,8 +10,10 @@ compiled launches):
   not show here (three launches on a DENSE row read ~20 us although their enqueue takes ~55);
 - "graph": `triton.testing.do_bench_cudagraph` median: device time alone, warm L2;
 - "host": host time to enqueue one call (median over HOST_REPEATS loops of HOST_CALLS calls,
-  no synchronisation inside a loop). Back-to-back eager calls cost the larger of host and
-  device time each;
+  no synchronisation inside a loop);
+- "stream": what back-to-back eager calls cost each, host and device together: HOST_CALLS
+  calls (inputs rotated as for "eager") then one torch.cuda.synchronize, divided by HOST_CALLS
+  (median of HOST_REPEATS loops). About the larger of host and device time;
 - "latency": one call from the host's call to its result on the device (the call, then
   torch.cuda.synchronize; median of LATENCY_CALLS): what a caller waiting for one small batch
   sees, host and device together, with no other call queued behind it.
@@ -19,7 +21,13 @@ Then the cost of FALLBACK rows: one candidate slot per chunk sends every truncat
 the fallback (split over the write programs in three launches, counted by one program in the
 single launch).
 
-Usage, from the repository root: python3 -m benchmarks.sampling_small [--out small.md]
+With --default-only ROUNDS, only the default configuration (the path `batched_probabilities`
+takes) on DEFAULT_CASES (B = 1-64, both vocabularies, truncating and DENSE rows), measured in
+ROUNDS rounds over every case: per case the median and the range of each column over the
+rounds, since host time on a shared machine moves from one measurement to the next.
+
+Usage, from the repository root:
+python3 -m benchmarks.sampling_small [--out small.md] [--default-only ROUNDS]
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import triton.testing
 from benchmarks.sampling import L2_BYTES, inputs
 from benchmarks.sampling_host import per_call_us
 from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
-                                                  RowMode, probabilities_triton,
+                                                  RowMode, launch_plan, probabilities_triton,
                                                   run_probabilities)
 
 WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
@@ -52,6 +60,9 @@ CASES = ([(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064)
          + [(b, 32000, "no truncation") for b in (1, 8)]
          + [(b, 152064, mix) for mix in list(MIXES)[1:] for b in (1, 8, 64)])
 FALLBACK_BATCHES = (1, 8, 64)
+DEFAULT_CASES = [(b, v, mix) for v in (32000, 152064) for mix in list(MIXES)[:2]
+                 for b in (1, 2, 4, 8, 16, 32, 64)]
+COLUMNS = ("eager", "graph", "host", "stream", "latency")
 
 
 def variants(base=DEFAULT_CONFIG):
@@ -85,8 +96,22 @@ def latency_us(fn, args, calls=LATENCY_CALLS) -> float:
     return statistics.median(times) * 1e6
 
 
-def timings(config, sets) -> tuple[float, float, float, float]:
-    """(eager us, graph us, host us, latency us) of probabilities_triton with `config`."""
+def stream_us(fn, sets, calls=HOST_CALLS, repeats=HOST_REPEATS) -> float:
+    """Wall time per call of `calls` back-to-back calls and one synchronize (median)."""
+    cycle = itertools.cycle(sets)
+    loops = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*next(cycle))
+        torch.cuda.synchronize()
+        loops.append((time.perf_counter() - start) / calls)
+    return statistics.median(loops) * 1e6
+
+
+def timings(config, sets) -> tuple[float, ...]:
+    """(eager, graph, host, stream, latency) us of probabilities_triton with `config`."""
     fn = lambda *a: probabilities_triton(*a, config=config)  # noqa: E731
     cycle = itertools.cycle(sets)
     eager = triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
@@ -94,7 +119,7 @@ def timings(config, sets) -> tuple[float, float, float, float]:
     graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
                                               return_mode="median")
     host = per_call_us(lambda: fn(*sets[0]), HOST_CALLS, HOST_REPEATS)
-    return eager * 1e3, graph * 1e3, host, latency_us(fn, sets[0])
+    return eager * 1e3, graph * 1e3, host, stream_us(fn, sets), latency_us(fn, sets[0])
 
 
 def modes(config, args) -> str:
@@ -105,7 +130,7 @@ def modes(config, args) -> str:
 
 def table(cases, named_configs) -> list[str]:
     names = [name for name, _ in named_configs]
-    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host / latency" for n in names)
+    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host / stream / latency" for n in names)
              + " | row modes |", "|---:|---:|---|" + "---:|" * len(names) + "---|"]
     for batch, vocab, mix in cases:
         sets = input_sets(batch, vocab, mix)
@@ -117,10 +142,39 @@ def table(cases, named_configs) -> list[str]:
     return lines
 
 
+def default_rounds(rounds: int) -> list[str]:
+    """Median [min-max] over `rounds` rounds of each column, default configuration."""
+    sets = {case: input_sets(*case) for case in DEFAULT_CASES}
+    found = {case: [] for case in DEFAULT_CASES}
+    for _ in range(rounds):
+        for case in DEFAULT_CASES:
+            found[case].append(timings(DEFAULT_CONFIG, sets[case]))
+    lines = ["| B | V | rows | path | " + " | ".join(COLUMNS) + " |",
+             "|---:|---:|---|---|" + "---:|" * len(COLUMNS)]
+    for (batch, vocab, mix), runs in found.items():
+        path = "single" if launch_plan(DEFAULT_CONFIG, batch, vocab).single else "three"
+        cells = [f"{statistics.median(column):.1f} [{min(column):.1f}-{max(column):.1f}]"
+                 for column in zip(*runs)]
+        lines.append(f"| {batch} | {vocab} | {mix} | {path} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the tables to this file")
+    parser.add_argument("--default-only", type=int, metavar="ROUNDS",
+                        help="only the default configuration, in this many rounds")
     args = parser.parse_args()
+    if args.default_only:
+        lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                 f"triton {triton.__version__}; microseconds per call, median [min-max] of "
+                 f"{args.default_only} rounds; {DEFAULT_CONFIG}", "",
+                 *default_rounds(args.default_only)]
+        print("\n".join(lines), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return
     configs = variants()
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {triton.__version__}; microseconds per call", "",

@@ -39,9 +39,11 @@ def require_len(name: str, t: torch.Tensor, dim: int, size: int) -> None:
 
 def require_same_device(names_and_tensors: dict[str, torch.Tensor]) -> torch.device:
     """Check that all tensors live on one device and return it."""
-    devices = {name: t.device for name, t in names_and_tensors.items()}
-    first = next(iter(devices.values()))
-    for name, dev in devices.items():
-        if dev != first:
-            raise ValueError(f"{name} is on {dev} but the other inputs are on {first}")
+    first = None
+    for name, t in names_and_tensors.items():
+        device = t.device
+        if first is None:
+            first = device
+        elif device != first:
+            raise ValueError(f"{name} is on {device} but the other inputs are on {first}")
     return first

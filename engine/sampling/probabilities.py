@@ -8,6 +8,8 @@ the torch backend here sorts each row once and is the fast path on the CPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.sampling import checks
@@ -52,9 +54,15 @@ def batched_probabilities(
     device = _check_inputs(logits, temperature, top_k, top_p)
     if resolve_backend(backend, device) == TORCH:
         return probabilities_torch(logits, temperature, top_k, top_p)
+    return _triton_probabilities()(logits, temperature, top_k, top_p)
+
+
+@functools.cache
+def _triton_probabilities():
+    """The Triton backend, imported on first use (CPU-only callers never import Triton)."""
     from engine.sampling.probabilities_kernel import probabilities_triton
 
-    return probabilities_triton(logits, temperature, top_k, top_p)
+    return probabilities_triton
 
 
 def _greedy_rows(logits: torch.Tensor) -> torch.Tensor:

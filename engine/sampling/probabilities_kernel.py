@@ -38,9 +38,9 @@ V = 32,000) take ONE launch instead, eager or captured in a CUDA Graph alike,
 `_single_kernel` over (row, chunk) programs: each does step 1 for its chunk, and the row's last
 program to finish (atomic ticket, acquire-release, as in step 3) runs step 2 for the row and
 then step 3 alone: a DENSE row's V values, a FALLBACK row's split counts over the whole row
-(one pass), its pick, gather and proof. Three launches cost the host about twice the
-single launch's enqueue time, more than the device work of a small batch; the row's select and
-a DENSE row's V values then run in one program, cheap only while B * V is small
+(one pass), its pick, gather and proof. Three launches cost the host ~10-15 us more than the
+single launch's enqueue, about the device work of a small batch; the row's select and a
+DENSE row's V values then run in one program, cheap only while B * V is small
 (docs/performance.md). The tickets start at zero (zeroed when the scratch is allocated) and
 the last program zeroes its row's ticket again.
 
@@ -65,8 +65,8 @@ import triton
 import triton.language as tl
 
 from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
-from engine.sampling.launcher import CompiledLaunches
-from engine.sampling.scratch import ScratchCache
+from engine.sampling.launcher import CompiledLaunches, KernelLaunch, current_stream
+from engine.sampling.scratch import Scratch, ScratchCache
 
 
 class RowMode(enum.IntEnum):
@@ -168,9 +168,10 @@ class KernelConfig:
 
 
 # Batches of at most SINGLE_LAUNCH_ENTRIES logits (B * V) take one launch (`_single_kernel`).
-# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~28-39 us
-# against ~55-100 us for the three launches, but its device time grows with B * V (the row's
-# select and a DENSE row's V values run in one program). Captured in a CUDA Graph (as decode
+# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~15-28 us
+# against ~25-49 us for the three launches (`CompiledLaunch.enqueue`; 55-100 us through
+# Triton's runner), but its device time grows with B * V (the row's select and a DENSE row's
+# V values run in one program). Captured in a CUDA Graph (as decode
 # rounds are) only the device time counts: there it is within 2 us of the three launches for
 # truncating rows at V = 32,000 up to B = 4, but 5.5 us slower for a DENSE row at B = 1 and
 # 39 us slower at V = 152,064. 2**17 (B <= 4 at V = 32,000, B <= 2 at 49,152, never at
@@ -853,6 +854,24 @@ class LaunchPlan:
     write_constexprs: tuple[tuple[str, int], ...]
     single: bool  # one launch of `_single_kernel` (B * V <= config.single_launch_entries)
     single_constexprs: tuple[tuple[str, int], ...]
+    launches: tuple[KernelLaunch, ...]  # the single launch, or the chunk, select and write ones
+
+    def arguments(self, buffers: tuple) -> tuple[tuple, ...]:
+        """Each launch's runtime arguments. `buffers` = (logits, temperature, top_k, top_p,
+        out, *scratch): the tensors, or their data pointers (`CompiledLaunches.launch`)."""
+        (logits, temperature, top_k, top_p, out, chunk_f32, row_f32, row_val, split_f32,
+         chunk_i32, row_idx, split_i32, ticket, cand, compact, row_mode) = buffers
+        vocab, num_chunks = self.vocab, self.num_chunks
+        if self.single:
+            return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact,
+                     row_f32, row_mode, ticket, row_val, row_idx, vocab, num_chunks,
+                     self.pivot_sigmas, self.wide_sigmas, self.wide_k),)
+        return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
+                 num_chunks, self.pivot_sigmas, self.wide_sigmas, self.wide_k),
+                (temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
+                 row_mode, ticket, vocab, num_chunks),
+                (logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
+                 compact, ticket, row_val, row_idx, vocab))
 
     @property
     def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
@@ -890,26 +909,38 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
+    single = num_rows * vocab <= config.single_launch_entries
+    select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
+                         ("TILE", select_tile), ("COMPACT", config.compact),
+                         ("SMALL", config.small_compact))
+    write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
+                        ("WRITE_PAD", triton.next_power_of_2(num_write)),
+                        ("COMPACT", config.compact), ("BLOCK", config.block),
+                        ("ROW_CAPACITY", config.candidate_capacity),
+                        ("SMALL", config.small_compact))
+    single_constexprs = (*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
+                         ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
+                         ("SUB", sub), ("BLOCK", config.block),
+                         ("ROW_CAPACITY", config.candidate_capacity),
+                         ("SMALL", config.small_compact))
+    if single:
+        launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
+                                 config.single_warps),)
+    else:
+        launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
+                                 config.chunk_warps),
+                    KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
+                                 config.select_warps),
+                    KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
+                                 NUM_WARPS))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
         wide_sigmas=config.pivot_sigmas(chunk, config.wide_share),
         wide_k=wide_k_limit(num_chunks, capacity), config=config,
-        chunk_constexprs=chunk_constexprs,
-        select_constexprs=(("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
-                           ("TILE", select_tile), ("COMPACT", config.compact),
-                           ("SMALL", config.small_compact)),
-        write_constexprs=(("CHUNK", config.write_chunk), ("SUB", sub),
-                          ("WRITE_PAD", triton.next_power_of_2(num_write)),
-                          ("COMPACT", config.compact), ("BLOCK", config.block),
-                          ("ROW_CAPACITY", config.candidate_capacity),
-                          ("SMALL", config.small_compact)),
-        single=num_rows * vocab <= config.single_launch_entries,
-        single_constexprs=(*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
-                           ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
-                           ("SUB", sub), ("BLOCK", config.block),
-                           ("ROW_CAPACITY", config.candidate_capacity),
-                           ("SMALL", config.small_compact)))
+        chunk_constexprs=chunk_constexprs, select_constexprs=select_constexprs,
+        write_constexprs=write_constexprs, single=single, single_constexprs=single_constexprs,
+        launches=launches)
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
@@ -929,48 +960,25 @@ SCRATCH = ScratchCache()
 LAUNCHES = CompiledLaunches()
 
 
-def specialisation_key(plan: LaunchPlan, logits, temperature, top_k, top_p) -> tuple:
-    """Every argument property Triton specialises the three kernels on, beyond their
-    constexprs: the integer arguments (V, number of chunks, wide_k: Triton specialises on
-    their value being 1 or a multiple of 16, and their width), the device, and the caller's
-    tensors' dtypes and 16-byte alignment. The other tensors are allocated here (aligned,
-    fixed dtypes); float arguments are not specialised."""
-    return (plan.vocab, plan.num_chunks, plan.wide_k, logits.device, logits.dtype, top_k.dtype,
-            logits.data_ptr() % 16 == 0, temperature.data_ptr() % 16 == 0,
-            top_k.data_ptr() % 16 == 0, top_p.data_ptr() % 16 == 0)
+def specialisation_key(plan: LaunchPlan, logits, top_k, pointers: tuple[int, ...]) -> tuple:
+    """The group key of a call's launches (`CompiledLaunches`): the plan (the shape and
+    configuration, so V, the number of chunks and wide_k, whose values Triton specialises on,
+    and every grid and constexpr), the device, and what Triton specialises on in the caller's
+    tensors: the dtypes of logits and top_k and the 16-byte alignment of the four `pointers`
+    (logits, temperature, top_k, top_p). The other tensors are allocated here (aligned, fixed
+    dtypes); float arguments are not specialised."""
+    logits_at, temperature_at, top_k_at, top_p_at = pointers
+    return (plan, logits.device, logits.dtype, top_k.dtype, logits_at % 16 == 0,
+            temperature_at % 16 == 0, top_k_at % 16 == 0, top_p_at % 16 == 0)
 
 
-def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch):
-    """Enqueue the three kernels (no host read, no allocation); returns the row modes."""
-    (chunk_f32, row_f32, row_val, split_f32, chunk_i32, row_idx, split_i32, ticket, cand,
-     compact, row_mode) = scratch
-    key = specialisation_key(plan, logits, temperature, top_k, top_p)
-    num_rows, vocab = plan.num_rows, plan.vocab
-    config = plan.config
-    if plan.single:
-        LAUNCHES.launch(
-            _single_kernel, (num_rows, plan.num_chunks), key,
-            (logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact,
-             row_f32, row_mode, ticket, row_val, row_idx, vocab, plan.num_chunks,
-             plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k),
-            plan.single_constexprs, config.single_warps)
-        return row_mode
-    LAUNCHES.launch(
-        _chunk_kernel, (num_rows, plan.num_chunks), key,
-        (logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
-         plan.num_chunks, plan.pivot_sigmas, plan.wide_sigmas, plan.wide_k),
-        plan.chunk_constexprs, config.chunk_warps)
-    LAUNCHES.launch(
-        _select_kernel, (num_rows,), key,
-        (temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-         row_mode, ticket, vocab, plan.num_chunks),
-        plan.select_constexprs, config.select_warps)
-    LAUNCHES.launch(
-        _write_kernel, (num_rows, plan.num_write), key,
-        (logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
-         compact, ticket, row_val, row_idx, vocab),
-        plan.write_constexprs, NUM_WARPS)
-    return row_mode
+def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch,
+            stream: int | None) -> None:
+    """Enqueue the call's kernels on `stream` (no host read, no allocation)."""
+    inputs = (logits.data_ptr(), temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr())
+    LAUNCHES.launch(specialisation_key(plan, logits, top_k, inputs), plan.launches,
+                    plan.arguments, (logits, temperature, top_k, top_p, out, *scratch.tensors),
+                    (*inputs, out.data_ptr(), *scratch.pointers), stream)
 
 
 def run_probabilities(logits, temperature, top_k, top_p,
@@ -979,10 +987,11 @@ def run_probabilities(logits, temperature, top_k, top_p,
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
     plan = launch_plan(config, *logits.shape)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    scratch = _make_scratch(plan, logits.device)
+    scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
-        _launch(logits, temperature, top_k, top_p, plan, out, scratch)
-    return KernelOutput(out, scratch[-1])
+        _launch(logits, temperature, top_k, top_p, plan, out, scratch,
+                current_stream(logits.device))
+    return KernelOutput(out, scratch.tensors[-1])
 
 
 def probabilities_triton(logits, temperature, top_k, top_p, *,
@@ -991,8 +1000,10 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
     plan = launch_plan(config, *logits.shape)
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     if plan.num_rows > 0:
-        scratch = SCRATCH.get(plan, logits.device, lambda: _make_scratch(plan, logits.device))
-        _launch(logits, temperature, top_k, top_p, plan, out, scratch)
+        device = logits.device
+        stream = current_stream(device)
+        scratch = SCRATCH.get(plan, device, lambda: _make_scratch(plan, device), stream)
+        _launch(logits, temperature, top_k, top_p, plan, out, scratch, stream)
     return out

@@ -1,32 +1,40 @@
-"""CompiledLaunches: the JIT once per key, then the compiled kernel with every argument in order."""
+"""CompiledLaunches: a group goes through the JIT once per key, then through each compiled
+kernel's launcher, with the positional arguments Triton's own runner passes."""
 
 import types
 
 import pytest
+from triton import knobs
+from triton.compiler.compiler import CompiledKernel
 
-from engine.sampling.launcher import CompiledLaunches
+from engine.sampling import launcher
+from engine.sampling.launcher import CompiledLaunches, KernelLaunch
 
 
 class FakeCompiled:
-    """Stands for triton's CompiledKernel: compiled[grid](*all_arguments)."""
+    """Stands for triton's CompiledKernel: `run` is its launcher, `[grid]` its runner."""
 
-    packed_metadata = object()
+    packed_metadata = ("packed",)
+    function = 4242
 
     def __init__(self, calls):
         self.calls = calls
 
+    def run(self, *args):
+        self.calls.append(("launcher", args))
+
     def __getitem__(self, grid):
-        return lambda *args: self.calls.append(("compiled", grid, args, {}))
+        return lambda *args, stream: self.calls.append(("runner", grid, args, stream))
 
 
 class FakeJit:
     """Stands for a @triton.jit function: kernel[grid](*args, **constexprs, num_warps=w)
     records the call and returns a compiled kernel (or None, as the interpreter does)."""
 
-    def __init__(self, arg_names, returns_compiled=True):
+    def __init__(self, arg_names, calls, returns_compiled=True):
         self.arg_names = arg_names
         self.fn = types.SimpleNamespace(__name__="fake_kernel")
-        self.calls = []
+        self.calls = calls
         self.returns_compiled = returns_compiled
 
     def __getitem__(self, grid):
@@ -36,41 +44,125 @@ class FakeJit:
         return run
 
 
-def test_first_launch_of_a_key_goes_through_the_jit_later_ones_through_the_compiled_kernel():
-    kernel = FakeJit(["x_ptr", "n", "BLOCK", "EVEN"])
+def two_kernel_group(calls, returns_compiled=(True, True)):
+    """Two launches: f(x_ptr, n, BLOCK, EVEN) on a (3, 2, 1) grid, g(x_ptr, y_ptr, FLAG)."""
+    f = FakeJit(["x_ptr", "n", "BLOCK", "EVEN"], calls, returns_compiled[0])
+    g = FakeJit(["x_ptr", "y_ptr", "FLAG"], calls, returns_compiled[1])
+    return (KernelLaunch(f, (3, 2, 1), (("BLOCK", 128), ("EVEN", True)), 4),
+            KernelLaunch(g, (5, 1, 1), (("FLAG", 1),), 8))
+
+
+def arguments(buffers):
+    x, y = buffers
+    return ((x, 10), (x, y))
+
+
+TENSORS = ("tensor_x", "tensor_y")
+POINTERS = (0x1000, 0x2000)
+
+
+def test_the_first_launch_of_a_key_goes_through_the_jit_later_ones_through_the_launcher():
+    calls = []
+    group = two_kernel_group(calls)
     launches = CompiledLaunches()
-    constexprs = (("BLOCK", 128), ("EVEN", True))
-    launches.launch(kernel, (3,), "a", ("x", 10), constexprs, 4)
-    launches.launch(kernel, (3, 2), "a", ("y", 11), constexprs, 4)
-    launches.launch(kernel, (5,), "b", ("z", 12), constexprs, 4)  # another key: the JIT again
-    launches.launch(kernel, (5,), "b", ("w", 13), constexprs, 8)  # other num_warps: again
-    jit_kwargs = {"BLOCK": 128, "EVEN": True}
-    assert kernel.calls == [
-        ("jit", (3,), ("x", 10), {**jit_kwargs, "num_warps": 4}),
-        ("compiled", (3, 2, 1), ("y", 11, 128, True), {}),  # constexprs in signature order
-        ("jit", (5,), ("z", 12), {**jit_kwargs, "num_warps": 4}),
-        ("jit", (5,), ("w", 13), {**jit_kwargs, "num_warps": 8}),
+    launches.launch("a", group, arguments, TENSORS, POINTERS, stream=77)
+    assert calls == [
+        ("jit", (3, 2, 1), ("tensor_x", 10), {"BLOCK": 128, "EVEN": True, "num_warps": 4}),
+        ("jit", (5, 1, 1), ("tensor_x", "tensor_y"), {"FLAG": 1, "num_warps": 8}),
     ]
-    assert len(launches) == 3
+    calls.clear()
+    launches.launch("a", group, arguments, TENSORS, POINTERS, stream=77)
+    # grid, stream, function, packed metadata, no metadata or hooks, pointers, constexprs
+    assert calls == [
+        ("launcher", (3, 2, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 10, 128, True)),
+        ("launcher", (5, 1, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 0x2000, 1)),
+    ]
+    calls.clear()
+    launches.launch("b", group, arguments, TENSORS, POINTERS, stream=77)  # a new key: the JIT
+    assert [call[0] for call in calls] == ["jit", "jit"] and len(launches) == 2
     launches.clear()
-    launches.launch(kernel, (3,), "a", ("v", 14), constexprs, 4)  # through the JIT again
-    assert kernel.calls[-1][0] == "jit" and len(launches) == 1
+    calls.clear()
+    launches.launch("a", group, arguments, TENSORS, POINTERS, stream=77)
+    assert [call[0] for call in calls] == ["jit", "jit"] and len(launches) == 1
 
 
-def test_without_a_compiled_kernel_every_launch_goes_through_the_jit():
-    kernel = FakeJit(["x_ptr", "BLOCK"], returns_compiled=False)
+def test_a_group_with_a_kernel_the_jit_returns_no_compiled_kernel_for_always_takes_the_jit():
+    calls = []
+    group = two_kernel_group(calls, returns_compiled=(True, False))
     launches = CompiledLaunches()
-    launches.launch(kernel, (1,), "k", ("x",), (("BLOCK", 8),), 1)
-    launches.launch(kernel, (1,), "k", ("x",), (("BLOCK", 8),), 1)
-    assert [call[0] for call in kernel.calls] == ["jit", "jit"]
-    assert len(launches) == 0
+    for _ in range(2):
+        launches.launch("k", group, arguments, TENSORS, POINTERS, stream=None)
+    assert [call[0] for call in calls] == ["jit"] * 4 and len(launches) == 0
+
+
+def test_with_a_launch_hook_installed_launches_go_through_the_runner_with_the_tensors(
+        monkeypatch):
+    """A profiler's hook must see every launch: Triton's runner calls it, `enqueue` does not."""
+    calls = []
+    group = two_kernel_group(calls)
+    launches = CompiledLaunches()
+    launches.launch("a", group, arguments, TENSORS, POINTERS, stream=77)
+    calls.clear()
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert launcher.hooks_installed()
+        launches.launch("a", group, arguments, TENSORS, POINTERS, stream=77)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert not launcher.hooks_installed()
+    assert calls == [("runner", (3, 2, 1), ("tensor_x", 10, 128, True), 77),
+                     ("runner", (5, 1, 1), ("tensor_x", "tensor_y", 1), 77)]
 
 
 def test_constexprs_out_of_signature_order_are_refused():
     """The compiled kernel takes constexprs positionally: a wrong order would pass BLOCK's
     value as EVEN's, so it is refused before it is cached."""
+    calls = []
+    kernel = FakeJit(["x_ptr", "BLOCK", "EVEN"], calls)
+    group = (KernelLaunch(kernel, (1, 1, 1), (("EVEN", True), ("BLOCK", 8)), 1),)
     launches = CompiledLaunches()
     with pytest.raises(ValueError, match="must be the parameters after"):
-        launches.launch(FakeJit(["x_ptr", "BLOCK", "EVEN"]), (1,), "k", ("x",),
-                        (("EVEN", True), ("BLOCK", 8)), 1)
+        launches.launch("k", group, lambda b: ((b[0],),), ("x",), (1,), stream=None)
     assert len(launches) == 0
+
+
+def test_the_cache_starts_over_past_its_bound(monkeypatch):
+    monkeypatch.setattr(launcher, "MAX_GROUPS", 2)
+    calls = []
+    group = two_kernel_group(calls)
+    launches = CompiledLaunches()
+    for key in ("a", "b"):
+        launches.launch(key, group, arguments, TENSORS, POINTERS, stream=None)
+    assert len(launches) == 2
+    launches.launch("c", group, arguments, TENSORS, POINTERS, stream=None)
+    assert len(launches) == 1  # cleared, then "c"
+    calls.clear()
+    launches.launch("a", group, arguments, TENSORS, POINTERS, stream=None)
+    assert [call[0] for call in calls] == ["jit", "jit"]
+
+
+def test_enqueue_passes_what_the_installed_tritons_runner_passes():
+    """The launcher's positional protocol belongs to Triton (`CompiledKernel.__getitem__`):
+    a compiled kernel of the installed Triton, its launcher replaced by a recorder, launched
+    through Triton's runner and through `enqueue`, must get the same grid, stream, function,
+    packed metadata and arguments; only the launch metadata and the hooks (empty chains in
+    the runner, None in `enqueue`) may differ."""
+    recorded = []
+    compiled = object.__new__(CompiledKernel)
+    compiled.module, compiled.function, compiled.packed_metadata = object(), 4242, ("packed",)
+    compiled.name, compiled.src, compiled.metadata = "fake", None, None
+    compiled._run = lambda *args: recorded.append(args)
+    launch = launcher.CompiledLaunch(compiled, (3, 2, 1), (128, True))
+    try:
+        compiled[(3, 2, 1)]("tensor_x", 10, 128, True, stream=77)
+        launch.enqueue(77, ("tensor_x", 10))
+    finally:
+        compiled.module = None  # nothing to unload when the stand-in is collected
+    runner, ours = recorded
+    assert len(runner) == len(ours) == 13
+    assert runner[:6] == ours[:6] == (3, 2, 1, 77, 4242, ("packed",))
+    assert runner[9:] == ours[9:] == ("tensor_x", 10, 128, True)
+    assert ours[6:9] == (None, None, None)
+    assert runner[7] is knobs.runtime.launch_enter_hook
+    assert runner[8] is knobs.runtime.launch_exit_hook

@@ -80,7 +80,19 @@ def test_patch_is_effective(monkeypatch):
         torch.ones(2).sum().item()
 
 
-def test_triton_launchers_never_read_the_host(monkeypatch):
+@pytest.fixture
+def fresh_launch_plans():
+    """Launch plans hold their kernels (`KernelLaunch`): plans cached before the kernels are
+    replaced would launch the real ones, and plans built with the recorders must not outlive
+    the test."""
+    from engine.sampling.probabilities_kernel import launch_plan
+
+    launch_plan.cache_clear()
+    yield
+    launch_plan.cache_clear()
+
+
+def test_triton_launchers_never_read_the_host(monkeypatch, fresh_launch_plans):
     recorders = []
     for module_name, kernel in KERNELS:
         recorder = Recorder()

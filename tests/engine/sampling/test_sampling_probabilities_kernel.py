@@ -197,16 +197,22 @@ def test_reused_scratch_holds_no_state_between_calls():
     first = torch.randn(4, 700, generator=generator(61)) * 2
     t, top_k, p = params([1.0, 0.8, 0.0, 1.0], [-1, 10, -1, 300], [1.0, 0.9, 1.0, 0.95])
     k.probabilities_triton(first, t, top_k, p, config=config)
-    (cached,) = k.SCRATCH._entries.values()
+    ((cached, pointers),) = k.SCRATCH._entries.values()
+    assert pointers == tuple(t.data_ptr() for t in cached)
     poison_(cached)
     second = torch.randn(4, 700, generator=generator(62)) * 2
     t, top_k, p = params([0.0, 1.0, 1.3, 0.8], [-1, 300, -1, 10], [1.0, 0.95, 0.6, 0.9])
     out = k.probabilities_triton(second, t, top_k, p, config=config)
-    (again,) = k.SCRATCH._entries.values()
+    ((again, _),) = k.SCRATCH._entries.values()
     assert all(a is b for a, b in zip(again, cached)) and len(k.SCRATCH) == 1
     assert not out.isnan().any()
     assert_rows_match(out, second, t, top_k, p)
     k.SCRATCH.clear()
+
+
+def key_of(k, plan, logits, t, top_k, p):
+    pointers = tuple(x.data_ptr() for x in (logits, t, top_k, p))
+    return k.specialisation_key(plan, logits, top_k, pointers)
 
 
 def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexprs():
@@ -219,11 +225,32 @@ def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexpr
     assert plans[0].chunk_constexprs == plans[1].chunk_constexprs
     assert plans[0].write_constexprs == plans[1].write_constexprs
     logits = torch.zeros(1, 152064 + 4)
-    keys = {k.specialisation_key(plan, logits[:, :plan.vocab], t, top_k, p) for plan in plans}
+    keys = {key_of(k, plan, logits[:, :plan.vocab], t, top_k, p) for plan in plans}
     assert len(keys) == 2
     variants = [logits[:, 1:152065], logits[:, :152064].bfloat16(), logits[:, :152064]]
-    keys = {k.specialisation_key(plans[0], x, t, top_k, p) for x in variants}
+    keys = {key_of(k, plans[0], x, t, top_k, p) for x in variants}
     assert len(keys) == 3  # unaligned float32, bfloat16, aligned float32
+    unaligned_p = torch.zeros(2)[1:]
+    assert key_of(k, plans[0], variants[2], t, top_k, unaligned_p) not in keys
+    assert key_of(k, plans[0], variants[2], t, top_k.int(), p) not in keys
+
+
+def test_launch_arguments_follow_the_kernel_signatures():
+    """`LaunchPlan.arguments` gives each kernel its runtime parameters in signature order (the
+    compiled kernels take them positionally), followed by exactly the plan's constexprs."""
+    k = kernel()
+    buffers = tuple(f"buffer{i}" for i in range(16))
+    for num_rows, vocab in ((1, 700), (64, 152064)):
+        plan = k.launch_plan(k.DEFAULT_CONFIG, num_rows, vocab)
+        assert len(plan.launches) == (1 if plan.single else 3)
+        for launch, args in zip(plan.launches, plan.arguments(buffers), strict=True):
+            names = launch.kernel.arg_names
+            assert names[len(args):] == [name for name, _ in launch.constexprs]
+            named = dict(zip(names, args))
+            assert all(named[name] == f"buffer{i}" for i, name in enumerate(
+                ("logits_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr", "out_ptr"))
+                if name in named)
+            assert named["V"] == vocab
 
 
 # Rows of every kind for the single launch: greedy with a tie across chunks, dense, top-k,
@@ -277,7 +304,7 @@ def test_single_launch_leaves_its_tickets_at_zero():
     k.SCRATCH.clear()
     first, t, top_k, p = single_rows(72)
     k.probabilities_triton(first, t, top_k, p, config=config)
-    (cached,) = k.SCRATCH._entries.values()
+    ((cached, _),) = k.SCRATCH._entries.values()
     ticket = cached[7]
     assert ticket.tolist() == [0] * 7
     poison_([buffer for i, buffer in enumerate(cached) if i != 7])
