@@ -18,10 +18,11 @@ Three launches (one for small batches, below), no host read between them (S = nu
    token of the row with x >= F is among the stored candidates, and these are compacted into a
    per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
    have x >= F (top-k), or their mass is >= p * Z (top-p only), every kept token is among
-   them: a bisection over an order-preserving 32-bit key of x, in registers, finds the
+   them: a bisection over an order-preserving 32-bit key of x, in registers, between the
+   smallest and the largest key that can hold the answer (`_kth_key`, `_top_p_key`), finds the
    threshold (keep iff key >= key_lo) and the normaliser, and the kept probabilities are
    scattered into the zeroed row. Rows with at most SMALL candidates (`small_compact`) run the
-   bisection on a SMALL block, whose 64 block reductions cost less. Otherwise the row is
+   bisection on a SMALL block, whose block reductions cost less. Otherwise the row is
    marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
@@ -92,6 +93,7 @@ NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk (overflow search)
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
+KEY_MAX = tl.constexpr(2**31 - 1)  # at least the key of every float32
 QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE tokens per chunk
 # Rows with a large k aim at CAPACITY / KernelConfig.wide_share tokens per chunk instead. The row
 # floor F is the largest of the chunk floors, so fewer tokens clear it than the chunks store: on
@@ -369,32 +371,43 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
 
 @triton.jit
 def _kth_key(key, valid, k):
-    """Largest t with #(valid and key >= t) >= k: the key of the k-th largest valid x.
+    """Largest t with #(valid and key >= t) >= k: the key of the k-th largest valid x
+    (defined when at least k keys are valid; callers check that before using it).
 
-    Int32 bisection, most significant bit first; the first step (bit 31) tries 0, the others
-    add 2**bit, so no trial overflows int32."""
-    ans = tl.zeros([1], tl.int32).sum(0) + KEY_MIN
-    ans = tl.where(tl.sum((valid & (key >= 0)).to(tl.int32), 0) >= k, 0, ans)
-    for bit in tl.static_range(30, -1, -1):
+    The answer lies in [lo, hi], the smallest and the largest valid key. Bisection from lo,
+    most significant bit first: a trial above hi cannot hold (no key reaches it) and is
+    skipped without a block reduction, so keys spanning less than 2**n cost n reductions
+    instead of 32. The invariant: ans holds, and answer - ans < 2**(bit + 1) before `bit`.
+    Scalars are int64, so no trial overflows; a trial that is tried is <= hi, an int32."""
+    lo = tl.min(tl.where(valid, key, KEY_MAX), 0).to(tl.int64)
+    hi = tl.max(tl.where(valid, key, KEY_MIN), 0).to(tl.int64)
+    ans = lo
+    for bit in tl.static_range(31, -1, -1):
         trial = ans + (1 << bit)
-        ans = tl.where(tl.sum((valid & (key >= trial)).to(tl.int32), 0) >= k, trial, ans)
-    return ans
+        if trial <= hi:
+            count = tl.sum((valid & (key >= trial.to(tl.int32))).to(tl.int32), 0)
+            ans = tl.where(count >= k, trial, ans)
+    return ans.to(tl.int32)
 
 
 @triton.jit
 def _top_p_key(key, mass, target):
     """Smallest key kept by top-p: keep iff the mass with a strictly larger key is < target.
 
-    `mass` is exp(x - m) on the survivors of top-k and 0 elsewhere; above(t) = mass with
-    key > t is nonincreasing, so the bisection (as in `_kth_key`) finds T = max t with
-    above(t) >= target, and T < the largest key since above(largest) = 0 < target.
-    """
-    ans = tl.zeros([1], tl.int32).sum(0) + KEY_MIN
-    ans = tl.where(tl.sum(tl.where(key > 0, mass, 0.0), 0) >= target, 0, ans)
-    for bit in tl.static_range(30, -1, -1):
+    `mass` is exp(x - m) on the survivors of top-k and 0 elsewhere, and target > 0 is at most
+    their total; above(t) = mass with key > t is nonincreasing, so T = max t with
+    above(t) >= target exists. With lo and hi the smallest and largest key of positive mass,
+    above(lo - 1) is the total (>= target) and above(hi) = 0, so T is in [lo - 1, hi - 1]:
+    the bisection of `_kth_key` from lo - 1, skipping trials >= hi. Returns T + 1."""
+    lo = tl.min(tl.where(mass > 0.0, key, KEY_MAX), 0).to(tl.int64)
+    hi = tl.max(tl.where(mass > 0.0, key, KEY_MIN), 0).to(tl.int64)
+    ans = lo - 1
+    for bit in tl.static_range(31, -1, -1):
         trial = ans + (1 << bit)
-        ans = tl.where(tl.sum(tl.where(key > trial, mass, 0.0), 0) >= target, trial, ans)
-    return ans + 1
+        if trial < hi:
+            above = tl.sum(tl.where(key > trial.to(tl.int32), mass, 0.0), 0)
+            ans = tl.where(above >= target, trial, ans)
+    return (ans + 1).to(tl.int32)
 
 
 @triton.jit

@@ -1,11 +1,13 @@
-"""A Triton kernel that runs the select kernel's compaction and proof alone (`_compact`, then
-`_prove_and_scatter`), for tests. Kept in its own module: Triton resolves a kernel's callees
-among its module's globals, so the test's kernel must name them at module level."""
+"""Triton kernels that run parts of the select kernel alone, for tests: the compaction and
+proof (`_compact`, then `_prove_and_scatter`) and the two key searches (`_kth_key`,
+`_top_p_key`). Kept in their own module: Triton resolves a kernel's callees among its
+module's globals, so the test's kernels must name them at module level."""
 
 import triton
 import triton.language as tl
 
-from engine.sampling.probabilities_kernel import _compact, _prove_and_scatter
+from engine.sampling.probabilities_kernel import (_compact, _key, _kth_key, _prove_and_scatter,
+                                                  _top_p_key)
 
 
 @triton.jit
@@ -21,3 +23,15 @@ def compact_and_prove(cand_ptr, count_ptr, compact_ptr, out_ptr, result_ptr, num
     tl.store(result_ptr, num.to(tl.float32))
     tl.store(result_ptr + 1, proven.to(tl.float32))
     tl.store(result_ptr + 2, norm)
+
+
+@triton.jit
+def key_searches(x_ptr, mass_ptr, result_ptr, n, k, target, BLOCK: tl.constexpr):
+    """result = (`_kth_key` of the first n keys of x for k, `_top_p_key` of them with `mass`
+    for target), int32."""
+    i = tl.arange(0, BLOCK)
+    valid = i < n
+    key = _key(tl.load(x_ptr + i, mask=valid, other=float("-inf")))
+    mass = tl.load(mass_ptr + i, mask=valid, other=0.0)
+    tl.store(result_ptr, _kth_key(key, valid, k))
+    tl.store(result_ptr + 1, _top_p_key(key, mass, target))

@@ -369,6 +369,53 @@ def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, c
     return compacted, out, result.tolist()
 
 
+def float_keys(x: torch.Tensor) -> torch.Tensor:
+    """The select kernel's order-preserving int32 key of float32 x (`_key`), on the host."""
+    bits = x.float().view(torch.int32).long()
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+# Rows for the key searches: a span across zero wider than 2**31, keys a few ulps apart with
+# ties, a -inf, and a typical candidate set (logits ~ N(15, 3^2)).
+SEARCH_ROWS = {
+    "wide": [-3e38, -1.0, -0.0, 1e-30, 5.0, 3e38, 5.0],
+    "ulps": [1.0 + i * 2.0**-23 for i in (0, 1, 1, 2, 3, 3, 3, 4)],
+    "with -inf": [float("-inf"), -2.0, 7.5, 7.5, 100.0],
+    "typical": (15.0 + 3.0 * torch.randn(200, generator=generator(97))).tolist(),
+}
+
+
+@pytest.mark.parametrize("name", list(SEARCH_ROWS))
+def test_key_searches_find_the_exact_cut_whatever_the_span_of_the_keys(name):
+    """`_kth_key` and `_top_p_key` bisect only between the smallest and largest key that can
+    hold the answer. Against brute force on the host: the k-th largest key for every k from 1
+    (the largest key) to n (the smallest), and for top-p the largest key v whose mass at or
+    above v reaches the target, for targets at and between the cumulative masses. Masses are
+    multiples of 1/64, so every float32 sum is exact and the comparison is exact too."""
+    from select_block_kernel import key_searches
+
+    x = torch.tensor(SEARCH_ROWS[name], dtype=torch.float32)
+    n = x.numel()
+    keys = float_keys(x)
+    g = generator(98)
+    mass = torch.randint(0, 5, (n,), generator=g).float() / 64  # some slots without mass
+    mass[keys.argmax()] = 1.0  # at least one positive mass
+    desc = keys.sort(descending=True).values
+    levels = keys[mass > 0].unique().sort(descending=True).values
+    at_or_above = torch.stack([mass[keys >= v].sum() for v in levels])
+    targets = torch.cat([at_or_above, (at_or_above[:-1] + at_or_above[1:]) / 2])
+    def search(k, target):
+        result = torch.zeros(2, dtype=torch.int32)
+        key_searches[(1,)](x, mass, result, n, k, target, BLOCK=256)
+        return result.tolist()
+
+    for k in range(1, n + 1):
+        assert search(k, targets[0].item())[0] == desc[k - 1].item(), k
+    for target in targets.tolist():
+        expected = levels[(at_or_above >= target).nonzero()[0, 0]].item()
+        assert search(1, target)[1] == expected, target
+
+
 @pytest.mark.parametrize("tile", [1, 4, 16])
 def test_compaction_keeps_stored_candidates_at_the_floor_in_chunk_order(tile):
     """`_compact` copies, chunk by chunk and slot by slot, every stored candidate (slot < the
