@@ -116,7 +116,8 @@ class CompiledLaunches:
                arguments: Callable[[tuple], Sequence[tuple]], tensors: tuple, pointers: tuple,
                stream: int | None) -> None:
         """Enqueue every launch of the group on `stream`, in order; `arguments(buffers)` gives
-        each launch's runtime arguments from `tensors` or from `pointers`."""
+        each launch's runtime arguments from `tensors` or from `pointers`. `stream` must be
+        the current stream (`current_stream`), the one a launch through the JIT takes."""
         group = self._groups.get(key)
         if group is None:
             compiled = [launch.through_jit(args)
