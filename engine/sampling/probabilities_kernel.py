@@ -871,7 +871,8 @@ class LaunchPlan:
 
     def arguments(self, buffers: tuple) -> tuple[tuple, ...]:
         """Each launch's runtime arguments. `buffers` = (logits, temperature, top_k, top_p,
-        out, *scratch): the tensors, or their data pointers (`CompiledLaunches.launch`)."""
+        out, *scratch), named as in BUFFERS: the tensors, or their data pointers
+        (`CompiledLaunches.launch`). A kernel parameter `<name>_ptr` gets buffer `<name>`."""
         (logits, temperature, top_k, top_p, out, chunk_f32, row_f32, row_val, split_f32,
          chunk_i32, row_idx, split_i32, ticket, cand, compact, row_mode) = buffers
         vocab, num_chunks = self.vocab, self.num_chunks
@@ -954,6 +955,13 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
         chunk_constexprs=chunk_constexprs, select_constexprs=select_constexprs,
         write_constexprs=write_constexprs, single=single, single_constexprs=single_constexprs,
         launches=launches)
+
+
+# A call's buffers in the order `LaunchPlan.arguments` takes them: the caller's four inputs,
+# the output, then the scratch of `_make_scratch` (float32, int32 and int64 views in turn).
+BUFFERS = ("logits", "temperature", "top_k", "top_p", "out", "chunk_f32", "row_f32", "row_val",
+           "split_f32", "chunk_i32", "row_idx", "split_i32", "ticket", "cand", "compact",
+           "row_mode")
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:

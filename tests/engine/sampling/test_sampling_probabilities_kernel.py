@@ -237,20 +237,32 @@ def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexpr
 
 def test_launch_arguments_follow_the_kernel_signatures():
     """`LaunchPlan.arguments` gives each kernel its runtime parameters in signature order (the
-    compiled kernels take them positionally), followed by exactly the plan's constexprs."""
+    compiled kernels take them positionally): a parameter `<name>_ptr` gets buffer `<name>`,
+    the integers their plan values, and the constexprs follow exactly."""
     k = kernel()
-    buffers = tuple(f"buffer{i}" for i in range(16))
     for num_rows, vocab in ((1, 700), (64, 152064)):
         plan = k.launch_plan(k.DEFAULT_CONFIG, num_rows, vocab)
         assert len(plan.launches) == (1 if plan.single else 3)
-        for launch, args in zip(plan.launches, plan.arguments(buffers), strict=True):
+        values = {"V": vocab, "NUM_CHUNKS": plan.num_chunks, "pivot_sigmas": plan.pivot_sigmas,
+                  "wide_sigmas": plan.wide_sigmas, "wide_k": plan.wide_k}
+        for launch, args in zip(plan.launches, plan.arguments(k.BUFFERS), strict=True):
             names = launch.kernel.arg_names
             assert names[len(args):] == [name for name, _ in launch.constexprs]
-            named = dict(zip(names, args))
-            assert all(named[name] == f"buffer{i}" for i, name in enumerate(
-                ("logits_ptr", "temperature_ptr", "top_k_ptr", "top_p_ptr", "out_ptr"))
-                if name in named)
-            assert named["V"] == vocab
+            for name, arg in zip(names, args):
+                expected = name.removesuffix("_ptr") if name.endswith("_ptr") else values[name]
+                assert arg == expected, (launch.kernel.fn.__name__, name)
+
+
+def test_scratch_views_match_the_buffer_names():
+    """`_make_scratch` returns the scratch in BUFFERS' order: the row modes are the last view
+    (int64 [B]) and the tickets the single launch zeroes are int32 [B]."""
+    k = kernel()
+    plan = k.launch_plan(k.DEFAULT_CONFIG, 3, 700)
+    scratch = dict(zip(k.BUFFERS[5:], k._make_scratch(plan, torch.device("cpu")), strict=True))
+    assert scratch["row_mode"].dtype == torch.int64 and scratch["row_mode"].shape == (3,)
+    assert scratch["ticket"].dtype == torch.int32 and scratch["ticket"].shape == (3,)
+    assert scratch["compact"].shape == (3, k.DEFAULT_CONFIG.compact)
+    assert scratch["cand"].shape == (3 * plan.num_chunks, plan.capacity)
 
 
 # Rows of every kind for the single launch: greedy with a tie across chunks, dense, top-k,
