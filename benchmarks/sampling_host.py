@@ -14,7 +14,8 @@ Then the cost of one launch by itself: an empty Triton kernel with 1 and with 14
 launched through the JIT (`kernel[grid](...)`), through the compiled kernel's runner
 (`compiled[grid](...)`, no binding or specialisation) and through `CompiledLaunch.enqueue`
 (the runner's launcher call without metadata or hooks, pointers as integers), next to a torch
-launch (`x.add_(1)`) and a torch.empty. Last, a cProfile of CALLS calls at B = 1 (functions by own time).
+launch (`x.add_(1)`) and a torch.empty. Last, a cProfile of CALLS calls at B = 1 (functions by
+own time).
 
 Usage, from the repository root: python3 -m benchmarks.sampling_host [--out host.md]
 """

@@ -130,8 +130,9 @@ def modes(config, args) -> str:
 
 def table(cases, named_configs) -> list[str]:
     names = [name for name, _ in named_configs]
-    lines = ["| B | V | rows | " + " | ".join(f"{n} eager / graph / host / stream / latency" for n in names)
-             + " | row modes |", "|---:|---:|---|" + "---:|" * len(names) + "---|"]
+    columns = " / ".join(COLUMNS)
+    lines = ["| B | V | rows | " + " | ".join(f"{n} {columns}" for n in names) + " | row modes |",
+             "|---:|---:|---|" + "---:|" * len(names) + "---|"]
     for batch, vocab, mix in cases:
         sets = input_sets(batch, vocab, mix)
         cells = [" / ".join(f"{x:.1f}" for x in timings(config, sets))
@@ -159,26 +160,15 @@ def default_rounds(rounds: int) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="also write the tables to this file")
-    parser.add_argument("--default-only", type=int, metavar="ROUNDS",
-                        help="only the default configuration, in this many rounds")
-    args = parser.parse_args()
-    if args.default_only:
-        lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-                 f"triton {triton.__version__}; microseconds per call, median [min-max] of "
-                 f"{args.default_only} rounds; {DEFAULT_CONFIG}", "",
-                 *default_rounds(args.default_only)]
-        print("\n".join(lines), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write("\n".join(lines) + "\n")
-        return
+def device_line() -> str:
+    return (f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+            f"triton {triton.__version__}; microseconds per call")
+
+
+def comparison() -> list[str]:
+    """Three launches against each single-launch configuration, then the FALLBACK rows."""
     configs = variants()
-    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"triton {triton.__version__}; microseconds per call", "",
-             *(f"- {name}: {config}" for name, config in configs), ""]
+    lines = [device_line(), "", *(f"- {name}: {config}" for name, config in configs), ""]
     print("\n".join(lines), flush=True)
     lines += table(CASES, configs)
     forced = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=1)
@@ -186,6 +176,21 @@ def main() -> None:
                 ("single", dataclasses.replace(forced, single_launch_entries=ANY_SIZE))]
     lines += ["", "Every truncating row FALLBACK (one candidate slot per chunk):", ""]
     lines += table([(b, 152064, "top-k 50 + top-p 0.9") for b in FALLBACK_BATCHES], fallback)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the tables to this file")
+    parser.add_argument("--default-only", type=int, metavar="ROUNDS",
+                        help="only the default configuration, in this many rounds")
+    args = parser.parse_args()
+    if args.default_only:
+        lines = [f"{device_line()}, median [min-max] of {args.default_only} rounds; "
+                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only)]
+        print("\n".join(lines), flush=True)
+    else:
+        lines = comparison()
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")
