@@ -1007,7 +1007,7 @@ def run_probabilities(logits, temperature, top_k, top_p,
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
     plan = launch_plan(config, *logits.shape)
-    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
         _launch(logits, temperature, top_k, top_p, plan, out, scratch,
