@@ -14,11 +14,13 @@ then the Triton kernel on other row mixes at B 256 and 1024. Two timings of the 
 "host" is the host time to enqueue one eager call (no synchronisation in the timed loop).
 
 With --sweep it first times the kernel configurations that may be the default
-(`CANDIDATE_CONFIGS`) at B=256, V=152064, in total and per kernel (torch.profiler), and one
-that sends every row through the whole-row fallback.
+(`CANDIDATE_CONFIGS`) at V=152064 and B=256 (or each of --sweep-batches), in total and per
+kernel (torch.profiler), and one that sends every row through the whole-row fallback;
+--sweep-only stops there.
 
 Usage, from the repository root:
-    python3 -m benchmarks.sampling [--out table.md] [--sweep] [--quick]
+    python3 -m benchmarks.sampling [--out table.md] [--sweep [--sweep-batches 32,64]
+        [--sweep-only]] [--quick]
 """
 
 from __future__ import annotations
@@ -205,6 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the markdown table to this file")
     parser.add_argument("--sweep", action="store_true", help="also time other configurations")
+    parser.add_argument("--sweep-batches", default="256", help="batch sizes of the sweep")
+    parser.add_argument("--sweep-only", action="store_true", help="stop after the sweep")
     parser.add_argument("--config", type=int, default=None,
                         help="time CANDIDATE_CONFIGS[N] instead of the default in the main tables")
     parser.add_argument("--quick", action="store_true",
@@ -225,8 +229,11 @@ def main() -> None:
     ]
     emit(header[:3], args.out, "w")
     if args.sweep:  # first: the configurations decide the default
-        emit(["", "B=256, V=152064, kernel configurations:", ""] + sweep(bandwidth),
-             args.out, "a")
+        for batch in (int(b) for b in args.sweep_batches.split(",")):
+            emit(["", f"B={batch}, V=152064, kernel configurations:", ""]
+                 + sweep(bandwidth, batch), args.out, "a")
+        if args.sweep_only:
+            return
     lines = ["", *header[3:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
         b, v, tri, graph, tor, srt, flo, host = row(batch, vocab, bandwidth, config, not args.quick)

@@ -12,8 +12,9 @@ Prints, for B in {1, 8, 64, 256} at V = 152,064 (temperature 0.8, top-k 50, top-
 - "other": the rest (allocation, Python between the steps).
 Then the cost of one launch by itself: an empty Triton kernel with 1 and with 14 arguments,
 launched through the JIT (`kernel[grid](...)`), through the compiled kernel's runner
-(`compiled[grid](...)`, no binding or specialisation) and through `CompiledLaunch.enqueue`
-(the runner's launcher call without metadata or hooks, pointers as integers), next to a torch
+(`compiled[grid](...)`, no binding or specialisation), through its launcher as the runner
+calls it (`CudaLauncher.__call__`, without metadata or hooks, pointers as integers) and
+through `CompiledLaunch.enqueue` (the C launch function below that), next to a torch
 launch (`x.add_(1)`) and a torch.empty. Last, a cProfile of CALLS calls at B = 1 (functions by
 own time).
 
@@ -136,11 +137,16 @@ def launch_costs() -> list[str]:
     direct_1 = CompiledLaunch(compiled_1, (1, 1, 1), ())
     direct_14 = CompiledLaunch(compiled_14, (1, 1, 1), (4, 8, 16))
     pointers = (x.data_ptr(),)
+    route = "launcher" if direct_1.target is compiled_1.run else "C launch function"
     pointers_14 = (*(t.data_ptr() for t in ptrs), 100, 200, 300)
+    launcher_1 = lambda: compiled_1.run(1, 1, 1, stream, compiled_1.function,  # noqa: E731
+                                        compiled_1.packed_metadata, None, None, None, *pointers)
     rows += [("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))),
-             ("CompiledLaunch.enqueue, 1 argument",
+             ("compiled kernel's launcher (CudaLauncher.__call__), 1 argument",
+              per_call_us(launcher_1)),
+             (f"CompiledLaunch.enqueue ({route}), 1 argument",
               per_call_us(lambda: direct_1.enqueue(stream, pointers))),
-             ("CompiledLaunch.enqueue, 14 arguments (3 constexpr)",
+             (f"CompiledLaunch.enqueue ({route}), 14 arguments (3 constexpr)",
               per_call_us(lambda: direct_14.enqueue(stream, pointers_14)))]
     rows += [("torch x.add_(1)", per_call_us(lambda: x.add_(1))),
              ("torch.empty(16)", per_call_us(lambda: torch.empty(16, device="cuda")))]

@@ -1,14 +1,16 @@
-"""Device time of the three launches of batched_probabilities by kernel, with and without the
-select kernel's small block, on a CUDA device.
+"""Device time of the three launches of batched_probabilities by kernel, for variants of the
+select kernel's configuration, on a CUDA device.
 
 For each (B, row mix) at V = 152,064 it runs `DEFAULT_CONFIG` on the three launches (single
-launch off) and the same with `small_compact=0` (every row bisects the `compact`-slot block),
-checks that both keep the same tokens, and prints the graph time of one call
-(`triton.testing.do_bench_cudagraph` median) and each kernel's mean device time
-(torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2) logits,
-temperature 0.8 (those of benchmarks/sampling.py).
+launch off) and the chosen variants of it (by default: `small_compact=0`, every row bisects
+the `compact`-slot block), checks that each keeps the tokens the first keeps, and prints the
+graph time of one call (`triton.testing.do_bench_cudagraph` median) and each kernel's mean
+device time (torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2)
+logits, temperature 0.8 (those of benchmarks/sampling.py).
 
-Usage, from the repository root: python3 -m benchmarks.select_kernel [--out select.md]
+Usage, from the repository root:
+    python3 -m benchmarks.select_kernel [--out select.md] [--variants NAME,NAME,...]
+        [--batches 1,8,64,256]
 """
 
 from __future__ import annotations
@@ -28,18 +30,22 @@ GRAPH_REP_MS = 20
 PROFILED_CALLS = 50
 # row mixes of benchmarks.sampling (name -> (top-k, top-p)) that truncate, so the select runs
 MIX_NAMES = ("top-k 50 + top-p 0.9", "top-k 1000 + top-p 0.95", "top-p 0.9 only")
-CASES = [(b, mix) for b in (1, 8, 64, 256) for mix in MIX_NAMES]
-VARIANTS = {"small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0),
-            "no small block": dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0,
-                                                  small_compact=0)}
+BATCHES = (1, 8, 64, 256)
+THREE = dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0)
+VARIANTS = {"small block": THREE,  # the default, always first
+            "no small block": dataclasses.replace(THREE, small_compact=0),
+            "small block 1024": dataclasses.replace(THREE, small_compact=1024),
+            "small block 1024 / 4 select warps": dataclasses.replace(THREE, small_compact=1024,
+                                                                    select_warps=4)}
+DEFAULT_VARIANTS = ("small block", "no small block")
 
 
-def row(batch: int, mix: str) -> str:
+def row(batch: int, mix: str, variants: dict) -> str:
     k, p = MIXES[mix]
     logits, t, _, _ = inputs(batch, VOCAB, 7)
     args = (logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p))
     cells, kept = [], []
-    for config in VARIANTS.values():
+    for config in variants.values():
         kept.append(probabilities_triton(*args, config=config) > 0)
         graph = triton.testing.do_bench_cudagraph(
             lambda c=config: probabilities_triton(*args, config=c), rep=GRAPH_REP_MS,
@@ -47,24 +53,33 @@ def row(batch: int, mix: str) -> str:
         kernels = kernel_times(args, config, calls=PROFILED_CALLS)
         cells.append(f"{graph:.1f} | " + " / ".join(
             f"{kernels.get(name, 0.0):.1f}" for name in KERNEL_NAMES[:3]))
-    same = "yes" if torch.equal(kept[0], kept[1]) else "NO"
+    same = "yes" if all(torch.equal(kept[0], other) for other in kept[1:]) else "NO"
     return f"| {batch} | {mix} | {' | '.join(cells)} | {same} |"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help=f"comma-separated, from: {', '.join(VARIANTS)} (the default "
+                             "configuration is always the first)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = parser.parse_args()
-    names = list(VARIANTS)
+    names = ["small block", *(n for n in args.variants.split(",") if n != "small block")]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    variants = {name: VARIANTS[name] for name in names}
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {triton.__version__}; V = {VOCAB}, us", "",
-             f"| B | rows | {names[0]}: graph | chunk / select / write | {names[1]}: graph "
-             "| chunk / select / write | same kept tokens |",
-             "|---:|---|---:|---|---:|---|---|"]
+             "| B | rows | " + " | ".join(f"{n}: graph | chunk / select / write" for n in names)
+             + " | same kept tokens |",
+             "|---:|---|" + "---:|---|" * len(names) + "---|"]
     print("\n".join(lines), flush=True)
-    for case in CASES:
-        lines.append(row(*case))
-        print(lines[-1], flush=True)
+    for batch in (int(b) for b in args.batches.split(",")):
+        for mix in MIX_NAMES:
+            lines.append(row(batch, mix, variants))
+            print(lines[-1], flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(lines) + "\n")

@@ -8,10 +8,16 @@ below Triton's runner"; an empty kernel with one argument / with 14):
   closure, looks up the device and the stream, builds the launch metadata and calls the two
   (empty) launch-hook chains, and its C launcher calls `data_ptr()` and `cuPointerGetAttribute`
   for every tensor argument: 10.0-10.3 us with one argument;
-- `CompiledLaunch.enqueue` (here): the compiled kernel's launcher with the positional arguments
-  the runner passes (`CompiledKernel.__getitem__`, Triton 3.6 to 3.9), the caller's stream, no
-  metadata or hooks, and pointers given as device addresses (ints), which the C launcher takes
-  as they are: 6.4-6.8 / 7.0-7.4 us.
+- the compiled kernel's launcher (`compiled.run`, Triton's `CudaLauncher`) with the positional
+  arguments the runner passes (`CompiledKernel.__getitem__`, Triton 3.6 to 3.9), the caller's
+  stream, no metadata or hooks, and pointers given as device addresses (ints), which the C
+  launcher takes as they are: 6.4-6.8 / 7.0-7.4 us;
+- `CompiledLaunch.enqueue` (here): the C function that `CudaLauncher.__call__` calls, with the
+  arguments that method would pass it, fixed ones bound once. `__call__` builds two closures
+  and asks two allocators per launch for global and profile scratch, which a kernel that needs
+  none (the usual case) never uses. Its argument layout is Triton's and changed in 3.7
+  (`C_LAUNCH_LAYOUTS`); other versions, kernels that need scratch and other launchers keep the
+  route above.
 
 `CompiledLaunches.launch` runs a group of launches (the kernels of one call) under a group key.
 The first launch of a key goes through the JIT with tensor arguments, which compiles or finds
@@ -34,14 +40,24 @@ Triton's runner with the tensors, so the hook sees it. Where the JIT returns no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime import driver
 
 MAX_GROUPS = 4096  # group keys kept; past this the cache starts over (see CompiledLaunches)
+# How `CudaLauncher.__call__` calls its C launch function, by Triton minor version (read from
+# triton/backends/nvidia/driver.py of each release; the launcher test checks the installed one):
+# SPLAT (3.6): launch(x, y, z, stream, function, cooperative, pdl, global_scratch,
+#   profile_scratch, kernel_metadata, launch_metadata, enter_hook, exit_hook, *kernel_args);
+# PACKED (3.7-3.9): launch(x, y, z, stream, function, cooperative, pdl, kernel_metadata,
+#   launch_metadata, enter_hook, exit_hook, global_scratch, profile_scratch, annotations,
+#   kernel_signature, kernel_args).
+SPLAT, PACKED = "splat", "packed"
+C_LAUNCH_LAYOUTS = {"3.6": SPLAT, "3.7": PACKED, "3.8": PACKED, "3.9": PACKED}
 
 
 @dataclass(frozen=True)
@@ -68,21 +84,53 @@ class KernelLaunch:
 
 @dataclass(frozen=True)
 class CompiledLaunch:
-    """A compiled kernel with its grid and constexpr values (see the module docstring)."""
+    """A compiled kernel with its grid and constexpr values (see the module docstring).
+
+    `enqueue` calls `target(x, y, z, stream, *bound, *args)`, or with the arguments packed in
+    one tuple (`packs_args`): the C launch function where `c_launch_call` recognises the
+    launcher, else the launcher itself."""
 
     compiled: Any  # triton's CompiledKernel, handles initialised (it ran once)
     grid: tuple[int, int, int]
     constexpr_values: tuple
+    target: Callable = field(init=False, repr=False, compare=False)
+    bound: tuple = field(init=False, repr=False, compare=False)
+    packs_args: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for name, value in zip(("target", "bound", "packs_args"), c_launch_call(self.compiled)):
+            object.__setattr__(self, name, value)  # derived once: the dataclass is frozen
 
     def enqueue(self, stream: int, args: tuple) -> None:
-        """The launch Triton's runner makes, without launch metadata or hooks."""
-        compiled, (x, y, z) = self.compiled, self.grid
-        compiled.run(x, y, z, stream, compiled.function, compiled.packed_metadata, None, None,
-                     None, *args, *self.constexpr_values)
+        """The launch Triton's runner makes, without launch metadata, hooks or scratch."""
+        if self.packs_args:
+            self.target(*self.grid, stream, *self.bound, (*args, *self.constexpr_values))
+        else:
+            self.target(*self.grid, stream, *self.bound, *args, *self.constexpr_values)
 
     def through_runner(self, stream: int, args: tuple) -> None:
         """The launch through Triton's runner (metadata and hooks included)."""
         self.compiled[self.grid](*args, *self.constexpr_values, stream=stream)
+
+
+def c_launch_call(compiled) -> tuple[Callable, tuple, bool]:
+    """(target, bound, packs_args) of `CompiledLaunch.enqueue`: the C launch function and the
+    arguments `CudaLauncher.__call__` would add to the grid, stream and kernel arguments
+    (no launch metadata, no hooks, no scratch), where the installed Triton's layout is known
+    (`C_LAUNCH_LAYOUTS`) and the kernel needs no global, profile or sanitizer scratch;
+    otherwise the launcher itself, called as Triton's runner calls it."""
+    run = compiled.run
+    layout = C_LAUNCH_LAYOUTS.get(".".join(triton.__version__.split(".")[:2]))
+    needs_scratch = (getattr(run, "global_scratch_size", 1)
+                     or getattr(run, "profile_scratch_size", 1)
+                     or getattr(run, "gsan_enabled", False))
+    if type(run).__name__ != "CudaLauncher" or layout is None or needs_scratch:
+        return run, (compiled.function, compiled.packed_metadata, None, None, None), False
+    head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl)
+    if layout == PACKED:
+        return run.launch, (*head, compiled.packed_metadata, None, None, None, None, None,
+                            run.arg_annotations, run.kernel_signature), True
+    return run.launch, (*head, None, None, compiled.packed_metadata, None, None, None), False
 
 
 def current_stream(device: torch.device) -> int | None:

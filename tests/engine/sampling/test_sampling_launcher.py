@@ -4,6 +4,7 @@ kernel's launcher, with the positional arguments Triton's own runner passes."""
 import types
 
 import pytest
+import triton
 from triton import knobs
 from triton.compiler.compiler import CompiledKernel
 
@@ -166,3 +167,81 @@ def test_enqueue_passes_what_the_installed_tritons_runner_passes():
     assert ours[6:9] == (None, None, None)
     assert runner[7] is knobs.runtime.launch_enter_hook
     assert runner[8] is knobs.runtime.launch_exit_hook
+
+
+def recording_cuda_launcher(recorded, **overrides):
+    """The installed Triton's `CudaLauncher`, built without compiling anything: its C launch
+    function replaced by a recorder, its other state that of a kernel without scratch."""
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    run = object.__new__(CudaLauncher)
+    state = dict(launch=lambda *args: recorded.append(args), num_ctas=1,
+                 global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                 profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
+                 arg_annotations=("annotations",), kernel_signature=b"signature",
+                 gsan_enabled=False)
+    state.update(overrides)
+    for name, value in state.items():
+        setattr(run, name, value)
+    return run
+
+
+def compiled_with(run):
+    compiled = object.__new__(CompiledKernel)
+    compiled.module, compiled.function, compiled.packed_metadata = object(), 4242, ("packed",)
+    compiled.name, compiled.src, compiled.metadata = "fake", None, None
+    compiled._run = run
+    return compiled
+
+
+def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_does(
+        monkeypatch):
+    """Below `CudaLauncher.__call__`: the C launch function must get exactly the arguments
+    that method passes it for the same launch (no metadata, hooks or scratch), in the
+    installed Triton's layout; a version outside `C_LAUNCH_LAYOUTS` keeps the launcher."""
+    # Triton 3.8+'s __call__ looks up the active driver first (no GPU here: a stand-in)
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace())
+    recorded = []
+    run = recording_cuda_launcher(recorded)
+    compiled = compiled_with(run)
+    launch = launcher.CompiledLaunch(compiled, (3, 2, 1), (128, True))
+    try:
+        launch.enqueue(77, (0x1000, 10))
+        type(run).__call__(run, 3, 2, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 10,
+                           128, True)
+    finally:
+        compiled.module = None
+    ours, tritons = recorded
+    assert ours == tritons
+    minor = ".".join(triton.__version__.split(".")[:2])
+    assert (launch.target is run.launch) == (minor in launcher.C_LAUNCH_LAYOUTS)
+    assert 0x1000 in (ours[-1] if launch.packs_args else ours)
+
+
+@pytest.mark.parametrize("overrides", [dict(global_scratch_size=64),
+                                       dict(profile_scratch_size=8), dict(gsan_enabled=True)])
+def test_kernels_that_need_scratch_keep_the_launcher(overrides):
+    """A kernel with global, profile or sanitizer scratch needs what `__call__` allocates."""
+    run = recording_cuda_launcher([], **overrides)
+    compiled = compiled_with(run)
+    try:
+        launch = launcher.CompiledLaunch(compiled, (1, 1, 1), ())
+    finally:
+        compiled.module = None
+    assert launch.target is run and not launch.packs_args
+    assert launch.bound == (4242, ("packed",), None, None, None)
+
+
+@pytest.mark.parametrize("version, target_is_c", [("3.6.0", True), ("3.9.1", True),
+                                                  ("3.5.0", False), ("3.10.0", False)])
+def test_the_c_launch_function_is_taken_only_for_known_layouts(monkeypatch, version,
+                                                               target_is_c):
+    monkeypatch.setattr(triton, "__version__", version)
+    run = recording_cuda_launcher([])
+    compiled = compiled_with(run)
+    try:
+        launch = launcher.CompiledLaunch(compiled, (1, 1, 1), ())
+    finally:
+        compiled.module = None
+    assert (launch.target is run.launch) == target_is_c
+    assert launch.packs_args == (version == "3.9.1")
