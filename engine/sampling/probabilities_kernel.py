@@ -3,31 +3,27 @@
 Three launches (one for small batches, below), no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (2,048 entries
-   and 4 warps by default; one warp per 512 entries needs no barrier at all). It works on the
-   logits l themselves: x = l / T is monotone in l, so the chunk's max x is its max l divided
-   once (`_scaled`), and no other l is divided here. It stores that max, sum exp(x - max)
-   (as exp2 of (l - max l) * log2(e) / T) and (greedy rows) the first argmax. Greedy and
-   truncating rows zero their chunk of the output here. Truncating rows also keep
-   candidates: a quick floor (mean + z standard deviations of the finite l, aimed at
-   CAPACITY / 4 tokens, or at CAPACITY / 2 for rows with k > `wide_k_limit`, so that k of
-   them clear the row floor F below) is counted once; only if more than CAPACITY tokens reach
-   it, a 6-step search over 32 pivot levels (max - spread * 2**((j - LEVEL_ZERO) / 4)) finds
-   the lowest level that fits. EVERY l >= the chunk's floor is stored (l and vocabulary index
-   packed in one int64). A vocabulary that fits one chunk (small models) is one chunk of
-   next_power_of_2(V) entries with a slot for each: every finite l is stored, so such rows
-   never need the fallback.
+   and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
+   max, sum exp(x - max) and (greedy rows) first argmax. Greedy and truncating rows zero their
+   chunk of the output here. Truncating rows also keep candidates: a quick floor
+   (mean + z standard deviations of the finite x, aimed at CAPACITY / 4 tokens, or at
+   CAPACITY / 2 for rows with k > `wide_k_limit`, so that k of them clear the row floor F
+   below) is counted once; only if more than CAPACITY tokens reach it, a 6-step search over
+   32 pivot levels (max - spread * 2**((j - LEVEL_ZERO) / 4)) finds the lowest level that fits. EVERY
+   x >= the chunk's floor is stored (x and vocabulary index packed in one int64). A
+   vocabulary that fits one chunk (small models) is one chunk of next_power_of_2(V) entries
+   with a slot for each: every finite x is stored, so such rows never need the fallback.
 2. `_select_kernel`, one program per row: row max m and Z from the chunk statistics. Greedy
-   rows write their 1.0 at the argmax. For truncating rows, L = the largest chunk floor:
-   every logit of the row >= L is among the stored candidates, and these are compacted into a
-   per-row buffer of COMPACT slots, in (chunk, slot) order, and divided by T there. F =
-   `_x_floor`(L, T) is the smallest x that no unstored logit reaches, so every token with
-   x >= F is among them, and only they count. If at least k of them have x >= F (top-k), or
-   their mass is >= p * Z (top-p only), every kept token is among them: a bisection over an
-   order-preserving 32-bit key of x, in registers, between the smallest and the largest key
-   that can hold the answer (`_kth_key`, `_top_p_key`), finds the threshold (keep iff key >=
-   key_lo) and the normaliser, and the kept probabilities are scattered into the zeroed row.
-   Rows with at most SMALL candidates (`small_compact`) run the bisection on a SMALL block,
-   whose block reductions cost less. Otherwise the row is marked FALLBACK.
+   rows write their 1.0 at the argmax. For truncating rows, F = the largest chunk floor; every
+   token of the row with x >= F is among the stored candidates, and these are compacted into a
+   per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
+   have x >= F (top-k), or their mass is >= p * Z (top-p only), every kept token is among
+   them: a bisection over an order-preserving 32-bit key of x, in registers, between the
+   smallest and the largest key that can hold the answer (`_kth_key`, `_top_p_key`), finds the
+   threshold (keep iff key >= key_lo) and the normaliser, and the kept probabilities are
+   scattered into the zeroed row. Rows with at most SMALL candidates (`small_compact`) run the
+   bisection on a SMALL block, whose block reductions cost less. Otherwise the row is
+   marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
    (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
@@ -98,7 +94,6 @@ LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
 KEY_MAX = tl.constexpr(2**31 - 1)  # at least the key of every float32
-LOG2E = tl.constexpr(1.4426950408889634)
 QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE tokens per chunk
 # Rows with a large k aim at CAPACITY / KernelConfig.wide_share tokens per chunk instead. The row
 # floor F is the largest of the chunk floors, so fewer tokens clear it than the chunks store: on
@@ -229,39 +224,6 @@ def _key(x):
 
 
 @triton.jit
-def _from_key(key):
-    """The float32 whose `_key` is `key` (the map is its own inverse on the bits)."""
-    return tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _scaled(logit, t):
-    """x of one logit (a scalar): logit / t by IEEE division, -0.0 folded into +0.0, as
-    `scaled_logits` computes it for a whole chunk."""
-    x = tl.math.div_rn(logit, t)
-    return tl.where(x == 0.0, 0.0, x)
-
-
-@triton.jit
-def _x_floor(floor, t):
-    """Smallest float32 F with: x = `_scaled`(l, t) >= F implies l >= floor (t > 0).
-
-    Division by t > 0 and rounding to nearest are monotone, so every l < floor, being at
-    most `below` (the largest float32 under floor), has x <= u = `_scaled`(below, t); F is the
-    next float32 above u. So when every logit l >= floor of a row is a candidate, so is every
-    x >= F: a floor found on the logits becomes a floor on x for the price of two scalar
-    divisions, and the chunk kernel divides no logit. An infinite floor is its own F (+inf:
-    no candidates; -inf: every x counts). If u overflows to +inf no float is above it: F is
-    NaN, which no x reaches, so the row falls back (the chunk kernel never gets there: a
-    chunk whose largest x is +inf has floor +inf)."""
-    below = tl.where(floor == 0.0, _from_key(tl.full([], -2, tl.int32)),
-                     _from_key(_key(floor) - 1))
-    u = _scaled(below, t)
-    above = tl.where(u == float("inf"), float("nan"), _from_key(_key(u) + 1))
-    return tl.where((floor == float("inf")) | (floor == float("-inf")), floor, above)
-
-
-@triton.jit
 def _pack(x, index):
     """int64 candidate: the bits of float32 x in the high word, the vocabulary index below."""
     return (x.to(tl.int32, bitcast=True).to(tl.int64) << 32) | index.to(tl.int64)
@@ -323,29 +285,23 @@ def _quick_floor(x, m, sigmas):
 
 
 @triton.jit
-def _keep_candidates(x, offs, m, x_max, t, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
+def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
                      CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
-    """Store every logit x >= the chunk floor (packed with its index), then the floor, the
-    mean of the finite scaled logits (x_max for KEEP_ALL: its rows need no split fallback)
-    and the count. Floors and candidates are logits (not divided by t: `_x_floor`); m is the
-    chunk's largest logit and x_max its largest scaled logit.
+    """Store every x >= the chunk floor (packed with its index), then the floor, the mean of
+    the finite x (m for KEEP_ALL: its rows need no split fallback) and the count.
     KEEP_ALL (the chunk is the whole row and has a slot per entry): the floor is -FLT_MAX, so
-    every finite logit is a candidate and no top-k or top-p row needs the fallback, unless the
-    chunk holds NaN or a +inf scaled logit (floor +inf: no candidates, the exact fallback
-    decides; so also for a finite logit whose division by t overflows)."""
+    every finite x is a candidate and no top-k or top-p row needs the fallback, unless the
+    chunk holds NaN or +inf (floor +inf: no candidates, the exact fallback decides)."""
     if KEEP_ALL:
-        bad = (tl.sum((x != x).to(tl.int32), 0) > 0) | (x_max == float("inf"))
+        bad = tl.sum(((x != x) | (x == float("inf"))).to(tl.int32), 0) > 0
         floor = tl.where(bad, float("inf"), -FLT_MAX)
         num_taken = _count_at_least(x, floor)
-        mean = x_max
+        mean = m
     else:
         floor, mean = _quick_floor(x, m, sigmas)
-        floor = tl.where(x_max == float("inf"), float("inf"), floor)
-        mean = mean / t  # the split fallback's spread is on scaled logits
         num_taken = _count_at_least(x, floor)
         if num_taken > CAPACITY:  # a heavy upper tail: search the pivot levels
             floor = _searched_floor(x, m, CAPACITY)
-            floor = tl.where(x_max == float("inf"), float("inf"), floor)
             num_taken = _count_at_least(x, floor)
     take = x >= floor
     complete = num_taken <= CAPACITY  # holds by construction; never overflow the slots
@@ -389,31 +345,25 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
     slot = row * NUM_CHUNKS + chunk
     t = tl.load(temperature_ptr + row)
     is_greedy = t == 0.0
-    t = tl.where(is_greedy, 1.0, t)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < V
-    # logits, not divided by t: every decision below is on the logits (their order is the
-    # order of x = logits / t) and the one x it stores, the max, is divided alone
-    x = tl.load(logits_ptr + row * V + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t))
     m = tl.max(x, 0)
-    x_max = _scaled(m, t)
-    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, x_max)
+    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m)
     zeros = tl.zeros([CHUNK], tl.float32)
     if is_greedy:
         arg = chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True)
         tl.store(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + slot, arg)
         tl.store(out_ptr + row * V + offs, zeros, mask=mask)
     else:
-        # sum exp(x - x_max) as exp2((logit - m) * log2(e) / t): rounded differently, which
-        # the normaliser may be (module docstring)
-        z = tl.sum(tl.where(x > float("-inf"), tl.exp2((x - m) * (LOG2E / t)), 0.0), 0)
+        z = tl.sum(tl.where(x > float("-inf"), tl.exp(x - m), 0.0), 0)
         tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
         k = tl.load(top_k_ptr + row)
         use_k = (k > 0) & (k < V)
         if use_k | (tl.load(top_p_ptr + row) < 1.0):
             tl.store(out_ptr + row * V + offs, zeros, mask=mask)
             sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
-            _keep_candidates(x, offs, m, x_max, t, sigmas, cand_ptr + slot * CAPACITY,
+            _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
                              chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
                              chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
                              chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
@@ -511,59 +461,49 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 
 @triton.jit
 def _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots,
-                   first_slot, NUM_CHUNKS, m, z, k, p, use_k, use_p, t, CHUNKS_PAD: tl.constexpr,
+                   first_slot, NUM_CHUNKS, m, z, k, p, use_k, use_p, CHUNKS_PAD: tl.constexpr,
                    CAPACITY: tl.constexpr, TILE: tl.constexpr, COMPACT: tl.constexpr,
                    SMALL: tl.constexpr):
-    """RowMode and normaliser of a truncating row; SPARSE rows get their kept values here.
-    The stored candidates and floors are logits: F on x is `_x_floor` of the largest floor."""
+    """RowMode and normaliser of a truncating row; SPARSE rows get their kept values here."""
     chunks = tl.arange(0, CHUNKS_PAD)
     floors = tl.load(chunk_f32_ptr + CHUNK_FLOOR * num_slots + first_slot + chunks,
                      mask=chunks < NUM_CHUNKS, other=float("-inf"))
-    floor = tl.max(floors, 0)
     num = _compact(cand_ptr + first_slot * CAPACITY,
                    chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
-                   NUM_CHUNKS, floor, CAPACITY, TILE, COMPACT)
+                   NUM_CHUNKS, tl.max(floors, 0), CAPACITY, TILE, COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
     is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                         t, _x_floor(floor, t), COMPACT, SMALL, True)
+                                         COMPACT, SMALL)
     return tl.where(is_sparse, _SPARSE, _FALLBACK), tl.where(is_sparse, norm, z)
 
 
 @triton.jit
-def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, t, x_floor,
-                       COMPACT: tl.constexpr, SMALL: tl.constexpr, LOGITS: tl.constexpr):
+def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                       COMPACT: tl.constexpr, SMALL: tl.constexpr):
     """(proven, norm): if the `num` packed candidates at compact_ptr fit COMPACT and hold every
     kept token, find the cut on them and scatter the kept probabilities into the zeroed row.
-    LOGITS: the candidates are logits, to be divided by t, and only those with x >= x_floor
-    count (`_x_floor`); otherwise they are x, and all count. Rows with at most SMALL
-    candidates (SMALL > 0) search a SMALL block instead: each block reduction of the search
-    then covers fewer slots."""
+    Rows with at most SMALL candidates (SMALL > 0) search a SMALL block instead: each block
+    reduction of the search then covers fewer slots."""
     if SMALL > 0:
         if num <= SMALL:
             proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                        t, x_floor, SMALL, LOGITS)
+                                        SMALL)
         else:
             proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                        t, x_floor, COMPACT, LOGITS)
+                                        COMPACT)
     else:
         proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                    t, x_floor, COMPACT, LOGITS)
+                                    COMPACT)
     return proven, norm
 
 
 @triton.jit
-def _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, t, x_floor,
-                 COMPACT: tl.constexpr, LOGITS: tl.constexpr):
+def _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT: tl.constexpr):
     """`_prove_and_scatter` on a block of COMPACT slots."""
     i = tl.arange(0, COMPACT)
     valid = i < num
     packed = tl.load(compact_ptr + i, mask=valid, other=0)
-    x = _unpack_x(packed)
-    if LOGITS:
-        x = tl.math.div_rn(x, tl.zeros_like(x) + t)
-        x = tl.where(x == 0.0, 0.0, x)
-        valid = valid & (x >= x_floor)
-    x = tl.where(valid, x, float("-inf"))
+    x = tl.where(valid, _unpack_x(packed), float("-inf"))
     key_lo, norm, covered = _threshold(x, valid, m, z, k, p, use_k, use_p)
     proven = covered & (num <= COMPACT)
     if proven:
@@ -635,8 +575,7 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
             mode, norm = _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
                                         compact_ptr + row * COMPACT, out_ptr + row * V,
                                         num_slots, first_slot, NUM_CHUNKS, m, z, k, p, use_k,
-                                        use_p, tl.load(temperature_ptr + row), CHUNKS_PAD,
-                                        CAPACITY, TILE, COMPACT, SMALL)
+                                        use_p, CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
         means = tl.load(chunk_f32_ptr + CHUNK_MEAN * num_slots + first_slot + chunks,
                         mask=live, other=float("-inf"))
         has_mean = live & (means > float("-inf"))
@@ -888,7 +827,7 @@ def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mo
         _split_gather(row_ptr, V, t, pivot, compact_row, SUB, COMPACT)
         tl.debug_barrier()  # the gathered candidates land before other threads read them
         proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k,
-                                          p < 1.0, t, float("-inf"), COMPACT, SMALL, False)
+                                          p < 1.0, COMPACT, SMALL)
     if proven == 0:
         write_row(row_ptr, out_row, V, t, k, p, row_val, row_idx, BLOCK, ROW_CAPACITY)
         tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)

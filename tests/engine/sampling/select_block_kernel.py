@@ -1,28 +1,25 @@
 """Triton kernels that run parts of the select kernel alone, for tests: the compaction and
-proof (`_compact`, then `_prove_and_scatter`), the two key searches (`_kth_key`,
-`_top_p_key`) and the floor on x of a floor on the logits (`_x_floor`). Kept in their own module: Triton resolves a kernel's callees among its
+proof (`_compact`, then `_prove_and_scatter`) and the two key searches (`_kth_key`,
+`_top_p_key`). Kept in their own module: Triton resolves a kernel's callees among its
 module's globals, so the test's kernels must name them at module level."""
 
 import triton
 import triton.language as tl
 
 from engine.sampling.probabilities_kernel import (_compact, _key, _kth_key, _prove_and_scatter,
-                                                  _top_p_key, _x_floor)
+                                                  _top_p_key)
 
 
 @triton.jit
 def compact_and_prove(cand_ptr, count_ptr, compact_ptr, out_ptr, result_ptr, num_chunks, floor,
-                      m, z, k, p, t, CAPACITY: tl.constexpr, TILE: tl.constexpr,
+                      m, z, k, p, CAPACITY: tl.constexpr, TILE: tl.constexpr,
                       COMPACT: tl.constexpr, SMALL: tl.constexpr):
-    """compact_ptr[:num] = the stored candidates (logits) >= floor; out_ptr = the kept
-    probabilities of x = logits / t (scattered into a zeroed row); result = (num, proven,
-    norm) as float32."""
-    floor = tl.zeros([1], tl.float32).sum(0) + floor  # scalars as the select kernel has them
-    t = tl.zeros([1], tl.float32).sum(0) + t
+    """compact_ptr[:num] = the stored candidates >= floor; out_ptr = the kept probabilities
+    (scattered into a zeroed row); result = (num, proven, norm) as float32."""
     num = _compact(cand_ptr, count_ptr, compact_ptr, num_chunks, floor, CAPACITY, TILE, COMPACT)
     tl.debug_barrier()
     proven, norm = _prove_and_scatter(compact_ptr, num, out_ptr, m, z, k, p, (k > 0), p < 1.0,
-                                      t, _x_floor(floor, t), COMPACT, SMALL, True)
+                                      COMPACT, SMALL)
     tl.store(result_ptr, num.to(tl.float32))
     tl.store(result_ptr + 1, proven.to(tl.float32))
     tl.store(result_ptr + 2, norm)
@@ -38,13 +35,3 @@ def key_searches(x_ptr, mass_ptr, result_ptr, n, k, target, BLOCK: tl.constexpr)
     mass = tl.load(mass_ptr + i, mask=valid, other=0.0)
     tl.store(result_ptr, _kth_key(key, valid, k))
     tl.store(result_ptr + 1, _top_p_key(key, mass, target))
-
-
-@triton.jit
-def x_floors(floor_ptr, t_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """out[i] = `_x_floor`(floor[i], t[i]) for i < n."""
-    i = tl.arange(0, BLOCK)
-    mask = i < n
-    floor = tl.load(floor_ptr + i, mask=mask, other=0.0)
-    t = tl.load(t_ptr + i, mask=mask, other=1.0)
-    tl.store(out_ptr + i, _x_floor(floor, t), mask=mask)

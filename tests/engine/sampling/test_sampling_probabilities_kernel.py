@@ -369,17 +369,15 @@ def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return (x.float().view(torch.int32).to(torch.int64) << 32) | index.to(torch.int64)
 
 
-def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small,
-                     t=1.0):
-    """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove` (the
-    candidates are logits, divided by t: with t = 1, x are the logits)."""
+def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small):
+    """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove`."""
     from select_block_kernel import compact_and_prove
 
     compacted = torch.full((compact,), -7, dtype=torch.int64)
     out = torch.zeros(vocab)
     result = torch.zeros(3)
     compact_and_prove[(1,)](cand, count, compacted, out, result, count.numel(), floor, m, z, k,
-                            p, t, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small)
+                            p, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small)
     return compacted, out, result.tolist()
 
 
@@ -484,75 +482,3 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
         # over a float32 sum of 6 positive terms (<= 5u): 3e-5 covers both with room
         torch.testing.assert_close(out.double(), expected, rtol=3e-5, atol=0)
     assert torch.equal(rows[0][1] > 0, rows[64][1] > 0)
-
-
-def next_float(x: torch.Tensor, direction: float) -> torch.Tensor:
-    return torch.nextafter(x, torch.full_like(x, direction))
-
-
-def test_x_floor_is_the_smallest_floor_on_x_that_only_stored_logits_reach():
-    """`_x_floor`(L, t) = F must satisfy: x = logit / t (IEEE, -0.0 folded) >= F implies
-    logit >= L, so that every x >= F is among candidates stored as logits >= L; and nothing
-    smaller does: the largest logit below L has x just under F. Checked bitwise against the
-    host's IEEE division (torch on the CPU rounds float32 division to nearest), at floors
-    around zero and the denormals, at -FLT_MAX, near overflow and at random, and for each
-    floor on the logits next to it (the only ones where the implication can fail). Where the
-    logit below the floor scales past FLT_MAX, F is NaN: nothing passes."""
-    from select_block_kernel import x_floors
-
-    g = generator(131)
-    tiny, huge = 2.0**-149, torch.finfo(torch.float32).max
-    special = [0.0, -0.0, tiny, -tiny, 2 * tiny, 1e-38, -1e-38, 1.0, -1.0, 0.5, -huge, 1e38,
-               -1e38, 3e37, 12.345, -7.0]
-    floors = torch.tensor(special + (torch.randn(200, generator=g) * 10).tolist()
-                          + (torch.rand(40, generator=g) * 2e-38 - 1e-38).tolist())
-    temperatures = [0.8, 0.7, 1.0, 1.3, 3.0, 1e-3, 0.1, 7.0, 2.0**-20]
-    for t in temperatures:
-        out = torch.empty_like(floors)
-        x_floors[(1,)](floors, torch.full_like(floors, t), out, floors.numel(), BLOCK=512)
-        below = torch.where(floors == 0, torch.full_like(floors, -tiny),
-                            next_float(floors, float("-inf")))
-        u = below / t
-        u = torch.where(u == 0, torch.zeros_like(u), u)
-        expected = next_float(u, float("inf"))  # NaN where u overflows: no float is above
-        assert torch.equal(out.isnan(), u == float("inf")), t
-        finite = ~out.isnan()
-        assert torch.equal(out[finite].view(torch.int32), expected[finite].view(torch.int32)), t
-        for logit in (next_float(below, float("-inf")), below, floors,
-                      next_float(floors, float("inf"))):
-            x = logit / t
-            x = torch.where(x == 0, torch.zeros_like(x), x)
-            assert not ((x >= out) & (logit < floors)).any(), t  # sound
-        x_below = below / t
-        x_below = torch.where(x_below == 0, 0.0, x_below)
-        assert (x_below[finite] < out[finite]).all()  # and as low as it can be
-        assert torch.equal(next_float(x_below[finite], float("inf")), out[finite])
-    infinite = torch.tensor([float("inf"), float("-inf")])
-    out = torch.empty(2)
-    x_floors[(1,)](infinite, torch.tensor([0.8, 0.8]), out, 2, BLOCK=16)
-    assert out.tolist() == infinite.tolist()  # no candidates stay none; all stay all
-
-
-def test_a_candidate_whose_x_ties_the_largest_unstored_x_does_not_count():
-    """Candidates are logits >= the floor L. With t = 3, L = 12.0000019 and the logit just
-    below it (not stored) give the same x = 4.0000005, so the candidate at L lies under F =
-    `_x_floor`(L, t) and must not count: a top-k 3 cut on the candidates {L, 19, 20} cannot
-    be proven (the unstored token would tie at it), while top-k 2 can. With t = 1 nothing
-    collides and top-k 3 is proven too."""
-    low = 12.000001907348633
-    assert torch.tensor(low) / 3 == torch.nextafter(torch.tensor(low), torch.tensor(0.0)) / 3
-    logits = torch.tensor([low, 20.0, 19.0, 0.0])
-    cand = packed_candidates(logits, torch.tensor([5, 6, 7, 8]))
-    count = torch.tensor([3], dtype=torch.int32)
-    for t, k, proven in ((3.0, 3, 0.0), (3.0, 2, 1.0), (1.0, 3, 1.0)):
-        m = 20.0 / t
-        _, out, (num, found, _) = run_select_block(cand, count, low, m, 1.0, k, 1.0, 16,
-                                                   capacity=4, tile=1, compact=16, small=0,
-                                                   t=t)
-        assert (int(num), found) == (3, proven), (t, k)
-        if proven:
-            x = torch.tensor([20.0, 19.0, low])[:k] / t
-            expected = (x - m).exp() / (x - m).exp().sum()
-            # float32 exp of |x - m| <= 8 and a sum of <= 3 terms: 1e-5 relative covers both
-            torch.testing.assert_close(out[[6, 7, 5][:k]], expected, rtol=1e-5, atol=0)
-            assert out.count_nonzero() == k
