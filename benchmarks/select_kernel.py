@@ -69,7 +69,8 @@ def main() -> None:
                              "configuration is always the first)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = parser.parse_args()
-    names = ["small block", *(n for n in args.variants.split(",") if n != "small block")]
+    default = DEFAULT_VARIANTS[0]
+    names = [default, *(n for n in args.variants.split(",") if n != default)]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")

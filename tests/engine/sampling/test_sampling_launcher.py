@@ -150,10 +150,7 @@ def test_enqueue_passes_what_the_installed_tritons_runner_passes():
     packed metadata and arguments; only the launch metadata and the hooks (empty chains in
     the runner, None in `enqueue`) may differ."""
     recorded = []
-    compiled = object.__new__(CompiledKernel)
-    compiled.module, compiled.function, compiled.packed_metadata = object(), 4242, ("packed",)
-    compiled.name, compiled.src, compiled.metadata = "fake", None, None
-    compiled._run = lambda *args: recorded.append(args)
+    compiled = compiled_with(lambda *args: recorded.append(args))
     launch = launcher.CompiledLaunch(compiled, (3, 2, 1), (128, True))
     try:
         compiled[(3, 2, 1)]("tensor_x", 10, 128, True, stream=77)
@@ -187,6 +184,8 @@ def recording_cuda_launcher(recorded, **overrides):
 
 
 def compiled_with(run):
+    """A CompiledKernel of the installed Triton, built without compiling, whose launcher is
+    `run` (set `module` to None after use: nothing to unload)."""
     compiled = object.__new__(CompiledKernel)
     compiled.module, compiled.function, compiled.packed_metadata = object(), 4242, ("packed",)
     compiled.name, compiled.src, compiled.metadata = "fake", None, None
