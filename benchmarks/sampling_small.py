@@ -24,10 +24,11 @@ single launch).
 With --default-only ROUNDS, only the default configuration (the path `batched_probabilities`
 takes) on DEFAULT_CASES (B = 1-64, both vocabularies, truncating and DENSE rows), measured in
 ROUNDS rounds over every case: per case the median and the range of each column over the
-rounds, since host time on a shared machine moves from one measurement to the next.
+rounds, since host time on a shared machine moves from one measurement to the next; with
+--serial also the default without programmatic dependent launch (`overlap_launches=False`).
 
 Usage, from the repository root:
-python3 -m benchmarks.sampling_small [--out small.md] [--default-only ROUNDS]
+python3 -m benchmarks.sampling_small [--out small.md] [--default-only ROUNDS [--serial]]
 """
 
 from __future__ import annotations
@@ -143,20 +144,24 @@ def table(cases, named_configs) -> list[str]:
     return lines
 
 
-def default_rounds(rounds: int) -> list[str]:
-    """Median [min-max] over `rounds` rounds of each column, default configuration."""
+def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),)) -> list[str]:
+    """Median [min-max] over `rounds` rounds of each column, for each configuration (the
+    default; with --serial also the default without overlapped launches), interleaved case by
+    case within each round."""
     sets = {case: input_sets(*case) for case in DEFAULT_CASES}
-    found = {case: [] for case in DEFAULT_CASES}
+    found = {(case, name): [] for case in DEFAULT_CASES for name, _ in named_configs}
     for _ in range(rounds):
         for case in DEFAULT_CASES:
-            found[case].append(timings(DEFAULT_CONFIG, sets[case]))
-    lines = ["| B | V | rows | path | " + " | ".join(COLUMNS) + " |",
-             "|---:|---:|---|---|" + "---:|" * len(COLUMNS)]
-    for (batch, vocab, mix), runs in found.items():
+            for name, config in named_configs:
+                found[case, name].append(timings(config, sets[case]))
+    lines = ["| B | V | rows | path | config | " + " | ".join(COLUMNS) + " |",
+             "|---:|---:|---|---|---|" + "---:|" * len(COLUMNS)]
+    for ((batch, vocab, mix), name), runs in found.items():
         path = "single" if launch_plan(DEFAULT_CONFIG, batch, vocab).single else "three"
         cells = [f"{statistics.median(column):.1f} [{min(column):.1f}-{max(column):.1f}]"
                  for column in zip(*runs)]
-        lines.append(f"| {batch} | {vocab} | {mix} | {path} | " + " | ".join(cells) + " |")
+        lines.append(f"| {batch} | {vocab} | {mix} | {path} | {name} | " + " | ".join(cells)
+                     + " |")
     return lines
 
 
@@ -184,10 +189,15 @@ def main() -> None:
     parser.add_argument("--out", help="also write the tables to this file")
     parser.add_argument("--default-only", type=int, metavar="ROUNDS",
                         help="only the default configuration, in this many rounds")
+    parser.add_argument("--serial", action="store_true",
+                        help="with --default-only: also the default with overlap_launches=False")
     args = parser.parse_args()
     if args.default_only:
+        named = [("default", DEFAULT_CONFIG)]
+        if args.serial:
+            named.append(("serial", dataclasses.replace(DEFAULT_CONFIG, overlap_launches=False)))
         lines = [f"{device_line()}, median [min-max] of {args.default_only} rounds; "
-                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only)]
+                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only, named)]
         print("\n".join(lines), flush=True)
     else:
         lines = comparison()

@@ -38,6 +38,7 @@ VARIANTS = {"small block": THREE,  # the default, always first
             "small block 1024 / 4 select warps": dataclasses.replace(THREE, small_compact=1024,
                                                                     select_warps=4),
             "select block 4096": dataclasses.replace(THREE, select_block=4096),
+            "serial launches": dataclasses.replace(THREE, overlap_launches=False),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
                                                                  small_compact=1024)}

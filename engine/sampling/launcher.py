@@ -63,17 +63,21 @@ C_LAUNCH_LAYOUTS = {"3.6": SPLAT, "3.7": PACKED, "3.8": PACKED, "3.9": PACKED}
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One launch of a group: `kernel[grid](*args, **dict(constexprs), num_warps=num_warps)`.
-    `constexprs` are (name, value) pairs in signature order, after every runtime parameter."""
+    """One launch of a group: `kernel[grid](*args, **dict(constexprs), num_warps=num_warps,
+    **dict(options))`. `constexprs` are (name, value) pairs in signature order, after every
+    runtime parameter; `options` are compile options (such as `launch_pdl`), which the
+    compiled kernel keeps for every later launch."""
 
     kernel: Any  # a @triton.jit function
     grid: tuple[int, int, int]
     constexprs: tuple[tuple[str, Any], ...]
     num_warps: int
+    options: tuple[tuple[str, Any], ...] = ()
 
     def through_jit(self, args: tuple) -> CompiledLaunch | None:
         """Launch through the JIT; the compiled kernel it returned, or None (interpreter)."""
-        result = self.kernel[self.grid](*args, **dict(self.constexprs), num_warps=self.num_warps)
+        result = self.kernel[self.grid](*args, **dict(self.constexprs), num_warps=self.num_warps,
+                                        **dict(self.options))
         if not hasattr(result, "packed_metadata"):
             return None
         names = tuple(self.kernel.arg_names)

@@ -66,6 +66,8 @@ import triton
 import triton.language as tl
 
 from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
+from engine.sampling.launch_overlap import (launch_dependents, overlap_options,
+                                            supports_overlap, wait_for_prerequisites)
 from engine.sampling.launcher import CompiledLaunches, KernelLaunch, current_stream
 from engine.sampling.scratch import Scratch, ScratchCache
 
@@ -103,6 +105,7 @@ QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE to
 WIDE_K_MARGIN = 4
 NUM_WARPS = 8  # write kernel (fewer make its whole-row fallback spill registers)
 SCRATCH_ALIGN = 16  # elements: every scratch view starts 16-byte aligned (Triton specialises on it)
+SCAN_ROW = tl.constexpr(4)  # entries per row of the candidate scan (a 16-byte vector of x)
 MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
 # planes of the packed scratch tensors
 CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1),
@@ -136,6 +139,10 @@ class KernelConfig:
     # rows with at most this many candidates >= F search a block of this size instead of
     # `compact` (0: never); a power of two below `compact`
     small_compact: int = 0
+    # programmatic dependent launch of the select and write kernels, where the device and
+    # Triton support it (`launch_overlap.supports_overlap`): each is enqueued while the kernel
+    # before it still runs and waits on the device for that kernel's results
+    overlap_launches: bool = True
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -147,6 +154,9 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
+        if not isinstance(self.overlap_launches, bool):
+            raise ValueError(f"KernelConfig.overlap_launches={self.overlap_launches!r} must be "
+                             "True or False")
         small = self.small_compact
         if not isinstance(small, int) or small < 0 or small and (
                 small & (small - 1) or small >= self.compact):
@@ -285,6 +295,23 @@ def _quick_floor(x, m, sigmas):
 
 
 @triton.jit
+def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr):
+    """Store the taken x (packed with their index) at cand_ptr[0:CAPACITY], in index order.
+
+    A taken entry's slot is the number of taken entries before it. The [N] block is scanned as
+    [N / SCAN_ROW, SCAN_ROW] (a free reshape: a thread's consecutive entries form a row): a scan
+    along each row in registers plus one scan of the row totals. One 1-D scan over N costs about
+    6x the instructions (benchmarks/sass_lines.py, docs/performance.md); the slots are the same."""
+    n: tl.constexpr = x.shape[0]
+    shape: tl.constexpr = (n // SCAN_ROW, SCAN_ROW)
+    take = tl.reshape(take.to(tl.int32), shape)
+    rows = tl.sum(take, 1)
+    pos = (tl.cumsum(rows, 0) - rows)[:, None] + tl.cumsum(take, 1) - 1
+    packed = _pack(tl.reshape(x, shape), tl.reshape(offs, shape))
+    tl.store(cand_ptr + pos, packed, mask=(take != 0) & (pos < CAPACITY))
+
+
+@triton.jit
 def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
                      CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
     """Store every x >= the chunk floor (packed with its index), then the floor, the mean of
@@ -303,10 +330,8 @@ def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_pt
         if num_taken > CAPACITY:  # a heavy upper tail: search the pivot levels
             floor = _searched_floor(x, m, CAPACITY)
             num_taken = _count_at_least(x, floor)
-    take = x >= floor
     complete = num_taken <= CAPACITY  # holds by construction; never overflow the slots
-    pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    tl.store(cand_ptr + pos, _pack(x, offs), mask=take & (pos < CAPACITY))
+    _store_taken(x, offs, x >= floor, cand_ptr, CAPACITY)
     tl.store(floor_ptr, tl.where(complete, floor, float("inf")))
     tl.store(mean_ptr, mean)
     tl.store(count_ptr, tl.where(complete, num_taken, 0))
@@ -330,7 +355,10 @@ def _chunk_kernel(
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
+    PDL: tl.constexpr,  # the select kernel may be enqueued now (it waits for this grid)
 ):
+    if PDL:
+        launch_dependents()
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
                 tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
@@ -532,7 +560,11 @@ def _select_kernel(
     TILE: tl.constexpr,
     COMPACT: tl.constexpr,
     SMALL: tl.constexpr,
+    PDL: tl.constexpr,  # launched overlapping the chunk kernel: wait for its results first
 ):
+    if PDL:
+        wait_for_prerequisites()
+        launch_dependents()
     _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
                 tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
@@ -611,11 +643,14 @@ def _write_kernel(
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
     SMALL: tl.constexpr,
+    PDL: tl.constexpr,  # launched overlapping the select kernel: wait for its results first
 ):
     """DENSE rows: exp(x - m) / Z over this program's CHUNK entries. FALLBACK rows: this
     program's counts at the split pivots; the row's last program to finish counting (atomic
     ticket, acquire-release) proves the row on a split pivot (`_split_finish`). Other rows
     were written by the chunk and select kernels: the program exits after one load."""
+    if PDL:
+        wait_for_prerequisites()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     num_rows = tl.num_programs(0).to(tl.int64)
@@ -909,30 +944,36 @@ class LaunchPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
-    """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone, so
-    a call captured in a CUDA Graph runs the kernels its eager warm-up compiled and ran (a
-    kernel compiled during a capture invalidates it), and replays give the eager result."""
+def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
+                overlap: bool = False) -> LaunchPlan:
+    """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone (and
+    on `overlap`, a property of the device: `supports_overlap`), so a call captured in a CUDA
+    Graph runs the kernels its eager warm-up compiled and ran (a kernel compiled during a
+    capture invalidates it), and replays give the eager result. With `overlap` (and
+    `config.overlap_launches`) the select and write kernels take programmatic dependent
+    launch; results do not depend on it."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
     num_write = triton.cdiv(vocab, config.write_chunk)
-    chunk_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
+    pdl = overlap and config.overlap_launches
+    work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
+    chunk_constexprs = (*work_constexprs, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
     single = num_rows * vocab <= config.single_launch_entries
     select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
                          ("TILE", select_tile), ("COMPACT", config.compact),
-                         ("SMALL", config.small_compact))
+                         ("SMALL", config.small_compact), ("PDL", pdl))
     write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),
                         ("ROW_CAPACITY", config.candidate_capacity),
-                        ("SMALL", config.small_compact))
-    single_constexprs = (*chunk_constexprs, ("CHUNKS_PAD", chunks_pad),
+                        ("SMALL", config.small_compact), ("PDL", pdl))
+    single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
@@ -944,9 +985,9 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int) -> LaunchPlan:
         launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
                                  config.chunk_warps),
                     KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
-                                 config.select_warps),
+                                 config.select_warps, overlap_options(pdl)),
                     KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS))
+                                 NUM_WARPS, overlap_options(pdl)))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
@@ -1006,7 +1047,7 @@ def run_probabilities(logits, temperature, top_k, top_p,
                       config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
-    plan = launch_plan(config, *logits.shape)
+    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device))
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
@@ -1020,7 +1061,7 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
-    plan = launch_plan(config, *logits.shape)
+    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device))
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     if plan.num_rows > 0:
         device = logits.device

@@ -5,6 +5,7 @@ Every case is also compared with the exact float64 distribution (as is the row-w
 that is taken but wrong fails as well as one that is not taken.
 """
 
+import dataclasses
 import functools
 
 import pytest
@@ -357,8 +358,30 @@ def test_default_single_launch_threshold():
     assert not plan(1, 152064).single
 
 
+def test_overlapped_launches_follow_the_device_and_the_config():
+    """Where the device supports programmatic dependent launch (`overlap`), the select and write
+    launches take it (compile option and PDL constexpr) and the chunk kernel lets them start;
+    the single launch and a configuration that turns it off take none. The CPU never does."""
+    from engine.sampling.launch_overlap import supports_overlap
+
+    k = kernel()
+    chunk, select, write = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True).launches
+    assert dict(chunk.constexprs)["PDL"] and chunk.options == ()
+    for launch in (select, write):
+        assert dict(launch.constexprs)["PDL"] and launch.options == (("launch_pdl", True),)
+    off = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=False)
+    for plan in (k.launch_plan(off, 8, 152064, overlap=True),
+                 k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=False)):
+        assert all(not dict(launch.constexprs)["PDL"] and launch.options == ()
+                   for launch in plan.launches)
+    (single,) = k.launch_plan(k.DEFAULT_CONFIG, 1, 700, overlap=True).launches
+    assert "PDL" not in dict(single.constexprs) and single.options == ()
+    assert not supports_overlap(torch.device("cpu"))
+
+
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
-                                          ("single_launch_entries", 1.5), ("single_warps", 3)])
+                                          ("single_launch_entries", 1.5), ("single_warps", 3),
+                                          ("overlap_launches", 1)])
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         kernel().KernelConfig(**{field: value})

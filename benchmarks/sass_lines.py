@@ -1,0 +1,124 @@
+"""Static SASS instruction counts of the batched_probabilities kernels, by source line, on any
+machine (no GPU): each kernel is compiled for sm_90 as a device would at its first launch
+(float32 logits, int64 top-k, V = 152,064, every pointer and V specialised as divisible by 16,
+as Triton specialises them there) and its cubin disassembled with the nvdisasm Triton ships.
+
+A static count is the number of instructions in the code, not how many run: unrolled loops count
+every step, and branches that rarely run (the chunk kernel's pivot-level search, greedy rows)
+count in full. For the chunk kernel, whose code is nearly straight-line, it is close to the
+instructions one program executes (Nsight Compute's "Instructions Executed" per program); it
+shows what a change of the kernel's code does to its instruction count before any GPU time.
+
+Usage, from the repository root (without TRITON_INTERPRET):
+    python3 -m benchmarks.sass_lines [--kernel chunk|select|write|single] [--top 25]
+        [--rows 32] [--line probabilities_kernel.py:300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from engine.sampling import probabilities_kernel as kernels
+
+HOPPER = GPUTarget("cuda", 90, 32)
+VOCAB = 152064
+DIVISIBLE = 16  # Triton's specialisation of pointers (16-byte aligned) and integers
+# Triton's type of every runtime argument (the dtypes the engine passes)
+ARG_TYPES = {
+    "logits_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
+    "out_ptr": "*fp32", "chunk_f32_ptr": "*fp32", "chunk_i32_ptr": "*i32", "cand_ptr": "*i64",
+    "compact_ptr": "*i64", "row_f32_ptr": "*fp32", "row_mode_ptr": "*i64", "ticket_ptr": "*i32",
+    "split_i32_ptr": "*i32", "split_f32_ptr": "*fp32", "row_val_ptr": "*fp32",
+    "row_idx_ptr": "*i32", "V": "i32", "NUM_CHUNKS": "i32", "pivot_sigmas": "fp32",
+    "wide_sigmas": "fp32", "wide_k": "i32"}
+LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)')
+INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def compile_cubin(kernel, constexprs: tuple, num_warps: int, vocab: int = VOCAB,
+                  options: tuple = ()) -> bytes:
+    """The sm_90 cubin of `kernel` with these constexprs and compile options, specialised as
+    on a device for 16-byte aligned tensors and this vocabulary V."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    values = dict(constexprs)
+    signature = {name: "constexpr" if name in values else ARG_TYPES[name] for name in names}
+    attrs = {(i,): [["tt.divisibility", DIVISIBLE]] for i, name in enumerate(names)
+             if name not in values and (signature[name].startswith("*")
+                                               or name == "V" and vocab % DIVISIBLE == 0)}
+    source = ASTSource(kernel, signature, attrs=attrs,
+                       constexprs={(names.index(name),): value for name, value in values.items()})
+    return triton.compile(source, target=HOPPER,
+                          options={"num_warps": num_warps, **dict(options)}).asm["cubin"]
+
+
+def disassemble(cubin: bytes) -> str:
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([nvdisasm, "-g", "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def by_line(sass: str) -> tuple[collections.Counter, collections.Counter, dict]:
+    """(instructions by "file:line", by opcode, SASS text by "file:line")."""
+    lines, opcodes, text, current = collections.Counter(), collections.Counter(), {}, "?"
+    for row in sass.splitlines():
+        mark = LINE_MARK.search(row)
+        if mark:
+            current = f"{mark.group(1).rsplit('/', 1)[-1]}:{mark.group(2)}"
+            continue
+        instruction = INSTRUCTION.match(row)
+        if instruction:
+            lines[current] += 1
+            opcodes[instruction.group(1).split(".")[0]] += 1
+            text.setdefault(current, []).append(row.strip())
+    return lines, opcodes, text
+
+
+def kernel_launch(name: str, rows: int) -> tuple:
+    """(kernel, constexprs, warps, V, options) of the named kernel as a Hopper device launches
+    it: the three launches (programmatic dependent launch on), or the single launch."""
+    config = kernels.DEFAULT_CONFIG
+    three = dataclasses.replace(config, single_launch_entries=0)
+    chunk, select, write = kernels.launch_plan(three, rows, VOCAB, overlap=True).launches
+    plan = kernels.launch_plan(config, rows, VOCAB, overlap=True)
+    single = kernels.KernelLaunch(kernels._single_kernel, (rows, plan.num_chunks, 1),
+                                  plan.single_constexprs, config.single_warps)
+    launch = {"chunk": chunk, "select": select, "write": write, "single": single}[name]
+    return launch.kernel, launch.constexprs, launch.num_warps, VOCAB, launch.options
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default="chunk", choices=("chunk", "select", "write",
+                                                              "single"))
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--line", help="also print the SASS of this file:line")
+    args = parser.parse_args()
+    cubin = compile_cubin(*kernel_launch(args.kernel, args.rows))
+    lines, opcodes, text = by_line(disassemble(cubin))
+    print(f"{args.kernel} kernel, B = {args.rows}, V = {VOCAB}: "
+          f"{sum(lines.values())} SASS instructions")
+    print("| instructions | source line |\n| ---: | --- |")
+    for line, count in lines.most_common(args.top):
+        print(f"| {count} | {line} |")
+    print("opcodes: " + ", ".join(f"{op} {n}" for op, n in opcodes.most_common(12)))
+    for row in text.get(args.line, []) if args.line else []:
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
