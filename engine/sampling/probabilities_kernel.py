@@ -355,13 +355,13 @@ def _chunk_kernel(
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
-    PDL: tl.constexpr,  # the select kernel may be enqueued now (it waits for this grid)
+    PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
-    if PDL:
-        launch_dependents()
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
                 tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
+    if PDL:
+        launch_dependents()
 
 
 @triton.jit
@@ -448,22 +448,37 @@ def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.c
     cand_ptr + c * CAPACITY + j. A step takes a [TILE chunks, CAPACITY slots] tile: a chunk's
     offset is a scan over TILE per-chunk counts, a slot's a scan along its chunk's CAPACITY
     slots (on the H200 2.4 us faster per row than one scan over the flattened tile:
-    docs/performance.md)."""
+    docs/performance.md). Each step's loads are issued one step ahead (`_candidate_tile`), so
+    their latency overlaps the step before."""
     num = tl.zeros([1], tl.int32).sum(0)
     slots = tl.arange(0, CAPACITY)
+    count, packed = _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, 0, CAPACITY, TILE)
     for first in range(0, NUM_CHUNKS, TILE):
-        chunks = first + tl.arange(0, TILE)
-        count = tl.load(count_ptr + chunks, mask=chunks < NUM_CHUNKS, other=0)
-        stored = slots[None, :] < count[:, None]
-        packed = tl.load(cand_ptr + chunks[:, None] * CAPACITY + slots[None, :], mask=stored,
-                         other=0)
-        valid = (stored & (_unpack_x(packed) >= floor)).to(tl.int32)
+        next_count, next_packed = _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, first + TILE,
+                                                  CAPACITY, TILE)
+        valid = ((slots[None, :] < count[:, None]) & (_unpack_x(packed) >= floor)).to(tl.int32)
         per_chunk = tl.sum(valid, 1)
         before = tl.cumsum(per_chunk, 0) - per_chunk
         pos = num + before[:, None] + tl.cumsum(valid, 1) - 1
         tl.store(compact_ptr + pos, packed, mask=(valid != 0) & (pos < COMPACT))
         num += tl.sum(per_chunk, 0)
+        count, packed = next_count, next_packed
     return num
+
+
+@triton.jit
+def _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, first, CAPACITY: tl.constexpr,
+                    TILE: tl.constexpr):
+    """(count, packed) of chunks [first, first + TILE): each chunk's candidate count (0 past
+    NUM_CHUNKS) and all its CAPACITY slots, stored or not. Slots past a chunk's count hold
+    whatever was there (the caller masks them with the count), so the two loads are
+    independent: neither waits for the other's latency."""
+    chunks = first + tl.arange(0, TILE)
+    live = chunks < NUM_CHUNKS
+    count = tl.load(count_ptr + chunks, mask=live, other=0)
+    slots = chunks[:, None] * CAPACITY + tl.arange(0, CAPACITY)[None, :]
+    packed = tl.load(cand_ptr + slots, mask=live[:, None], other=0)
+    return count, packed
 
 
 @triton.jit
@@ -488,14 +503,11 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 
 
 @triton.jit
-def _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots,
-                   first_slot, NUM_CHUNKS, m, z, k, p, use_k, use_p, CHUNKS_PAD: tl.constexpr,
-                   CAPACITY: tl.constexpr, TILE: tl.constexpr, COMPACT: tl.constexpr,
-                   SMALL: tl.constexpr):
-    """RowMode and normaliser of a truncating row; SPARSE rows get their kept values here."""
-    chunks = tl.arange(0, CHUNKS_PAD)
-    floors = tl.load(chunk_f32_ptr + CHUNK_FLOOR * num_slots + first_slot + chunks,
-                     mask=chunks < NUM_CHUNKS, other=float("-inf"))
+def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots, first_slot,
+                   NUM_CHUNKS, floors, m, z, k, p, use_k, use_p, CAPACITY: tl.constexpr,
+                   TILE: tl.constexpr, COMPACT: tl.constexpr, SMALL: tl.constexpr):
+    """RowMode and normaliser of a truncating row (`floors`: its chunks' candidate floors, -inf
+    past the last chunk); SPARSE rows get their kept values here."""
     num = _compact(cand_ptr + first_slot * CAPACITY,
                    chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
                    NUM_CHUNKS, tl.max(floors, 0), CAPACITY, TILE, COMPACT)
@@ -564,10 +576,11 @@ def _select_kernel(
 ):
     if PDL:
         wait_for_prerequisites()
-        launch_dependents()
     _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
                 tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
+    if PDL:
+        launch_dependents()  # once every row is done: the write kernel may start
 
 
 @triton.jit
@@ -583,33 +596,33 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
     first_slot = row * NUM_CHUNKS
     chunks = tl.arange(0, CHUNKS_PAD)
     live = chunks < NUM_CHUNKS
-    chunk_max = tl.load(chunk_f32_ptr + CHUNK_MAX * num_slots + first_slot + chunks,
-                        mask=live, other=float("-inf"))
+    stats = chunk_f32_ptr + first_slot + chunks  # every load first: their latencies overlap
+    chunk_max = tl.load(stats + CHUNK_MAX * num_slots, mask=live, other=float("-inf"))
+    chunk_sum = tl.load(stats + CHUNK_SUM * num_slots, mask=live, other=0.0)
+    means = tl.load(stats + CHUNK_MEAN * num_slots, mask=live, other=float("-inf"))
+    floors = tl.load(stats + CHUNK_FLOOR * num_slots, mask=live, other=float("-inf"))
+    t = tl.load(temperature_ptr + row)
+    k = tl.load(top_k_ptr + row)
+    p = tl.load(top_p_ptr + row)
     m = tl.max(chunk_max, 0)
     mode = tl.zeros([1], tl.int32).sum(0) + _GREEDY
     norm = tl.zeros([1], tl.float32).sum(0) + 1.0
     tl.store(ticket_ptr + row, 0)
-    if tl.load(temperature_ptr + row) == 0.0:
+    if t == 0.0:
         first = tl.min(tl.where(live & (chunk_max == m), chunks, NUM_CHUNKS - 1), 0)
         arg = tl.load(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + first_slot + first)
         tl.store(out_ptr + row * V + arg, 1.0)
     else:
-        chunk_sum = tl.load(chunk_f32_ptr + CHUNK_SUM * num_slots + first_slot + chunks,
-                            mask=live, other=0.0)
         z = tl.sum(tl.where(chunk_max > float("-inf"), chunk_sum * tl.exp(chunk_max - m), 0.0), 0)
-        k = tl.load(top_k_ptr + row)
-        p = tl.load(top_p_ptr + row)
         use_k = (k > 0) & (k < V)
         use_p = p < 1.0
         mode = tl.zeros([1], tl.int32).sum(0) + _DENSE
         norm = z
         if use_k | use_p:
-            mode, norm = _select_sparse(chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
-                                        compact_ptr + row * COMPACT, out_ptr + row * V,
-                                        num_slots, first_slot, NUM_CHUNKS, m, z, k, p, use_k,
-                                        use_p, CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
-        means = tl.load(chunk_f32_ptr + CHUNK_MEAN * num_slots + first_slot + chunks,
-                        mask=live, other=float("-inf"))
+            mode, norm = _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr + row * COMPACT,
+                                        out_ptr + row * V, num_slots, first_slot, NUM_CHUNKS,
+                                        floors, m, z, k, p, use_k, use_p, CAPACITY, TILE,
+                                        COMPACT, SMALL)
         has_mean = live & (means > float("-inf"))
         mean = tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(
             tl.sum(has_mean.to(tl.float32), 0), 1.0)
