@@ -25,10 +25,10 @@ With --default-only ROUNDS, only the default configuration (the path `batched_pr
 takes) on DEFAULT_CASES (B = 1-64, both vocabularies, truncating and DENSE rows), measured in
 ROUNDS rounds over every case: per case the median and the range of each column over the
 rounds, since host time on a shared machine moves from one measurement to the next; with
---serial also the default without programmatic dependent launch (`overlap_launches=False`).
+--overlap also the default with programmatic dependent launch (`overlap_launches`) flipped.
 
 Usage, from the repository root:
-python3 -m benchmarks.sampling_small [--out small.md] [--default-only ROUNDS [--serial]]
+python3 -m benchmarks.sampling_small [--out small.md] [--default-only ROUNDS [--overlap]]
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def table(cases, named_configs) -> list[str]:
 
 def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),)) -> list[str]:
     """Median [min-max] over `rounds` rounds of each column, for each configuration (the
-    default; with --serial also the default without overlapped launches), interleaved case by
-    case within each round."""
+    default; with --overlap also the default with `overlap_launches` flipped), interleaved case
+    by case within each round."""
     sets = {case: input_sets(*case) for case in DEFAULT_CASES}
     found = {(case, name): [] for case in DEFAULT_CASES for name, _ in named_configs}
     for _ in range(rounds):
@@ -189,13 +189,15 @@ def main() -> None:
     parser.add_argument("--out", help="also write the tables to this file")
     parser.add_argument("--default-only", type=int, metavar="ROUNDS",
                         help="only the default configuration, in this many rounds")
-    parser.add_argument("--serial", action="store_true",
-                        help="with --default-only: also the default with overlap_launches=False")
+    parser.add_argument("--overlap", action="store_true",
+                        help="with --default-only: also the default with overlap_launches flipped")
     args = parser.parse_args()
     if args.default_only:
         named = [("default", DEFAULT_CONFIG)]
-        if args.serial:
-            named.append(("serial", dataclasses.replace(DEFAULT_CONFIG, overlap_launches=False)))
+        if args.overlap:
+            flipped = not DEFAULT_CONFIG.overlap_launches
+            named.append((f"overlap {'on' if flipped else 'off'}",
+                          dataclasses.replace(DEFAULT_CONFIG, overlap_launches=flipped)))
         lines = [f"{device_line()}, median [min-max] of {args.default_only} rounds; "
                  f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only, named)]
         print("\n".join(lines), flush=True)

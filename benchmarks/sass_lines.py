@@ -90,7 +90,7 @@ def by_line(sass: str) -> tuple[collections.Counter, collections.Counter, dict]:
 
 def kernel_launch(name: str, rows: int) -> tuple:
     """(kernel, constexprs, warps, V, options) of the named kernel as a Hopper device launches
-    it: the three launches (programmatic dependent launch on), or the single launch."""
+    it with the default configuration: one of the three launches, or the single launch."""
     config = kernels.DEFAULT_CONFIG
     three = dataclasses.replace(config, single_launch_entries=0)
     chunk, select, write = kernels.launch_plan(three, rows, VOCAB, overlap=True).launches

@@ -141,8 +141,9 @@ class KernelConfig:
     small_compact: int = 0
     # programmatic dependent launch of the select and write kernels, where the device and
     # Triton support it (`launch_overlap.supports_overlap`): each is enqueued while the kernel
-    # before it still runs and waits on the device for that kernel's results
-    overlap_launches: bool = True
+    # before it still runs and waits on the device for that kernel's results. Off by default:
+    # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/performance.md)
+    overlap_launches: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",

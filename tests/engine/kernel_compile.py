@@ -25,7 +25,7 @@ def main() -> None:
     """Every kernel of both paths at each shape, as a Hopper device launches them (programmatic
     dependent launch on)."""
     config = kernels.DEFAULT_CONFIG
-    three = dataclasses.replace(config, single_launch_entries=0)
+    three = dataclasses.replace(config, single_launch_entries=0, overlap_launches=True)
     for num_rows, vocab in SHAPES:
         single_plan = kernels.launch_plan(config, num_rows, vocab, overlap=True)
         single = kernels.KernelLaunch(kernels._single_kernel, (num_rows, 1, 1),

@@ -224,23 +224,29 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
 
 @pytest.mark.parametrize("capacity", [32, 1])
 def test_overlapped_launches_give_the_serial_result(capacity):
-    """With programmatic dependent launch (the default on Hopper) the select and write kernels
-    start while the kernel before them runs and wait on the device for its results: five calls
-    back to back give bitwise the output of serial launches (a kernel that read before its
-    predecessor finished would not), and the reference; capacity 1 sends the truncating rows
-    through the split fallback, whose write programs read the select kernel's row modes."""
+    """With programmatic dependent launch (`overlap_launches`, on Hopper) the select and write
+    kernels start while the kernel before them runs and wait on the device for its results:
+    five calls back to back, and a CUDA Graph replay of one, give bitwise the output of serial
+    launches (a kernel that read before its predecessor finished would not), and the
+    reference; capacity 1 sends the truncating rows through the split fallback, whose write
+    programs read the select kernel's row modes."""
     from engine.sampling.launch_overlap import supports_overlap
     from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
-    overlap = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
-                                  single_launch_entries=0)
-    serial = dataclasses.replace(overlap, overlap_launches=False)
+    serial = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
+                                 single_launch_entries=0, overlap_launches=False)
+    overlap = dataclasses.replace(serial, overlap_launches=True)
     rows = [a.cuda() for a in random_rows(32, 94 + capacity)]
     overlapped = [probabilities_triton(*rows, config=overlap) for _ in range(5)]
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = probabilities_triton(*rows, config=overlap)
+    graph.replay()
     expected = probabilities_triton(*rows, config=serial)
-    for out in overlapped:
+    for out in (*overlapped, replayed):
         assert torch.equal(out, expected)
     assert_matches_reference_rows(expected.cpu(), *(a.cpu() for a in rows))
 

@@ -359,22 +359,23 @@ def test_default_single_launch_threshold():
 
 
 def test_overlapped_launches_follow_the_device_and_the_config():
-    """Where the device supports programmatic dependent launch (`overlap`), the select and write
-    launches take it (compile option and PDL constexpr) and the chunk kernel lets them start;
-    the single launch and a configuration that turns it off take none. The CPU never does."""
+    """Where the device supports programmatic dependent launch (`overlap`) and the configuration
+    asks for it, the select and write launches take it (compile option and PDL constexpr) and
+    the chunk kernel lets them start; the single launch, the default configuration and a
+    device without it take none. The CPU never supports it."""
     from engine.sampling.launch_overlap import supports_overlap
 
     k = kernel()
-    chunk, select, write = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True).launches
+    on = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=True)
+    chunk, select, write = k.launch_plan(on, 8, 152064, overlap=True).launches
     assert dict(chunk.constexprs)["PDL"] and chunk.options == ()
     for launch in (select, write):
         assert dict(launch.constexprs)["PDL"] and launch.options == (("launch_pdl", True),)
-    off = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=False)
-    for plan in (k.launch_plan(off, 8, 152064, overlap=True),
-                 k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=False)):
+    for plan in (k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True),
+                 k.launch_plan(on, 8, 152064, overlap=False)):
         assert all(not dict(launch.constexprs)["PDL"] and launch.options == ()
                    for launch in plan.launches)
-    (single,) = k.launch_plan(k.DEFAULT_CONFIG, 1, 700, overlap=True).launches
+    (single,) = k.launch_plan(on, 1, 700, overlap=True).launches
     assert "PDL" not in dict(single.constexprs) and single.options == ()
     assert not supports_overlap(torch.device("cpu"))
 
