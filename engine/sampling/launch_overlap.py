@@ -9,7 +9,9 @@ operations are visible. What the overlap saves is the gap between two dependent 
 the later kernel's launch and the start of its programs happen while the earlier one finishes.
 Our kernels trigger at their end, once a program's work is done: a trigger at the start lets
 the later kernel's programs sit on the SMs, waiting, while the earlier kernel's last programs
-run, and on the H200 that made CUDA Graph replays up to 7 us slower (docs/performance.md).
+run, and on the H200 that made CUDA Graph replays up to 7 us slower. Even so, replays were
+2-4 us slower than serial launches at B >= 16 there, so `KernelConfig.overlap_launches` is
+off by default (docs/performance.md, "Programmatic dependent launch").
 
 A kernel launched without PDL waits for the whole of the kernel before it, as usual, so a
 chain chunk -> select (PDL) -> write (PDL) -> anything else stays ordered: each PDL kernel
