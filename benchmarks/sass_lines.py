@@ -88,17 +88,23 @@ def by_line(sass: str) -> tuple[collections.Counter, collections.Counter, dict]:
     return lines, opcodes, text
 
 
+def device_launches(config, rows: int, vocab: int) -> dict:
+    """The four kernels' launches (`KernelLaunch`) by name, as `launch_plan` builds them for
+    this configuration on a Hopper device: the three launches, and the single launch (the
+    configuration with every batch sent to it)."""
+    three = dataclasses.replace(config, single_launch_entries=0)
+    every_batch = dataclasses.replace(config, single_launch_entries=rows * vocab)
+    chunk, select, write = kernels.launch_plan(three, rows, vocab, overlap=True).launches
+    (single,) = kernels.launch_plan(every_batch, rows, vocab, overlap=True).launches
+    return {"chunk": chunk, "select": select, "write": write, "single": single}
+
+
 def kernel_launch(name: str, rows: int) -> tuple:
     """(kernel, constexprs, warps, V, options) of the named kernel as a Hopper device launches
-    it with the default configuration: one of the three launches, or the single launch."""
-    config = kernels.DEFAULT_CONFIG
-    three = dataclasses.replace(config, single_launch_entries=0)
-    chunk, select, write = kernels.launch_plan(three, rows, VOCAB, overlap=True).launches
-    plan = kernels.launch_plan(config, rows, VOCAB, overlap=True)
-    single = kernels.KernelLaunch(kernels._single_kernel, (rows, plan.num_chunks, 1),
-                                  plan.single_constexprs, config.single_warps)
-    launch = {"chunk": chunk, "select": select, "write": write, "single": single}[name]
+    it with the default configuration."""
+    launch = device_launches(kernels.DEFAULT_CONFIG, rows, VOCAB)[name]
     return launch.kernel, launch.constexprs, launch.num_warps, VOCAB, launch.options
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.sass_lines import compile_cubin
+from benchmarks.sass_lines import compile_cubin, device_launches
 from engine.sampling import probabilities_kernel as kernels
 
 # (rows, vocabulary): a Qwen-size vocabulary over many chunks, and one chunk (KEEP_ALL)
@@ -24,16 +24,13 @@ SHAPES = ((8, 152064), (4, 200))
 def main() -> None:
     """Every kernel of both paths at each shape, as a Hopper device launches them (programmatic
     dependent launch on)."""
-    config = kernels.DEFAULT_CONFIG
-    three = dataclasses.replace(config, single_launch_entries=0, overlap_launches=True)
+    config = dataclasses.replace(kernels.DEFAULT_CONFIG, overlap_launches=True)
     for num_rows, vocab in SHAPES:
-        single_plan = kernels.launch_plan(config, num_rows, vocab, overlap=True)
-        single = kernels.KernelLaunch(kernels._single_kernel, (num_rows, 1, 1),
-                                      single_plan.single_constexprs, config.single_warps)
-        for launch in (*kernels.launch_plan(three, num_rows, vocab, True).launches, single):
+        for launch in device_launches(config, num_rows, vocab).values():
             assert compile_cubin(launch.kernel, launch.constexprs, launch.num_warps, vocab,
                                  launch.options), f"{launch.kernel.__name__}: no cubin"
             print(f"compiled {launch.kernel.__name__} V={vocab}", flush=True)
+
 
 if __name__ == "__main__":
     main()
