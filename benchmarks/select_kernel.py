@@ -2,15 +2,15 @@
 select kernel's configuration, on a CUDA device.
 
 For each (B, row mix) at V = 152,064 it runs `DEFAULT_CONFIG` on the three launches (single
-launch off) and the chosen variants of it (by default: `small_compact=0`, every row bisects
-the `compact`-slot block), checks that each keeps the tokens the first keeps, and prints the
+launch off) and the chosen variants of it (by default: `tiny_compact=0`, every row searches
+a block for its cut), checks that each keeps the tokens the first keeps, and prints the
 graph time of one call (`triton.testing.do_bench_cudagraph` median) and each kernel's mean
 device time (torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2)
 logits, temperature 0.8 (those of benchmarks/sampling.py).
 
 Usage, from the repository root:
     python3 -m benchmarks.select_kernel [--out select.md] [--variants NAME,NAME,...]
-        [--batches 1,8,64,256]
+        [--batches 1,8,64,256] [--mixes "top-k 50 + top-p 0.9,no truncation"]
 """
 
 from __future__ import annotations
@@ -32,17 +32,21 @@ PROFILED_CALLS = 50
 MIX_NAMES = ("top-k 50 + top-p 0.9", "top-k 1000 + top-p 0.95", "top-p 0.9 only")
 BATCHES = (1, 8, 64, 256)
 THREE = dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0)
-VARIANTS = {"small block": THREE,  # the default, always first
-            "no small block": dataclasses.replace(THREE, small_compact=0),
+VARIANTS = {"default": THREE,  # always first
+            "no tiny block": dataclasses.replace(THREE, tiny_compact=0),
+            "no small block": dataclasses.replace(THREE, small_compact=0, tiny_compact=0),
             "small block 1024": dataclasses.replace(THREE, small_compact=1024),
             "small block 1024 / 4 select warps": dataclasses.replace(THREE, small_compact=1024,
                                                                     select_warps=4),
             "select block 4096": dataclasses.replace(THREE, select_block=4096),
             "overlapped launches": dataclasses.replace(THREE, overlap_launches=True),
+            "uncapped write": dataclasses.replace(THREE, write_registers=0),
+            "write registers 128": dataclasses.replace(THREE, write_registers=128),
+            "write registers 64": dataclasses.replace(THREE, write_registers=64),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
                                                                  small_compact=1024)}
-DEFAULT_VARIANTS = ("small block", "no small block")
+DEFAULT_VARIANTS = ("default", "no tiny block")
 
 
 def row(batch: int, mix: str, variants: dict) -> str:
@@ -69,6 +73,8 @@ def main() -> None:
                         help=f"comma-separated, from: {', '.join(VARIANTS)} (the default "
                              "configuration is always the first)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--mixes", default=",".join(MIX_NAMES),
+                        help=f"comma-separated row mixes, from: {', '.join(MIXES)}")
     args = parser.parse_args()
     default = DEFAULT_VARIANTS[0]
     names = [default, *(n for n in args.variants.split(",") if n != default)]
@@ -76,6 +82,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     variants = {name: VARIANTS[name] for name in names}
+    mixes = args.mixes.split(",")
+    if any(mix not in MIXES for mix in mixes):
+        parser.error(f"--mixes: choose from {list(MIXES)}")
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {triton.__version__}; V = {VOCAB}, us", "",
              "| B | rows | " + " | ".join(f"{n}: graph | chunk / select / write" for n in names)
@@ -83,7 +92,7 @@ def main() -> None:
              "|---:|---|" + "---:|---|" * len(names) + "---|"]
     print("\n".join(lines), flush=True)
     for batch in (int(b) for b in args.batches.split(",")):
-        for mix in MIX_NAMES:
+        for mix in mixes:
             lines.append(row(batch, mix, variants))
             print(lines[-1], flush=True)
     if args.out:

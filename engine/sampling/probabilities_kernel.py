@@ -15,15 +15,18 @@ Three launches (one for small batches, below), no host read between them (S = nu
    with a slot for each: every finite x is stored, so such rows never need the fallback.
 2. `_select_kernel`, one program per row: row max m and Z from the chunk statistics. Greedy
    rows write their 1.0 at the argmax. For truncating rows, F = the largest chunk floor; every
-   token of the row with x >= F is among the stored candidates, and these are compacted into a
-   per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
+   token of the row with x >= F is among the stored candidates. A top-k row with k <= TINY
+   raises F to its top-k floor (`_top_k_floor`: a pivot level that the chunk statistics prove
+   k tokens reach, so the k-th largest x is not below it). The candidates >= F are compacted
+   into a per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
    have x >= F (top-k), or their mass is >= p * Z (top-p only), every kept token is among
    them: a bisection over an order-preserving 32-bit key of x, in registers, between the
    smallest and the largest key that can hold the answer (`_kth_key`, `_top_p_key`), finds the
    threshold (keep iff key >= key_lo) and the normaliser, and the kept probabilities are
    scattered into the zeroed row. Rows with at most SMALL candidates (`small_compact`) run the
-   bisection on a SMALL block, whose block reductions cost less. Otherwise the row is
-   marked FALLBACK.
+   bisection on a SMALL block, whose block reductions cost less; rows with at most TINY
+   (`tiny_compact`) find the same cut without a search (`_prove_tiny`: one pass, each
+   candidate against all). Otherwise the row is marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
    (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
@@ -32,7 +35,9 @@ Three launches (one for small batches, below), no host read between them (S = nu
    only: mass >= (p + 1e-3) * Z), gathers the row's candidates at it in vocabulary order (so
    the result does not depend on timing) and, if they fit COMPACT, finds the cut on them and
    scatters; a row no pivot proves runs `probabilities_row_kernel.write_row` (one program,
-   exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load.
+   exact, slow) there and is marked WHOLE_ROW. Other rows' programs exit after one load,
+   so the kernel's register cap (`write_registers`: more programs per SM) sets much of its
+   time.
 
 Small batches (B * V <= `KernelConfig.single_launch_entries`, 131,072 by default: B <= 4 at
 V = 32,000) take ONE launch instead, eager or captured in a CUDA Graph alike,
@@ -92,6 +97,7 @@ SPLIT_PIVOT_ZERO = tl.constexpr(20)  # split pivot 20 is the row mean, 0 is m - 
 SPLIT_SUB = 512  # vocabulary entries per step of the split count and gather (at most CHUNK)
 MASS_MARGIN = tl.constexpr(1e-3)  # top-p coverage of a split pivot needs this mass beyond p
 NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk (overflow search)
+NUM_LEVELS = tl.constexpr(32)  # 2**NUM_LEVELS_LOG2
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
@@ -106,6 +112,8 @@ WIDE_K_MARGIN = 4
 NUM_WARPS = 8  # write kernel (fewer make its whole-row fallback spill registers)
 SCRATCH_ALIGN = 16  # elements: every scratch view starts 16-byte aligned (Triton specialises on it)
 SCAN_ROW = tl.constexpr(4)  # entries per row of the candidate scan (a 16-byte vector of x)
+PAIR_STEP = tl.constexpr(8)  # candidates read per step of the tiny block's pairwise pass
+MIN_REGISTERS, MAX_REGISTERS = 24, 255  # what ptxas accepts as a per-thread register cap
 MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
 # planes of the packed scratch tensors
 CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1),
@@ -139,11 +147,19 @@ class KernelConfig:
     # rows with at most this many candidates >= F search a block of this size instead of
     # `compact` (0: never); a power of two below `compact`
     small_compact: int = 0
+    # rows with at most this many candidates >= the row floor find the cut without a search
+    # (`_prove_tiny`: one pass, each candidate against all); 0: never. A power of two below
+    # `small_compact` (or `compact`); fastest at one candidate per thread (select_warps * 32)
+    tiny_compact: int = 0
     # programmatic dependent launch of the select and write kernels, where the device and
     # Triton support it (`launch_overlap.supports_overlap`): each is enqueued while the kernel
     # before it still runs and waits on the device for that kernel's results. Off by default:
     # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/performance.md)
     overlap_launches: bool = False
+    # register cap per thread of the write kernel (ptxas `maxnreg`; 0: the compiler's choice).
+    # Its rare whole-row and split-fallback paths set its register count, and with it how many
+    # of its programs an SM holds at once, while most of its programs only read a row mode
+    write_registers: int = 0
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -163,6 +179,16 @@ class KernelConfig:
                 small & (small - 1) or small >= self.compact):
             raise ValueError(f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
                              f"power of two below compact ({self.compact})")
+        if not isinstance(self.write_registers, int) or self.write_registers and not (
+                MIN_REGISTERS <= self.write_registers <= MAX_REGISTERS):
+            raise ValueError(f"KernelConfig.write_registers={self.write_registers!r} must be 0 "
+                             f"or an integer in [{MIN_REGISTERS}, {MAX_REGISTERS}]")
+        tiny = self.tiny_compact
+        if not isinstance(tiny, int) or tiny < 0 or tiny and (
+                tiny & (tiny - 1) or tiny >= (small or self.compact)):
+            raise ValueError(f"KernelConfig.tiny_compact={self.tiny_compact!r} must be 0 or a "
+                             f"power of two below small_compact, or compact if that is 0 "
+                             f"({small or self.compact})")
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
             raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
                              f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
@@ -199,8 +225,19 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # H200 (docs/performance.md, "The select kernel") that cut the select kernel by 3.7 us at B = 1
 # and 10.9 us at B = 64 (top-k 50 + top-p 0.9, V = 152,064), but rows with more candidates
 # (top-k 1000) then took up to 11 us longer at B >= 64 than with no small block.
+#
+# tiny_compact=256: rows with at most 256 candidates at or above the row floor (a top-k row's
+# floor includes `_top_k_floor`) find the cut in one pairwise pass (`_prove_tiny`), one
+# candidate per thread of the select kernel's 8 warps.
+#
+# write_registers=80: the write kernel (8 warps) compiled for 192 registers per thread, so an SM
+# held one of its programs at a time; capped at 80 it holds three. Most of its programs only
+# read a row mode and exit, so their launches set its time: on the H200 at V = 152,064 it went
+# 15.6 -> 6.3 us at B = 256 (top-k 50 + top-p 0.9) and 128.2 -> 81.3 us without truncation,
+# where it writes the rows (docs/performance.md).
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
-                              single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048)
+                              single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
+                              tiny_compact=256, write_registers=80)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -210,7 +247,9 @@ CANDIDATE_CONFIGS = (
     KernelConfig(chunk=1024, chunk_capacity=64, chunk_warps=2, write_chunk=8192),
     KernelConfig(write_chunk=8192),
     KernelConfig(compact=2048),
-    dataclasses.replace(DEFAULT_CONFIG, small_compact=0),  # appended: indices name configs
+    dataclasses.replace(DEFAULT_CONFIG, small_compact=0, tiny_compact=0),  # appended: indices
+    dataclasses.replace(DEFAULT_CONFIG, tiny_compact=0),  # name configs
+    dataclasses.replace(DEFAULT_CONFIG, write_registers=0),
 )
 # Single-launch configurations the small-batch benchmark compares and the GPU tests check.
 SINGLE_LAUNCH_CONFIGS = (
@@ -440,6 +479,32 @@ def _top_p_key(key, mass, target):
 
 
 @triton.jit
+def _certain_count(chunk_max, floors, counts, v):
+    """Tokens >= v that the chunk statistics prove: at least one in a chunk whose max reaches
+    v, and a chunk's `counts` stored candidates if its floor reaches v (each is >= the floor)."""
+    at_floor = tl.where(floors >= v, counts, 0)
+    return tl.sum(tl.maximum(at_floor, (chunk_max >= v).to(tl.int32)), 0)
+
+
+@triton.jit
+def _top_k_floor(chunk_max, floors, counts, m, spread, k):
+    """v = `_pivot`(m, spread, j) at the lowest level j whose pivot the chunk statistics prove
+    k tokens reach (`_certain_count`); -inf if not even the last level's does. The k-th
+    largest x is then >= v, so every token top-k keeps is >= v: a row floor for top-k
+    that needs no candidate. A bisection for the highest level that does not prove k, over
+    [-1, NUM_LEVELS - 1]: at most 6 block reductions over the row's chunks."""
+    short = tl.zeros([1], tl.int32).sum(0) - 1  # level 0 proves k (or a level that does not)
+    for bit in tl.static_range(NUM_LEVELS_LOG2, -1, -1):
+        trial = short + (1 << bit)
+        if trial < NUM_LEVELS:
+            if _certain_count(chunk_max, floors, counts, _pivot(m, spread, trial)) < k:
+                short = trial
+    level = short + 1
+    v = _pivot(m, spread, tl.minimum(level, NUM_LEVELS - 1))
+    return tl.where((level < NUM_LEVELS) & (v == v), v, float("-inf"))
+
+
+@triton.jit
 def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.constexpr,
              TILE: tl.constexpr, COMPACT: tl.constexpr):
     """Copy the row's stored candidates with x >= floor to compact_ptr[0:COMPACT], in
@@ -505,26 +570,46 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 
 @triton.jit
 def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots, first_slot,
-                   NUM_CHUNKS, floors, m, z, k, p, use_k, use_p, CAPACITY: tl.constexpr,
-                   TILE: tl.constexpr, COMPACT: tl.constexpr, SMALL: tl.constexpr):
-    """RowMode and normaliser of a truncating row (`floors`: its chunks' candidate floors, -inf
-    past the last chunk); SPARSE rows get their kept values here."""
+                   NUM_CHUNKS, floor, m, z, k, p, use_k, use_p, CAPACITY: tl.constexpr,
+                   TILE: tl.constexpr, COMPACT: tl.constexpr, SMALL: tl.constexpr,
+                   TINY: tl.constexpr):
+    """RowMode and normaliser of a truncating row, from its stored candidates >= `floor` (at
+    least the largest chunk floor, so every token >= it is stored); SPARSE rows get their kept
+    values here."""
     num = _compact(cand_ptr + first_slot * CAPACITY,
                    chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
-                   NUM_CHUNKS, tl.max(floors, 0), CAPACITY, TILE, COMPACT)
+                   NUM_CHUNKS, floor, CAPACITY, TILE, COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
     is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                         COMPACT, SMALL)
+                                         COMPACT, SMALL, TINY)
     return tl.where(is_sparse, _SPARSE, _FALLBACK), tl.where(is_sparse, norm, z)
 
 
 @triton.jit
 def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                       COMPACT: tl.constexpr, SMALL: tl.constexpr):
+                       COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr):
     """(proven, norm): if the `num` packed candidates at compact_ptr fit COMPACT and hold every
     kept token, find the cut on them and scatter the kept probabilities into the zeroed row.
-    Rows with at most SMALL candidates (SMALL > 0) search a SMALL block instead: each block
+    Rows with at most TINY candidates (TINY > 0) find it without a search (`_prove_tiny`);
+    rows with at most SMALL (SMALL > 0) search a SMALL block instead of COMPACT: each block
     reduction of the search then covers fewer slots."""
+    if TINY > 0:
+        if num <= TINY:
+            proven, norm = _prove_tiny(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, TINY)
+        else:
+            proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                           COMPACT, SMALL)
+    else:
+        proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                                       COMPACT, SMALL)
+    return proven, norm
+
+
+@triton.jit
+def _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
+                    COMPACT: tl.constexpr, SMALL: tl.constexpr):
+    """`_prove_and_scatter` by the key searches, on a SMALL block if SMALL > 0 and num fits it,
+    else on the COMPACT block."""
     if SMALL > 0:
         if num <= SMALL:
             proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
@@ -536,6 +621,53 @@ def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
         proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
                                     COMPACT)
     return proven, norm
+
+
+@triton.jit
+def _prove_tiny(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, TINY: tl.constexpr):
+    """`_prove_and_scatter` on num <= TINY candidates, with the cut of `_threshold` but no
+    search. Each thread takes a candidate i and writes its (key, exp(x - m)) to the slots
+    after the block (a slot past num gets the key of -inf and no mass, below every
+    candidate). One pass over those pairs then gives each candidate the number of candidates
+    with a key >= its key (count_i) and the mass with a key > its key (above_i), read PAIR_STEP
+    pairs a step as scalars, so every thread adds them in slot order. The k-th largest key is
+    the largest key with count_i >= k; a candidate at or above it is kept by top-p iff above_i
+    < p * Z_k (the bisection's rule: the masses above a candidate at or above the k-th key are
+    all at or above it too). above_i only shrinks as key_i grows (the same terms in the same
+    order, some zeroed, and rounding is monotone), so the kept set is every key at or above
+    the smallest kept one. Three or four block reductions, against the ~50 dependent ones of
+    the searches; the pass costs a few instructions per thread per candidate."""
+    i = tl.arange(0, TINY)
+    valid = i < num
+    packed = tl.load(compact_ptr + i, mask=valid, other=0)
+    x = tl.where(valid, _unpack_x(packed), float("-inf"))
+    key = _key(x)
+    e = tl.where(valid, tl.exp(x - m), 0.0)
+    pairs = compact_ptr + TINY  # slots [TINY, 2 * TINY) of the row's COMPACT >= 2 * TINY
+    tl.store(pairs + i, (key.to(tl.int64) << 32) | e.to(tl.int32, bitcast=True).to(tl.int64)
+             & 0xFFFFFFFF)
+    tl.debug_barrier()  # every pair lands before any thread reads it
+    count = tl.zeros([TINY], tl.int32)
+    above = tl.zeros([TINY], tl.float32)
+    for first in range(0, num, PAIR_STEP):  # pairs up to num rounded up: all written
+        for step in tl.static_range(PAIR_STEP):
+            pair = tl.load(pairs + first + step)
+            key_j = (pair >> 32).to(tl.int32)
+            count += (key_j >= key).to(tl.int32)
+            above += tl.where(key_j > key, pair.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    key_k = tl.zeros([1], tl.int32).sum(0) + KEY_MIN
+    z_k = z
+    if use_k:
+        key_k = tl.max(tl.where(valid & (count >= k), key, KEY_MIN), 0)
+        z_k = tl.sum(tl.where(key >= key_k, e, 0.0), 0)
+    keep = valid & (key >= key_k)
+    if use_p:
+        keep = keep & (above < p * z_k)
+    norm = tl.sum(tl.where(keep, e, 0.0), 0)
+    covered = (use_k & (num >= k)) | ((tl.sum(e, 0) >= p * z) & (use_k == 0))
+    if covered:
+        tl.store(out_row + _unpack_index(packed), tl.exp(x - m) / norm, mask=keep)
+    return covered, norm
 
 
 @triton.jit
@@ -573,13 +705,15 @@ def _select_kernel(
     TILE: tl.constexpr,
     COMPACT: tl.constexpr,
     SMALL: tl.constexpr,
+    TINY: tl.constexpr,
     PDL: tl.constexpr,  # launched overlapping the chunk kernel: wait for its results first
 ):
     if PDL:
         wait_for_prerequisites()
     _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
-                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL)
+                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL,
+                TINY)
     if PDL:
         launch_dependents()  # once every row is done: the write kernel may start
 
@@ -588,7 +722,7 @@ def _select_kernel(
 def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS, row,
                 CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
-                COMPACT: tl.constexpr, SMALL: tl.constexpr):
+                COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr):
     """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
     stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
     the max and the normaliser."""
@@ -602,6 +736,8 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
     chunk_sum = tl.load(stats + CHUNK_SUM * num_slots, mask=live, other=0.0)
     means = tl.load(stats + CHUNK_MEAN * num_slots, mask=live, other=float("-inf"))
     floors = tl.load(stats + CHUNK_FLOOR * num_slots, mask=live, other=float("-inf"))
+    counts = tl.load(chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot + chunks, mask=live,
+                     other=0)
     t = tl.load(temperature_ptr + row)
     k = tl.load(top_k_ptr + row)
     p = tl.load(top_p_ptr + row)
@@ -619,17 +755,20 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
         use_p = p < 1.0
         mode = tl.zeros([1], tl.int32).sum(0) + _DENSE
         norm = z
+        has_mean = live & (means > float("-inf"))
+        spread = m - tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(
+            tl.sum(has_mean.to(tl.float32), 0), 1.0)
         if use_k | use_p:
+            floor = tl.max(floors, 0)  # every token >= it is stored
+            if use_k & (k <= TINY):  # every token top-k keeps is >= the top-k floor too
+                floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k))
             mode, norm = _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr + row * COMPACT,
                                         out_ptr + row * V, num_slots, first_slot, NUM_CHUNKS,
-                                        floors, m, z, k, p, use_k, use_p, CAPACITY, TILE,
-                                        COMPACT, SMALL)
-        has_mean = live & (means > float("-inf"))
-        mean = tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(
-            tl.sum(has_mean.to(tl.float32), 0), 1.0)
+                                        floor, m, z, k, p, use_k, use_p, CAPACITY, TILE,
+                                        COMPACT, SMALL, TINY)
         tl.store(row_f32_ptr + ROW_MAX * num_rows + row, m)
         tl.store(row_f32_ptr + ROW_NORM * num_rows + row, norm)
-        tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, m - mean)
+        tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, spread)
     tl.store(row_mode_ptr + row, mode.to(tl.int64))
     return mode, m, norm
 
@@ -730,6 +869,7 @@ def _single_kernel(
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
     SMALL: tl.constexpr,
+    TINY: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -745,7 +885,7 @@ def _single_kernel(
                                     chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
                                     compact_ptr, row_f32_ptr, row_mode_ptr,
                                     ticket_ptr, V, NUM_CHUNKS, row, CHUNKS_PAD, CAPACITY,
-                                    SELECT_TILE, COMPACT, SMALL)
+                                    SELECT_TILE, COMPACT, SMALL, TINY)
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
             _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
@@ -876,7 +1016,7 @@ def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mo
         _split_gather(row_ptr, V, t, pivot, compact_row, SUB, COMPACT)
         tl.debug_barrier()  # the gathered candidates land before other threads read them
         proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k,
-                                          p < 1.0, COMPACT, SMALL)
+                                          p < 1.0, COMPACT, SMALL, 0)
     if proven == 0:
         write_row(row_ptr, out_row, V, t, k, p, row_val, row_idx, BLOCK, ROW_CAPACITY)
         tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)
@@ -957,6 +1097,11 @@ class LaunchPlan:
         return (self.num_rows, self.num_write, NUM_SPLIT_PIVOTS.value)
 
 
+def register_cap(config: KernelConfig) -> tuple[tuple[str, int], ...]:
+    """Compile options of the write kernel's register cap (none if `write_registers` is 0)."""
+    return (("maxnreg", config.write_registers),) if config.write_registers else ()
+
+
 @functools.lru_cache(maxsize=256)
 def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                 overlap: bool = False) -> LaunchPlan:
@@ -981,7 +1126,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     single = num_rows * vocab <= config.single_launch_entries
     select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
                          ("TILE", select_tile), ("COMPACT", config.compact),
-                         ("SMALL", config.small_compact), ("PDL", pdl))
+                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
+                         ("PDL", pdl))
     write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),
@@ -991,7 +1137,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
-                         ("SMALL", config.small_compact))
+                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact))
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
@@ -1001,7 +1147,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                     KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
                                  config.select_warps, overlap_options(pdl)),
                     KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS, overlap_options(pdl)))
+                                 NUM_WARPS, overlap_options(pdl) + register_cap(config)))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),

@@ -76,6 +76,24 @@ def test_compact_overflow_falls_back_exactly():
     assert roomy.row_mode.tolist() == [k.RowMode.SPARSE] * 3
 
 
+def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
+    """The rows of the test above with 16 compact slots: the top-k 5 row has more than 16
+    stored candidates at the largest chunk floor (FALLBACK without a tiny block), but with a
+    tiny block of 8 (k <= 8) its floor is raised to `_top_k_floor`, few enough candidates
+    reach that, and it is SPARSE. Either way every row is exact."""
+    k = kernel()
+    logits = torch.randn(3, 1000, generator=generator(23)) * 3
+    t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
+    modes = {}
+    for tiny in (0, 8):
+        config = k.KernelConfig(chunk=128, chunk_capacity=32, compact=16, tiny_compact=tiny)
+        result = k.run_probabilities(logits, t, top_k, p, config)
+        assert_rows_match(result.probs, logits, t, top_k, p)
+        modes[tiny] = result.row_mode.tolist()
+    assert modes == {0: [k.RowMode.FALLBACK, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW],
+                     8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW]}
+
+
 def poisoned_empty(real_empty):
     """torch.empty that fills float tensors with NaN and integer tensors with -7."""
     def empty(*shape, dtype=None, device=None, **kw):
@@ -358,6 +376,21 @@ def test_default_single_launch_threshold():
     assert not plan(1, 152064).single
 
 
+def test_the_write_kernel_alone_takes_the_register_cap():
+    """`write_registers` becomes the write launch's `maxnreg` compile option (80 by default,
+    none at 0); the chunk and select launches and the single launch never take it."""
+    k = kernel()
+    def options(config, rows):
+        return {launch.kernel.__name__: dict(launch.options)
+                for launch in k.launch_plan(config, rows, 152064).launches}
+    assert options(k.DEFAULT_CONFIG, 8) == {"_chunk_kernel": {}, "_select_kernel": {},
+                                            "_write_kernel": {"maxnreg": 80}}
+    uncapped = dataclasses.replace(k.DEFAULT_CONFIG, write_registers=0)
+    assert options(uncapped, 8)["_write_kernel"] == {}
+    single = dataclasses.replace(k.DEFAULT_CONFIG, single_launch_entries=152064)
+    assert options(single, 1) == {"_single_kernel": {}}
+
+
 def test_overlapped_launches_follow_the_device_and_the_config():
     """Where the device supports programmatic dependent launch (`overlap`) and the configuration
     asks for it, the select and write launches take it (compile option and PDL constexpr) and
@@ -370,10 +403,10 @@ def test_overlapped_launches_follow_the_device_and_the_config():
     chunk, select, write = k.launch_plan(on, 8, 152064, overlap=True).launches
     assert dict(chunk.constexprs)["PDL"] and chunk.options == ()
     for launch in (select, write):
-        assert dict(launch.constexprs)["PDL"] and launch.options == (("launch_pdl", True),)
+        assert dict(launch.constexprs)["PDL"] and dict(launch.options)["launch_pdl"] is True
     for plan in (k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True),
                  k.launch_plan(on, 8, 152064, overlap=False)):
-        assert all(not dict(launch.constexprs)["PDL"] and launch.options == ()
+        assert all(not dict(launch.constexprs)["PDL"] and "launch_pdl" not in dict(launch.options)
                    for launch in plan.launches)
     (single,) = k.launch_plan(on, 1, 700, overlap=True).launches
     assert "PDL" not in dict(single.constexprs) and single.options == ()
@@ -382,7 +415,9 @@ def test_overlapped_launches_follow_the_device_and_the_config():
 
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
                                           ("single_launch_entries", 1.5), ("single_warps", 3),
-                                          ("overlap_launches", 1)])
+                                          ("overlap_launches", 1), ("tiny_compact", 3),
+                                          ("tiny_compact", 4096), ("write_registers", 16),
+                                          ("write_registers", 256), ("write_registers", 1.5)])
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         kernel().KernelConfig(**{field: value})
@@ -393,7 +428,8 @@ def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return (x.float().view(torch.int32).to(torch.int64) << 32) | index.to(torch.int64)
 
 
-def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small):
+def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small,
+                     tiny=0):
     """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove`."""
     from select_block_kernel import compact_and_prove
 
@@ -401,7 +437,8 @@ def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, c
     out = torch.zeros(vocab)
     result = torch.zeros(3)
     compact_and_prove[(1,)](cand, count, compacted, out, result, count.numel(), floor, m, z, k,
-                            p, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small)
+                            p, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small,
+                            TINY=tiny)
     return compacted, out, result.tolist()
 
 
@@ -506,3 +543,113 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
         # over a float32 sum of 6 positive terms (<= 5u): 3e-5 covers both with room
         torch.testing.assert_close(out.double(), expected, rtol=3e-5, atol=0)
     assert torch.equal(rows[0][1] > 0, rows[64][1] > 0)
+
+
+def host_cut(x: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """Kept mask of float32 candidates x by the select kernel's rule, in float64: top-k keeps
+    every key >= the k-th largest (ties included); top-p then keeps a survivor iff the mass of
+    the survivors with a strictly larger key is < p * their total."""
+    keys = float_keys(x)
+    e = (x.double() - x.double().max()).exp()
+    kept = keys >= keys.sort(descending=True).values[k - 1] if k > 0 else keys > keys.min() - 1
+    total = e[kept].sum()
+    above = torch.stack([e[kept & (keys > key)].sum() for key in keys])
+    return kept & (above < p * total) if p < 1.0 else kept
+
+
+def halfway_p(x: torch.Tensor, k: int, level: int) -> float:
+    """A top-p between the survivors' masses at and above two consecutive distinct keys (level
+    and level + 1, from the top), so no float32 rounding of the sums can move the cut."""
+    keys = float_keys(x)
+    e = (x.double() - x.double().max()).exp()
+    kept = keys >= keys.sort(descending=True).values[k - 1] if k > 0 else keys > keys.min() - 1
+    levels = keys[kept].unique().sort(descending=True).values
+    at_or_above = torch.stack([e[kept & (keys >= v)].sum() for v in levels[:level + 2]])
+    return float((at_or_above[level] + at_or_above[level + 1]) / 2 / e[kept].sum())
+
+
+@pytest.mark.parametrize("num", [1, 13, 64, 256])
+def test_tiny_block_finds_the_cut_of_the_searches(num):
+    """`_prove_tiny` (TINY = 256: no search, one pairwise pass) keeps the tokens of the key
+    searches on the 512-slot block (TINY = 0) and of the host's rule (`host_cut`), for top-k
+    alone (k = 1, a k inside a run of ties, k = num), top-k + top-p, top-p alone (then the row
+    Z decides coverage: a Z beyond the candidates' mass leaves the row unproven), and k > num
+    (unproven). Candidates are multiples of 1/4, so ties are common; num = 13 ends inside a
+    step of the pass, num = 256 fills the block."""
+    g = generator(93)
+    vocab = 600
+    x = (torch.randn(num, generator=g) * 8).round() / 4
+    index = torch.randperm(vocab, generator=g)[:num]
+    cand = packed_candidates(x, index)
+    count = torch.full((num,), 1, dtype=torch.int32)  # chunks of one slot, all stored
+    e = (x.double() - x.double().max()).exp()
+    keys = float_keys(x)
+    tied_k = int((keys > keys.sort(descending=True).values[num // 2]).sum()) + 1
+    cases = [(1, 1.0), (tied_k, 1.0), (num, 1.0)]
+    if num > 1:
+        cases += [(num, halfway_p(x, num, 0)), (tied_k, halfway_p(x, tied_k, 0)),
+                  (0, halfway_p(x, 0, min(3, int(keys.unique().numel()) - 2)))]
+    for k, p in cases:
+        rows = {tiny: run_select_block(cand, count, float("-inf"), float(x.max()),
+                                       float(e.sum()), k, p, vocab, capacity=1, tile=64,
+                                       compact=512, small=0, tiny=tiny) for tiny in (0, 256)}
+        expected = torch.zeros(vocab, dtype=torch.bool)
+        expected[index[host_cut(x, k, p)]] = True
+        for _, out, (found, proven, _) in rows.values():
+            assert (int(found), proven) == (num, 1.0), (k, p)
+            assert torch.equal(out > 0, expected), (k, p)
+        # both are exp(x - m) / norm over the same kept tokens: float32 exp of the same float32
+        # argument, norm a float32 sum of <= 256 positive terms in two orders (each within
+        # 255u of the exact sum, u = 2**-24): 2 * 255u ~ 3.1e-5 relative between them
+        torch.testing.assert_close(rows[256][1], rows[0][1], rtol=3.1e-5, atol=0)
+    for k, z in ((num + 1, float(e.sum())), (0, float(e.sum()) * 4)):  # unproven
+        p = 0.5 if k == 0 else 1.0
+        for tiny in (0, 256):
+            _, out, (_, proven, _) = run_select_block(
+                cand, count, float("-inf"), float(x.max()), z, k, p, vocab, capacity=1,
+                tile=64, compact=512, small=0, tiny=tiny)
+            assert proven == 0.0 and not out.any(), (k, tiny)
+
+
+def run_top_k_floor(chunk_max, floors, counts, m, spread, k) -> float:
+    from select_block_kernel import top_k_floor
+
+    result = torch.zeros(1)
+    top_k_floor[(1,)](chunk_max, floors, counts, result, chunk_max.numel(), m, spread, k,
+                      CHUNKS_PAD=64)
+    return result.item()
+
+
+def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
+    """`_top_k_floor` with m = 0 and spread = 1: the pivots are 0 (level 0) and
+    -2**((j - 25) / 4). A chunk proves one token at a pivot its max reaches and its count at
+    a pivot its floor reaches; the floor is the pivot of the lowest level at which the 40
+    chunks prove k, -inf if none does. Maxima and floors are drawn
+    away from every pivot (>= 1% of the gap), so float32 pivots decide as float64 ones do."""
+    g = generator(94)
+    levels = torch.arange(32, dtype=torch.float64)
+    pivots = torch.where(levels == 0, 0.0, -(2.0 ** ((levels - 25) / 4)))
+    def off_pivot(v):  # push values within 1% of a gap off the pivot
+        near = (v[:, None] - pivots[None, :]).abs().argmin(1)
+        gap = 0.01 * pivots[near].abs().clamp(min=0.01)
+        return torch.where((v - pivots[near]).abs() < gap, pivots[near] - gap, v)
+    chunk_max = off_pivot(-(torch.rand(40, generator=g, dtype=torch.float64) * 3) ** 2)
+    chunk_max[7] = 0.0  # the row max
+    floors = off_pivot(chunk_max - torch.rand(40, generator=g, dtype=torch.float64) * 2)
+    floors[3] = float("inf")  # a chunk whose candidates did not fit: no count
+    counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
+    counts[3] = 0
+    def certain(v):
+        return int(torch.maximum(torch.where(floors >= v, counts, 0),
+                                 (chunk_max >= v).int()).sum())
+    total = certain(pivots[-1].item())
+    for k in [1, 2, 5, 17, 60, total, total + 1]:
+        proving = [j for j in range(32) if certain(pivots[j].item()) >= k]
+        expected = pivots[proving[0]].item() if proving else float("-inf")
+        found = run_top_k_floor(chunk_max.float(), floors.float(), counts, 0.0, 1.0, k)
+        assert found == pytest.approx(expected, rel=1e-6), k
+    # a NaN spread: level 0 is m itself (it proves k = 1, the max, but not k = 2), and
+    # `_pivot` clamps every other level to -FLT_MAX, which bounds every finite token
+    nan, flt_max = float("nan"), torch.finfo(torch.float32).max
+    assert run_top_k_floor(chunk_max.float(), floors.float(), counts, 0.0, nan, 1) == 0.0
+    assert run_top_k_floor(chunk_max.float(), floors.float(), counts, 0.0, nan, 2) == -flt_max
