@@ -97,7 +97,7 @@ SPLIT_PIVOT_ZERO = tl.constexpr(20)  # split pivot 20 is the row mean, 0 is m - 
 SPLIT_SUB = 512  # vocabulary entries per step of the split count and gather (at most CHUNK)
 MASS_MARGIN = tl.constexpr(1e-3)  # top-p coverage of a split pivot needs this mass beyond p
 NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk (overflow search)
-NUM_LEVELS = tl.constexpr(32)  # 2**NUM_LEVELS_LOG2
+NUM_LEVELS = tl.constexpr(2**NUM_LEVELS_LOG2.value)
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
@@ -548,14 +548,20 @@ def _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, first, CAPACITY: tl.constex
 
 
 @triton.jit
+def _covers_kept(num, mass, z, k, p, use_k):
+    """Whether `num` candidates of total `mass` (exp(x - m)), which hold every token at or above
+    the row floor, hold every kept token: at least k of them for top-k, else mass >= p * Z."""
+    return ((num >= k) & use_k) | ((mass >= p * z) & (use_k == 0))
+
+
+@triton.jit
 def _threshold(x, valid, m, z, k, p, use_k, use_p):
     """(key_lo, norm, covered) on the candidates x[valid], which hold every token x >= F.
 
     covered: every kept token is among them (>= k of them for top-k, else mass >= p * Z)."""
     key = _key(x)
     e = tl.where(valid, tl.exp(x - m), 0.0)
-    covers_k = (tl.sum(valid.to(tl.int32), 0) >= k) & use_k
-    covered = covers_k | ((tl.sum(e, 0) >= p * z) & (use_k == 0))
+    covered = _covers_kept(tl.sum(valid.to(tl.int32), 0), tl.sum(e, 0), z, k, p, use_k)
     key_k = tl.zeros([1], tl.int32).sum(0) + KEY_MIN
     z_k = z
     if use_k:
@@ -664,7 +670,7 @@ def _prove_tiny(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, TINY: tl.co
     if use_p:
         keep = keep & (above < p * z_k)
     norm = tl.sum(tl.where(keep, e, 0.0), 0)
-    covered = (use_k & (num >= k)) | ((tl.sum(e, 0) >= p * z) & (use_k == 0))
+    covered = _covers_kept(num, tl.sum(e, 0), z, k, p, use_k)
     if covered:
         tl.store(out_row + _unpack_index(packed), tl.exp(x - m) / norm, mask=keep)
     return covered, norm

@@ -545,13 +545,20 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
     assert torch.equal(rows[0][1] > 0, rows[64][1] > 0)
 
 
-def host_cut(x: torch.Tensor, k: int, p: float) -> torch.Tensor:
-    """Kept mask of float32 candidates x by the select kernel's rule, in float64: top-k keeps
-    every key >= the k-th largest (ties included); top-p then keeps a survivor iff the mass of
-    the survivors with a strictly larger key is < p * their total."""
+def top_k_survivors(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(keys, float64 exp(x - max), survivors) of float32 candidates x: top-k keeps every key
+    >= the k-th largest, ties included; k <= 0 keeps all."""
     keys = float_keys(x)
     e = (x.double() - x.double().max()).exp()
     kept = keys >= keys.sort(descending=True).values[k - 1] if k > 0 else keys > keys.min() - 1
+    return keys, e, kept
+
+
+def host_cut(x: torch.Tensor, k: int, p: float) -> torch.Tensor:
+    """Kept mask of float32 candidates x by the select kernel's rule, in float64: the top-k
+    survivors (`top_k_survivors`); top-p then keeps a survivor iff the mass of the survivors
+    with a strictly larger key is < p * their total."""
+    keys, e, kept = top_k_survivors(x, k)
     total = e[kept].sum()
     above = torch.stack([e[kept & (keys > key)].sum() for key in keys])
     return kept & (above < p * total) if p < 1.0 else kept
@@ -560,9 +567,7 @@ def host_cut(x: torch.Tensor, k: int, p: float) -> torch.Tensor:
 def halfway_p(x: torch.Tensor, k: int, level: int) -> float:
     """A top-p between the survivors' masses at and above two consecutive distinct keys (level
     and level + 1, from the top), so no float32 rounding of the sums can move the cut."""
-    keys = float_keys(x)
-    e = (x.double() - x.double().max()).exp()
-    kept = keys >= keys.sort(descending=True).values[k - 1] if k > 0 else keys > keys.min() - 1
+    keys, e, kept = top_k_survivors(x, k)
     levels = keys[kept].unique().sort(descending=True).values
     at_or_above = torch.stack([e[kept & (keys >= v)].sum() for v in levels[:level + 2]])
     return float((at_or_above[level] + at_or_above[level + 1]) / 2 / e[kept].sum())
@@ -582,8 +587,7 @@ def test_tiny_block_finds_the_cut_of_the_searches(num):
     index = torch.randperm(vocab, generator=g)[:num]
     cand = packed_candidates(x, index)
     count = torch.full((num,), 1, dtype=torch.int32)  # chunks of one slot, all stored
-    e = (x.double() - x.double().max()).exp()
-    keys = float_keys(x)
+    keys, e, _ = top_k_survivors(x, 0)
     tied_k = int((keys > keys.sort(descending=True).values[num // 2]).sum()) + 1
     cases = [(1, 1.0), (tied_k, 1.0), (num, 1.0)]
     if num > 1:
