@@ -39,9 +39,9 @@ ARG_TYPES = {
     "logits_ptr": "*fp32", "temperature_ptr": "*fp32", "top_k_ptr": "*i64", "top_p_ptr": "*fp32",
     "out_ptr": "*fp32", "chunk_f32_ptr": "*fp32", "chunk_i32_ptr": "*i32", "cand_ptr": "*i64",
     "compact_ptr": "*i64", "row_f32_ptr": "*fp32", "row_mode_ptr": "*i64", "ticket_ptr": "*i32",
-    "split_i32_ptr": "*i32", "split_f32_ptr": "*fp32", "row_val_ptr": "*fp32",
-    "row_idx_ptr": "*i32", "V": "i32", "NUM_CHUNKS": "i32", "pivot_sigmas": "fp32",
-    "wide_sigmas": "fp32", "wide_k": "i32"}
+    "chunk_list_ptr": "*i32", "split_i32_ptr": "*i32", "split_f32_ptr": "*fp32",
+    "row_val_ptr": "*fp32", "row_idx_ptr": "*i32", "V": "i32", "NUM_CHUNKS": "i32",
+    "pivot_sigmas": "fp32", "wide_sigmas": "fp32", "wide_k": "i32"}
 LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)')
 INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 

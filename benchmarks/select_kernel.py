@@ -43,6 +43,7 @@ VARIANTS = {"default": THREE,  # always first
             "uncapped write": dataclasses.replace(THREE, write_registers=0),
             "write registers 128": dataclasses.replace(THREE, write_registers=128),
             "write registers 64": dataclasses.replace(THREE, write_registers=64),
+            "no chunk list": dataclasses.replace(THREE, chunk_list=False),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
                                                                  small_compact=1024)}

@@ -3,9 +3,11 @@ GPU): the chunk kernel's quick floors (mean + z std of each chunk, z aimed at CA
 CHUNK tokens) and, per row, `_top_k_floor` (the lowest of the 32 pivot levels at which the
 chunk maxima and stored counts prove k tokens). It prints, over ROWS rows of i.i.d. normal
 logits, the candidates at or above the largest chunk floor alone and at or above the raised
-floor, and how many rows exceed the tiny block. The model computes in float64 on the chunks'
-float32 values, so a token within rounding of a floor may count differently from the kernel;
-it estimates the sizes, it does not check the kernel (the tests do).
+floor, how many rows exceed the tiny block, and how many chunks have a max at or above the
+raised floor (the chunks `chunk_list` compacts, against all of them without it). The model
+computes in float64 on the chunks' float32 values, so a token within rounding of a floor may
+count differently from the kernel; it estimates the sizes, it does not check the kernel (the
+tests do).
 
 Usage, from the repository root:
     python3 -m benchmarks.top_k_floor_model [--k 50] [--rows 200] [--vocab 152064]
@@ -59,7 +61,7 @@ def main() -> None:
     chunk = config.chunk_size(args.vocab)
     z = NormalDist().inv_cdf(1 - config.chunk_capacity / (QUICK_FLOOR_SHARE * chunk))
     rng = np.random.default_rng(args.seed)
-    at_f, at_floor = [], []
+    at_f, at_floor, hot = [], [], []
     for _ in range(args.rows):
         x = (rng.standard_normal(args.vocab) * SCALE).astype(np.float32)
         maxima, floors, counts, means = chunk_statistics(x, chunk, z)
@@ -68,10 +70,12 @@ def main() -> None:
         v = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k)
         at_f.append(int((x >= f).sum()))
         at_floor.append(int((x >= max(f, v)).sum()))
-    for name, counts in (("largest chunk floor", at_f), ("top-k floor", at_floor)):
+        hot.append(int((maxima >= max(f, v)).sum()))
+    for name, counts in (("candidates at or above the largest chunk floor", at_f),
+                         ("candidates at or above the top-k floor", at_floor),
+                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor", hot)):
         q = np.percentile(counts, [0, 50, 90, 100])
-        print(f"candidates at or above the {name}: min {q[0]:.0f}, median {q[1]:.0f}, "
-              f"90% {q[2]:.0f}, max {q[3]:.0f}")
+        print(f"{name}: min {q[0]:.0f}, median {q[1]:.0f}, 90% {q[2]:.0f}, max {q[3]:.0f}")
     print(f"rows above tiny_compact ({config.tiny_compact}): "
           f"{sum(c > config.tiny_compact for c in at_floor)} of {args.rows}")
 

@@ -18,15 +18,16 @@ Three launches (one for small batches, below), no host read between them (S = nu
    token of the row with x >= F is among the stored candidates. A top-k row with k <= TINY
    raises F to its top-k floor (`_top_k_floor`: a pivot level that the chunk statistics prove
    k tokens reach, so the k-th largest x is not below it). The candidates >= F are compacted
-   into a per-row buffer of COMPACT slots, in (chunk, slot) order. If they fit and at least k of them
-   have x >= F (top-k), or their mass is >= p * Z (top-p only), every kept token is among
-   them: a bisection over an order-preserving 32-bit key of x, in registers, between the
-   smallest and the largest key that can hold the answer (`_kth_key`, `_top_p_key`), finds the
-   threshold (keep iff key >= key_lo) and the normaliser, and the kept probabilities are
-   scattered into the zeroed row. Rows with at most SMALL candidates (`small_compact`) run the
-   bisection on a SMALL block, whose block reductions cost less; rows with at most TINY
-   (`tiny_compact`) find the same cut without a search (`_prove_tiny`: one pass, each
-   candidate against all). Otherwise the row is marked FALLBACK.
+   into a per-row buffer of COMPACT slots, in (chunk, slot) order (at the top-k floor, with
+   `chunk_list`, reading only the chunks whose max reaches F: `_compact_listed`). If they
+   fit and at least k of them have x >= F (top-k), or their mass is >= p * Z (top-p only),
+   every kept token is among them: a bisection over an order-preserving 32-bit key of x, in
+   registers, between the smallest and the largest key that can hold the answer (`_kth_key`,
+   `_top_p_key`), finds the threshold (keep iff key >= key_lo) and the normaliser, and the
+   kept probabilities are scattered into the zeroed row. Rows with at most SMALL candidates
+   (`small_compact`) run the bisection on a SMALL block, whose block reductions cost less;
+   rows with at most TINY (`tiny_compact`) find the same cut without a search (`_prove_tiny`:
+   one pass, each candidate against all). Otherwise the row is marked FALLBACK.
 3. `_write_kernel`, one program per (row, write chunk): rows without truncation write
    exp(x - m) / Z (one more read of the logits); FALLBACK rows count, per program, the tokens
    (and their mass) at 32 split pivots m - spread * 2**((j - 20) / 4) (spread = m - the mean
@@ -156,6 +157,11 @@ class KernelConfig:
     # before it still runs and waits on the device for that kernel's results. Off by default:
     # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/performance.md)
     overlap_launches: bool = False
+    # top-k rows whose floor is the top-k floor (k <= tiny_compact) compact the candidates of
+    # only the chunks whose max reaches it (`_compact_listed`), listed first in a per-row
+    # scratch: the same candidates in fewer steps. On the H200 it cut the select kernel for
+    # top-k 50 but made it slower for rows with top-p alone (docs/performance.md)
+    chunk_list: bool = False
     # register cap per thread of the write kernel (ptxas `maxnreg`; 0: the compiler's choice).
     # Its rare whole-row and split-fallback paths set its register count, and with it how many
     # of its programs an SM holds at once, while most of its programs only read a row mode
@@ -171,9 +177,10 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        if not isinstance(self.overlap_launches, bool):
-            raise ValueError(f"KernelConfig.overlap_launches={self.overlap_launches!r} must be "
-                             "True or False")
+        for name in ("overlap_launches", "chunk_list"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
+                                 "False")
         small = self.small_compact
         if not isinstance(small, int) or small < 0 or small and (
                 small & (small - 1) or small >= self.compact):
@@ -235,9 +242,16 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # read a row mode and exit, so their launches set its time: on the H200 at V = 152,064 it went
 # 15.6 -> 6.3 us at B = 256 (top-k 50 + top-p 0.9) and 128.2 -> 81.3 us without truncation,
 # where it writes the rows (docs/performance.md).
+#
+# chunk_list=True: a top-k row at its top-k floor compacts only the chunks whose max reaches it
+# (50-111 of 297, median 67, at k = 50 in `python3 -m benchmarks.top_k_floor_model`). On the
+# H200 at V = 152,064 (top-k 50 + top-p 0.9) the select kernel went 11.5 -> 7.1 us at B = 1,
+# 12.2 -> 9.8 at B = 16 and 20.5 -> 16.8 at B = 256, but rows with top-p alone, which never
+# take the list, went 16.7 -> 17.8 us at B = 1 and 21.4 -> 24.3 at B = 64: the kernel with
+# both compactions is slower on them (docs/performance.md).
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
-                              tiny_compact=256, write_registers=80)
+                              tiny_compact=256, write_registers=80, chunk_list=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -511,36 +525,83 @@ def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.c
     (chunk, slot) order; return how many there are (they fit iff the count is <= COMPACT).
 
     `cand_ptr` / `count_ptr` point to the row's first chunk: slot j of chunk c is at
-    cand_ptr + c * CAPACITY + j. A step takes a [TILE chunks, CAPACITY slots] tile: a chunk's
-    offset is a scan over TILE per-chunk counts, a slot's a scan along its chunk's CAPACITY
-    slots (on the H200 2.4 us faster per row than one scan over the flattened tile:
-    docs/performance.md). Each step's loads are issued one step ahead (`_candidate_tile`), so
+    cand_ptr + c * CAPACITY + j. A step takes a [TILE chunks, CAPACITY slots] tile
+    (`_compact_step`). Each step's loads are issued one step ahead (`_candidate_tile`), so
     their latency overlaps the step before."""
     num = tl.zeros([1], tl.int32).sum(0)
-    slots = tl.arange(0, CAPACITY)
-    count, packed = _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, 0, CAPACITY, TILE)
+    chunks = tl.arange(0, TILE)
+    count, packed = _candidate_tile(cand_ptr, count_ptr, chunks, chunks < NUM_CHUNKS, CAPACITY)
     for first in range(0, NUM_CHUNKS, TILE):
-        next_count, next_packed = _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, first + TILE,
-                                                  CAPACITY, TILE)
-        valid = ((slots[None, :] < count[:, None]) & (_unpack_x(packed) >= floor)).to(tl.int32)
-        per_chunk = tl.sum(valid, 1)
-        before = tl.cumsum(per_chunk, 0) - per_chunk
-        pos = num + before[:, None] + tl.cumsum(valid, 1) - 1
-        tl.store(compact_ptr + pos, packed, mask=(valid != 0) & (pos < COMPACT))
-        num += tl.sum(per_chunk, 0)
+        chunks = first + TILE + tl.arange(0, TILE)
+        next_count, next_packed = _candidate_tile(cand_ptr, count_ptr, chunks,
+                                                  chunks < NUM_CHUNKS, CAPACITY)
+        num = _compact_step(count, packed, floor, num, compact_ptr, CAPACITY, COMPACT)
         count, packed = next_count, next_packed
     return num
 
 
 @triton.jit
-def _candidate_tile(cand_ptr, count_ptr, NUM_CHUNKS, first, CAPACITY: tl.constexpr,
-                    TILE: tl.constexpr):
-    """(count, packed) of chunks [first, first + TILE): each chunk's candidate count (0 past
-    NUM_CHUNKS) and all its CAPACITY slots, stored or not. Slots past a chunk's count hold
+def _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD: tl.constexpr):
+    """Store, in chunk order, the row's chunks whose max is not below floor at
+    list_ptr[0:CHUNKS_PAD] and return how many there are. A chunk whose max is below the floor
+    stores no candidate >= it (every stored candidate is <= its chunk's max); a NaN max counts
+    as hot, so the list holds every chunk `_compact` would take a candidate from."""
+    chunks = tl.arange(0, CHUNKS_PAD)
+    hot = ((chunk_max < floor) == 0) & (chunks < NUM_CHUNKS)
+    tl.store(list_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, chunks, mask=hot)
+    tl.debug_barrier()  # the list lands before any thread reads it
+    return tl.sum(hot.to(tl.int32), 0)
+
+
+@triton.jit
+def _compact_listed(cand_ptr, count_ptr, list_ptr, compact_ptr, num_listed, floor,
+                    CAPACITY: tl.constexpr, TILE: tl.constexpr, COMPACT: tl.constexpr):
+    """`_compact` over only the `num_listed` chunks at list_ptr (`_list_hot_chunks`): the same
+    candidates in the same order, in ceil(num_listed / TILE) steps instead of
+    ceil(NUM_CHUNKS / TILE). Each step's chunk numbers and loads are issued one step ahead."""
+    num = tl.zeros([1], tl.int32).sum(0)
+    count, packed = _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, 0, CAPACITY, TILE)
+    for first in range(0, num_listed, TILE):
+        next_count, next_packed = _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed,
+                                               first + TILE, CAPACITY, TILE)
+        num = _compact_step(count, packed, floor, num, compact_ptr, CAPACITY, COMPACT)
+        count, packed = next_count, next_packed
+    return num
+
+
+@triton.jit
+def _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, first, CAPACITY: tl.constexpr,
+                 TILE: tl.constexpr):
+    """`_candidate_tile` of the listed chunks [first, first + TILE)."""
+    entries = first + tl.arange(0, TILE)
+    listed = entries < num_listed
+    chunks = tl.load(list_ptr + entries, mask=listed, other=0)
+    return _candidate_tile(cand_ptr, count_ptr, chunks, listed, CAPACITY)
+
+
+@triton.jit
+def _compact_step(count, packed, floor, num, compact_ptr, CAPACITY: tl.constexpr,
+                  COMPACT: tl.constexpr):
+    """Append a [TILE chunks, CAPACITY slots] tile's candidates with x >= floor (slot < the
+    chunk's count) at compact_ptr[num:], in (chunk, slot) order; return the new num. A
+    chunk's offset is a scan over its TILE counts, a slot's a scan along its chunk's CAPACITY
+    slots (on the H200 2.4 us faster per row than one scan over the flattened tile:
+    docs/performance.md)."""
+    slots = tl.arange(0, CAPACITY)
+    valid = ((slots[None, :] < count[:, None]) & (_unpack_x(packed) >= floor)).to(tl.int32)
+    per_chunk = tl.sum(valid, 1)
+    before = tl.cumsum(per_chunk, 0) - per_chunk
+    pos = num + before[:, None] + tl.cumsum(valid, 1) - 1
+    tl.store(compact_ptr + pos, packed, mask=(valid != 0) & (pos < COMPACT))
+    return num + tl.sum(per_chunk, 0)
+
+
+@triton.jit
+def _candidate_tile(cand_ptr, count_ptr, chunks, live, CAPACITY: tl.constexpr):
+    """(count, packed) of the [TILE] `chunks`: each chunk's candidate count (0 where not
+    `live`) and all its CAPACITY slots, stored or not. Slots past a chunk's count hold
     whatever was there (the caller masks them with the count), so the two loads are
     independent: neither waits for the other's latency."""
-    chunks = first + tl.arange(0, TILE)
-    live = chunks < NUM_CHUNKS
     count = tl.load(count_ptr + chunks, mask=live, other=0)
     slots = chunks[:, None] * CAPACITY + tl.arange(0, CAPACITY)[None, :]
     packed = tl.load(cand_ptr + slots, mask=live[:, None], other=0)
@@ -575,16 +636,29 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 
 
 @triton.jit
-def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, out_row, num_slots, first_slot,
-                   NUM_CHUNKS, floor, m, z, k, p, use_k, use_p, CAPACITY: tl.constexpr,
-                   TILE: tl.constexpr, COMPACT: tl.constexpr, SMALL: tl.constexpr,
-                   TINY: tl.constexpr):
+def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, list_ptr, out_row, num_slots,
+                   first_slot, NUM_CHUNKS, chunk_max, floor, listed, m, z, k, p, use_k, use_p,
+                   CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
+                   COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
+                   LISTED: tl.constexpr):
     """RowMode and normaliser of a truncating row, from its stored candidates >= `floor` (at
     least the largest chunk floor, so every token >= it is stored); SPARSE rows get their kept
-    values here."""
-    num = _compact(cand_ptr + first_slot * CAPACITY,
-                   chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot, compact_ptr,
-                   NUM_CHUNKS, floor, CAPACITY, TILE, COMPACT)
+    values here. With LISTED and `listed` (a floor high enough that few chunks reach it: the
+    top-k floor) the compaction reads only the chunks whose max reaches the floor
+    (`_compact_listed`), with the same result."""
+    row_cands = cand_ptr + first_slot * CAPACITY
+    row_counts = chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot
+    if LISTED:
+        if listed:
+            num_hot = _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD)
+            num = _compact_listed(row_cands, row_counts, list_ptr, compact_ptr, num_hot, floor,
+                                  CAPACITY, TILE, COMPACT)
+        else:
+            num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY,
+                           TILE, COMPACT)
+    else:
+        num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY, TILE,
+                       COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
     is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
                                          COMPACT, SMALL, TINY)
@@ -704,6 +778,7 @@ def _select_kernel(
     row_f32_ptr,  # [3, B] float32 out: row max, normaliser (Z of FALLBACK rows), spread
     row_mode_ptr,  # [B] int64 out: RowMode
     ticket_ptr,  # [B] int32 out: zeroed, counts the split fallback's finished programs
+    chunk_list_ptr,  # [B, CHUNKS_PAD] int32 scratch: a row's chunks that reach its floor
     V,
     NUM_CHUNKS,
     CHUNKS_PAD: tl.constexpr,
@@ -712,23 +787,27 @@ def _select_kernel(
     COMPACT: tl.constexpr,
     SMALL: tl.constexpr,
     TINY: tl.constexpr,
+    LISTED: tl.constexpr,  # top-k floor rows compact only the chunks that reach it
     PDL: tl.constexpr,  # launched overlapping the chunk kernel: wait for its results first
 ):
     if PDL:
         wait_for_prerequisites()
     _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
-                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS,
+                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, chunk_list_ptr,
+                V, NUM_CHUNKS,
                 tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL,
-                TINY)
+                TINY, LISTED)
     if PDL:
         launch_dependents()  # once every row is done: the write kernel may start
 
 
 @triton.jit
 def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
-                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, V, NUM_CHUNKS, row,
+                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, chunk_list_ptr,
+                V, NUM_CHUNKS, row,
                 CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
-                COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr):
+                COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
+                LISTED: tl.constexpr):
     """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
     stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
     the max and the normaliser."""
@@ -766,12 +845,14 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
             tl.sum(has_mean.to(tl.float32), 0), 1.0)
         if use_k | use_p:
             floor = tl.max(floors, 0)  # every token >= it is stored
-            if use_k & (k <= TINY):  # every token top-k keeps is >= the top-k floor too
+            top_k_floor = use_k & (k <= TINY)
+            if top_k_floor:  # every token top-k keeps is >= the top-k floor too
                 floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k))
             mode, norm = _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr + row * COMPACT,
-                                        out_ptr + row * V, num_slots, first_slot, NUM_CHUNKS,
-                                        floor, m, z, k, p, use_k, use_p, CAPACITY, TILE,
-                                        COMPACT, SMALL, TINY)
+                                        chunk_list_ptr + row * CHUNKS_PAD, out_ptr + row * V,
+                                        num_slots, first_slot, NUM_CHUNKS, chunk_max, floor,
+                                        top_k_floor, m, z, k, p, use_k, use_p, CHUNKS_PAD,
+                                        CAPACITY, TILE, COMPACT, SMALL, TINY, LISTED)
         tl.store(row_f32_ptr + ROW_MAX * num_rows + row, m)
         tl.store(row_f32_ptr + ROW_NORM * num_rows + row, norm)
         tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, spread)
@@ -858,6 +939,7 @@ def _single_kernel(
     row_f32_ptr,  # [3, B] float32 scratch (see _select_kernel)
     row_mode_ptr,  # [B] int64 out: RowMode
     ticket_ptr,  # [B] int32: zero before the launch; the row's last program zeroes it again
+    chunk_list_ptr,  # [B, CHUNKS_PAD] int32 scratch (see _select_kernel)
     row_val_ptr,  # [B, ROW_CAPACITY] float32 scratch of the whole-row kernel
     row_idx_ptr,  # [B, ROW_CAPACITY] int32 scratch of the whole-row kernel
     V,
@@ -876,6 +958,7 @@ def _single_kernel(
     ROW_CAPACITY: tl.constexpr,
     SMALL: tl.constexpr,
     TINY: tl.constexpr,
+    LISTED: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -890,8 +973,9 @@ def _single_kernel(
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
                                     chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
                                     compact_ptr, row_f32_ptr, row_mode_ptr,
-                                    ticket_ptr, V, NUM_CHUNKS, row, CHUNKS_PAD, CAPACITY,
-                                    SELECT_TILE, COMPACT, SMALL, TINY)
+                                    ticket_ptr, chunk_list_ptr, V, NUM_CHUNKS, row,
+                                    CHUNKS_PAD, CAPACITY,
+                                    SELECT_TILE, COMPACT, SMALL, TINY, LISTED)
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
             _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
@@ -1069,16 +1153,16 @@ class LaunchPlan:
         out, *scratch), named as in BUFFERS: the tensors, or their data pointers
         (`CompiledLaunches.launch`). A kernel parameter `<name>_ptr` gets buffer `<name>`."""
         (logits, temperature, top_k, top_p, out, chunk_f32, row_f32, row_val, split_f32,
-         chunk_i32, row_idx, split_i32, ticket, cand, compact, row_mode) = buffers
+         chunk_i32, row_idx, split_i32, ticket, chunk_list, cand, compact, row_mode) = buffers
         vocab, num_chunks = self.vocab, self.num_chunks
         if self.single:
             return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact,
-                     row_f32, row_mode, ticket, row_val, row_idx, vocab, num_chunks,
+                     row_f32, row_mode, ticket, chunk_list, row_val, row_idx, vocab, num_chunks,
                      self.pivot_sigmas, self.wide_sigmas, self.wide_k),)
         return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
                  num_chunks, self.pivot_sigmas, self.wide_sigmas, self.wide_k),
                 (temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-                 row_mode, ticket, vocab, num_chunks),
+                 row_mode, ticket, chunk_list, vocab, num_chunks),
                 (logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
                  compact, ticket, row_val, row_idx, vocab))
 
@@ -1088,10 +1172,11 @@ class LaunchPlan:
                 (self.num_rows, self.config.candidate_capacity), self.split_shape)
 
     @property
-    def i32_shapes(self):  # chunk argmax / count, whole-row indices, split counts, tickets
+    def i32_shapes(self):  # chunk argmax / count, whole-row indices, split counts, tickets,
+        # each row's chunks that reach its floor (the select kernel's list)
         return ((2, self.num_rows * self.num_chunks),
                 (self.num_rows, self.config.candidate_capacity), self.split_shape,
-                (self.num_rows,))
+                (self.num_rows,), (self.num_rows, triton.next_power_of_2(self.num_chunks)))
 
     @property
     def i64_shapes(self):  # chunk candidates, per-row compact buffer, row modes
@@ -1133,7 +1218,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
                          ("TILE", select_tile), ("COMPACT", config.compact),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("PDL", pdl))
+                         ("LISTED", config.chunk_list), ("PDL", pdl))
     write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),
@@ -1143,7 +1228,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
-                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact))
+                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
+                         ("LISTED", config.chunk_list))
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
@@ -1167,12 +1253,12 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
 # A call's buffers in the order `LaunchPlan.arguments` takes them: the caller's four inputs,
 # the output, then the scratch of `_make_scratch` (float32, int32 and int64 views in turn).
 BUFFERS = ("logits", "temperature", "top_k", "top_p", "out", "chunk_f32", "row_f32", "row_val",
-           "split_f32", "chunk_i32", "row_idx", "split_i32", "ticket", "cand", "compact",
-           "row_mode")
+           "split_f32", "chunk_i32", "row_idx", "split_i32", "ticket", "chunk_list", "cand",
+           "compact", "row_mode")
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
-    """The scratch of one call: three allocations (one per dtype), 11 views. The single
+    """The scratch of one call: three allocations (one per dtype), 12 views. The single
     launch's tickets start at zero (each call leaves them at zero again)."""
     scratch = (*_scratch(torch.float32, device, *plan.f32_shapes),
                *_scratch(torch.int32, device, *plan.i32_shapes),

@@ -94,6 +94,27 @@ def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
                      8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW]}
 
 
+def test_the_chunk_list_changes_no_result():
+    """`chunk_list` (top-k floor rows compact only the chunks whose max reaches the floor) on
+    and off: bitwise the same probabilities and row modes, exact either way. 24 chunks of 128
+    entries and 2 chunks per compaction step, so the listed chunks take several steps; the
+    rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above the tiny block: not listed), top-p
+    alone, greedy and no truncation."""
+    k = kernel()
+    logits = torch.randn(6, 3000, generator=generator(29)) * 3
+    t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 0.0, 1.0], [5, 3, 40, -1, -1, -1],
+                         [1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
+    results = {}
+    for listed in (False, True):
+        config = k.KernelConfig(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
+                                tiny_compact=16, chunk_list=listed)
+        results[listed] = k.run_probabilities(logits, t, top_k, p, config)
+        assert_rows_match(results[listed].probs, logits, t, top_k, p)
+    assert torch.equal(results[True].probs, results[False].probs)
+    assert torch.equal(results[True].row_mode, results[False].row_mode)
+    assert results[True].row_mode[:2].tolist() == [k.RowMode.SPARSE] * 2
+
+
 def poisoned_empty(real_empty):
     """torch.empty that fills float tensors with NaN and integer tensors with -7."""
     def empty(*shape, dtype=None, device=None, **kw):
@@ -415,7 +436,8 @@ def test_overlapped_launches_follow_the_device_and_the_config():
 
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
                                           ("single_launch_entries", 1.5), ("single_warps", 3),
-                                          ("overlap_launches", 1), ("tiny_compact", 3),
+                                          ("overlap_launches", 1), ("chunk_list", 1),
+                                          ("tiny_compact", 3),
                                           ("tiny_compact", 4096), ("write_registers", 16),
                                           ("write_registers", 256), ("write_registers", 1.5)])
 def test_single_launch_fields_are_checked(field, value):
@@ -508,6 +530,44 @@ def test_compaction_keeps_stored_candidates_at_the_floor_in_chunk_order(tile):
     assert 0 < expected.numel() < stored.sum()
     assert int(num) == expected.numel()
     assert torch.equal(compacted[:expected.numel()], expected)
+
+
+@pytest.mark.parametrize("floor", [0.5, 1.5, float("-inf")])
+def test_compaction_over_the_listed_chunks_takes_the_same_candidates(floor):
+    """`_compact_listed` over the chunks `_list_hot_chunks` lists (max not below the floor)
+    writes exactly what `_compact` over every chunk writes, in the same order. 37 chunks of 8
+    slots, tile 4: several steps of listed chunks. Chunk maxima are at or above the stored
+    candidates (some chunks hold a larger unstored token); slots past a chunk's count hold
+    huge x; one chunk's max is NaN (listed whatever the floor), and one chunk with a max at
+    the floor stores a candidate equal to it. The list starts filled with a listed chunk, as
+    a previous row would leave it, so reading past its end would copy candidates twice."""
+    from select_block_kernel import both_compactions
+
+    g = generator(95)
+    num_chunks, capacity, tile, compact = 37, 8, 4, 512
+    x = torch.randn(num_chunks, capacity, generator=g)
+    count = torch.randint(0, capacity + 1, (num_chunks,), generator=g, dtype=torch.int32)
+    stored = torch.arange(capacity)[None, :] < count[:, None].long()
+    chunk_max = torch.where(stored, x, float("-inf")).amax(1)
+    chunk_max += torch.where(torch.rand(num_chunks, generator=g) < 0.3, 0.25, 0.0)
+    if floor > float("-inf"):
+        count[5], x[5, 0], chunk_max[5] = 1, floor, floor
+    count[11], x[11, 0], chunk_max[11] = max(int(count[11]), 1), 2.0, float("nan")
+    x = torch.where(stored | (torch.arange(capacity)[None, :] < count[:, None].long()), x,
+                    torch.full_like(x, 1e30))
+    cand = packed_candidates(x.flatten(), torch.arange(num_chunks * capacity))
+    full, listed = (torch.full((compact,), -7, dtype=torch.int64) for _ in range(2))
+    result = torch.zeros(3, dtype=torch.int32)
+    stale_list = torch.full((64,), 11, dtype=torch.int32)  # a chunk read twice would show
+    both_compactions[(1,)](cand, count, chunk_max, stale_list,
+                           full, listed, result, num_chunks, floor, CHUNKS_PAD=64,
+                           CAPACITY=capacity, TILE=tile, COMPACT=compact)
+    num_full, num_listed, num_hot = result.tolist()
+    expected_hot = int(((chunk_max >= floor) | chunk_max.isnan()).sum())
+    assert num_hot == expected_hot and (num_hot < num_chunks or floor == float("-inf"))
+    assert num_hot > 2 * tile or floor > 1.0
+    assert num_listed == num_full > 0
+    assert torch.equal(listed, full)
 
 
 @pytest.mark.parametrize("num", [40, 100])
