@@ -94,12 +94,13 @@ def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
                      8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW]}
 
 
-def test_the_chunk_list_changes_no_result():
+@pytest.mark.parametrize("single_launch_entries", [0, 2**20])
+def test_the_chunk_list_changes_no_result(single_launch_entries):
     """`chunk_list` (top-k floor rows compact only the chunks whose max reaches the floor) on
-    and off: bitwise the same probabilities and row modes, exact either way. 24 chunks of 128
-    entries and 2 chunks per compaction step, so the listed chunks take several steps; the
-    rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above the tiny block: not listed), top-p
-    alone, greedy and no truncation."""
+    and off: bitwise the same probabilities and row modes, exact either way, in three launches
+    and in the single launch. 24 chunks of 128 entries and 2 chunks per compaction step, so the
+    listed chunks take several steps; the rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above
+    the tiny block: not listed), top-p alone, greedy and no truncation."""
     k = kernel()
     logits = torch.randn(6, 3000, generator=generator(29)) * 3
     t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 0.0, 1.0], [5, 3, 40, -1, -1, -1],
@@ -107,7 +108,9 @@ def test_the_chunk_list_changes_no_result():
     results = {}
     for listed in (False, True):
         config = k.KernelConfig(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
-                                tiny_compact=16, chunk_list=listed)
+                                tiny_compact=16, chunk_list=listed,
+                                single_launch_entries=single_launch_entries)
+        assert k.launch_plan(config, *logits.shape).single == (single_launch_entries > 0)
         results[listed] = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(results[listed].probs, logits, t, top_k, p)
     assert torch.equal(results[True].probs, results[False].probs)
