@@ -548,9 +548,10 @@ def _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD: tl.cons
     as hot, so the list holds every chunk `_compact` would take a candidate from."""
     chunks = tl.arange(0, CHUNKS_PAD)
     hot = ((chunk_max < floor) == 0) & (chunks < NUM_CHUNKS)
-    tl.store(list_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, chunks, mask=hot)
+    ones = hot.to(tl.int32)
+    tl.store(list_ptr + tl.cumsum(ones, 0) - 1, chunks, mask=hot)
     tl.debug_barrier()  # the list lands before any thread reads it
-    return tl.sum(hot.to(tl.int32), 0)
+    return tl.sum(ones, 0)
 
 
 @triton.jit
@@ -648,6 +649,8 @@ def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, list_ptr, out_row, num_
     (`_compact_listed`), with the same result."""
     row_cands = cand_ptr + first_slot * CAPACITY
     row_counts = chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot
+    # `listed` is known only at run time; LISTED off leaves the list out of the compiled kernel
+    # (the select kernel as it was before it), hence the full compaction in two branches
     if LISTED:
         if listed:
             num_hot = _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD)

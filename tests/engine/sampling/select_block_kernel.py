@@ -1,8 +1,8 @@
 """Triton kernels that run parts of the select kernel alone, for tests: the compaction and
 proof (`_compact`, then `_prove_and_scatter`), the compaction over the listed chunks
-(`_list_hot_chunks`, `_compact_listed`), the two key searches (`_kth_key`,
-`_top_p_key`) and the top-k row floor (`_top_k_floor`). Kept in their own module: Triton resolves a kernel's callees among its
-module's globals, so the test's kernels must name them at module level."""
+(`_list_hot_chunks`, `_compact_listed`), the two key searches (`_kth_key`, `_top_p_key`) and
+the top-k row floor (`_top_k_floor`). Kept in their own module: Triton resolves a kernel's
+callees among its module's globals, so the test's kernels must name them at module level."""
 
 import triton
 import triton.language as tl
