@@ -45,6 +45,7 @@ import triton.testing
 
 from benchmarks.sampling import L2_BYTES, inputs
 from benchmarks.sampling_host import per_call_us
+from benchmarks.select_kernel import VARIANTS as SELECT_VARIANTS
 from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
                                                   RowMode, launch_plan, probabilities_triton,
                                                   run_probabilities)
@@ -144,14 +145,15 @@ def table(cases, named_configs) -> list[str]:
     return lines
 
 
-def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),)) -> list[str]:
+def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),),
+                   cases=DEFAULT_CASES) -> list[str]:
     """Median [min-max] over `rounds` rounds of each column, for each configuration (the
-    default; with --overlap also the default with `overlap_launches` flipped), interleaved case
-    by case within each round."""
-    sets = {case: input_sets(*case) for case in DEFAULT_CASES}
-    found = {(case, name): [] for case in DEFAULT_CASES for name, _ in named_configs}
+    default; with --overlap also the default with `overlap_launches` flipped, with --variants
+    the named variants), interleaved case by case within each round."""
+    sets = {case: input_sets(*case) for case in cases}
+    found = {(case, name): [] for case in cases for name, _ in named_configs}
     for _ in range(rounds):
-        for case in DEFAULT_CASES:
+        for case in cases:
             for name, config in named_configs:
                 found[case, name].append(timings(config, sets[case]))
     lines = ["| B | V | rows | path | config | " + " | ".join(COLUMNS) + " |",
@@ -191,6 +193,12 @@ def main() -> None:
                         help="only the default configuration, in this many rounds")
     parser.add_argument("--overlap", action="store_true",
                         help="with --default-only: also the default with overlap_launches flipped")
+    parser.add_argument("--variants", default="",
+                        help="with --default-only: also these variants of benchmarks.select_kernel "
+                             "(comma-separated names; three launches, as the default at these "
+                             "sizes)")
+    parser.add_argument("--batches", default="",
+                        help="with --default-only: only these batch sizes (comma-separated)")
     args = parser.parse_args()
     if args.default_only:
         named = [("default", DEFAULT_CONFIG)]
@@ -198,8 +206,11 @@ def main() -> None:
             flipped = not DEFAULT_CONFIG.overlap_launches
             named.append((f"overlap {'on' if flipped else 'off'}",
                           dataclasses.replace(DEFAULT_CONFIG, overlap_launches=flipped)))
+        named += [(name, SELECT_VARIANTS[name]) for name in args.variants.split(",") if name]
+        batches = {int(b) for b in args.batches.split(",") if b}
+        cases = [case for case in DEFAULT_CASES if not batches or case[0] in batches]
         lines = [f"{device_line()}, median [min-max] of {args.default_only} rounds; "
-                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only, named)]
+                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only, named, cases)]
         print("\n".join(lines), flush=True)
     else:
         lines = comparison()

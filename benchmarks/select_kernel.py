@@ -3,7 +3,8 @@ select kernel's configuration, on a CUDA device.
 
 For each (B, row mix) at V = 152,064 it runs `DEFAULT_CONFIG` on the three launches (single
 launch off) and the chosen variants of it (by default: `tiny_compact=0`, every row searches
-a block for its cut), checks that each keeps the tokens the first keeps, and prints the
+a block for its cut), checks that each gives the first's probabilities (bitwise) or at
+least keeps its tokens, and prints the
 graph time of one call (`triton.testing.do_bench_cudagraph` median) and each kernel's mean
 device time (torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2)
 logits, temperature 0.8 (those of benchmarks/sampling.py).
@@ -46,7 +47,17 @@ VARIANTS = {"default": THREE,  # always first
             "no chunk list": dataclasses.replace(THREE, chunk_list=False),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
-                                                                 small_compact=1024)}
+                                                                 small_compact=1024),
+            "chunk group 2": dataclasses.replace(THREE, chunk_group=2),
+            "chunk group 4": dataclasses.replace(THREE, chunk_group=4),
+            "chunk group 2 / 80 registers": dataclasses.replace(THREE, chunk_group=2,
+                                                               chunk_registers=80),
+            "chunk group 4 / 80 registers": dataclasses.replace(THREE, chunk_group=4,
+                                                               chunk_registers=80),
+            "ftz sum": dataclasses.replace(THREE, ftz_sum=True),
+            "zero evict first": dataclasses.replace(THREE, zero_evict_first=True),
+            "chunk group 2 / ftz / evict": dataclasses.replace(THREE, chunk_group=2, ftz_sum=True,
+                                                              zero_evict_first=True)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 
@@ -54,16 +65,17 @@ def row(batch: int, mix: str, variants: dict) -> str:
     k, p = MIXES[mix]
     logits, t, _, _ = inputs(batch, VOCAB, 7)
     args = (logits, t, torch.full_like(t, k, dtype=torch.int64), torch.full_like(t, p))
-    cells, kept = [], []
+    cells, probs = [], []
     for config in variants.values():
-        kept.append(probabilities_triton(*args, config=config) > 0)
+        probs.append(probabilities_triton(*args, config=config))
         graph = triton.testing.do_bench_cudagraph(
             lambda c=config: probabilities_triton(*args, config=c), rep=GRAPH_REP_MS,
             return_mode="median") * 1e3
         kernels = kernel_times(args, config, calls=PROFILED_CALLS)
         cells.append(f"{graph:.1f} | " + " / ".join(
             f"{kernels.get(name, 0.0):.1f}" for name in KERNEL_NAMES[:3]))
-    same = "yes" if all(torch.equal(kept[0], other) for other in kept[1:]) else "NO"
+    same = ("bitwise" if all(torch.equal(probs[0], other) for other in probs[1:]) else
+            "kept" if all(torch.equal(probs[0] > 0, other > 0) for other in probs[1:]) else "NO")
     return f"| {batch} | {mix} | {' | '.join(cells)} | {same} |"
 
 
@@ -89,7 +101,7 @@ def main() -> None:
     lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"triton {triton.__version__}; V = {VOCAB}, us", "",
              "| B | rows | " + " | ".join(f"{n}: graph | chunk / select / write" for n in names)
-             + " | same kept tokens |",
+             + " | same as the first |",
              "|---:|---|" + "---:|---|" * len(names) + "---|"]
     print("\n".join(lines), flush=True)
     for batch in (int(b) for b in args.batches.split(",")):

@@ -64,6 +64,7 @@ import dataclasses
 import enum
 import functools
 import math
+import os
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -71,7 +72,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
+from engine.sampling.probabilities_row_kernel import (scale_logits, scaled_logits, take_at_least,
+                                                     write_row)
 from engine.sampling.launch_overlap import (launch_dependents, overlap_options,
                                             supports_overlap, wait_for_prerequisites)
 from engine.sampling.launcher import CompiledLaunches, KernelLaunch, current_stream
@@ -166,18 +168,28 @@ class KernelConfig:
     # Its rare whole-row and split-fallback paths set its register count, and with it how many
     # of its programs an SM holds at once, while most of its programs only read a row mode
     write_registers: int = 0
+    # consecutive chunks per program of the chunk kernel, each chunk's logits loaded while the
+    # chunk before it works (results do not depend on it)
+    chunk_group: int = 1
+    # register cap per thread of the chunk kernel (ptxas `maxnreg`; 0: the compiler's choice)
+    chunk_registers: int = 0
+    # the chunk kernel's zero stores take the evict-first cache policy, so the chunk
+    # statistics and candidates the select kernel reads next stay in L2
+    zero_evict_first: bool = False
+    # on CUDA, the chunk sums exp with one ex2.approx.ftz per entry (see `_exp_sum`)
+    ftz_sum: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share", "single_warps"):
+                     "candidate_capacity", "wide_share", "single_warps", "chunk_group"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        for name in ("overlap_launches", "chunk_list"):
+        for name in ("overlap_launches", "chunk_list", "zero_evict_first", "ftz_sum"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -186,10 +198,12 @@ class KernelConfig:
                 small & (small - 1) or small >= self.compact):
             raise ValueError(f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
                              f"power of two below compact ({self.compact})")
-        if not isinstance(self.write_registers, int) or self.write_registers and not (
-                MIN_REGISTERS <= self.write_registers <= MAX_REGISTERS):
-            raise ValueError(f"KernelConfig.write_registers={self.write_registers!r} must be 0 "
-                             f"or an integer in [{MIN_REGISTERS}, {MAX_REGISTERS}]")
+        for name in ("write_registers", "chunk_registers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value and not (
+                    MIN_REGISTERS <= value <= MAX_REGISTERS):
+                raise ValueError(f"KernelConfig.{name}={value!r} must be 0 or an integer in "
+                                 f"[{MIN_REGISTERS}, {MAX_REGISTERS}]")
         tiny = self.tiny_compact
         if not isinstance(tiny, int) or tiny < 0 or tiny and (
                 tiny & (tiny - 1) or tiny >= (small or self.compact)):
@@ -409,41 +423,80 @@ def _chunk_kernel(
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
+    GROUP: tl.constexpr,  # consecutive chunks per program, each loaded while the last one works
+    ZERO_EVICTION: tl.constexpr,  # cache policy of the zero stores ("" or "evict_first")
+    FTZ_SUM: tl.constexpr,  # the chunk sum's exp flushes results below 2**-126 (CUDA only)
     PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
-    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
-                tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
+    """GROUP consecutive chunks of one row: the logits of chunk i + 1 are loaded before chunk
+    i's work, so every program has a load in flight while it computes. Each chunk's results
+    are those of a program of its own."""
+    row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * GROUP
+    raw = _chunk_logits(logits_ptr, row, first, V, CHUNK)
+    for i in tl.static_range(GROUP):
+        chunk = first + i
+        logits = raw
+        if i + 1 < GROUP:
+            raw = _chunk_logits(logits_ptr, row, chunk + 1, V, CHUNK)
+        if chunk < NUM_CHUNKS:
+            _chunk_work(logits, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                        chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas,
+                        wide_k, row, chunk, CHUNK, CAPACITY, KEEP_ALL, ZERO_EVICTION, FTZ_SUM)
     if PDL:
         launch_dependents()
 
 
 @triton.jit
-def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+def _chunk_logits(logits_ptr, row, chunk, V, CHUNK: tl.constexpr):
+    """The raw logits of one chunk of a row (-inf past V)."""
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    return tl.load(logits_ptr + row * V + offs, mask=offs < V, other=float("-inf"))
+
+
+@triton.jit
+def _exp_sum(x, m, FTZ: tl.constexpr):
+    """sum exp(x - m) over the finite x. FTZ: each exp is one ex2.approx.ftz (terms below
+    2**-126 become 0: a sum that holds exp(0) = 1 loses nothing it could round to); else
+    tl.exp, whose non-flushing ex2 costs three more instructions per entry."""
+    d = x - m
+    if FTZ:
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r",
+                                      [d * 1.4426950408889634], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        e = tl.exp(d)
+    return tl.sum(tl.where(x > float("-inf"), e, 0.0), 0)
+
+
+@triton.jit
+def _chunk_work(logits, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
-    """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`)."""
+                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
+                ZERO_EVICTION: tl.constexpr, FTZ_SUM: tl.constexpr):
+    """The work of one (row, chunk) of `_chunk_kernel` (also run by `_single_kernel`) on the
+    chunk's loaded raw logits."""
     num_slots = tl.num_programs(0).to(tl.int64) * NUM_CHUNKS
     slot = row * NUM_CHUNKS + chunk
     t = tl.load(temperature_ptr + row)
     is_greedy = t == 0.0
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < V
-    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t))
+    x = scale_logits(logits, tl.where(is_greedy, 1.0, t))
     m = tl.max(x, 0)
     tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m)
     zeros = tl.zeros([CHUNK], tl.float32)
     if is_greedy:
         arg = chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True)
         tl.store(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + slot, arg)
-        tl.store(out_ptr + row * V + offs, zeros, mask=mask)
+        tl.store(out_ptr + row * V + offs, zeros, mask=mask, eviction_policy=ZERO_EVICTION)
     else:
-        z = tl.sum(tl.where(x > float("-inf"), tl.exp(x - m), 0.0), 0)
+        z = _exp_sum(x, m, FTZ_SUM)
         tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
         k = tl.load(top_k_ptr + row)
         use_k = (k > 0) & (k < V)
         if use_k | (tl.load(top_p_ptr + row) < 1.0):
-            tl.store(out_ptr + row * V + offs, zeros, mask=mask)
+            tl.store(out_ptr + row * V + offs, zeros, mask=mask, eviction_policy=ZERO_EVICTION)
             sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
             _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
                              chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
@@ -962,15 +1015,19 @@ def _single_kernel(
     SMALL: tl.constexpr,
     TINY: tl.constexpr,
     LISTED: tl.constexpr,
+    ZERO_EVICTION: tl.constexpr,
+    FTZ_SUM: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
     (`_select_row`) and writes what the write kernel would: a DENSE row over all V entries,
     a FALLBACK row counted at the split pivots over the whole row (`_serial_finish`)."""
     row = tl.program_id(0).to(tl.int64)
-    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL)
+    chunk = tl.program_id(1)
+    _chunk_work(_chunk_logits(logits_ptr, row, chunk, V, CHUNK), temperature_ptr, top_k_ptr,
+                top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS,
+                pivot_sigmas, wide_sigmas, wide_k, row, chunk, CHUNK, CAPACITY, KEEP_ALL,
+                ZERO_EVICTION, FTZ_SUM)
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
@@ -1191,20 +1248,21 @@ class LaunchPlan:
         return (self.num_rows, self.num_write, NUM_SPLIT_PIVOTS.value)
 
 
-def register_cap(config: KernelConfig) -> tuple[tuple[str, int], ...]:
-    """Compile options of the write kernel's register cap (none if `write_registers` is 0)."""
-    return (("maxnreg", config.write_registers),) if config.write_registers else ()
+def register_cap(registers: int) -> tuple[tuple[str, int], ...]:
+    """Compile options of a kernel's register cap (none if `registers` is 0)."""
+    return (("maxnreg", registers),) if registers else ()
 
 
 @functools.lru_cache(maxsize=256)
 def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
-                overlap: bool = False) -> LaunchPlan:
+                overlap: bool = False, native: bool = False) -> LaunchPlan:
     """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone (and
     on `overlap`, a property of the device: `supports_overlap`), so a call captured in a CUDA
     Graph runs the kernels its eager warm-up compiled and ran (a kernel compiled during a
     capture invalidates it), and replays give the eager result. With `overlap` (and
     `config.overlap_launches`) the select and write kernels take programmatic dependent
-    launch; results do not depend on it."""
+    launch; results do not depend on it. `native` (compiled for a CUDA device, not run by the
+    interpreter) admits the kernels' inline PTX (`KernelConfig.ftz_sum`)."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
@@ -1213,7 +1271,10 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     num_write = triton.cdiv(vocab, config.write_chunk)
     pdl = overlap and config.overlap_launches
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
-    chunk_constexprs = (*work_constexprs, ("PDL", pdl))
+    group = min(config.chunk_group, triton.next_power_of_2(num_chunks))
+    chunk_work = (("ZERO_EVICTION", "evict_first" if config.zero_evict_first else ""),
+                  ("FTZ_SUM", config.ftz_sum and native))
+    chunk_constexprs = (*work_constexprs, ("GROUP", group), *chunk_work, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
@@ -1232,17 +1293,18 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list))
+                         ("LISTED", config.chunk_list), *chunk_work)
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
     else:
-        launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
-                                 config.chunk_warps),
+        launches = (KernelLaunch(_chunk_kernel, (num_rows, triton.cdiv(num_chunks, group), 1),
+                                 chunk_constexprs, config.chunk_warps,
+                                 register_cap(config.chunk_registers)),
                     KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
                                  config.select_warps, overlap_options(pdl)),
                     KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS, overlap_options(pdl) + register_cap(config)))
+                                 NUM_WARPS, overlap_options(pdl) + register_cap(config.write_registers)))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
@@ -1289,6 +1351,11 @@ def specialisation_key(plan: LaunchPlan, logits, top_k, pointers: tuple[int, ...
             temperature_at % 16 == 0, top_k_at % 16 == 0, top_p_at % 16 == 0)
 
 
+def compiles_natively(device: torch.device) -> bool:
+    """True where Triton compiles the kernels for the device (CUDA, not the interpreter)."""
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
 def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch,
             stream: int | None) -> None:
     """Enqueue the call's kernels on `stream` (no host read, no allocation)."""
@@ -1302,7 +1369,8 @@ def run_probabilities(logits, temperature, top_k, top_p,
                       config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
-    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device))
+    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device),
+                       compiles_natively(logits.device))
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
@@ -1316,7 +1384,8 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
-    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device))
+    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device),
+                       compiles_natively(logits.device))
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     if plan.num_rows > 0:
         device = logits.device

@@ -118,6 +118,31 @@ def test_the_chunk_list_changes_no_result(single_launch_entries):
     assert results[True].row_mode[:2].tolist() == [k.RowMode.SPARSE] * 2
 
 
+def test_chunk_groups_change_no_result():
+    """`chunk_group` (consecutive chunks per chunk-kernel program, the next one loaded while
+    the last one works) 1, 2 and 4: bitwise the same probabilities and row modes, exact.
+    2,900 entries are 23 chunks of 128, the last one ragged, so the last program of a row of
+    groups 2 and 4 holds chunks past the row (they must store nothing: they would overwrite
+    the next row's chunk statistics, and the last row's the first row's sums). Rows: no
+    truncation, greedy, top-k, top-k + top-p, top-p alone, and a fallback row (top-k 400 is
+    more than its chunks store)."""
+    k = kernel()
+    logits = torch.randn(6, 2900, generator=generator(31)) * 3
+    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400],
+                         [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
+    results = []
+    for group in (1, 2, 4):
+        config = k.KernelConfig(chunk=128, chunk_capacity=16, chunk_group=group)
+        assert k.launch_plan(config, *logits.shape).launches[0].grid[1] == -(-23 // group)
+        results.append(k.run_probabilities(logits, t, top_k, p, config))
+        assert_rows_match(results[-1].probs, logits, t, top_k, p)
+    for other in results[1:]:
+        assert torch.equal(other.probs, results[0].probs)
+        assert torch.equal(other.row_mode, results[0].row_mode)
+    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [
+        k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
+
+
 def poisoned_empty(real_empty):
     """torch.empty that fills float tensors with NaN and integer tensors with -7."""
     def empty(*shape, dtype=None, device=None, **kw):
