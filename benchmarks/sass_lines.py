@@ -94,8 +94,9 @@ def device_launches(config, rows: int, vocab: int) -> dict:
     configuration with every batch sent to it)."""
     three = dataclasses.replace(config, single_launch_entries=0)
     every_batch = dataclasses.replace(config, single_launch_entries=rows * vocab)
-    chunk, select, write = kernels.launch_plan(three, rows, vocab, overlap=True).launches
-    (single,) = kernels.launch_plan(every_batch, rows, vocab, overlap=True).launches
+    chunk, select, write = kernels.launch_plan(three, rows, vocab, overlap=True,
+                                               native=True).launches
+    (single,) = kernels.launch_plan(every_batch, rows, vocab, overlap=True, native=True).launches
     return {"chunk": chunk, "select": select, "write": write, "single": single}
 
 

@@ -4,10 +4,10 @@ select kernel's configuration, on a CUDA device.
 For each (B, row mix) at V = 152,064 it runs `DEFAULT_CONFIG` on the three launches (single
 launch off) and the chosen variants of it (by default: `tiny_compact=0`, every row searches
 a block for its cut), checks that each gives the first's probabilities (bitwise) or at
-least keeps its tokens, and prints the
-graph time of one call (`triton.testing.do_bench_cudagraph` median) and each kernel's mean
-device time (torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2)
-logits, temperature 0.8 (those of benchmarks/sampling.py).
+least keeps its tokens, and prints the graph time of one call
+(`triton.testing.do_bench_cudagraph` median) and each kernel's mean device time
+(torch.profiler, `benchmarks.sampling.kernel_times`), in us. Rows: N(0, 5^2) logits,
+temperature 0.8 (those of benchmarks/sampling.py).
 
 Usage, from the repository root:
     python3 -m benchmarks.select_kernel [--out select.md] [--variants NAME,NAME,...]
@@ -48,16 +48,10 @@ VARIANTS = {"default": THREE,  # always first
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
                                                                  small_compact=1024),
-            "chunk group 2": dataclasses.replace(THREE, chunk_group=2),
-            "chunk group 4": dataclasses.replace(THREE, chunk_group=4),
-            "chunk group 2 / 80 registers": dataclasses.replace(THREE, chunk_group=2,
-                                                               chunk_registers=80),
-            "chunk group 4 / 80 registers": dataclasses.replace(THREE, chunk_group=4,
-                                                               chunk_registers=80),
-            "ftz sum": dataclasses.replace(THREE, ftz_sum=True),
-            "zero evict first": dataclasses.replace(THREE, zero_evict_first=True),
-            "chunk group 2 / ftz / evict": dataclasses.replace(THREE, chunk_group=2, ftz_sum=True,
-                                                              zero_evict_first=True)}
+            "loads in place": dataclasses.replace(THREE, hoist_loads=False),
+            "no ftz sum": dataclasses.replace(THREE, ftz_sum=False),
+            "loads in place / no ftz sum": dataclasses.replace(THREE, hoist_loads=False,
+                                                              ftz_sum=False)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

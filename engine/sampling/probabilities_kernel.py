@@ -4,7 +4,8 @@ Three launches (one for small batches, below), no host read between them (S = nu
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (2,048 entries
    and 4 warps by default; one warp per 512 entries needs no barrier at all): x = logits / T, the chunk's
-   max, sum exp(x - max) and (greedy rows) first argmax. Greedy and truncating rows zero their
+   max, sum exp(x - max) (`_exp_sum`) and (greedy rows) first argmax; the row's T, k and p
+   are loaded with the logits (`hoist_loads`). Greedy and truncating rows zero their
    chunk of the output here. Truncating rows also keep candidates: a quick floor
    (mean + z standard deviations of the finite x, aimed at CAPACITY / 4 tokens, or at
    CAPACITY / 2 for rows with k > `wide_k_limit`, so that k of them clear the row floor F
@@ -72,8 +73,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.probabilities_row_kernel import (scale_logits, scaled_logits, take_at_least,
-                                                     write_row)
+from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
 from engine.sampling.launch_overlap import (launch_dependents, overlap_options,
                                             supports_overlap, wait_for_prerequisites)
 from engine.sampling.launcher import CompiledLaunches, KernelLaunch, current_stream
@@ -168,28 +168,24 @@ class KernelConfig:
     # Its rare whole-row and split-fallback paths set its register count, and with it how many
     # of its programs an SM holds at once, while most of its programs only read a row mode
     write_registers: int = 0
-    # consecutive chunks per program of the chunk kernel, each chunk's logits loaded while the
-    # chunk before it works (results do not depend on it)
-    chunk_group: int = 1
-    # register cap per thread of the chunk kernel (ptxas `maxnreg`; 0: the compiler's choice)
-    chunk_registers: int = 0
-    # the chunk kernel's zero stores take the evict-first cache policy, so the chunk
-    # statistics and candidates the select kernel reads next stay in L2
-    zero_evict_first: bool = False
-    # on CUDA, the chunk sums exp with one ex2.approx.ftz per entry (see `_exp_sum`)
+    # the chunk kernel loads a row's k and p with its T and logits, so their latencies overlap,
+    # instead of after the chunk sum (`_chunk_work`); results do not depend on it
+    hoist_loads: bool = False
+    # on CUDA the chunk sums take exp as one ex2.approx.ftz per entry (`_exp_sum`): terms below
+    # 2**-126 count as 0, which a sum >= 1 absorbs in rounding; the interpreter keeps tl.exp
     ftz_sum: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
                      "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share", "single_warps", "chunk_group"):
+                     "candidate_capacity", "wide_share", "single_warps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        for name in ("overlap_launches", "chunk_list", "zero_evict_first", "ftz_sum"):
+        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -198,12 +194,10 @@ class KernelConfig:
                 small & (small - 1) or small >= self.compact):
             raise ValueError(f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
                              f"power of two below compact ({self.compact})")
-        for name in ("write_registers", "chunk_registers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value and not (
-                    MIN_REGISTERS <= value <= MAX_REGISTERS):
-                raise ValueError(f"KernelConfig.{name}={value!r} must be 0 or an integer in "
-                                 f"[{MIN_REGISTERS}, {MAX_REGISTERS}]")
+        if not isinstance(self.write_registers, int) or self.write_registers and not (
+                MIN_REGISTERS <= self.write_registers <= MAX_REGISTERS):
+            raise ValueError(f"KernelConfig.write_registers={self.write_registers!r} must be 0 "
+                             f"or an integer in [{MIN_REGISTERS}, {MAX_REGISTERS}]")
         tiny = self.tiny_compact
         if not isinstance(tiny, int) or tiny < 0 or tiny and (
                 tiny & (tiny - 1) or tiny >= (small or self.compact)):
@@ -263,9 +257,19 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # 12.2 -> 9.8 at B = 16 and 20.5 -> 16.8 at B = 256, but rows with top-p alone, which never
 # take the list, went 16.7 -> 17.8 us at B = 1 and 21.4 -> 24.3 at B = 64: the kernel with
 # both compactions is slower on them (docs/performance.md).
+#
+# hoist_loads=True: the chunk kernel loaded a row's k and p only after its chunk sum, one more
+# round trip at the end of every program. Loaded with T and the logits, on the H200 at
+# V = 152,064, B = 64 the chunk kernel went 16.8 -> 15.9 us without truncation and
+# 26.0 -> 25.5 with top-k 50 + top-p 0.9.
+#
+# ftz_sum=True: one ex2.approx.ftz per entry in the chunk sums instead of tl.exp's ex2 with its
+# denormal fix-up (three instructions fewer per entry); with hoist_loads the chunk kernel went
+# 26.0 -> 24.9 us at B = 64 (top-k 50 + top-p 0.9), 96.0 -> 94.4 at B = 256.
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
-                              tiny_compact=256, write_registers=80, chunk_list=True)
+                              tiny_compact=256, write_registers=80, chunk_list=True,
+                              hoist_loads=True, ftz_sum=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -423,42 +427,65 @@ def _chunk_kernel(
     CHUNK: tl.constexpr,
     CAPACITY: tl.constexpr,
     KEEP_ALL: tl.constexpr,
-    GROUP: tl.constexpr,  # consecutive chunks per program, each loaded while the last one works
-    ZERO_EVICTION: tl.constexpr,  # cache policy of the zero stores ("" or "evict_first")
-    FTZ_SUM: tl.constexpr,  # the chunk sum's exp flushes results below 2**-126 (CUDA only)
+    HOIST: tl.constexpr,  # see _chunk_work
+    FTZ_SUM: tl.constexpr,  # the chunk sums' exp flushes to zero (_exp_sum; CUDA only)
     PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
-    """GROUP consecutive chunks of one row: the logits of chunk i + 1 are loaded before chunk
-    i's work, so every program has a load in flight while it computes. Each chunk's results
-    are those of a program of its own."""
-    row = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) * GROUP
-    raw = _chunk_logits(logits_ptr, row, first, V, CHUNK)
-    for i in tl.static_range(GROUP):
-        chunk = first + i
-        logits = raw
-        if i + 1 < GROUP:
-            raw = _chunk_logits(logits_ptr, row, chunk + 1, V, CHUNK)
-        if chunk < NUM_CHUNKS:
-            _chunk_work(logits, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                        chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas,
-                        wide_k, row, chunk, CHUNK, CAPACITY, KEEP_ALL, ZERO_EVICTION, FTZ_SUM)
+    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
+                tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL,
+                HOIST, FTZ_SUM)
     if PDL:
         launch_dependents()
 
 
 @triton.jit
-def _chunk_logits(logits_ptr, row, chunk, V, CHUNK: tl.constexpr):
-    """The raw logits of one chunk of a row (-inf past V)."""
+def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
+                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
+                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr):
+    """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`).
+    HOIST: the row's k and p are loaded with T and the logits, before any of them is used, so
+    their latencies overlap (else where they are first needed, after the chunk sum)."""
+    num_slots = tl.num_programs(0).to(tl.int64) * NUM_CHUNKS
+    slot = row * NUM_CHUNKS + chunk
+    t = tl.load(temperature_ptr + row)
+    if HOIST:
+        k = tl.load(top_k_ptr + row)
+        p = tl.load(top_p_ptr + row)
+    is_greedy = t == 0.0
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    return tl.load(logits_ptr + row * V + offs, mask=offs < V, other=float("-inf"))
+    mask = offs < V
+    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t))
+    m = tl.max(x, 0)
+    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m)
+    zeros = tl.zeros([CHUNK], tl.float32)
+    if is_greedy:
+        arg = chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True)
+        tl.store(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + slot, arg)
+        tl.store(out_ptr + row * V + offs, zeros, mask=mask)
+    else:
+        z = _exp_sum(x, m, FTZ_SUM)
+        tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
+        if not HOIST:
+            k = tl.load(top_k_ptr + row)
+        use_k = (k > 0) & (k < V)
+        if not HOIST:
+            p = tl.load(top_p_ptr + row)
+        if use_k | (p < 1.0):
+            tl.store(out_ptr + row * V + offs, zeros, mask=mask)
+            sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
+            _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
+                             chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
+                             chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
+                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
 
 
 @triton.jit
 def _exp_sum(x, m, FTZ: tl.constexpr):
-    """sum exp(x - m) over the finite x. FTZ: each exp is one ex2.approx.ftz (terms below
-    2**-126 become 0: a sum that holds exp(0) = 1 loses nothing it could round to); else
-    tl.exp, whose non-flushing ex2 costs three more instructions per entry."""
+    """sum exp(x - m) over the finite x. FTZ (CUDA only): each exp is one ex2.approx.ftz, so
+    terms below 2**-126 count as 0 where tl.exp's ex2 keeps them (three more instructions per
+    entry); a sum holding exp(0) = 1 absorbs such terms in rounding either way."""
     d = x - m
     if FTZ:
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r",
@@ -467,41 +494,6 @@ def _exp_sum(x, m, FTZ: tl.constexpr):
     else:
         e = tl.exp(d)
     return tl.sum(tl.where(x > float("-inf"), e, 0.0), 0)
-
-
-@triton.jit
-def _chunk_work(logits, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
-                ZERO_EVICTION: tl.constexpr, FTZ_SUM: tl.constexpr):
-    """The work of one (row, chunk) of `_chunk_kernel` (also run by `_single_kernel`) on the
-    chunk's loaded raw logits."""
-    num_slots = tl.num_programs(0).to(tl.int64) * NUM_CHUNKS
-    slot = row * NUM_CHUNKS + chunk
-    t = tl.load(temperature_ptr + row)
-    is_greedy = t == 0.0
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < V
-    x = scale_logits(logits, tl.where(is_greedy, 1.0, t))
-    m = tl.max(x, 0)
-    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m)
-    zeros = tl.zeros([CHUNK], tl.float32)
-    if is_greedy:
-        arg = chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True)
-        tl.store(chunk_i32_ptr + CHUNK_ARGMAX * num_slots + slot, arg)
-        tl.store(out_ptr + row * V + offs, zeros, mask=mask, eviction_policy=ZERO_EVICTION)
-    else:
-        z = _exp_sum(x, m, FTZ_SUM)
-        tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
-        k = tl.load(top_k_ptr + row)
-        use_k = (k > 0) & (k < V)
-        if use_k | (tl.load(top_p_ptr + row) < 1.0):
-            tl.store(out_ptr + row * V + offs, zeros, mask=mask, eviction_policy=ZERO_EVICTION)
-            sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
-            _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
-                             chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
-                             chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
-                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
 
 
 @triton.jit
@@ -1015,7 +1007,7 @@ def _single_kernel(
     SMALL: tl.constexpr,
     TINY: tl.constexpr,
     LISTED: tl.constexpr,
-    ZERO_EVICTION: tl.constexpr,
+    HOIST: tl.constexpr,
     FTZ_SUM: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
@@ -1023,11 +1015,9 @@ def _single_kernel(
     (`_select_row`) and writes what the write kernel would: a DENSE row over all V entries,
     a FALLBACK row counted at the split pivots over the whole row (`_serial_finish`)."""
     row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    _chunk_work(_chunk_logits(logits_ptr, row, chunk, V, CHUNK), temperature_ptr, top_k_ptr,
-                top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS,
-                pivot_sigmas, wide_sigmas, wide_k, row, chunk, CHUNK, CAPACITY, KEEP_ALL,
-                ZERO_EVICTION, FTZ_SUM)
+    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
+                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
+                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM)
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
@@ -1248,9 +1238,9 @@ class LaunchPlan:
         return (self.num_rows, self.num_write, NUM_SPLIT_PIVOTS.value)
 
 
-def register_cap(registers: int) -> tuple[tuple[str, int], ...]:
-    """Compile options of a kernel's register cap (none if `registers` is 0)."""
-    return (("maxnreg", registers),) if registers else ()
+def register_cap(config: KernelConfig) -> tuple[tuple[str, int], ...]:
+    """Compile options of the write kernel's register cap (none if `write_registers` is 0)."""
+    return (("maxnreg", config.write_registers),) if config.write_registers else ()
 
 
 @functools.lru_cache(maxsize=256)
@@ -1261,8 +1251,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     Graph runs the kernels its eager warm-up compiled and ran (a kernel compiled during a
     capture invalidates it), and replays give the eager result. With `overlap` (and
     `config.overlap_launches`) the select and write kernels take programmatic dependent
-    launch; results do not depend on it. `native` (compiled for a CUDA device, not run by the
-    interpreter) admits the kernels' inline PTX (`KernelConfig.ftz_sum`)."""
+    launch; results do not depend on it. `native` (the kernels are compiled for a CUDA device,
+    not run by the interpreter) admits their inline PTX (`KernelConfig.ftz_sum`)."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
@@ -1270,11 +1260,9 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     num_chunks = triton.cdiv(vocab, chunk)
     num_write = triton.cdiv(vocab, config.write_chunk)
     pdl = overlap and config.overlap_launches
-    work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
-    group = min(config.chunk_group, triton.next_power_of_2(num_chunks))
-    chunk_work = (("ZERO_EVICTION", "evict_first" if config.zero_evict_first else ""),
-                  ("FTZ_SUM", config.ftz_sum and native))
-    chunk_constexprs = (*work_constexprs, ("GROUP", group), *chunk_work, ("PDL", pdl))
+    work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all),
+                       ("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native))
+    chunk_constexprs = (*work_constexprs, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
@@ -1288,23 +1276,22 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                         ("COMPACT", config.compact), ("BLOCK", config.block),
                         ("ROW_CAPACITY", config.candidate_capacity),
                         ("SMALL", config.small_compact), ("PDL", pdl))
-    single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
+    single_constexprs = (*work_constexprs[:3], ("CHUNKS_PAD", chunks_pad),
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), *chunk_work)
+                         ("LISTED", config.chunk_list), *work_constexprs[3:])
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
     else:
-        launches = (KernelLaunch(_chunk_kernel, (num_rows, triton.cdiv(num_chunks, group), 1),
-                                 chunk_constexprs, config.chunk_warps,
-                                 register_cap(config.chunk_registers)),
+        launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
+                                 config.chunk_warps),
                     KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
                                  config.select_warps, overlap_options(pdl)),
                     KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS, overlap_options(pdl) + register_cap(config.write_registers)))
+                                 NUM_WARPS, overlap_options(pdl) + register_cap(config)))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),

@@ -32,13 +32,7 @@ KEY_BITS = tl.constexpr(32)
 @triton.jit
 def scaled_logits(ptr, offs, mask, temperature):
     """float32 x = logits / T (IEEE division), with -0.0 folded into +0.0; -inf if masked."""
-    return scale_logits(tl.load(ptr + offs, mask=mask, other=float("-inf")), temperature)
-
-
-@triton.jit
-def scale_logits(logits, temperature):
-    """float32 x = logits / T (IEEE division) of loaded logits, with -0.0 folded into +0.0."""
-    x = logits.to(tl.float32)
+    x = tl.load(ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
     x = tl.math.div_rn(x, tl.zeros_like(x) + temperature)
     return tl.where(x == 0.0, 0.0, x)
 

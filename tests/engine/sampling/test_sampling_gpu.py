@@ -82,6 +82,34 @@ def test_chunked_kernel_on_fresh_random_rows(index):
     assert (modes[:6] == expected).all(), (config, modes)
 
 
+@pytest.mark.parametrize("vocab", [32000, QWEN_VOCAB])
+def test_chunk_kernel_options_change_no_result(vocab):
+    """`ftz_sum` (the chunk sums' exp flushes terms below 2**-126) and `hoist_loads` on and off
+    give bitwise the same probabilities and row modes, also where most terms flush: the
+    first rows' logits spread over hundreds of units at T = 1, so exp(x - max) < 2**-126 for
+    most of their tokens, and each chunk sum (>= 1, its max's term) absorbs them in rounding.
+    The flushing exp is compiled in (the plan's FTZ_SUM), and the rows match the reference."""
+    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, compiles_natively,
+                                                      launch_plan, run_probabilities)
+
+    logits, t, k, p = mixed_rows(16, 97, vocab)
+    logits[5:9] = torch.randn(4, vocab, generator=generator(98)) * 150
+    t[5:9], k[5:9], p[5:9] = 1.0, torch.tensor([-1, 50, -1, 2000]), torch.tensor(
+        [1.0, 0.9, 0.95, 1.0])
+    rows = [a.cuda() for a in (logits, t, k, p)]
+    results = []
+    for ftz, hoist in ((False, False), (True, False), (False, True), (True, True)):
+        config = dataclasses.replace(DEFAULT_CONFIG, ftz_sum=ftz, hoist_loads=hoist,
+                                     single_launch_entries=0)
+        plan = launch_plan(config, 16, vocab, native=compiles_natively(rows[0].device))
+        assert dict(plan.launches[0].constexprs)["FTZ_SUM"] is ftz
+        results.append(run_probabilities(*rows, config))
+    for other in results[1:]:
+        assert torch.equal(other.probs, results[0].probs)
+        assert torch.equal(other.row_mode, results[0].row_mode)
+    assert_matches_reference_rows(results[-1].probs.cpu(), logits, t, k, p)
+
+
 def test_uniform_blocks_bitwise_equal_on_cpu_and_cuda():
     seeds = torch.randint(0, 2**62, (64,), generator=generator(72))
     pos = torch.randint(0, 2**40, (64,), generator=generator(73))

@@ -118,29 +118,38 @@ def test_the_chunk_list_changes_no_result(single_launch_entries):
     assert results[True].row_mode[:2].tolist() == [k.RowMode.SPARSE] * 2
 
 
-def test_chunk_groups_change_no_result():
-    """`chunk_group` (consecutive chunks per chunk-kernel program, the next one loaded while
-    the last one works) 1, 2 and 4: bitwise the same probabilities and row modes, exact.
-    2,900 entries are 23 chunks of 128, the last one ragged, so the last program of a row of
-    groups 2 and 4 holds chunks past the row (they must store nothing: they would overwrite
-    the next row's chunk statistics, and the last row's the first row's sums). Rows: no
-    truncation, greedy, top-k, top-k + top-p, top-p alone, and a fallback row (top-k 400 is
-    more than its chunks store)."""
+@pytest.mark.parametrize("single_launch_entries", [0, 2**20])
+def test_hoisted_loads_change_no_result(single_launch_entries):
+    """`hoist_loads` (the chunk kernel loads a row's k and p with its T and logits) on and off:
+    bitwise the same probabilities and row modes, exact, in three launches and in the single
+    launch. Rows: greedy, no truncation, top-k, top-k + top-p, top-p alone, and a fallback row
+    (top-k 400 is more than its chunks store)."""
     k = kernel()
     logits = torch.randn(6, 2900, generator=generator(31)) * 3
     t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400],
                          [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     results = []
-    for group in (1, 2, 4):
-        config = k.KernelConfig(chunk=128, chunk_capacity=16, chunk_group=group)
-        assert k.launch_plan(config, *logits.shape).launches[0].grid[1] == -(-23 // group)
+    for hoist in (False, True):
+        config = k.KernelConfig(chunk=128, chunk_capacity=16, hoist_loads=hoist,
+                                single_launch_entries=single_launch_entries)
         results.append(k.run_probabilities(logits, t, top_k, p, config))
         assert_rows_match(results[-1].probs, logits, t, top_k, p)
-    for other in results[1:]:
-        assert torch.equal(other.probs, results[0].probs)
-        assert torch.equal(other.row_mode, results[0].row_mode)
+    assert torch.equal(results[0].probs, results[1].probs)
+    assert torch.equal(results[0].row_mode, results[1].row_mode)
     assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [
         k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
+
+
+def test_the_flushing_exp_is_compiled_only_for_a_device():
+    """`ftz_sum` takes inline PTX, which the interpreter cannot run: the plan turns it on only
+    for a native compile, in the chunk kernel and the single launch alike."""
+    k = kernel()
+    config = dataclasses.replace(k.DEFAULT_CONFIG, ftz_sum=True)
+    for rows, vocab in ((8, 152064), (1, 700)):  # three launches, then the single launch
+        for native in (False, True):
+            launch = k.launch_plan(config, rows, vocab, native=native).launches[0]
+            assert dict(launch.constexprs)["FTZ_SUM"] is native
+    assert not k.compiles_natively(torch.device("cpu"))
 
 
 def poisoned_empty(real_empty):
@@ -465,6 +474,7 @@ def test_overlapped_launches_follow_the_device_and_the_config():
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
                                           ("single_launch_entries", 1.5), ("single_warps", 3),
                                           ("overlap_launches", 1), ("chunk_list", 1),
+                                          ("hoist_loads", 1), ("ftz_sum", "yes"),
                                           ("tiny_compact", 3),
                                           ("tiny_compact", 4096), ("write_registers", 16),
                                           ("write_registers", 256), ("write_registers", 1.5)])
