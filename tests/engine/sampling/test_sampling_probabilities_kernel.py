@@ -122,7 +122,7 @@ def test_the_chunk_list_changes_no_result(single_launch_entries):
 def test_hoisted_loads_change_no_result(single_launch_entries):
     """`hoist_loads` (the chunk kernel loads a row's k and p with its T and logits) on and off:
     bitwise the same probabilities and row modes, exact, in three launches and in the single
-    launch. Rows: greedy, no truncation, top-k, top-k + top-p, top-p alone, and a fallback row
+    launch. Rows: no truncation, greedy, top-k, top-k + top-p, top-p alone, and a fallback row
     (top-k 400 is more than its chunks store)."""
     k = kernel()
     logits = torch.randn(6, 2900, generator=generator(31)) * 3
