@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.sass_lines import compile_cubin, device_launches
+from engine.sampling.cross_compile import compile_cubin, device_launches
 from engine.sampling import probabilities_kernel as kernels
 
 # (rows, vocabulary): a Qwen-size vocabulary over many chunks, and one chunk (KEEP_ALL)
