@@ -51,7 +51,8 @@ VARIANTS = {"default": THREE,  # always first
             "loads in place": dataclasses.replace(THREE, hoist_loads=False),
             "no ftz sum": dataclasses.replace(THREE, ftz_sum=False),
             "loads in place / no ftz sum": dataclasses.replace(THREE, hoist_loads=False,
-                                                              ftz_sum=False)}
+                                                              ftz_sum=False),
+            "no keep in l2": dataclasses.replace(THREE, keep_in_l2=False)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

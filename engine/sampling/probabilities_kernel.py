@@ -174,6 +174,9 @@ class KernelConfig:
     # on CUDA the chunk sums take exp as one ex2.approx.ftz per entry (`_exp_sum`): terms below
     # 2**-126 count as 0, which a sum >= 1 absorbs in rounding; the interpreter keeps tl.exp
     ftz_sum: bool = False
+    # the chunk kernel stores its statistics and candidates with the evict-last L2 policy, so
+    # that the logits and zeros it streams evict them last (the select kernel reads them next)
+    keep_in_l2: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -185,7 +188,7 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum"):
+        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum", "keep_in_l2"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -266,10 +269,16 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # ftz_sum=True: one ex2.approx.ftz per entry in the chunk sums instead of tl.exp's ex2 with its
 # denormal fix-up (three instructions fewer per entry); with hoist_loads the chunk kernel went
 # 26.0 -> 24.9 us at B = 64 (top-k 50 + top-p 0.9), 96.0 -> 94.4 at B = 256.
+#
+# keep_in_l2=True: the chunk statistics and candidates are stored evict-last (STG.E.EL), so the
+# 78 MB of logits and zeros a B = 64 call streams through the 50 MB L2 evict them last. On the
+# H200 the whole call's graph time went 42.0 -> 40.6 us at B = 64 and 117.9 -> 109.0 at
+# B = 256 (top-k 50 + top-p 0.9), mostly in the chunk kernel itself (94.5 -> 87.4 at B = 256);
+# without truncation (no candidates) within 0.5 us (docs/performance.md).
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
                               tiny_compact=256, write_registers=80, chunk_list=True,
-                              hoist_loads=True, ftz_sum=True)
+                              hoist_loads=True, ftz_sum=True, keep_in_l2=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -367,7 +376,7 @@ def _quick_floor(x, m, sigmas):
 
 
 @triton.jit
-def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr):
+def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr, EVICTION: tl.constexpr):
     """Store the taken x (packed with their index) at cand_ptr[0:CAPACITY], in index order.
 
     A taken entry's slot is the number of taken entries before it. The [N] block is scanned as
@@ -380,12 +389,13 @@ def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr):
     rows = tl.sum(take, 1)
     pos = (tl.cumsum(rows, 0) - rows)[:, None] + tl.cumsum(take, 1) - 1
     packed = _pack(tl.reshape(x, shape), tl.reshape(offs, shape))
-    tl.store(cand_ptr + pos, packed, mask=(take != 0) & (pos < CAPACITY))
+    tl.store(cand_ptr + pos, packed, mask=(take != 0) & (pos < CAPACITY),
+             eviction_policy=EVICTION)
 
 
 @triton.jit
 def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
-                     CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr):
+                     CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr, EVICTION: tl.constexpr):
     """Store every x >= the chunk floor (packed with its index), then the floor, the mean of
     the finite x (m for KEEP_ALL: its rows need no split fallback) and the count.
     KEEP_ALL (the chunk is the whole row and has a slot per entry): the floor is -FLT_MAX, so
@@ -403,10 +413,10 @@ def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_pt
             floor = _searched_floor(x, m, CAPACITY)
             num_taken = _count_at_least(x, floor)
     complete = num_taken <= CAPACITY  # holds by construction; never overflow the slots
-    _store_taken(x, offs, x >= floor, cand_ptr, CAPACITY)
-    tl.store(floor_ptr, tl.where(complete, floor, float("inf")))
-    tl.store(mean_ptr, mean)
-    tl.store(count_ptr, tl.where(complete, num_taken, 0))
+    _store_taken(x, offs, x >= floor, cand_ptr, CAPACITY, EVICTION)
+    tl.store(floor_ptr, tl.where(complete, floor, float("inf")), eviction_policy=EVICTION)
+    tl.store(mean_ptr, mean, eviction_policy=EVICTION)
+    tl.store(count_ptr, tl.where(complete, num_taken, 0), eviction_policy=EVICTION)
 
 
 @triton.jit
@@ -429,12 +439,13 @@ def _chunk_kernel(
     KEEP_ALL: tl.constexpr,
     HOIST: tl.constexpr,  # see _chunk_work
     FTZ_SUM: tl.constexpr,  # the chunk sums' exp flushes to zero (_exp_sum; CUDA only)
+    EVICTION: tl.constexpr,  # L2 policy of the statistics and candidates ("" or "evict_last")
     PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
                 tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL,
-                HOIST, FTZ_SUM)
+                HOIST, FTZ_SUM, EVICTION)
     if PDL:
         launch_dependents()
 
@@ -443,7 +454,7 @@ def _chunk_kernel(
 def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
                 chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
-                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr):
+                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr, EVICTION: tl.constexpr):
     """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`).
     HOIST: the row's k and p are loaded with T and the logits, before any of them is used, so
     their latencies overlap (else where they are first needed, after the chunk sum)."""
@@ -458,7 +469,7 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
     mask = offs < V
     x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t))
     m = tl.max(x, 0)
-    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m)
+    tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m, eviction_policy=EVICTION)
     zeros = tl.zeros([CHUNK], tl.float32)
     if is_greedy:
         arg = chunk * CHUNK + tl.argmax(x, 0, tie_break_left=True)
@@ -466,7 +477,7 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
         tl.store(out_ptr + row * V + offs, zeros, mask=mask)
     else:
         z = _exp_sum(x, m, FTZ_SUM)
-        tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z)
+        tl.store(chunk_f32_ptr + CHUNK_SUM * num_slots + slot, z, eviction_policy=EVICTION)
         if not HOIST:
             k = tl.load(top_k_ptr + row)
         use_k = (k > 0) & (k < V)
@@ -478,7 +489,8 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
             _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
                              chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
                              chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
-                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL)
+                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL,
+                             EVICTION)
 
 
 @triton.jit
@@ -1009,6 +1021,7 @@ def _single_kernel(
     LISTED: tl.constexpr,
     HOIST: tl.constexpr,
     FTZ_SUM: tl.constexpr,
+    EVICTION: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -1017,7 +1030,7 @@ def _single_kernel(
     row = tl.program_id(0).to(tl.int64)
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM)
+                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM, EVICTION)
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
@@ -1261,7 +1274,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     num_write = triton.cdiv(vocab, config.write_chunk)
     pdl = overlap and config.overlap_launches
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all),
-                       ("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native))
+                       ("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
+                       ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
     chunk_constexprs = (*work_constexprs, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk

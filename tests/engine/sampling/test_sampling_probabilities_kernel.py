@@ -152,6 +152,17 @@ def test_the_flushing_exp_is_compiled_only_for_a_device():
     assert not k.compiles_natively(torch.device("cpu"))
 
 
+def test_keep_in_l2_sets_the_store_policy_of_the_chunk_statistics():
+    """`keep_in_l2` is the evict-last L2 policy of the chunk kernel's statistics and candidate
+    stores (the single launch's too), and the default; off, the stores take no policy."""
+    k = kernel()
+    for config, policy in ((k.DEFAULT_CONFIG, "evict_last"),
+                           (dataclasses.replace(k.DEFAULT_CONFIG, keep_in_l2=False), "")):
+        for rows, vocab in ((8, 152064), (1, 700)):  # three launches, then the single launch
+            launch = k.launch_plan(config, rows, vocab).launches[0]
+            assert dict(launch.constexprs)["EVICTION"] == policy
+
+
 def poisoned_empty(real_empty):
     """torch.empty that fills float tensors with NaN and integer tensors with -7."""
     def empty(*shape, dtype=None, device=None, **kw):
@@ -475,6 +486,7 @@ def test_overlapped_launches_follow_the_device_and_the_config():
                                           ("single_launch_entries", 1.5), ("single_warps", 3),
                                           ("overlap_launches", 1), ("chunk_list", 1),
                                           ("hoist_loads", 1), ("ftz_sum", "yes"),
+                                          ("keep_in_l2", 0),
                                           ("tiny_compact", 3),
                                           ("tiny_compact", 4096), ("write_registers", 16),
                                           ("write_registers", 256), ("write_registers", 1.5)])
