@@ -31,7 +31,7 @@ import functools
 import torch
 import triton
 
-try:  # Triton >= 3.4 (the engine allows 3.2)
+try:  # Triton >= 3.4 (the engine needs 3.6: pyproject.toml)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - old Triton: supports_overlap() is False
     gdc_launch_dependents = gdc_wait = None
