@@ -1273,10 +1273,10 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     num_chunks = triton.cdiv(vocab, chunk)
     num_write = triton.cdiv(vocab, config.write_chunk)
     pdl = overlap and config.overlap_launches
-    work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all),
-                       ("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
-                       ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
-    chunk_constexprs = (*work_constexprs, ("PDL", pdl))
+    work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
+    work_options = (("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
+                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
+    chunk_constexprs = (*work_constexprs, *work_options, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
@@ -1290,12 +1290,12 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                         ("COMPACT", config.compact), ("BLOCK", config.block),
                         ("ROW_CAPACITY", config.candidate_capacity),
                         ("SMALL", config.small_compact), ("PDL", pdl))
-    single_constexprs = (*work_constexprs[:3], ("CHUNKS_PAD", chunks_pad),
+    single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), *work_constexprs[3:])
+                         ("LISTED", config.chunk_list), *work_options)
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
