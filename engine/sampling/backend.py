@@ -26,11 +26,19 @@ def _check_name(backend: object, source: str) -> str:
     return backend  # type: ignore[return-value]
 
 
+def interpreting() -> bool:
+    """True when TRITON_INTERPRET asks Triton to interpret its kernels (any value but "" or "0")."""
+    return os.environ.get(INTERPRET_ENV_VAR, "0") not in ("", "0")
+
+
 def triton_can_run_on(device: torch.device) -> bool:
     """True when Triton kernels can run on tensors of `device` (CUDA, or the CPU interpreter)."""
-    if device.type == "cuda":
-        return True
-    return os.environ.get(INTERPRET_ENV_VAR, "0") not in ("", "0")
+    return device.type == "cuda" or interpreting()
+
+
+def compiles_natively(device: torch.device) -> bool:
+    """True where Triton compiles its kernels for the device (CUDA, not the interpreter)."""
+    return device.type == "cuda" and not interpreting()
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:

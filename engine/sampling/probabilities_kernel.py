@@ -65,7 +65,6 @@ import dataclasses
 import enum
 import functools
 import math
-import os
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -73,6 +72,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.sampling.backend import compiles_natively
 from engine.sampling.probabilities_row_kernel import scaled_logits, take_at_least, write_row
 from engine.sampling.launch_overlap import (launch_dependents, overlap_options,
                                             supports_overlap, wait_for_prerequisites)
@@ -103,6 +103,7 @@ NUM_LEVELS_LOG2 = tl.constexpr(5)  # 32 pivot levels per chunk (overflow search)
 NUM_LEVELS = tl.constexpr(2**NUM_LEVELS_LOG2.value)
 LEVEL_ZERO = tl.constexpr(25)  # level 1 drops spread / 64 below the max, level 31 2.8 spreads
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+LOG2_E = tl.constexpr(1.4426950408889634)  # exp(d) = 2**(d * LOG2_E)
 KEY_MIN = tl.constexpr(-(2**31))  # below the key of every float32 (signed int32 keys)
 KEY_MAX = tl.constexpr(2**31 - 1)  # at least the key of every float32
 QUICK_FLOOR_SHARE = 4  # the quick floor aims at CAPACITY / QUICK_FLOOR_SHARE tokens per chunk
@@ -501,7 +502,7 @@ def _exp_sum(x, m, FTZ: tl.constexpr):
     d = x - m
     if FTZ:
         e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r",
-                                      [d * 1.4426950408889634], dtype=tl.float32,
+                                      [d * LOG2_E], dtype=tl.float32,
                                       is_pure=True, pack=1)
     else:
         e = tl.exp(d)
@@ -1350,11 +1351,6 @@ def specialisation_key(plan: LaunchPlan, logits, top_k, pointers: tuple[int, ...
     logits_at, temperature_at, top_k_at, top_p_at = pointers
     return (plan, logits.device, logits.dtype, top_k.dtype, logits_at % 16 == 0,
             temperature_at % 16 == 0, top_k_at % 16 == 0, top_p_at % 16 == 0)
-
-
-def compiles_natively(device: torch.device) -> bool:
-    """True where Triton compiles the kernels for the device (CUDA, not the interpreter)."""
-    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 
 def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch,

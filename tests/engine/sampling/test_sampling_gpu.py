@@ -89,8 +89,9 @@ def test_chunk_kernel_options_change_no_result(vocab):
     first rows' logits spread over hundreds of units at T = 1, so exp(x - max) < 2**-126 for
     most of their tokens, and each chunk sum (>= 1, its max's term) absorbs them in rounding.
     The flushing exp is compiled in (the plan's FTZ_SUM), and the rows match the reference."""
-    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, compiles_natively,
-                                                      launch_plan, run_probabilities)
+    from engine.sampling.backend import compiles_natively
+    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, launch_plan,
+                                                      run_probabilities)
 
     logits, t, k, p = mixed_rows(16, 97, vocab)
     logits[5:9] = torch.randn(4, vocab, generator=generator(98)) * 150
