@@ -52,7 +52,8 @@ VARIANTS = {"default": THREE,  # always first
             "no ftz sum": dataclasses.replace(THREE, ftz_sum=False),
             "loads in place / no ftz sum": dataclasses.replace(THREE, hoist_loads=False,
                                                               ftz_sum=False),
-            "no keep in l2": dataclasses.replace(THREE, keep_in_l2=False)}
+            "no keep in l2": dataclasses.replace(THREE, keep_in_l2=False),
+            "ieee division": dataclasses.replace(THREE, reciprocal_division=False)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

@@ -178,6 +178,12 @@ class KernelConfig:
     # the chunk kernel stores its statistics and candidates with the evict-last L2 policy, so
     # that the logits and zeros it streams evict them last (the select kernel reads them next)
     keep_in_l2: bool = False
+    # the chunk kernel computes x = logits / T as RN(x * RN(1 / T)) with one FMA correction
+    # (`scaled_logits`): the IEEE quotient, bit for bit, in three instructions per entry instead
+    # of about ten; blocks of x it is not proved for divide as before. The write kernel keeps
+    # IEEE division (its 8-warp blocks' range check cost more than it saved on the H200), and
+    # so does the single launch (with it, graph replays at B = 1, V = 32,000 took 2.5-5.8 us more)
+    reciprocal_division: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -189,7 +195,8 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum", "keep_in_l2"):
+        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum", "keep_in_l2",
+                     "reciprocal_division"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -279,7 +286,8 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
                               tiny_compact=256, write_registers=80, chunk_list=True,
-                              hoist_loads=True, ftz_sum=True, keep_in_l2=True)
+                              hoist_loads=True, ftz_sum=True, keep_in_l2=True,
+                              reciprocal_division=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -441,12 +449,13 @@ def _chunk_kernel(
     HOIST: tl.constexpr,  # see _chunk_work
     FTZ_SUM: tl.constexpr,  # the chunk sums' exp flushes to zero (_exp_sum; CUDA only)
     EVICTION: tl.constexpr,  # L2 policy of the statistics and candidates ("" or "evict_last")
+    RECIPROCAL: tl.constexpr,  # x / T by the row's reciprocal (scaled_logits)
     PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
                 tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL,
-                HOIST, FTZ_SUM, EVICTION)
+                HOIST, FTZ_SUM, EVICTION, RECIPROCAL)
     if PDL:
         launch_dependents()
 
@@ -455,7 +464,8 @@ def _chunk_kernel(
 def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
                 chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
-                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr, EVICTION: tl.constexpr):
+                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr, EVICTION: tl.constexpr,
+                RECIPROCAL: tl.constexpr):
     """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`).
     HOIST: the row's k and p are loaded with T and the logits, before any of them is used, so
     their latencies overlap (else where they are first needed, after the chunk sum)."""
@@ -468,7 +478,8 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
     is_greedy = t == 0.0
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < V
-    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t))
+    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t),
+                      RECIPROCAL)
     m = tl.max(x, 0)
     tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m, eviction_policy=EVICTION)
     zeros = tl.zeros([CHUNK], tl.float32)
@@ -1023,6 +1034,7 @@ def _single_kernel(
     HOIST: tl.constexpr,
     FTZ_SUM: tl.constexpr,
     EVICTION: tl.constexpr,
+    RECIPROCAL: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -1031,7 +1043,8 @@ def _single_kernel(
     row = tl.program_id(0).to(tl.int64)
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM, EVICTION)
+                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM, EVICTION,
+                RECIPROCAL)
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
@@ -1276,7 +1289,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     pdl = overlap and config.overlap_launches
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
     work_options = (("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
-                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
+                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""),
+                    ("RECIPROCAL", config.reciprocal_division))
     chunk_constexprs = (*work_constexprs, *work_options, ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
@@ -1296,7 +1310,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), *work_options)
+                         ("LISTED", config.chunk_list), *work_options[:-1],
+                         ("RECIPROCAL", False))  # with it the H200 ran B = 1 slower
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)

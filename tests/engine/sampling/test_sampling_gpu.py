@@ -84,8 +84,10 @@ def test_chunked_kernel_on_fresh_random_rows(index):
 
 @pytest.mark.parametrize("vocab", [32000, QWEN_VOCAB])
 def test_chunk_kernel_options_change_no_result(vocab):
-    """`ftz_sum` (the chunk sums' exp flushes terms below 2**-126) and `hoist_loads` on and off
-    give bitwise the same probabilities and row modes, also where most terms flush: the
+    """`ftz_sum` (the chunk sums' exp flushes terms below 2**-126), `hoist_loads` and
+    `reciprocal_division` (x / T by the row's reciprocal; blocks with a 0 or a -inf and a row
+    at T = 1e-9 divide as IEEE division) on and off give bitwise the same probabilities and
+    row modes, also where most terms flush: the
     first rows' logits spread over hundreds of units at T = 1, so exp(x - max) < 2**-126 for
     most of their tokens, and each chunk sum (>= 1, its max's term) absorbs them in rounding.
     The flushing exp is compiled in (the plan's FTZ_SUM), and the rows match the reference."""
@@ -97,11 +99,13 @@ def test_chunk_kernel_options_change_no_result(vocab):
     logits[5:9] = torch.randn(4, vocab, generator=generator(98)) * 150
     t[5:9], k[5:9], p[5:9] = 1.0, torch.tensor([-1, 50, -1, 2000]), torch.tensor(
         [1.0, 0.9, 0.95, 1.0])
+    logits[9, 7], logits[10, 3000], t[11] = 0.0, float("-inf"), 1e-9  # IEEE division there
     rows = [a.cuda() for a in (logits, t, k, p)]
     results = []
-    for ftz, hoist in ((False, False), (True, False), (False, True), (True, True)):
+    for ftz, hoist, reciprocal in ((False, False, False), (True, False, False),
+                                   (False, True, False), (True, True, False), (True, True, True)):
         config = dataclasses.replace(DEFAULT_CONFIG, ftz_sum=ftz, hoist_loads=hoist,
-                                     single_launch_entries=0)
+                                     reciprocal_division=reciprocal, single_launch_entries=0)
         plan = launch_plan(config, 16, vocab, native=compiles_natively(rows[0].device))
         assert dict(plan.launches[0].constexprs)["FTZ_SUM"] is ftz
         results.append(run_probabilities(*rows, config))
