@@ -1038,7 +1038,6 @@ def _single_kernel(
     HOIST: tl.constexpr,
     FTZ_SUM: tl.constexpr,
     EVICTION: tl.constexpr,
-    RECIPROCAL: tl.constexpr,
 ):
     """All three steps in one launch of (row, chunk) programs (small batches): the chunk work,
     then the row's last program to finish it (atomic ticket, acquire-release) selects the row
@@ -1048,7 +1047,7 @@ def _single_kernel(
     _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
                 chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
                 tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM, EVICTION,
-                RECIPROCAL)
+                False)  # IEEE division: the reciprocal made B = 1 slower on the H200
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
         mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
@@ -1293,9 +1292,9 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     pdl = overlap and config.overlap_launches
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
     work_options = (("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
-                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""),
-                    ("RECIPROCAL", config.reciprocal_division))
-    chunk_constexprs = (*work_constexprs, *work_options, ("PDL", pdl))
+                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
+    chunk_constexprs = (*work_constexprs, *work_options,
+                        ("RECIPROCAL", config.reciprocal_division), ("PDL", pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
@@ -1314,8 +1313,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("SUB", sub), ("BLOCK", config.block),
                          ("ROW_CAPACITY", config.candidate_capacity),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), *work_options[:-1],
-                         ("RECIPROCAL", False))  # with it the H200 ran B = 1 slower
+                         ("LISTED", config.chunk_list), *work_options)
     if single:
         launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
                                  config.single_warps),)
