@@ -53,7 +53,8 @@ VARIANTS = {"default": THREE,  # always first
             "loads in place / no ftz sum": dataclasses.replace(THREE, hoist_loads=False,
                                                               ftz_sum=False),
             "no keep in l2": dataclasses.replace(THREE, keep_in_l2=False),
-            "ieee division": dataclasses.replace(THREE, reciprocal_division=False)}
+            "ieee division": dataclasses.replace(THREE, reciprocal_division=False),
+            "forward write": dataclasses.replace(THREE, reverse_write=False)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

@@ -184,6 +184,10 @@ class KernelConfig:
     # IEEE division (its 8-warp blocks' range check cost more than it saved on the H200), and
     # so does the single launch (with it, graph replays at B = 1, V = 32,000 took 2.5-5.8 us more)
     reciprocal_division: bool = False
+    # the write kernel takes a row's write chunks from the last to the first, the order that
+    # meets first the logits the chunk kernel read last (a DENSE row re-reads them); results do
+    # not depend on it
+    reverse_write: bool = False
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -196,7 +200,7 @@ class KernelConfig:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
         for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum", "keep_in_l2",
-                     "reciprocal_division"):
+                     "reciprocal_division", "reverse_write"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -287,11 +291,17 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # reciprocal_division=True: the chunk kernel's x / T by the row's reciprocal and one FMA
 # correction, the IEEE quotient bit for bit; on the H200 at V = 152,064, B = 64 the chunk kernel
 # went 23.8 -> 23.5 us (top-k 50 + top-p 0.9) and 15.4 -> 14.7 (no truncation).
+#
+# reverse_write=True: a DENSE row's write programs re-read its logits; in the forward order they
+# start with the chunks the chunk kernel read first, the ones the L2 evicted first. On the H200
+# at V = 152,064 the write kernel went 21.7 -> 18.5 us at B = 64 without truncation (graph time
+# 41.5 -> 37.1), 8.1 -> 6.7 at B = 16 and 81.1 -> 78.9 at B = 256; truncating rows, whose write
+# programs only read a row mode, within 0.3 us (docs/performance.md).
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
                               tiny_compact=256, write_registers=80, chunk_list=True,
                               hoist_loads=True, ftz_sum=True, keep_in_l2=True,
-                              reciprocal_division=True)
+                              reciprocal_division=True, reverse_write=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -959,16 +969,22 @@ def _write_kernel(
     BLOCK: tl.constexpr,
     ROW_CAPACITY: tl.constexpr,
     SMALL: tl.constexpr,
+    REVERSE: tl.constexpr,  # a row's write chunks from the last to the first (reverse_write)
     PDL: tl.constexpr,  # launched overlapping the select kernel: wait for its results first
 ):
     """DENSE rows: exp(x - m) / Z over this program's CHUNK entries. FALLBACK rows: this
     program's counts at the split pivots; the row's last program to finish counting (atomic
     ticket, acquire-release) proves the row on a split pivot (`_split_finish`). Other rows
-    were written by the chunk and select kernels: the program exits after one load."""
+    were written by the chunk and select kernels: the program exits after one load. With
+    REVERSE, program (row, j) takes write chunk W - 1 - j: the same work in another order,
+    the one that re-reads first the logits the chunk kernel read last (programs start in the
+    order of their ids, row fastest, in both kernels), the likeliest to be still in L2."""
     if PDL:
         wait_for_prerequisites()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    if REVERSE:
+        chunk = tl.num_programs(1) - 1 - chunk
     num_rows = tl.num_programs(0).to(tl.int64)
     mode = tl.load(row_mode_ptr + row)
     if mode == _DENSE:
@@ -1307,7 +1323,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),
                         ("ROW_CAPACITY", config.candidate_capacity),
-                        ("SMALL", config.small_compact), ("PDL", pdl))
+                        ("SMALL", config.small_compact), ("REVERSE", config.reverse_write),
+                        ("PDL", pdl))
     single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),

@@ -284,6 +284,36 @@ def test_overlapped_launches_give_the_serial_result(capacity):
     assert_matches_reference_rows(expected.cpu(), *(a.cpu() for a in rows))
 
 
+@pytest.mark.parametrize("capacity", [32, 1])
+def test_reverse_write_gives_the_default_result(capacity):
+    """`reverse_write` (a row's write chunks from the last to the first), eager into a
+    NaN-filled output block and replayed in a CUDA Graph: bitwise the probabilities and row
+    modes of the forward order, on rows of every kind (`mixed_rows`), and the reference;
+    capacity 1 sends the truncating rows through the split fallback, whose counts are indexed
+    by write chunk."""
+    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, probabilities_triton,
+                                                      run_probabilities)
+
+    forward = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
+                                  single_launch_entries=0, reverse_write=False)
+    reverse = dataclasses.replace(forward, reverse_write=True)
+    logits, t, k, p = mixed_rows(32, 96 + capacity, QWEN_VOCAB)
+    rows = [a.cuda() for a in (logits, t, k, p)]
+    expected = run_probabilities(*rows, forward)
+    poison_allocator(logits.shape)
+    result = run_probabilities(*rows, reverse)
+    assert torch.equal(result.probs, expected.probs)
+    assert torch.equal(result.row_mode, expected.row_mode)
+    probabilities_triton(*rows, config=reverse)  # compiles before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = probabilities_triton(*rows, config=reverse)
+    graph.replay()
+    assert torch.equal(replayed, expected.probs)
+    assert_matches_reference_rows(expected.probs.cpu(), logits, t, k, p)
+
+
 def test_compiled_launches_respecialise_on_dtype_and_alignment():
     """The second call of a specialisation launches the compiled kernels directly
     (CompiledLaunches: pointers as integers, no launch metadata), and must give bitwise the

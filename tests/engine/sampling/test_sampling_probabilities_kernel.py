@@ -141,6 +141,36 @@ def test_hoisted_loads_change_no_result(single_launch_entries):
         k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
 
 
+def test_reverse_write_changes_no_result(monkeypatch):
+    """`reverse_write` (a row's write chunks in reverse order) on and off: bitwise the same
+    probabilities and row modes, exact, every element written (the buffers start as NaN and
+    -7). Rows: no truncation (its values are the reversed programs' work), greedy with a tie
+    across chunks (lowest index), top-k, top-k + top-p, top-p alone, and a fallback row (top-k
+    400 is more than its chunks store: its split counts are indexed by write chunk). 128-entry
+    write chunks: 23 write programs per row."""
+    k = kernel()
+    logits = torch.randn(6, 2900, generator=generator(33)) * 3
+    logits[1, [300, 2000]] = 20.0
+    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400],
+                         [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
+    monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
+    results = []
+    for reverse in (False, True):
+        config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=128,
+                                reverse_write=reverse)
+        assert dict(k.launch_plan(config, 6, 2900).launches[2].constexprs)["REVERSE"] is reverse
+        results.append(k.run_probabilities(logits, t, top_k, p, config))
+    monkeypatch.undo()
+    for result in results:
+        assert not result.probs.isnan().any()
+        assert_rows_match(result.probs, logits, t, top_k, p)
+    assert torch.equal(results[0].probs, results[1].probs)
+    assert torch.equal(results[0].row_mode, results[1].row_mode)
+    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [
+        k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
+    assert int(results[1].probs[1].argmax()) == 300
+
+
 def test_the_flushing_exp_is_compiled_only_for_a_device():
     """`ftz_sum` takes inline PTX, which the interpreter cannot run: the plan turns it on only
     for a native compile, in the chunk kernel and the single launch alike."""
