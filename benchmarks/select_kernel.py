@@ -54,7 +54,9 @@ VARIANTS = {"default": THREE,  # always first
                                                               ftz_sum=False),
             "no keep in l2": dataclasses.replace(THREE, keep_in_l2=False),
             "ieee division": dataclasses.replace(THREE, reciprocal_division=False),
-            "forward write": dataclasses.replace(THREE, reverse_write=False)}
+            "forward write": dataclasses.replace(THREE, reverse_write=False),
+            "top-k floor at its level": dataclasses.replace(THREE, top_k_floor_steps=0),
+            "top-k floor steps 6": dataclasses.replace(THREE, top_k_floor_steps=6)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

@@ -1,10 +1,12 @@
 """How many candidates a top-k row keeps at its top-k floor, by a numpy model of the kernel (no
 GPU): the chunk kernel's quick floors (mean + z std of each chunk, z aimed at CAPACITY / 4 of
 CHUNK tokens) and, per row, `_top_k_floor` (the lowest of the 32 pivot levels at which the
-chunk maxima and stored counts prove k tokens). It prints, over ROWS rows of i.i.d. normal
-logits, the candidates at or above the largest chunk floor alone and at or above the raised
-floor, how many rows exceed the tiny block, and how many chunks have a max at or above the
-raised floor (the chunks `chunk_list` compacts, against all of them without it). The model
+chunk maxima and stored counts prove k tokens, then `top_k_floor_steps` halvings of the gap to
+the level above, keeping the highest midpoint they prove). It prints, over ROWS rows of
+i.i.d. normal logits, the candidates at or above the largest chunk floor alone and at or above
+the raised floor (at its level and refined), how many rows exceed the tiny block, and how many
+chunks have a max at or above the raised floor (the chunks `chunk_list` compacts, against all
+of them without it). The model
 computes in float64 on the chunks' float32 values, so a token within rounding of a floor may
 count differently from the kernel; it estimates the sizes, it does not check the kernel (the
 tests do).
@@ -41,12 +43,21 @@ def chunk_statistics(x: np.ndarray, chunk: int, z: float):
     return maxima, floors, (chunks >= floors[:, None]).sum(1), maxima - mean_d
 
 
-def top_k_floor(maxima, floors, counts, spread, m, k) -> float:
-    """The pivot of the lowest level the chunks prove k tokens at, -inf if none does."""
+def top_k_floor(maxima, floors, counts, spread, m, k, steps=0) -> float:
+    """The pivot of the lowest level the chunks prove k tokens at (-inf if none does), raised
+    by `steps` halvings of the gap to the level above to the highest midpoint they prove."""
+    def pivot(level):
+        return m if level == 0 else m - spread * 2 ** ((level - LEVEL_ZERO.value) / 4)
+
+    def proves(v):
+        return np.maximum(maxima >= v, np.where(floors >= v, counts, 0)).sum() >= k
     for level in range(NUM_LEVELS):
-        v = m if level == 0 else m - spread * 2 ** ((level - LEVEL_ZERO.value) / 4)
-        if np.maximum(maxima >= v, np.where(floors >= v, counts, 0)).sum() >= k:
-            return v
+        if proves(pivot(level)):
+            lo, hi = pivot(level), pivot(level - 1) if level > 0 else None
+            for _ in range(steps if hi is not None else 0):
+                mid = lo / 2 + hi / 2
+                lo, hi = (mid, hi) if proves(mid) else (lo, mid)
+            return lo
     return -np.inf
 
 
@@ -61,19 +72,27 @@ def main() -> None:
     chunk = config.chunk_size(args.vocab)
     z = NormalDist().inv_cdf(1 - config.chunk_capacity / (QUICK_FLOOR_SHARE * chunk))
     rng = np.random.default_rng(args.seed)
-    at_f, at_floor, hot = [], [], []
+    steps = config.top_k_floor_steps
+    at_f, at_level, at_floor, hot_level, hot = [], [], [], [], []
     for _ in range(args.rows):
         x = (rng.standard_normal(args.vocab) * SCALE).astype(np.float32)
         maxima, floors, counts, means = chunk_statistics(x, chunk, z)
         m = maxima.max()
         f = floors.max()
-        v = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k)
+        level = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k)
+        v = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k, steps)
         at_f.append(int((x >= f).sum()))
+        at_level.append(int((x >= max(f, level)).sum()))
         at_floor.append(int((x >= max(f, v)).sum()))
+        hot_level.append(int((maxima >= max(f, level)).sum()))
         hot.append(int((maxima >= max(f, v)).sum()))
     for name, counts in (("candidates at or above the largest chunk floor", at_f),
-                         ("candidates at or above the top-k floor", at_floor),
-                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor", hot)):
+                         ("candidates at or above the top-k floor at its level", at_level),
+                         (f"candidates at or above the top-k floor, {steps} halvings", at_floor),
+                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor at its "
+                          "level", hot_level),
+                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor, "
+                          f"{steps} halvings", hot)):
         q = np.percentile(counts, [0, 50, 90, 100])
         print(f"{name}: min {q[0]:.0f}, median {q[1]:.0f}, 90% {q[2]:.0f}, max {q[3]:.0f}")
     print(f"rows above tiny_compact ({config.tiny_compact}): "

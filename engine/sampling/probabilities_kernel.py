@@ -18,11 +18,12 @@ Three launches (one for small batches, below), no host read between them (S = nu
    rows write their 1.0 at the argmax. For truncating rows, F = the largest chunk floor; every
    token of the row with x >= F is among the stored candidates. A top-k row with k <= TINY
    raises F to its top-k floor (`_top_k_floor`: a pivot level that the chunk statistics prove
-   k tokens reach, so the k-th largest x is not below it). The candidates >= F are compacted
-   into a per-row buffer of COMPACT slots, in (chunk, slot) order (at the top-k floor, with
-   `chunk_list`, reading only the chunks whose max reaches F: `_compact_listed`). If they
-   fit and at least k of them have x >= F (top-k), or their mass is >= p * Z (top-p only),
-   every kept token is among them: a bisection over an order-preserving 32-bit key of x, in
+   k tokens reach, so the k-th largest x is not below it, raised by `top_k_floor_steps`
+   halvings of the gap to the level above to the highest midpoint they prove). The
+   candidates >= F are compacted into a per-row buffer of COMPACT slots, in (chunk, slot)
+   order (at the top-k floor, with `chunk_list`, reading only the chunks whose max reaches F:
+   `_compact_listed`). If they fit and at least k of them have x >= F (top-k), or their mass
+   is >= p * Z (top-p only), every kept token is among them: a bisection over an order-preserving 32-bit key of x, in
    registers, between the smallest and the largest key that can hold the answer (`_kth_key`,
    `_top_p_key`), finds the threshold (keep iff key >= key_lo) and the normaliser, and the
    kept probabilities are scattered into the zeroed row. Rows with at most SMALL candidates
@@ -188,6 +189,11 @@ class KernelConfig:
     # meets first the logits the chunk kernel read last (a DENSE row re-reads them); results do
     # not depend on it
     reverse_write: bool = False
+    # bisection steps that raise the select kernel's top-k floor (`_top_k_floor`) from its
+    # pivot level towards the highest value the chunk statistics prove k tokens reach (0: the
+    # level itself): fewer candidates, and fewer chunks to compact, at the floor. The single
+    # launch keeps the level (its time with the refinement was not measured)
+    top_k_floor_steps: int = 0
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -196,6 +202,9 @@ class KernelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
+        if not isinstance(self.top_k_floor_steps, int) or not 0 <= self.top_k_floor_steps <= 16:
+            raise ValueError(f"KernelConfig.top_k_floor_steps={self.top_k_floor_steps!r} must be "
+                             "an integer in [0, 16]")
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
@@ -297,11 +306,25 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # at V = 152,064 the write kernel went 21.7 -> 18.5 us at B = 64 without truncation (graph time
 # 41.5 -> 37.1), 8.1 -> 6.7 at B = 16 and 81.1 -> 78.9 at B = 256; truncating rows, whose write
 # programs only read a row mode, within 0.3 us (docs/performance.md).
+#
+# top_k_floor_steps=3: at B = 1 the select kernel took 7.0-11.7 us over 64 rows of top-k 50 +
+# top-p 0.9 (median 8.9; the same rows were the slowest with every select variant tried), and a
+# batch waits for its slowest row: 64 copies of the fastest row took 8.8 us, of the slowest
+# 13.7. In the numpy model (`python3 -m benchmarks.top_k_floor_model`, 200 rows at k = 50) the
+# level floor (levels 2**(1/4) apart) lets 51-139 candidates and 50-111 chunks through
+# (median 67: two 64-chunk compaction steps on many rows), three halvings 51-68 and 50-60;
+# which of the two set the slow rows' time was not measured. Three halvings of the gap to the
+# level above: on the H200 at V = 152,064 the select kernel went 13.0 -> 8.8 us at B = 64,
+# 9.7 -> 7.7 at B = 16, 16.4 -> 11.9 at B = 256 (graph time 39.7 -> 35.5 at B = 64), within
+# 0.2 us at B = 1; six halvings gained less (9.2 at B = 64); top-k 1000 rows (no top-k floor)
+# unchanged (docs/performance.md).
+TOP_K_FLOOR_STEPS = 3
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
                               tiny_compact=256, write_registers=80, chunk_list=True,
                               hoist_loads=True, ftz_sum=True, keep_in_l2=True,
-                              reciprocal_division=True, reverse_write=True)
+                              reciprocal_division=True, reverse_write=True,
+                              top_k_floor_steps=TOP_K_FLOOR_STEPS)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -584,12 +607,15 @@ def _certain_count(chunk_max, floors, counts, v):
 
 
 @triton.jit
-def _top_k_floor(chunk_max, floors, counts, m, spread, k):
+def _top_k_floor(chunk_max, floors, counts, m, spread, k, STEPS: tl.constexpr):
     """v = `_pivot`(m, spread, j) at the lowest level j whose pivot the chunk statistics prove
     k tokens reach (`_certain_count`); -inf if not even the last level's does. The k-th
     largest x is then >= v, so every token top-k keeps is >= v: a row floor for top-k
     that needs no candidate. A bisection for the highest level that does not prove k, over
-    [-1, NUM_LEVELS - 1]: at most 6 block reductions over the row's chunks."""
+    [-1, NUM_LEVELS - 1]: at most 6 block reductions over the row's chunks. Then STEPS
+    halvings of the gap between that level's pivot (which does not prove k) and v (which
+    does) raise v to the highest midpoint proved (`_refined_floor`): the levels are 2**(1/4)
+    apart in distance from m, and one level can hold twice k tokens or more."""
     short = tl.zeros([1], tl.int32).sum(0) - 1  # level 0 proves k (or a level that does not)
     for bit in tl.static_range(NUM_LEVELS_LOG2, -1, -1):
         trial = short + (1 << bit)
@@ -598,7 +624,27 @@ def _top_k_floor(chunk_max, floors, counts, m, spread, k):
                 short = trial
     level = short + 1
     v = _pivot(m, spread, tl.minimum(level, NUM_LEVELS - 1))
+    if STEPS > 0:
+        if (level > 0) & (level < NUM_LEVELS):
+            v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short), STEPS)
     return tl.where((level < NUM_LEVELS) & (v == v), v, float("-inf"))
+
+
+@triton.jit
+def _refined_floor(chunk_max, floors, counts, k, proved, short, STEPS: tl.constexpr):
+    """The highest of STEPS bisection midpoints between `proved` (the chunk statistics prove
+    k tokens at or above it) and `short` > proved (they do not) that they prove, or `proved`:
+    each step halves the gap, so the result is within (short - proved) / 2**STEPS of the
+    highest value they prove. Midpoints are lo / 2 + hi / 2 (no overflow); a NaN bound leaves
+    `proved` (every comparison with NaN is false)."""
+    lo = proved
+    hi = short
+    for _ in tl.static_range(STEPS):
+        mid = lo * 0.5 + hi * 0.5
+        holds = _certain_count(chunk_max, floors, counts, mid) >= k
+        lo = tl.where(holds, mid, lo)
+        hi = tl.where(holds, hi, mid)
+    return lo
 
 
 @triton.jit
@@ -874,6 +920,7 @@ def _select_kernel(
     SMALL: tl.constexpr,
     TINY: tl.constexpr,
     LISTED: tl.constexpr,  # top-k floor rows compact only the chunks that reach it
+    FLOOR_STEPS: tl.constexpr,  # bisection steps that refine the top-k floor
     PDL: tl.constexpr,  # launched overlapping the chunk kernel: wait for its results first
 ):
     if PDL:
@@ -882,7 +929,7 @@ def _select_kernel(
                 cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, chunk_list_ptr,
                 V, NUM_CHUNKS,
                 tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL,
-                TINY, LISTED)
+                TINY, LISTED, FLOOR_STEPS)
     if PDL:
         launch_dependents()  # once every row is done: the write kernel may start
 
@@ -893,7 +940,7 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
                 V, NUM_CHUNKS, row,
                 CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
                 COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
-                LISTED: tl.constexpr):
+                LISTED: tl.constexpr, FLOOR_STEPS: tl.constexpr):
     """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
     stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
     the max and the normaliser."""
@@ -933,7 +980,8 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
             floor = tl.max(floors, 0)  # every token >= it is stored
             top_k_floor = use_k & (k <= TINY)
             if top_k_floor:  # every token top-k keeps is >= the top-k floor too
-                floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k))
+                floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k,
+                                                       FLOOR_STEPS))
             mode, norm = _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr + row * COMPACT,
                                         chunk_list_ptr + row * CHUNKS_PAD, out_ptr + row * V,
                                         num_slots, first_slot, NUM_CHUNKS, chunk_max, floor,
@@ -1071,7 +1119,8 @@ def _single_kernel(
                                     compact_ptr, row_f32_ptr, row_mode_ptr,
                                     ticket_ptr, chunk_list_ptr, V, NUM_CHUNKS, row,
                                     CHUNKS_PAD, CAPACITY,
-                                    SELECT_TILE, COMPACT, SMALL, TINY, LISTED)
+                                    SELECT_TILE, COMPACT, SMALL, TINY, LISTED,
+                                    0)  # the top-k floor at its level: not measured refined
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
             _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
@@ -1318,7 +1367,8 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
                          ("TILE", select_tile), ("COMPACT", config.compact),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), ("PDL", pdl))
+                         ("LISTED", config.chunk_list),
+                         ("FLOOR_STEPS", config.top_k_floor_steps), ("PDL", pdl))
     write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),

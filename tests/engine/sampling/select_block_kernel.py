@@ -60,11 +60,12 @@ def key_searches(x_ptr, mass_ptr, result_ptr, n, k, target, BLOCK: tl.constexpr)
 
 @triton.jit
 def top_k_floor(max_ptr, floor_ptr, count_ptr, result_ptr, num_chunks, m, spread, k,
-                CHUNKS_PAD: tl.constexpr):
-    """result = `_top_k_floor` of the first num_chunks chunk maxima, floors and counts."""
+                CHUNKS_PAD: tl.constexpr, STEPS: tl.constexpr):
+    """result = `_top_k_floor` of the first num_chunks chunk maxima, floors and counts, with
+    STEPS refining bisection steps."""
     chunks = tl.arange(0, CHUNKS_PAD)
     live = chunks < num_chunks
     chunk_max = tl.load(max_ptr + chunks, mask=live, other=float("-inf"))
     floors = tl.load(floor_ptr + chunks, mask=live, other=float("-inf"))
     counts = tl.load(count_ptr + chunks, mask=live, other=0)
-    tl.store(result_ptr, _top_k_floor(chunk_max, floors, counts, m, spread, k))
+    tl.store(result_ptr, _top_k_floor(chunk_max, floors, counts, m, spread, k, STEPS))

@@ -95,11 +95,13 @@ def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
                      8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW]}
 
 
+@pytest.mark.parametrize("floor_steps", [0, 3])
 @pytest.mark.parametrize("single_launch_entries", [0, 2**20])
-def test_the_chunk_list_changes_no_result(single_launch_entries):
+def test_the_chunk_list_changes_no_result(single_launch_entries, floor_steps):
     """`chunk_list` (top-k floor rows compact only the chunks whose max reaches the floor) on
     and off: bitwise the same probabilities and row modes, exact either way, in three launches
-    and in the single launch. 24 chunks of 128 entries and 2 chunks per compaction step, so the
+    and in the single launch, with the select kernel's top-k floor at its level and refined
+    (`top_k_floor_steps`; the single launch keeps the level). 24 chunks of 128 entries and 2 chunks per compaction step, so the
     listed chunks take several steps; the rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above
     the tiny block: not listed), top-p alone, greedy and no truncation."""
     k = kernel()
@@ -110,7 +112,8 @@ def test_the_chunk_list_changes_no_result(single_launch_entries):
     for listed in (False, True):
         config = k.KernelConfig(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
                                 tiny_compact=16, chunk_list=listed,
-                                single_launch_entries=single_launch_entries)
+                                single_launch_entries=single_launch_entries,
+                                top_k_floor_steps=floor_steps)
         assert k.launch_plan(config, *logits.shape).single == (single_launch_entries > 0)
         results[listed] = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(results[listed].probs, logits, t, top_k, p)
@@ -758,12 +761,12 @@ def test_tiny_block_finds_the_cut_of_the_searches(num):
             assert proven == 0.0 and not out.any(), (k, tiny)
 
 
-def run_top_k_floor(chunk_max, floors, counts, m, spread, k) -> float:
+def run_top_k_floor(chunk_max, floors, counts, m, spread, k, steps=0) -> float:
     from select_block_kernel import top_k_floor
 
     result = torch.zeros(1)
     top_k_floor[(1,)](chunk_max, floors, counts, result, chunk_max.numel(), m, spread, k,
-                      CHUNKS_PAD=64)
+                      CHUNKS_PAD=64, STEPS=steps)
     return result.item()
 
 
@@ -800,3 +803,53 @@ def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
     nan, flt_max = float("nan"), torch.finfo(torch.float32).max
     assert run_top_k_floor(chunk_max.float(), floors.float(), counts, 0.0, nan, 1) == 0.0
     assert run_top_k_floor(chunk_max.float(), floors.float(), counts, 0.0, nan, 2) == -flt_max
+
+
+@pytest.mark.parametrize("steps", [1, 3, 6])
+def test_refined_top_k_floor_is_proved_and_within_its_resolution(steps):
+    """`_top_k_floor` with `steps` refining bisections, on fresh chunk statistics (40 chunks,
+    m = 0, spread = 1, as in the test above): the floor v it returns is proved (the
+    statistics, read in float32 as the kernel reads them, give >= k tokens at or above v), is
+    at or above the level floor, and is tight to the bisection's resolution: the statistics do
+    not prove k at v + 1.01 * gap / 2**steps, gap being the distance from the level floor to
+    the pivot of the level above (which does not prove k). k = 1 (level 0, the max: nothing
+    to refine) and k beyond every level (-inf) are unchanged."""
+    levels = torch.arange(32, dtype=torch.float64)
+    pivots = torch.where(levels == 0, 0.0, -(2.0 ** ((levels - 25) / 4)))
+    for seed in (94, 95, 96):
+        g = generator(seed)
+        chunk_max = -(torch.rand(40, generator=g) * 3) ** 2
+        chunk_max[7] = 0.0
+        floors = chunk_max - torch.rand(40, generator=g) * 2
+        counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
+
+        def certain(v):
+            return int(torch.maximum(torch.where(floors >= v, counts, 0),
+                                     (chunk_max >= v).int()).sum())
+        total = certain(float(pivots[-1]))
+        for k in [1, 2, 5, 17, 60, total, total + 1]:
+            level_floor = run_top_k_floor(chunk_max, floors, counts, 0.0, 1.0, k)
+            found = run_top_k_floor(chunk_max, floors, counts, 0.0, 1.0, k, steps)
+            if k == 1 or level_floor == float("-inf"):
+                assert found == level_floor, (seed, k)
+                continue
+            assert certain(torch.tensor(found, dtype=torch.float32)) >= k, (seed, k)
+            assert found >= level_floor, (seed, k)
+            level = int((pivots - level_floor).abs().argmin())
+            gap = float(pivots[level - 1]) - level_floor  # to the level above: level >= 1
+            assert gap > 0 and certain(found + 1.01 * gap / 2**steps) < k, (seed, k)
+
+
+def test_the_plan_refines_the_top_k_floor_in_the_select_kernel_only():
+    """`top_k_floor_steps` is the select kernel's FLOOR_STEPS (3 by default, 0 off); the single
+    launch takes no such constexpr (it passes the level, 0 steps, to the row's select)."""
+    k = kernel()
+    for steps in (0, k.TOP_K_FLOOR_STEPS):
+        config = dataclasses.replace(k.DEFAULT_CONFIG, top_k_floor_steps=steps)
+        select = k.launch_plan(config, 8, 152064).launches[1]
+        assert dict(select.constexprs)["FLOOR_STEPS"] == steps
+        (single,) = k.launch_plan(config, 1, 700).launches
+        assert "FLOOR_STEPS" not in dict(single.constexprs)
+    assert k.DEFAULT_CONFIG.top_k_floor_steps == k.TOP_K_FLOOR_STEPS == 3
+    with pytest.raises(ValueError, match="top_k_floor_steps=17"):
+        k.KernelConfig(top_k_floor_steps=17)
