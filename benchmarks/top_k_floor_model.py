@@ -6,10 +6,9 @@ the level above, keeping the highest midpoint they prove). It prints, over ROWS 
 i.i.d. normal logits, the candidates at or above the largest chunk floor alone and at or above
 the raised floor (at its level and refined), how many rows exceed the tiny block, and how many
 chunks have a max at or above the raised floor (the chunks `chunk_list` compacts, against all
-of them without it). The model
-computes in float64 on the chunks' float32 values, so a token within rounding of a floor may
-count differently from the kernel; it estimates the sizes, it does not check the kernel (the
-tests do).
+of them without it). The model computes in float64 on the chunks' float32 values, so a token
+within rounding of a floor may count differently from the kernel; it estimates the sizes, it
+does not check the kernel (the tests do).
 
 Usage, from the repository root:
     python3 -m benchmarks.top_k_floor_model [--k 50] [--rows 200] [--vocab 152064]
@@ -43,9 +42,10 @@ def chunk_statistics(x: np.ndarray, chunk: int, z: float):
     return maxima, floors, (chunks >= floors[:, None]).sum(1), maxima - mean_d
 
 
-def top_k_floor(maxima, floors, counts, spread, m, k, steps=0) -> float:
-    """The pivot of the lowest level the chunks prove k tokens at (-inf if none does), raised
-    by `steps` halvings of the gap to the level above to the highest midpoint they prove."""
+def top_k_floor(maxima, floors, counts, spread, m, k, steps) -> tuple[float, float]:
+    """(level floor, refined floor): the pivot of the lowest level the chunks prove k tokens
+    at (-inf if none does), and that raised by `steps` halvings of the gap to the level above
+    to the highest midpoint they prove."""
     def pivot(level):
         return m if level == 0 else m - spread * 2 ** ((level - LEVEL_ZERO.value) / 4)
 
@@ -57,8 +57,8 @@ def top_k_floor(maxima, floors, counts, spread, m, k, steps=0) -> float:
             for _ in range(steps if hi is not None else 0):
                 mid = lo / 2 + hi / 2
                 lo, hi = (mid, hi) if proves(mid) else (lo, mid)
-            return lo
-    return -np.inf
+            return pivot(level), lo
+    return -np.inf, -np.inf
 
 
 def main() -> None:
@@ -79,8 +79,7 @@ def main() -> None:
         maxima, floors, counts, means = chunk_statistics(x, chunk, z)
         m = maxima.max()
         f = floors.max()
-        level = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k)
-        v = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k, steps)
+        level, v = top_k_floor(maxima, floors, counts, m - means.mean(), m, args.k, steps)
         at_f.append(int((x >= f).sum()))
         at_level.append(int((x >= max(f, level)).sum()))
         at_floor.append(int((x >= max(f, v)).sum()))

@@ -23,8 +23,9 @@ Three launches (one for small batches, below), no host read between them (S = nu
    candidates >= F are compacted into a per-row buffer of COMPACT slots, in (chunk, slot)
    order (at the top-k floor, with `chunk_list`, reading only the chunks whose max reaches F:
    `_compact_listed`). If they fit and at least k of them have x >= F (top-k), or their mass
-   is >= p * Z (top-p only), every kept token is among them: a bisection over an order-preserving 32-bit key of x, in
-   registers, between the smallest and the largest key that can hold the answer (`_kth_key`,
+   is >= p * Z (top-p only), every kept token is among them: a bisection over an
+   order-preserving 32-bit key of x, in registers, between the smallest and the largest key
+   that can hold the answer (`_kth_key`,
    `_top_p_key`), finds the threshold (keep iff key >= key_lo) and the normaliser, and the
    kept probabilities are scattered into the zeroed row. Rows with at most SMALL candidates
    (`small_compact`) run the bisection on a SMALL block, whose block reductions cost less;
@@ -120,6 +121,7 @@ SCAN_ROW = tl.constexpr(4)  # entries per row of the candidate scan (a 16-byte v
 PAIR_STEP = tl.constexpr(8)  # candidates read per step of the tiny block's pairwise pass
 MIN_REGISTERS, MAX_REGISTERS = 24, 255  # what ptxas accepts as a per-thread register cap
 MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
+MAX_TOP_K_FLOOR_STEPS = 16  # bound of top_k_floor_steps (each step is one more block reduction)
 # planes of the packed scratch tensors
 CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1),
                                                  tl.constexpr(2), tl.constexpr(3))
@@ -202,9 +204,10 @@ class KernelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
-        if not isinstance(self.top_k_floor_steps, int) or not 0 <= self.top_k_floor_steps <= 16:
-            raise ValueError(f"KernelConfig.top_k_floor_steps={self.top_k_floor_steps!r} must be "
-                             "an integer in [0, 16]")
+        steps = self.top_k_floor_steps
+        if not isinstance(steps, int) or not 0 <= steps <= MAX_TOP_K_FLOOR_STEPS:
+            raise ValueError(f"KernelConfig.top_k_floor_steps={steps!r} must be an integer in "
+                             f"[0, {MAX_TOP_K_FLOOR_STEPS}]")
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
@@ -626,19 +629,20 @@ def _top_k_floor(chunk_max, floors, counts, m, spread, k, STEPS: tl.constexpr):
     v = _pivot(m, spread, tl.minimum(level, NUM_LEVELS - 1))
     if STEPS > 0:
         if (level > 0) & (level < NUM_LEVELS):
-            v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short), STEPS)
+            v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short),
+                               STEPS)
     return tl.where((level < NUM_LEVELS) & (v == v), v, float("-inf"))
 
 
 @triton.jit
-def _refined_floor(chunk_max, floors, counts, k, proved, short, STEPS: tl.constexpr):
+def _refined_floor(chunk_max, floors, counts, k, proved, unproved, STEPS: tl.constexpr):
     """The highest of STEPS bisection midpoints between `proved` (the chunk statistics prove
-    k tokens at or above it) and `short` > proved (they do not) that they prove, or `proved`:
-    each step halves the gap, so the result is within (short - proved) / 2**STEPS of the
+    k tokens at or above it) and `unproved` > proved (they do not) that they prove, or `proved`:
+    each step halves the gap, so the result is within (unproved - proved) / 2**STEPS of the
     highest value they prove. Midpoints are lo / 2 + hi / 2 (no overflow); a NaN bound leaves
     `proved` (every comparison with NaN is false)."""
     lo = proved
-    hi = short
+    hi = unproved
     for _ in tl.static_range(STEPS):
         mid = lo * 0.5 + hi * 0.5
         holds = _certain_count(chunk_max, floors, counts, mid) >= k

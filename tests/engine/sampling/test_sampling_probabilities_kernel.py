@@ -101,8 +101,8 @@ def test_the_chunk_list_changes_no_result(single_launch_entries, floor_steps):
     """`chunk_list` (top-k floor rows compact only the chunks whose max reaches the floor) on
     and off: bitwise the same probabilities and row modes, exact either way, in three launches
     and in the single launch, with the select kernel's top-k floor at its level and refined
-    (`top_k_floor_steps`; the single launch keeps the level). 24 chunks of 128 entries and 2 chunks per compaction step, so the
-    listed chunks take several steps; the rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above
+    (`top_k_floor_steps`; the single launch keeps the level). 24 chunks of 128 entries and 2
+    chunks per compaction step, so the listed chunks take several steps; the rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above
     the tiny block: not listed), top-p alone, greedy and no truncation."""
     k = kernel()
     logits = torch.randn(6, 3000, generator=generator(29)) * 3
@@ -770,6 +770,17 @@ def run_top_k_floor(chunk_max, floors, counts, m, spread, k, steps=0) -> float:
     return result.item()
 
 
+# `_pivot` with m = 0 and spread = 1: 0 at level 0, -2**((j - 25) / 4) at level j >= 1
+LEVELS = torch.arange(32, dtype=torch.float64)
+UNIT_PIVOTS = torch.where(LEVELS == 0, 0.0, -(2.0 ** ((LEVELS - 25) / 4)))
+
+
+def certain_count(chunk_max, floors, counts, v) -> int:
+    """`_certain_count` on the host: one token per chunk whose max reaches v, a chunk's
+    count if its floor does."""
+    return int(torch.maximum(torch.where(floors >= v, counts, 0), (chunk_max >= v).int()).sum())
+
+
 def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
     """`_top_k_floor` with m = 0 and spread = 1: the pivots are 0 (level 0) and
     -2**((j - 25) / 4). A chunk proves one token at a pivot its max reaches and its count at
@@ -777,8 +788,7 @@ def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
     chunks prove k, -inf if none does. Maxima and floors are drawn
     away from every pivot (>= 1% of the gap), so float32 pivots decide as float64 ones do."""
     g = generator(94)
-    levels = torch.arange(32, dtype=torch.float64)
-    pivots = torch.where(levels == 0, 0.0, -(2.0 ** ((levels - 25) / 4)))
+    pivots = UNIT_PIVOTS
     def off_pivot(v):  # push values within 1% of a gap off the pivot
         near = (v[:, None] - pivots[None, :]).abs().argmin(1)
         gap = 0.01 * pivots[near].abs().clamp(min=0.01)
@@ -790,8 +800,7 @@ def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
     counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
     counts[3] = 0
     def certain(v):
-        return int(torch.maximum(torch.where(floors >= v, counts, 0),
-                                 (chunk_max >= v).int()).sum())
+        return certain_count(chunk_max, floors, counts, v)
     total = certain(pivots[-1].item())
     for k in [1, 2, 5, 17, 60, total, total + 1]:
         proving = [j for j in range(32) if certain(pivots[j].item()) >= k]
@@ -814,8 +823,7 @@ def test_refined_top_k_floor_is_proved_and_within_its_resolution(steps):
     not prove k at v + 1.01 * gap / 2**steps, gap being the distance from the level floor to
     the pivot of the level above (which does not prove k). k = 1 (level 0, the max: nothing
     to refine) and k beyond every level (-inf) are unchanged."""
-    levels = torch.arange(32, dtype=torch.float64)
-    pivots = torch.where(levels == 0, 0.0, -(2.0 ** ((levels - 25) / 4)))
+    pivots = UNIT_PIVOTS
     for seed in (94, 95, 96):
         g = generator(seed)
         chunk_max = -(torch.rand(40, generator=g) * 3) ** 2
@@ -824,8 +832,7 @@ def test_refined_top_k_floor_is_proved_and_within_its_resolution(steps):
         counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
 
         def certain(v):
-            return int(torch.maximum(torch.where(floors >= v, counts, 0),
-                                     (chunk_max >= v).int()).sum())
+            return certain_count(chunk_max, floors, counts, v)
         total = certain(float(pivots[-1]))
         for k in [1, 2, 5, 17, 60, total, total + 1]:
             level_floor = run_top_k_floor(chunk_max, floors, counts, 0.0, 1.0, k)
