@@ -43,7 +43,7 @@ VARIANTS = {"default": THREE,  # always first
             "overlapped launches": dataclasses.replace(THREE, overlap_launches=True),
             "uncapped write": dataclasses.replace(THREE, write_registers=0),
             "write registers 128": dataclasses.replace(THREE, write_registers=128),
-            "write registers 64": dataclasses.replace(THREE, write_registers=64),
+            "write registers 80": dataclasses.replace(THREE, write_registers=80),
             "no chunk list": dataclasses.replace(THREE, chunk_list=False),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
@@ -56,7 +56,9 @@ VARIANTS = {"default": THREE,  # always first
             "ieee division": dataclasses.replace(THREE, reciprocal_division=False),
             "forward write": dataclasses.replace(THREE, reverse_write=False),
             "top-k floor at its level": dataclasses.replace(THREE, top_k_floor_steps=0),
-            "top-k floor steps 6": dataclasses.replace(THREE, top_k_floor_steps=6)}
+            "top-k floor steps 6": dataclasses.replace(THREE, top_k_floor_steps=6),
+            "write chunk 4096": dataclasses.replace(THREE, write_chunk=4096),
+            "write chunk 16384": dataclasses.replace(THREE, write_chunk=16384)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

@@ -272,11 +272,13 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # floor includes `_top_k_floor`) find the cut in one pairwise pass (`_prove_tiny`), one
 # candidate per thread of the select kernel's 8 warps.
 #
-# write_registers=80: the write kernel (8 warps) compiled for 192 registers per thread, so an SM
-# held one of its programs at a time; capped at 80 it holds three. Most of its programs only
-# read a row mode and exit, so their launches set its time: on the H200 at V = 152,064 it went
-# 15.6 -> 6.3 us at B = 256 (top-k 50 + top-p 0.9) and 128.2 -> 81.3 us without truncation,
-# where it writes the rows (docs/performance.md).
+# write_registers=64: the write kernel (8 warps) compiled for 192 registers per thread, so an SM
+# held one of its programs at a time; capped at 80 it holds three, at 64 four. Most of its
+# programs only read a row mode and exit, so their launches set its time: on the H200 at
+# V = 152,064 the cap of 80 took it 15.6 -> 6.3 us at B = 256 (top-k 50 + top-p 0.9) and
+# 128.2 -> 81.3 us without truncation, where it writes the rows; 64 against 80 took it
+# 6.2 -> 5.0 and 79.0 -> 78.1 us there, 18.3 -> 17.7 us at B = 64 without truncation (its
+# rare fallback paths spill more; docs/performance.md, "The write kernel at 64 registers").
 #
 # chunk_list=True: a top-k row at its top-k floor compacts only the chunks whose max reaches it
 # (50-111 of 297, median 67, at k = 50 in `python3 -m benchmarks.top_k_floor_model`). On the
@@ -324,7 +326,7 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 TOP_K_FLOOR_STEPS = 3
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
-                              tiny_compact=256, write_registers=80, chunk_list=True,
+                              tiny_compact=256, write_registers=64, chunk_list=True,
                               hoist_loads=True, ftz_sum=True, keep_in_l2=True,
                               reciprocal_division=True, reverse_write=True,
                               top_k_floor_steps=TOP_K_FLOOR_STEPS)

@@ -482,14 +482,14 @@ def test_default_single_launch_threshold():
 
 
 def test_the_write_kernel_alone_takes_the_register_cap():
-    """`write_registers` becomes the write launch's `maxnreg` compile option (80 by default,
+    """`write_registers` becomes the write launch's `maxnreg` compile option (64 by default,
     none at 0); the chunk and select launches and the single launch never take it."""
     k = kernel()
     def options(config, rows):
         return {launch.kernel.__name__: dict(launch.options)
                 for launch in k.launch_plan(config, rows, 152064).launches}
     assert options(k.DEFAULT_CONFIG, 8) == {"_chunk_kernel": {}, "_select_kernel": {},
-                                            "_write_kernel": {"maxnreg": 80}}
+                                            "_write_kernel": {"maxnreg": 64}}
     uncapped = dataclasses.replace(k.DEFAULT_CONFIG, write_registers=0)
     assert options(uncapped, 8)["_write_kernel"] == {}
     single = dataclasses.replace(k.DEFAULT_CONFIG, single_launch_entries=152064)
