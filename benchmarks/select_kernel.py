@@ -44,6 +44,8 @@ VARIANTS = {"default": THREE,  # always first
             "uncapped write": dataclasses.replace(THREE, write_registers=0),
             "write registers 128": dataclasses.replace(THREE, write_registers=128),
             "write registers 80": dataclasses.replace(THREE, write_registers=80),
+            "write registers 48": dataclasses.replace(THREE, write_registers=48),
+            "write registers 40": dataclasses.replace(THREE, write_registers=40),
             "no chunk list": dataclasses.replace(THREE, chunk_list=False),
             "capacity 16": dataclasses.replace(THREE, chunk_capacity=16),
             "capacity 16 / small block 1024": dataclasses.replace(THREE, chunk_capacity=16,
@@ -58,7 +60,18 @@ VARIANTS = {"default": THREE,  # always first
             "top-k floor at its level": dataclasses.replace(THREE, top_k_floor_steps=0),
             "top-k floor steps 6": dataclasses.replace(THREE, top_k_floor_steps=6),
             "write chunk 4096": dataclasses.replace(THREE, write_chunk=4096),
-            "write chunk 16384": dataclasses.replace(THREE, write_chunk=16384)}
+            "write chunk 16384": dataclasses.replace(THREE, write_chunk=16384),
+            # the chunk kernel's programs: the default's 16 entries per thread in twice the
+            # entries per program, or the same chunk over more threads (same quick-floor share)
+            "chunk 1024 / 2 warps": dataclasses.replace(THREE, chunk=1024, chunk_capacity=64,
+                                                        chunk_warps=2),
+            "chunk 1024 / 4 warps": dataclasses.replace(THREE, chunk=1024, chunk_capacity=64,
+                                                        chunk_warps=4),
+            "chunk 512 / 2 warps": dataclasses.replace(THREE, chunk_warps=2),
+            # one warp (reductions by shuffles alone) with 8, 32 or 64 entries per thread
+            "chunk 256 / 1 warp": dataclasses.replace(THREE, chunk=256, chunk_capacity=16),
+            "chunk 1024 / 1 warp": dataclasses.replace(THREE, chunk=1024, chunk_capacity=64),
+            "chunk 2048 / 1 warp": dataclasses.replace(THREE, chunk=2048, chunk_capacity=128)}
 DEFAULT_VARIANTS = ("default", "no tiny block")
 
 

@@ -16,9 +16,36 @@ from engine.sampling import checks
 from engine.sampling.backend import TORCH, resolve_backend
 
 NEG_INF = float("-inf")
+# bound once for `_well_formed`, which runs on every call
+_TENSOR, _FLOAT32 = torch.Tensor, torch.float32
+_LOGIT_DTYPES, _INDEX_DTYPES = checks.FLOAT_LOGIT_DTYPES, checks.INDEX_DTYPES
+
+
+def _well_formed(logits, temperature, top_k, top_p) -> torch.device | None:
+    """The inputs' device when every check of `_check_inputs` passes, else None. The checks
+    an eager call pays for (~1 us less than the named ones on a host): exact tensor types, so
+    a subclass takes the named checks, which accept it."""
+    if not (type(logits) is _TENSOR and type(temperature) is _TENSOR
+            and type(top_k) is _TENSOR and type(top_p) is _TENSOR):
+        return None
+    shape = logits.shape
+    if not (len(shape) == 2 and shape[1] > 0 and logits.dtype in _LOGIT_DTYPES
+            and temperature.dtype is _FLOAT32 and top_p.dtype is _FLOAT32
+            and top_k.dtype in _INDEX_DTYPES
+            and temperature.shape == top_k.shape == top_p.shape == shape[:1]
+            and logits.is_contiguous() and temperature.is_contiguous()
+            and top_k.is_contiguous() and top_p.is_contiguous()):
+        return None
+    device = logits.device
+    if temperature.device == device and top_k.device == device and top_p.device == device:
+        return device
+    return None
 
 
 def _check_inputs(logits, temperature, top_k, top_p) -> torch.device:
+    device = _well_formed(logits, temperature, top_k, top_p)
+    if device is not None:
+        return device
     checks.require("logits", logits, ndim=2, dtypes=checks.FLOAT_LOGIT_DTYPES)
     checks.require("temperature", temperature, ndim=1, dtypes=(torch.float32,))
     checks.require("top_k", top_k, ndim=1, dtypes=checks.INDEX_DTYPES)

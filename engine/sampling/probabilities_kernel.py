@@ -234,6 +234,21 @@ class KernelConfig:
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
             raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
                              f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
+        # hashed once: every eager call looks its plan up by config (`device_plan`), and the
+        # generated hash rebuilds a tuple of all the fields each time (3.4 us against 0.1 on
+        # the host of docs/performance.md's H200 measurement)
+        object.__setattr__(self, "_hash", hash(self._fields()))
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def __hash__(self) -> int:  # the fields' hash, as the dataclass's own (they are immutable)
+        return self._hash
+
+    def __reduce__(self):
+        """Pickle and copy by the fields alone: the copy hashes them again in its own process
+        (a stored hash of a str field would differ there) and is validated again."""
+        return type(self), self._fields()
 
     def chunk_size(self, vocab: int) -> int:
         """The smallest chunk >= `self.chunk` whose candidates fit `max_candidates`."""
@@ -1407,6 +1422,16 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
         launches=launches)
 
 
+@functools.lru_cache(maxsize=256)
+def device_plan(config: KernelConfig, num_rows: int, vocab: int,
+                device: torch.device) -> LaunchPlan:
+    """`launch_plan` of a call on `device`, with the device's overlap support and whether
+    Triton compiles for it read once per (config, shape, device): an eager call pays one cache
+    lookup. Triton itself fixes whether it interprets when the kernels are defined."""
+    return launch_plan(config, num_rows, vocab, supports_overlap(device),
+                       compiles_natively(device))
+
+
 # A call's buffers in the order `LaunchPlan.arguments` takes them: the caller's four inputs,
 # the output, then the scratch of `_make_scratch` (float32, int32 and int64 views in turn).
 BUFFERS = ("logits", "temperature", "top_k", "top_p", "out", "chunk_f32", "row_f32", "row_val",
@@ -1456,8 +1481,7 @@ def run_probabilities(logits, temperature, top_k, top_p,
                       config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
-    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device),
-                       compiles_natively(logits.device))
+    plan = device_plan(config, *logits.shape, logits.device)
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
@@ -1471,11 +1495,10 @@ def probabilities_triton(logits, temperature, top_k, top_p, *,
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""
-    plan = launch_plan(config, *logits.shape, supports_overlap(logits.device),
-                       compiles_natively(logits.device))
+    device = logits.device
+    plan = device_plan(config, *logits.shape, device)
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     if plan.num_rows > 0:
-        device = logits.device
         stream = current_stream(device)
         scratch = SCRATCH.get(plan, device, lambda: _make_scratch(plan, device), stream)
         _launch(logits, temperature, top_k, top_p, plan, out, scratch, stream)

@@ -117,6 +117,11 @@ def test_inputs_not_modified(backend):
         (lambda a: {**a, "logits": a["logits"][:, :0]}, "empty vocabulary"),
         (lambda a: {**a, "backend": "cuda"}, "backend='cuda'"),
         (lambda a: {**a, "top_p": a["top_p"].to("meta")}, "top_p is on meta"),
+        (lambda a: {**a, "temperature": a["temperature"].repeat(2)[::2]},
+         "temperature must be contiguous"),
+        (lambda a: {**a, "top_p": a["top_p"][:, None]}, "top_p must have 1 dimension"),
+        (lambda a: {**a, "top_k": a["top_k"].short()}, "top_k has dtype"),
+        (lambda a: {**a, "temperature": [1.0, 1.0]}, "temperature must be a torch.Tensor"),
     ],
 )
 def test_bad_arguments(change, message):
@@ -128,6 +133,17 @@ def test_bad_arguments(change, message):
             args["logits"], args["temperature"], args["top_k"], args["top_p"],
             backend=args.get("backend", "torch"),
         )
+
+
+def test_a_tensor_subclass_takes_the_named_checks_and_passes():
+    """The quick checks take exact torch.Tensor inputs only; a subclass (here a Parameter)
+    goes through the named checks, which accept it: same result."""
+    t, k, p = params([1.0, 0.5], [5, -1], [0.9, 1.0])
+    logits = torch.randn(2, 8, generator=generator(7))
+    wrapped = torch.nn.Parameter(logits.clone(), requires_grad=False)
+    assert type(wrapped) is not torch.Tensor
+    assert torch.equal(batched_probabilities(wrapped, t, k, p, backend="torch"),
+                       batched_probabilities(logits, t, k, p, backend="torch"))
 
 
 def test_env_var_sets_auto_default(monkeypatch):
@@ -217,6 +233,39 @@ def test_kernel_config_grows_chunk_for_huge_vocabularies():
         <= config.max_candidates
     with pytest.raises(ValueError, match="chunk_capacity=256"):
         KernelConfig(chunk=128, chunk_capacity=256)
+
+
+def test_kernel_config_hash_is_the_hash_of_its_fields():
+    """KernelConfig hashes its fields once (`device_plan` looks plans up by config on every
+    call): equal configs hash alike, a changed field changes the hash, and the value is the
+    hash of the fields in order, as the dataclass's generated hash would be."""
+    import dataclasses
+
+    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG
+
+    same = dataclasses.replace(DEFAULT_CONFIG)
+    assert same == DEFAULT_CONFIG and same is not DEFAULT_CONFIG
+    assert hash(same) == hash(DEFAULT_CONFIG) == hash(
+        tuple(getattr(DEFAULT_CONFIG, f.name) for f in dataclasses.fields(DEFAULT_CONFIG)))
+    changed = dataclasses.replace(DEFAULT_CONFIG, write_registers=80)
+    assert changed != DEFAULT_CONFIG and hash(changed) != hash(DEFAULT_CONFIG)
+    assert len({DEFAULT_CONFIG: 1, same: 2, changed: 3}) == 2
+
+
+def test_kernel_config_pickles_and_copies_by_its_fields():
+    """A pickled or copied KernelConfig carries its fields, not the stored hash (which a str
+    field would give another value in another process), and is equal with the same hash."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG
+
+    config = dataclasses.replace(DEFAULT_CONFIG, write_registers=80)
+    data = pickle.dumps(config)
+    assert b"_hash" not in data
+    for other in (pickle.loads(data), copy.copy(config), copy.deepcopy(config)):
+        assert other == config and hash(other) == hash(config) and other is not config
 
 
 def triton_next_pow2(n: int) -> int:

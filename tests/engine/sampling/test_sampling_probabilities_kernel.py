@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.sampling.backend import compiles_natively
+from engine.sampling.launch_overlap import supports_overlap
 from sampling_helpers import generator, triton_can_run_on
 from test_sampling_probabilities import assert_rows_match, params
 
@@ -479,6 +480,18 @@ def test_default_single_launch_threshold():
     assert plan(4, 32000).single and not plan(5, 32000).single
     assert plan(2, 49152).single and not plan(3, 49152).single
     assert not plan(1, 152064).single
+
+
+def test_device_plan_is_the_launch_plan_of_the_device():
+    """`device_plan` (one cache lookup per eager call) gives the plan `launch_plan` gives with
+    the device's overlap support and native compilation, the same object each time."""
+    k = kernel()
+    device = torch.device("cpu")
+    plan = k.device_plan(k.DEFAULT_CONFIG, 3, 700, device)
+    assert plan is k.launch_plan(k.DEFAULT_CONFIG, 3, 700, supports_overlap(device),
+                                 compiles_natively(device))
+    assert plan is k.device_plan(dataclasses.replace(k.DEFAULT_CONFIG), 3, 700, device)
+    assert plan is not k.device_plan(k.DEFAULT_CONFIG, 4, 700, device)
 
 
 def test_the_write_kernel_alone_takes_the_register_cap():
