@@ -93,49 +93,61 @@ class CompiledLaunch:
 
     `enqueue` calls `target(x, y, z, stream, *bound, *args)`, or with the arguments packed in
     one tuple (`packs_args`): the C launch function where `c_launch_call` recognises the
-    launcher, else the launcher itself."""
+    launcher, else the launcher itself. `enqueue(..., serial=True)` takes `serial_bound`
+    instead: the same launch without programmatic dependent launch (a kernel compiled with
+    `launch_pdl` whose `griddepcontrol.wait` then returns at once, its predecessor done)."""
 
     compiled: Any  # triton's CompiledKernel, handles initialised (it ran once)
     grid: tuple[int, int, int]
     constexpr_values: tuple
     target: Callable = field(init=False, repr=False, compare=False)
     bound: tuple = field(init=False, repr=False, compare=False)
+    serial_bound: tuple = field(init=False, repr=False, compare=False)
     packs_args: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for name, value in zip(("target", "bound", "packs_args"), c_launch_call(self.compiled)):
+        for name, value in zip(("target", "bound", "serial_bound", "packs_args"),
+                               c_launch_call(self.compiled)):
             object.__setattr__(self, name, value)  # derived once: the dataclass is frozen
 
-    def enqueue(self, stream: int, args: tuple) -> None:
-        """The launch Triton's runner makes, without launch metadata, hooks or scratch."""
+    def enqueue(self, stream: int, args: tuple, serial: bool = False) -> None:
+        """The launch Triton's runner makes, without launch metadata, hooks or scratch; with
+        `serial`, without programmatic dependent launch too."""
+        bound = self.serial_bound if serial else self.bound
         if self.packs_args:
-            self.target(*self.grid, stream, *self.bound, (*args, *self.constexpr_values))
+            self.target(*self.grid, stream, *bound, (*args, *self.constexpr_values))
         else:
-            self.target(*self.grid, stream, *self.bound, *args, *self.constexpr_values)
+            self.target(*self.grid, stream, *bound, *args, *self.constexpr_values)
 
     def through_runner(self, stream: int, args: tuple) -> None:
         """The launch through Triton's runner (metadata and hooks included)."""
         self.compiled[self.grid](*args, *self.constexpr_values, stream=stream)
 
 
-def c_launch_call(compiled) -> tuple[Callable, tuple, bool]:
-    """(target, bound, packs_args) of `CompiledLaunch.enqueue`: the C launch function and the
-    arguments `CudaLauncher.__call__` would add to the grid, stream and kernel arguments
-    (no launch metadata, no hooks, no scratch), where the installed Triton's layout is known
-    (`C_LAUNCH_LAYOUTS`) and the kernel needs no global, profile or sanitizer scratch;
-    otherwise the launcher itself, called as Triton's runner calls it."""
+def c_launch_call(compiled) -> tuple[Callable, tuple, tuple, bool]:
+    """(target, bound, serial_bound, packs_args) of `CompiledLaunch.enqueue`: the C launch
+    function and the arguments `CudaLauncher.__call__` would add to the grid, stream and
+    kernel arguments (no launch metadata, no hooks, no scratch), where the installed Triton's
+    layout is known (`C_LAUNCH_LAYOUTS`) and the kernel needs no global, profile or sanitizer
+    scratch; otherwise the launcher itself, called as Triton's runner calls it. serial_bound:
+    the same with the programmatic-dependent-launch flag off (the launcher itself has no such
+    argument: there it is `bound`, and the compiled kernel's setting holds)."""
     run = compiled.run
     layout = C_LAUNCH_LAYOUTS.get(".".join(triton.__version__.split(".")[:2]))
     needs_scratch = (getattr(run, "global_scratch_size", 1)
                      or getattr(run, "profile_scratch_size", 1)
                      or getattr(run, "gsan_enabled", False))
     if type(run).__name__ != "CudaLauncher" or layout is None or needs_scratch:
-        return run, (compiled.function, compiled.packed_metadata, None, None, None), False
-    head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl)
+        bound = (compiled.function, compiled.packed_metadata, None, None, None)
+        return run, bound, bound, False
+    heads = [(compiled.function, run.launch_cooperative_grid, pdl) for pdl in (run.launch_pdl,
+                                                                              False)]
     if layout == PACKED:
-        return run.launch, (*head, compiled.packed_metadata, None, None, None, None, None,
-                            run.arg_annotations, run.kernel_signature), True
-    return run.launch, (*head, None, None, compiled.packed_metadata, None, None, None), False
+        tail = (compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
+                run.kernel_signature)
+        return run.launch, (*heads[0], *tail), (*heads[1], *tail), True
+    tail = (None, None, compiled.packed_metadata, None, None, None)
+    return run.launch, (*heads[0], *tail), (*heads[1], *tail), False
 
 
 def current_stream(device: torch.device) -> int | None:
@@ -167,10 +179,13 @@ class CompiledLaunches:
 
     def launch(self, key: Hashable, launches: Sequence[KernelLaunch],
                arguments: Callable[[tuple], Sequence[tuple]], tensors: tuple, pointers: tuple,
-               stream: int | None) -> None:
+               stream: int | None, serial: bool = False) -> None:
         """Enqueue every launch of the group on `stream`, in order; `arguments(buffers)` gives
         each launch's runtime arguments from `tensors` or from `pointers`. `stream` must be
-        the current stream (`current_stream`), the one a launch through the JIT takes."""
+        the current stream (`current_stream`), the one a launch through the JIT takes.
+        `serial`: launches compiled with programmatic dependent launch go without it, where
+        they take `enqueue` (not the first launch of a key, which compiles, nor launches
+        through the runner for a hook)."""
         group = self._groups.get(key)
         if group is None:
             compiled = [launch.through_jit(args)
@@ -184,7 +199,7 @@ class CompiledLaunches:
                 launch.through_runner(stream, args)
         else:
             for launch, args in zip(group, arguments(pointers)):
-                launch.enqueue(stream, args)
+                launch.enqueue(stream, args, serial)
 
     def clear(self) -> None:
         """Forget every compiled kernel: the next launch of each key goes through the JIT."""

@@ -163,6 +163,13 @@ class KernelConfig:
     # before it still runs and waits on the device for that kernel's results. Off by default:
     # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/performance.md)
     overlap_launches: bool = False
+    # programmatic dependent launch of the write kernel alone, in eager calls (where the device
+    # supports it): it is enqueued while the select kernel runs, its programs start as the
+    # select kernel's finish, and it waits on the device for the select kernel's results. A call
+    # being captured in a CUDA Graph launches it serially (`serial_in_capture`): on the H200 the
+    # overlap cut back-to-back eager calls by ~1 us at B = 64, V = 152,064 and made graph
+    # replays 0.2-2.4 us slower (docs/performance.md)
+    overlap_write: bool = False
     # top-k rows whose floor is the top-k floor (k <= tiny_compact) compact the candidates of
     # only the chunks whose max reaches it (`_compact_listed`), listed first in a per-row
     # scratch: the same candidates in fewer steps. On the H200 it cut the select kernel for
@@ -211,8 +218,8 @@ class KernelConfig:
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
             raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
                              "must be an integer >= 0")
-        for name in ("overlap_launches", "chunk_list", "hoist_loads", "ftz_sum", "keep_in_l2",
-                     "reciprocal_division", "reverse_write"):
+        for name in ("overlap_launches", "overlap_write", "chunk_list", "hoist_loads", "ftz_sum",
+                     "keep_in_l2", "reciprocal_division", "reverse_write"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
                                  "False")
@@ -339,12 +346,19 @@ SINGLE_LAUNCH_ENTRIES = 2**17
 # 0.2 us at B = 1; six halvings gained less (9.2 at B = 64); top-k 1000 rows (no top-k floor)
 # unchanged (docs/performance.md).
 TOP_K_FLOOR_STEPS = 3
+# overlap_write=True: in eager calls the write kernel is enqueued with programmatic dependent
+# launch, so its launch and the start of its programs overlap the select kernel's end (the
+# select kernel triggers it by finishing: it is launched as before). On the H200 at V = 152,064,
+# B = 64, back-to-back eager calls went 40.4-40.6 -> 39.2-39.5 us without truncation and
+# 39.2-39.4 -> 37.5-38.3 with top-k 50 + top-p 0.9 (medians of four calls); a call captured in a
+# CUDA Graph launches it serially (replays within 0.2 us of serial launches at B = 16-64), since
+# replays with the overlap captured were 0.2-2.4 us slower (docs/performance.md)
 DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
                               single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
                               tiny_compact=256, write_registers=64, chunk_list=True,
                               hoist_loads=True, ftz_sum=True, keep_in_l2=True,
                               reciprocal_division=True, reverse_write=True,
-                              top_k_floor_steps=TOP_K_FLOOR_STEPS)
+                              top_k_floor_steps=TOP_K_FLOOR_STEPS, overlap_write=True)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
@@ -1313,6 +1327,9 @@ class LaunchPlan:
     single: bool  # one launch of `_single_kernel` (B * V <= config.single_launch_entries)
     single_constexprs: tuple[tuple[str, int], ...]
     launches: tuple[KernelLaunch, ...]  # the single launch, or the chunk, select and write ones
+    # the write kernel takes programmatic dependent launch in eager calls alone
+    # (`KernelConfig.overlap_write`): a call on a stream being captured launches it serially
+    serial_in_capture: bool
 
     def arguments(self, buffers: tuple) -> tuple[tuple, ...]:
         """Each launch's runtime arguments. `buffers` = (logits, temperature, top_k, top_p,
@@ -1365,22 +1382,25 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone (and
     on `overlap`, a property of the device: `supports_overlap`), so a call captured in a CUDA
     Graph runs the kernels its eager warm-up compiled and ran (a kernel compiled during a
-    capture invalidates it), and replays give the eager result. With `overlap` (and
-    `config.overlap_launches`) the select and write kernels take programmatic dependent
-    launch; results do not depend on it. `native` (the kernels are compiled for a CUDA device,
-    not run by the interpreter) admits their inline PTX (`KernelConfig.ftz_sum`)."""
+    capture invalidates it), and replays give the eager result. With `overlap` the select and
+    write kernels take programmatic dependent launch where `config.overlap_launches` asks for
+    it, the write kernel alone where `config.overlap_write` does (in eager calls:
+    `serial_in_capture`); results do not depend on it. `native` (the kernels are compiled for
+    a CUDA device, not run by the interpreter) admits their inline PTX
+    (`KernelConfig.ftz_sum`)."""
     chunk, capacity = config.chunk_size(vocab), config.chunk_capacity
     keep_all = vocab <= chunk and triton.next_power_of_2(vocab) <= config.compact
     if keep_all:  # one chunk is the whole row: a slot per entry, every token a candidate
         chunk = capacity = max(triton.next_power_of_2(vocab), MIN_KEEP_ALL_CHUNK)
     num_chunks = triton.cdiv(vocab, chunk)
     num_write = triton.cdiv(vocab, config.write_chunk)
-    pdl = overlap and config.overlap_launches
+    select_pdl = overlap and config.overlap_launches
+    write_pdl = overlap and (config.overlap_launches or config.overlap_write)
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
     work_options = (("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
                     ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
     chunk_constexprs = (*work_constexprs, *work_options,
-                        ("RECIPROCAL", config.reciprocal_division), ("PDL", pdl))
+                        ("RECIPROCAL", config.reciprocal_division), ("PDL", select_pdl))
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
@@ -1389,13 +1409,13 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
                          ("TILE", select_tile), ("COMPACT", config.compact),
                          ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
                          ("LISTED", config.chunk_list),
-                         ("FLOOR_STEPS", config.top_k_floor_steps), ("PDL", pdl))
+                         ("FLOOR_STEPS", config.top_k_floor_steps), ("PDL", select_pdl))
     write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
                         ("WRITE_PAD", triton.next_power_of_2(num_write)),
                         ("COMPACT", config.compact), ("BLOCK", config.block),
                         ("ROW_CAPACITY", config.candidate_capacity),
                         ("SMALL", config.small_compact), ("REVERSE", config.reverse_write),
-                        ("PDL", pdl))
+                        ("PDL", write_pdl))
     single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
                          ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
                          ("SUB", sub), ("BLOCK", config.block),
@@ -1409,9 +1429,9 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
         launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
                                  config.chunk_warps),
                     KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
-                                 config.select_warps, overlap_options(pdl)),
+                                 config.select_warps, overlap_options(select_pdl)),
                     KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS, overlap_options(pdl) + register_cap(config)))
+                                 NUM_WARPS, overlap_options(write_pdl) + register_cap(config)))
     return LaunchPlan(
         num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
         num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
@@ -1419,7 +1439,7 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
         wide_k=wide_k_limit(num_chunks, capacity), config=config,
         chunk_constexprs=chunk_constexprs, select_constexprs=select_constexprs,
         write_constexprs=write_constexprs, single=single, single_constexprs=single_constexprs,
-        launches=launches)
+        launches=launches, serial_in_capture=write_pdl and not select_pdl and not single)
 
 
 @functools.lru_cache(maxsize=256)
@@ -1470,11 +1490,14 @@ def specialisation_key(plan: LaunchPlan, logits, top_k, pointers: tuple[int, ...
 
 def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch,
             stream: int | None) -> None:
-    """Enqueue the call's kernels on `stream` (no host read, no allocation)."""
+    """Enqueue the call's kernels on `stream` (no host read, no allocation). A plan whose write
+    kernel overlaps only eagerly launches it serially while the current stream is captured
+    (one query of the CUDA runtime); results do not depend on how it is launched."""
     inputs = (logits.data_ptr(), temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr())
+    serial = plan.serial_in_capture and torch.cuda.is_current_stream_capturing()
     LAUNCHES.launch(specialisation_key(plan, logits, top_k, inputs), plan.launches,
                     plan.arguments, (logits, temperature, top_k, top_p, out, *scratch.tensors),
-                    (*inputs, out.data_ptr(), *scratch.pointers), stream)
+                    (*inputs, out.data_ptr(), *scratch.pointers), stream, serial)
 
 
 def run_probabilities(logits, temperature, top_k, top_p,

@@ -256,21 +256,24 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
 
 
 @pytest.mark.parametrize("capacity", [32, 1])
-def test_overlapped_launches_give_the_serial_result(capacity):
-    """With programmatic dependent launch (`overlap_launches`, on Hopper) the select and write
-    kernels start while the kernel before them runs and wait on the device for its results:
-    five calls back to back, and a CUDA Graph replay of one, give bitwise the output of serial
-    launches (a kernel that read before its predecessor finished would not), and the
-    reference; capacity 1 sends the truncating rows through the split fallback, whose write
-    programs read the select kernel's row modes."""
+@pytest.mark.parametrize("field", ["overlap_launches", "overlap_write"])
+def test_overlapped_launches_give_the_serial_result(capacity, field):
+    """With programmatic dependent launch (on Hopper: `overlap_launches`, the select and write
+    kernels; `overlap_write`, the write kernel in eager calls) a kernel starts while the one
+    before it runs and waits on the device for its results: five calls back to back, and a
+    CUDA Graph replay of one, give bitwise the output of serial launches (a kernel that read
+    before its predecessor finished would not), and the reference; capacity 1 sends the
+    truncating rows through the split fallback, whose write programs read the select kernel's
+    row modes."""
     from engine.sampling.launch_overlap import supports_overlap
     from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
     serial = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
-                                 single_launch_entries=0, overlap_launches=False)
-    overlap = dataclasses.replace(serial, overlap_launches=True)
+                                 single_launch_entries=0, overlap_launches=False,
+                                 overlap_write=False)
+    overlap = dataclasses.replace(serial, **{field: True})
     rows = [a.cuda() for a in random_rows(32, 94 + capacity)]
     overlapped = [probabilities_triton(*rows, config=overlap) for _ in range(5)]
     torch.cuda.synchronize()
@@ -282,6 +285,38 @@ def test_overlapped_launches_give_the_serial_result(capacity):
     for out in (*overlapped, replayed):
         assert torch.equal(out, expected)
     assert_matches_reference_rows(expected.cpu(), *(a.cpu() for a in rows))
+
+
+def test_overlapped_write_launches_serially_while_captured(monkeypatch):
+    """`overlap_write`: eager calls enqueue their kernels with the write kernel's programmatic
+    dependent launch on, a call captured in a CUDA Graph enqueues them serially (recorded at
+    `CompiledLaunch.enqueue`), and the replay gives the eager result bitwise."""
+    from engine.sampling import launcher
+    from engine.sampling.launch_overlap import supports_overlap
+    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
+
+    if not supports_overlap(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
+    config = dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0, overlap_write=True,
+                                 overlap_launches=False)
+    rows = [a.cuda() for a in random_rows(16, 211)]
+    eager = probabilities_triton(*rows, config=config)  # compiles: through the JIT
+    seen, enqueue = [], launcher.CompiledLaunch.enqueue
+
+    def recording(self, stream, args, serial=False):
+        seen.append((bool(torch.cuda.is_current_stream_capturing()), serial))
+        enqueue(self, stream, args, serial)
+
+    monkeypatch.setattr(launcher.CompiledLaunch, "enqueue", recording)
+    again = probabilities_triton(*rows, config=config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = probabilities_triton(*rows, config=config)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert seen == [(False, False)] * 3 + [(True, True)] * 3
+    assert torch.equal(again, eager) and torch.equal(replayed, eager)
 
 
 @pytest.mark.parametrize("capacity", [32, 1])

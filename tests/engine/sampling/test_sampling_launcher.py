@@ -193,11 +193,11 @@ def compiled_with(run):
     return compiled
 
 
-def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_does(
-        monkeypatch):
-    """Below `CudaLauncher.__call__`: the C launch function must get exactly the arguments
-    that method passes it for the same launch (no metadata, hooks or scratch), in the
-    installed Triton's layout; a version outside `C_LAUNCH_LAYOUTS` keeps the launcher."""
+def enqueued_and_tritons(monkeypatch, serials, tritons_pdl=True):
+    """(launch, run, recorded): a `CompiledLaunch` of a recording launcher compiled with
+    `launch_pdl`, enqueued once per entry of `serials` (its `serial` flag), then the same launch
+    through the installed Triton's `CudaLauncher.__call__` with `launch_pdl` = tritons_pdl;
+    `recorded` holds the C launch function's arguments of each, in that order."""
     # Triton 3.8+'s __call__ looks up the active driver first (no GPU here: a stand-in)
     monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace())
     recorded = []
@@ -205,16 +205,40 @@ def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_d
     compiled = compiled_with(run)
     launch = launcher.CompiledLaunch(compiled, (3, 2, 1), (128, True))
     try:
-        launch.enqueue(77, (0x1000, 10))
+        for serial in serials:
+            launch.enqueue(77, (0x1000, 10), serial=serial)
+        run.launch_pdl = tritons_pdl
         type(run).__call__(run, 3, 2, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 10,
                            128, True)
     finally:
         compiled.module = None
-    ours, tritons = recorded
+    return launch, run, recorded
+
+
+def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_does(
+        monkeypatch):
+    """Below `CudaLauncher.__call__`: the C launch function must get exactly the arguments
+    that method passes it for the same launch (no metadata, hooks or scratch), in the
+    installed Triton's layout; a version outside `C_LAUNCH_LAYOUTS` keeps the launcher."""
+    launch, run, (ours, tritons) = enqueued_and_tritons(monkeypatch, [False])
     assert ours == tritons
     minor = ".".join(triton.__version__.split(".")[:2])
     assert (launch.target is run.launch) == (minor in launcher.C_LAUNCH_LAYOUTS)
     assert 0x1000 in (ours[-1] if launch.packs_args else ours)
+
+
+def test_a_serial_enqueue_is_the_launch_without_programmatic_dependent_launch(monkeypatch):
+    """`enqueue(..., serial=True)` of a kernel compiled with `launch_pdl` passes the C launch
+    function exactly what `CudaLauncher.__call__` passes for the same kernel with the option
+    off; a plain enqueue keeps it on, and a kernel that keeps the launcher (no known layout)
+    launches as compiled either way (`test_kernels_that_need_scratch_keep_the_launcher`)."""
+    if ".".join(triton.__version__.split(".")[:2]) not in launcher.C_LAUNCH_LAYOUTS:
+        pytest.skip("the installed Triton's launch layout is unknown: enqueue keeps the launcher")
+    _, _, (serial, plain, tritons_serial) = enqueued_and_tritons(monkeypatch, [True, False],
+                                                                 tritons_pdl=False)
+    assert serial == tritons_serial
+    assert plain[:6] + plain[7:] == serial[:6] + serial[7:]
+    assert plain[6] is True and serial[6] is False
 
 
 @pytest.mark.parametrize("overrides", [dict(global_scratch_size=64),
@@ -228,7 +252,7 @@ def test_kernels_that_need_scratch_keep_the_launcher(overrides):
     finally:
         compiled.module = None
     assert launch.target is run and not launch.packs_args
-    assert launch.bound == (4242, ("packed",), None, None, None)
+    assert launch.bound == launch.serial_bound == (4242, ("packed",), None, None, None)
 
 
 @pytest.mark.parametrize("version, target_is_c", [("3.6.0", True), ("3.9.1", True),

@@ -512,28 +512,62 @@ def test_the_write_kernel_alone_takes_the_register_cap():
 def test_overlapped_launches_follow_the_device_and_the_config():
     """Where the device supports programmatic dependent launch (`overlap`) and the configuration
     asks for it, the select and write launches take it (compile option and PDL constexpr) and
-    the chunk kernel lets them start; the single launch, the default configuration and a
-    device without it take none. The CPU never supports it."""
+    the chunk kernel lets them start (`overlap_launches`), or the write launch alone does
+    (`overlap_write`, the default), then launched serially in a captured call; the single
+    launch, a configuration with neither and a device without it take none. The CPU never
+    supports it."""
     from engine.sampling.launch_overlap import supports_overlap
 
     k = kernel()
-    on = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=True)
-    chunk, select, write = k.launch_plan(on, 8, 152064, overlap=True).launches
+    pdl = lambda launch: (dict(launch.constexprs)["PDL"],  # noqa: E731
+                          dict(launch.options).get("launch_pdl", False))
+    both = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=True)
+    plan = k.launch_plan(both, 8, 152064, overlap=True)
+    chunk, select, write = plan.launches
     assert dict(chunk.constexprs)["PDL"] and chunk.options == ()
-    for launch in (select, write):
-        assert dict(launch.constexprs)["PDL"] and dict(launch.options)["launch_pdl"] is True
-    for plan in (k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True),
-                 k.launch_plan(on, 8, 152064, overlap=False)):
-        assert all(not dict(launch.constexprs)["PDL"] and "launch_pdl" not in dict(launch.options)
-                   for launch in plan.launches)
-    (single,) = k.launch_plan(on, 1, 700, overlap=True).launches
-    assert "PDL" not in dict(single.constexprs) and single.options == ()
+    assert pdl(select) == pdl(write) == (True, True) and not plan.serial_in_capture
+    plan = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=True)
+    chunk, select, write = plan.launches
+    assert k.DEFAULT_CONFIG.overlap_write and plan.serial_in_capture
+    assert not dict(chunk.constexprs)["PDL"] and pdl(select) == (False, False)
+    assert pdl(write) == (True, True)
+    neither = dataclasses.replace(k.DEFAULT_CONFIG, overlap_write=False)
+    for plan in (k.launch_plan(neither, 8, 152064, overlap=True),
+                 k.launch_plan(both, 8, 152064, overlap=False),
+                 k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=False)):
+        assert all(pdl(launch) == (False, False) for launch in plan.launches)
+        assert not plan.serial_in_capture
+    for config in (both, k.DEFAULT_CONFIG):
+        plan = k.launch_plan(config, 1, 700, overlap=True)
+        (single,) = plan.launches
+        assert "PDL" not in dict(single.constexprs) and single.options == ()
+        assert not plan.serial_in_capture
     assert not supports_overlap(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_a_captured_call_launches_serially_where_the_plan_says(monkeypatch, capturing):
+    """`_launch` asks whether the current stream is being captured only for a plan with
+    `serial_in_capture`, and passes the answer to the launches as `serial`; other plans never
+    launch serially (and never ask)."""
+    k = kernel()
+    asked, seen = [], []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
+                        lambda: asked.append(1) or capturing)
+    monkeypatch.setattr(k.LAUNCHES, "launch", lambda *args: seen.append(args[-1]))
+    logits, t, top_k, top_p = (torch.zeros(8, 152064), torch.ones(8),
+                               torch.zeros(8, dtype=torch.int64), torch.ones(8))
+    for overlap in (True, False):
+        plan = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=overlap)
+        scratch = k.Scratch.of(k._make_scratch(plan, logits.device))
+        k._launch(logits, t, top_k, top_p, plan, torch.empty_like(logits), scratch, None)
+    assert seen == [capturing, False] and len(asked) == 1
 
 
 @pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
                                           ("single_launch_entries", 1.5), ("single_warps", 3),
-                                          ("overlap_launches", 1), ("chunk_list", 1),
+                                          ("overlap_launches", 1), ("overlap_write", 1),
+                                          ("chunk_list", 1),
                                           ("hoist_loads", 1), ("ftz_sum", "yes"),
                                           ("keep_in_l2", 0),
                                           ("tiny_compact", 3),
