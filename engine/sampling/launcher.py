@@ -140,14 +140,14 @@ def c_launch_call(compiled) -> tuple[Callable, tuple, tuple, bool]:
     if type(run).__name__ != "CudaLauncher" or layout is None or needs_scratch:
         bound = (compiled.function, compiled.packed_metadata, None, None, None)
         return run, bound, bound, False
-    heads = [(compiled.function, run.launch_cooperative_grid, pdl) for pdl in (run.launch_pdl,
-                                                                              False)]
+    head = (compiled.function, run.launch_cooperative_grid)  # then the PDL flag
     if layout == PACKED:
         tail = (compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
                 run.kernel_signature)
-        return run.launch, (*heads[0], *tail), (*heads[1], *tail), True
-    tail = (None, None, compiled.packed_metadata, None, None, None)
-    return run.launch, (*heads[0], *tail), (*heads[1], *tail), False
+    else:
+        tail = (None, None, compiled.packed_metadata, None, None, None)
+    return (run.launch, (*head, run.launch_pdl, *tail), (*head, False, *tail),
+            layout == PACKED)
 
 
 def current_stream(device: torch.device) -> int | None:
