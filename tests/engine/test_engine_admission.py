@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine_helpers import TINY_MODEL, tiny_llm
+from tests.fixtures.engine_helpers import TINY_MODEL, tiny_llm
 
 # Random requests without their own seed: each draws the next engine seed at admission, so a
 # request left queued by a refused batch (or a seed drawn for it) changes every later output.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from engine_helpers import TINY_MODEL, tiny_llm
+from tests.fixtures.engine_helpers import TINY_MODEL, tiny_llm
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 

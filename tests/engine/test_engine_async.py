@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine_helpers import (TINY_MODEL, count_non_argmax_accepted, looped_atol, no_host_reads,
+from tests.fixtures.engine_helpers import (TINY_MODEL, count_non_argmax_accepted, looped_atol, no_host_reads,
                             run_checking_live, tiny_llm)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9] * 10, [33], [5, 17, 60, 2, 2, 41], [12, 13, 14]]

@@ -8,7 +8,7 @@ vocabulary (probability below 1e-15 per pair).
 from __future__ import annotations
 
 from engine import LLM, EngineConfig, SamplingParams
-from engine_helpers import TINY_MODEL
+from tests.fixtures.engine_helpers import TINY_MODEL
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -13,7 +13,7 @@ from engine import SamplingParams
 from engine.runners.base import probabilities
 from engine.sampling import ERR_INVALID_TARGET
 from engine.scheduler import Scheduler
-from engine_helpers import tiny_llm
+from tests.fixtures.engine_helpers import tiny_llm
 
 PROMPTS = [[1, 2, 3], [6, 7], [20, 21, 22, 23]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -14,7 +14,7 @@ import torch
 from engine import LLM, EngineConfig, SamplingParams
 from engine.kv_cache import PAD_BLOCK, scratch_block
 from engine.runners.graphs import RoundGraphs
-from engine_helpers import tiny_llm
+from tests.fixtures.engine_helpers import tiny_llm
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import SamplingParams
-from engine_helpers import tiny_llm
+from tests.fixtures.engine_helpers import tiny_llm
 
 
 def workload():

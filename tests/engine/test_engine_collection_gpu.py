@@ -58,7 +58,7 @@ def test_llama_rounds_are_captured_and_equal_eager(mode):
     """The real-model family's rounds are captured too (a host read in them makes the capture fail
     and the collection run eagerly, ~10x slower): captured tokens equal eager ones."""
     from engine.models.llama import LlamaDepthModel, LlamaModel
-    from engine_helpers import TINY_LLAMA, random_llama_weights
+    from tests.fixtures.engine_helpers import TINY_LLAMA, random_llama_weights
 
     model = LlamaDepthModel(LlamaModel(TINY_LLAMA, random_llama_weights(TINY_LLAMA).to(device="cuda")), 1)
     options = {**mode, "draft_loops": 1} if "draft_loops" in mode else mode  # the tiny model has 3 depths

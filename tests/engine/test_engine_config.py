@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, ModelConfig, SpeculativeConfig
-from engine_helpers import TINY_MODEL
+from tests.fixtures.engine_helpers import TINY_MODEL
 
 
 @pytest.mark.parametrize("field, value", [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine_helpers import tiny_llm
+from tests.fixtures.engine_helpers import tiny_llm
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9] * 10, [33], [5, 17, 60, 2, 2, 41], [12, 13, 14]]
 MAX_TOKENS = [10, 7, 1, 4, 2, 8]

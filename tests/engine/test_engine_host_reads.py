@@ -13,7 +13,7 @@ import torch
 from engine import SamplingParams
 from engine.runners.base import SamplingRows
 from engine.runners.speculative import plan_round
-from engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights, tiny_llm
+from tests.fixtures.engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights, tiny_llm
 
 
 def tiny_llama_llm(**options):

@@ -8,7 +8,7 @@ import torch
 from engine import SamplingParams
 from engine.models.looped import LoopedModel
 from engine.runners.layout import depth_metadata, layout_rows
-from engine_helpers import TINY_MODEL, looped_atol, tiny_llm
+from tests.fixtures.engine_helpers import TINY_MODEL, looped_atol, tiny_llm
 
 
 def test_paged_prefill_and_decode_match_replay():

@@ -3,7 +3,7 @@
 Uses the trained default model at temperature 1 / top_k 20 (acceptance ~0.9 at draft_loops 2),
 so rounds accept non-argmax drafts and also reject some. Tolerance: paged (batched) and serial
 (dense) evaluation of the same positions differ only in float32 summation order; keys, values
-and logits are compared within engine_helpers.looped_atol (a rounding analysis of the chained
+and logits are compared within tests/fixtures/engine_helpers.py looped_atol (a rounding analysis of the chained
 reductions), scaled by each compared tensor's magnitude.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.sampling import Sampler, categorical, speculative_accept, uniform_blocks
-from engine_helpers import count_non_argmax_accepted, looped_atol, run_checking_live
+from tests.fixtures.engine_helpers import count_non_argmax_accepted, looped_atol, run_checking_live
 
 PROMPT = "Return a new list of"
 

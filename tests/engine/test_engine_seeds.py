@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine import SamplingParams
-from engine_helpers import tiny_llm
+from tests.fixtures.engine_helpers import tiny_llm
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 

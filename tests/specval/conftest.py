@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 
 @pytest.fixture

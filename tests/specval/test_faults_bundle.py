@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from fake_protocol import fake_protocol_dict, write_protocol
-from fake_sut import FakeSUT, KilledFakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 import specval
 from specval import bundle as bundles

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import seeds
 from specval.cli import main
@@ -37,7 +37,7 @@ def _run(cli, *args):
     return cli.invoke(main, list(args), catch_exceptions=False)
 
 
-def _protocol(tmp_path, adapter="fake_sut:FakeSUT", name="protocol.yaml", **overrides):
+def _protocol(tmp_path, adapter="tests.fixtures.fake_sut:FakeSUT", name="protocol.yaml", **overrides):
     raw = fake_protocol_dict(**{"sut": {"adapter": adapter}, **SMALL, **overrides})
     return write_protocol(tmp_path, raw, name)
 
@@ -96,17 +96,17 @@ def test_unimportable_adapter_is_an_input_error(cli, tmp_path):
 
 
 def test_missing_capability_names_it_and_the_protocol_line(cli, tmp_path):
-    file = _protocol(tmp_path, adapter="fault_suts:NoQuadratureSUT")
+    file = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:NoQuadratureSUT")
     line = next(i + 1 for i, text in enumerate(file.read_text().splitlines()) if "kind: quadrature" in text)
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 2 and "accept_single" in result.output and f"{file}:{line}" in result.output
     assert _nothing_claimed(tmp_path / "results")
-    result = _run(cli, "run", str(_protocol(tmp_path, adapter="fault_suts:NoTopPSUT", name="p2.yaml")), "--quiet")
+    result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:NoTopPSUT", name="p2.yaml")), "--quiet")
     assert result.exit_code == 2 and "sampling='top_p'" in result.output
 
 
 def test_a_mutant_the_adapter_does_not_declare_is_refused(cli, tmp_path):
-    file = _protocol(tmp_path, sut={"adapter": "fake_sut:FakeSUT", "options": {"mutant": "residual_from_p"}})
+    file = _protocol(tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT", "options": {"mutant": "residual_from_p"}})
     line = next(i + 1 for i, text in enumerate(file.read_text().splitlines()) if "mutant:" in text)
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 2 and "mutants='residual_from_p'" in result.output and f"{file}:{line}" in result.output
@@ -115,7 +115,7 @@ def test_a_mutant_the_adapter_does_not_declare_is_refused(cli, tmp_path):
 
 def test_a_protocol_without_quadrature_runs_on_an_adapter_without_accept_single(cli, tmp_path):
     tests = [t for t in fake_protocol_dict()["tests"] if t["kind"] != "quadrature"]
-    file = _protocol(tmp_path, adapter="fault_suts:NoQuadratureSUT", tests=tests)
+    file = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:NoQuadratureSUT", tests=tests)
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 0 and "PASS" in result.output
 
@@ -132,9 +132,9 @@ def test_resume_with_conflicting_flags_is_refused(cli, tmp_path, flags):
 # ---------------------------------------------------------------- the system under test raised: exit 3
 
 
-@pytest.mark.parametrize("adapter,words", [("fault_suts:WrongShapeSUT", "shape"),
-                                           ("fault_suts:FloatTokensSUT", "dtype float64"),
-                                           ("fault_suts:BrokenConstructorSUT", "the model file cannot be opened")])
+@pytest.mark.parametrize("adapter,words", [("tests.fixtures.fault_suts:WrongShapeSUT", "shape"),
+                                           ("tests.fixtures.fault_suts:FloatTokensSUT", "dtype float64"),
+                                           ("tests.fixtures.fault_suts:BrokenConstructorSUT", "the model file cannot be opened")])
 def test_broken_adapter_fails_the_probe_with_exit_3_before_any_seed(cli, tmp_path, adapter, words):
     result = _run(cli, "run", str(_protocol(tmp_path, adapter=adapter)), "--quiet")
     assert result.exit_code == 3 and words in result.output and "no seed was claimed" in result.output
@@ -145,7 +145,7 @@ def test_broken_adapter_fails_the_probe_with_exit_3_before_any_seed(cli, tmp_pat
 
 
 def test_adapter_raising_mid_run_exits_3_keeps_an_error_bundle_that_resumes(cli, tmp_path, monkeypatch):
-    file = _protocol(tmp_path, adapter="fault_suts:RaisingSUT")
+    file = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:RaisingSUT")
     monkeypatch.setenv("FAULT_RAISE_AT_CALL", "5")  # 2 probe calls, then the 3rd chunk of collection
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 3 and "planted failure inside the adapter" in result.output
@@ -185,7 +185,7 @@ def _default_sigint() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_exits_130_with_the_resume_command_and_the_bundle_resumes(cli, tmp_path, signum):
-    file = _protocol(tmp_path, adapter="fault_suts:SlowSUT")
+    file = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:SlowSUT")
     # The child gets SIGINT's default disposition back: a test runner started in the background by a
     # non-interactive shell ignores SIGINT, an ignored SIGINT is inherited, and Python then installs
     # no KeyboardInterrupt handler (the run would finish instead of stopping).

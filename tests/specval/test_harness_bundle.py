@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fake_sut import BuggyFakeSUT, FakeSUT
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 from specval import bundle as bundles
 from specval import runner
@@ -16,7 +16,7 @@ from specval import runner
 
 @pytest.fixture(scope="module")
 def fake_bundle(tmp_path_factory) -> Path:
-    from fake_protocol import fake_protocol_dict, write_protocol
+    from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
     root = tmp_path_factory.mktemp("bundle")
     path, summary = runner.run(write_protocol(root, fake_protocol_dict()), "ci", root / "results",

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval.cli import main
 
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # `fake_sut:FakeSUT` is importable
     monkeypatch.chdir(tmp_path)
     return CliRunner()
 
@@ -44,7 +43,7 @@ def test_run_pass_then_verify_then_seeds_ls_and_junit(cli, tmp_path):
 
 
 def test_failing_sut_exits_1(cli, tmp_path):
-    raw = fake_protocol_dict(sut={"adapter": "fake_sut:BuggyFakeSUT"})
+    raw = fake_protocol_dict(sut={"adapter": "tests.fixtures.fake_sut:BuggyFakeSUT"})
     result = _run(cli, "run", str(write_protocol(tmp_path, raw)), "--profile", "ci", "--quiet", "--junit", "j.xml")
     assert result.exit_code == 1 and "FAIL: failed:" in result.output
     junit = (tmp_path / "j.xml").read_text()

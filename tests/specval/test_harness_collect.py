@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from fake_sut import FakeSUT, KilledFakeSUT
+from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 from specval import collect, runner
 from specval.execution import RunInterrupted

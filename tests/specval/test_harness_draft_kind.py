@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_protocol import fake_protocol_dict
-from fake_sut import FakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict
+from tests.fixtures.fake_sut import FakeSUT
 
 from specval import runner
 from specval.protocol import SamplingSpec, parse_protocol

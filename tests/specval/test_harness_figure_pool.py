@@ -14,8 +14,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from fake_protocol import fake_protocol_dict, write_protocol
-from fake_sut import FakeSUT, KilledFakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 from specval import bundle as bundles
 from specval import report, runner

@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 
 import pytest
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import protocol as protocols
 from specval.protocol import ProtocolError, load_protocol, parse_protocol, resolve

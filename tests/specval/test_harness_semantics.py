@@ -16,8 +16,8 @@ import itertools
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fake_protocol import fake_protocol_dict, write_protocol
-from fake_sut import MisdeclaredTiedFakeSUT, TiedFakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import MisdeclaredTiedFakeSUT, TiedFakeSUT
 
 from specval import runner, seeds
 from specval.cli import main

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import bundle as bundles
 from specval import collect, runner, sharding
@@ -41,7 +41,7 @@ RANKS = 2
 LAUNCH_TIMEOUT_S = 300  # a hang (a rank waiting for a collective) fails the test instead of blocking CI
 
 
-def _protocol(directory: Path, adapter: str = "fake_sut:FakeSUT") -> Path:
+def _protocol(directory: Path, adapter: str = "tests.fixtures.fake_sut:FakeSUT") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     return write_protocol(directory, fake_protocol_dict(sut={"adapter": adapter}, **SMALL))
 
@@ -160,7 +160,7 @@ def test_other_protocol_kinds_are_refused_across_processes(monkeypatch, shipped)
 
 
 def test_a_rank_that_raises_ends_every_rank_with_3_and_two_ranks_resume(tmp_path, one_process):
-    protocol = _protocol(tmp_path, adapter="fault_suts:RankRaisingSUT")
+    protocol = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:RankRaisingSUT")
     # rank 1's probe makes one sample call per group (2), its chunk of round 0 the 3rd; it raises at
     # the 4th: round 0 (chunks 0 and 1) is written, round 1 fails
     failed = _launch(tmp_path, "-m", "specval.cli", "run", str(protocol), "--quiet", "--devices", str(RANKS),
@@ -236,7 +236,7 @@ def test_a_serving_rank_whose_adapter_cannot_be_built_sends_its_failure(tmp_path
 
 
 def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path, monkeypatch):
-    from fake_sut import FakeSUT
+    from tests.fixtures.fake_sut import FakeSUT
 
     from specval.preflight import GuardedSUT, SUTRaised
 
@@ -257,7 +257,7 @@ def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path
 
 
 def test_a_failed_write_stops_every_rank_at_the_next_round(tmp_path, monkeypatch):
-    from fake_sut import FakeSUT
+    from tests.fixtures.fake_sut import FakeSUT
 
     from specval.preflight import GuardedSUT
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from specval import calibrate as calibration
 from specval.cli import main
 from specval.verdict import FAIL, PASS
@@ -40,7 +40,6 @@ def test_summarise_counts_rates_intervals_and_uniformity():
 
 
 def test_calibrate_runs_disjoint_replicates_on_the_exact_fake_sut(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     raw = fake_protocol_dict()
     raw["tests"] = raw["tests"][:3]  # quadrature, t1 gof, t2 gof
     file = write_protocol(tmp_path, raw)
@@ -62,7 +61,6 @@ def test_calibrate_runs_disjoint_replicates_on_the_exact_fake_sut(tmp_path, monk
 def test_calibrate_resume_keeps_the_bundle_and_refuses_other_sizes(tmp_path, monkeypatch):
     """A resumed calibration reuses its bundle's seed ranges and samples (same result, no new ledger
     range); a resume with another replicates x samples is an input error (exit 2)."""
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     raw = fake_protocol_dict()
     raw["tests"] = raw["tests"][:2]  # quadrature, t1 gof
     file = write_protocol(tmp_path, raw)
@@ -98,7 +96,6 @@ def test_exact_sampler_calibration_reports_families_and_can_see_an_inflated_test
     """--exact draws every group from the float64 reference (count trees): per-family FAIL counts
     are Binomial(replicates, <= alpha). 40 replicates: "at most 3 FAILs of a family" fails with
     probability <= 1 - P(Binom(40, 0.01) <= 3) ~ 8e-4 per family (three families)."""
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     file = write_protocol(tmp_path, fake_protocol_dict(tests=fake_protocol_dict()["tests"][1:]))
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["calibrate", str(file), "--exact", "--replicates", "40", "--samples", "300",

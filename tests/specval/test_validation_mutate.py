@@ -111,10 +111,10 @@ def test_a_suite_mixing_adapters_is_refused(tmp_path):
     suite = _reduced_suite(tmp_path / "suite")
     other = suite / "suite_t2_k1_bonus.yaml"
     raw = yaml.safe_load(other.read_text())
-    raw["sut"] = {"adapter": "fake_sut:FakeSUT"}
+    raw["sut"] = {"adapter": "tests.fixtures.fake_sut:FakeSUT"}
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
     result = CliRunner().invoke(main, ["mutate", str(suite), "--output", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "mixes adapters" in result.output and "fake_sut:FakeSUT" in result.output
+    assert result.exit_code == 2 and "mixes adapters" in result.output and "tests.fixtures.fake_sut:FakeSUT" in result.output
     assert not (tmp_path / "out").exists()
 
 

@@ -69,7 +69,7 @@ def test_plan_cli_prints_samples_and_mde_and_refuses_bad_input():
 
 
 def test_protocol_plan_lists_every_criterion_at_its_holm_level_and_stages(tmp_path):
-    from fake_protocol import fake_protocol_dict, write_protocol
+    from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
     file = write_protocol(tmp_path, fake_protocol_dict(confirmation={"stages": 2, "alpha_stage2": 0.01}))
     out = CliRunner().invoke(main, ["plan", "--protocol", str(file), "--profile", "ci"])
@@ -80,7 +80,7 @@ def test_protocol_plan_lists_every_criterion_at_its_holm_level_and_stages(tmp_pa
 
 
 def test_protocol_plan_without_top_k_needs_and_uses_the_vocabulary_size(tmp_path):
-    from fake_protocol import fake_protocol_dict, write_protocol
+    from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
     raw = fake_protocol_dict()
     raw["sampling"] = {**raw["sampling"], "top_k": 0}

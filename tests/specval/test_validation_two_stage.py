@@ -1,4 +1,4 @@
-"""Two-stage confirmation on the exact fake SUT (tests/specval/fake_sut.py).
+"""Two-stage confirmation on the exact fake SUT (tests/fixtures/fake_sut.py).
 
 Protocol: the fake t2 protocol with `confirmation: {stages: 2, alpha_stage2: 0.001}`, ci size (800
 per group), fixed seeds (a fresh output root starts at seed_base 0), so every outcome below is
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_protocol import fake_protocol_dict, write_protocol
-from fake_sut import BuggyFakeSUT, FakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 from specval import bundle as bundles
 from specval import runner, seeds

@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf", reason="the 'gguf' package (real-model extra)
 from engine.models.gguf import (GGUFError, load_llama, packaged_file, permute_rotary,  # noqa: E402
                                 unpermute_rotary)
 from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: E402
-from engine_helpers import reorder_atol  # noqa: E402
+from tests.fixtures.engine_helpers import reorder_atol  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 V, H, I, L, HEADS, KV_HEADS = 64, 32, 64, 2, 4, 2

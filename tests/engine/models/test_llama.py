@@ -2,7 +2,7 @@
 
 Deterministic (fixed torch seeds, no sampling). Tolerances: comparisons of the same function
 evaluated in two summation orders (incremental vs full, paged vs contiguous, GQA vs duplicated
-heads) use `logit_atol` (engine_helpers.reorder_atol: a float32 rounding analysis over the
+heads) use `logit_atol` (tests/fixtures/engine_helpers.py, reorder_atol: a float32 rounding analysis over the
 network's chained reductions); comparisons of the same ops on the same inputs are bitwise.
 """
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from engine.models.llama import ContiguousAttention, LlamaModel, apply_rope, rms_norm, rope_cos_sin
-from engine_helpers import FLOAT32_UNIT_ROUNDOFF as U
-from engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights as random_weights
-from engine_helpers import reorder_atol
+from tests.fixtures.engine_helpers import FLOAT32_UNIT_ROUNDOFF as U
+from tests.fixtures.engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights as random_weights
+from tests.fixtures.engine_helpers import reorder_atol
 
 TINY = TINY_LLAMA
 

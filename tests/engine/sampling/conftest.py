@@ -1,4 +1,4 @@
-"""Fixtures shared by the sampling tests: the backends to run (helpers: sampling_helpers.py)."""
+"""Fixtures shared by the sampling tests: the backends to run (helpers: tests/fixtures/sampling_helpers.py)."""
 
 from __future__ import annotations
 

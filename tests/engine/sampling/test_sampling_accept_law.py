@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
-from sampling_helpers import generator
+from tests.fixtures.sampling_helpers import generator
 from engine.sampling import categorical, speculative_accept, uniform_blocks
 
 V = 6

@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from sampling_helpers import generator
+from tests.fixtures.sampling_helpers import generator
 from engine.sampling import INVALID_ROW, categorical
 
 BELOW_ONE = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0)))

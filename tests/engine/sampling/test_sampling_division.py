@@ -21,8 +21,8 @@ import triton.language as tl
 from engine.sampling.probabilities_row_kernel import (RECIPROCAL_T_RANGE, RECIPROCAL_X_RANGE,
                                                       corrected_quotient, ieee_quotient,
                                                       reciprocal_applies, reciprocal_quotient)
-from sampling_helpers import generator, triton_can_run_on
-from test_sampling_probabilities import assert_rows_match, params
+from tests.fixtures.sampling_helpers import generator, triton_can_run_on
+from tests.engine.sampling.test_sampling_probabilities import assert_rows_match, params
 
 SIGNIFICAND_BITS = 23
 ONE_BITS = 0x3F800000  # the bits of 1.0: + i for i < 2**23 are the significands of [1, 2)

@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from sampling_helpers import GPU_EXP, assert_row_matches_float64, generator
+from tests.fixtures.sampling_helpers import GPU_EXP, assert_row_matches_float64, generator
 from engine.params import SamplingParams
 from engine.sampling import batched_probabilities, categorical, uniform_blocks
-from test_sampling_accept_law import check_ragged_law, quadrature_law, dyadic, run_ragged
+from tests.engine.sampling.test_sampling_accept_law import check_ragged_law, quadrature_law, dyadic, run_ragged
 
 pytestmark = [
     pytest.mark.gpu,
@@ -16,7 +16,7 @@ pytestmark = [
 ]
 QWEN_VOCAB = 152064
 # Rows are compared with the exact float64 distribution; the top-p band and the value bound
-# come from the rounding analysis in sampling_helpers.py, with the GPU's fast exp (GPU_EXP).
+# come from the rounding analysis in tests/fixtures/sampling_helpers.py, with the GPU's fast exp (GPU_EXP).
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,7 +11,7 @@ import importlib
 import pytest
 import torch
 
-from sampling_helpers import generator
+from tests.fixtures.sampling_helpers import generator
 from engine.sampling import batched_probabilities, categorical, speculative_accept, uniform_blocks
 
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"]

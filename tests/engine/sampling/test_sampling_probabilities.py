@@ -1,7 +1,7 @@
 """batched_probabilities and the row-wise reference Sampler vs the exact float64 distribution.
 
 Inputs are drawn with fixed seeds. Both float32 implementations are compared with the float64
-distribution by `assert_row_matches_float64` (sampling_helpers.py, which states the rounding
+distribution by `assert_row_matches_float64` (tests/fixtures/sampling_helpers.py, which states the rounding
 analysis): the same support except tokens whose exact top-p mass lies within the float32
 rounding band of p (at V = 152,064 a few such tokens exist; at V <= 1,000 the band is ~1e-5
 wide), values within the float32 bound. Greedy rows and the top-k cut must match exactly; the
@@ -11,7 +11,7 @@ tied cases are built on purpose (small integers, exact in every arithmetic).
 import pytest
 import torch
 
-from sampling_helpers import assert_row_matches_float64, generator, triton_can_run_on
+from tests.fixtures.sampling_helpers import assert_row_matches_float64, generator, triton_can_run_on
 from engine.params import SamplingParams
 from engine.sampling import Sampler, batched_probabilities
 

@@ -1,7 +1,7 @@
 """Paths of the chunked Triton kernel of batched_probabilities, at small sizes (interpreter).
 
 Every case is also compared with the exact float64 distribution (as is the row-wise reference:
-`assert_rows_match`, with the rounding band and value bound of sampling_helpers.py), so a path
+`assert_rows_match`, with the rounding band and value bound of tests/fixtures/sampling_helpers.py), so a path
 that is taken but wrong fails as well as one that is not taken.
 """
 
@@ -13,8 +13,8 @@ import torch
 
 from engine.sampling.backend import compiles_natively
 from engine.sampling.launch_overlap import supports_overlap
-from sampling_helpers import generator, triton_can_run_on
-from test_sampling_probabilities import assert_rows_match, params
+from tests.fixtures.sampling_helpers import generator, triton_can_run_on
+from tests.engine.sampling.test_sampling_probabilities import assert_rows_match, params
 
 pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
                                 reason="needs TRITON_INTERPRET=1")
@@ -586,7 +586,7 @@ def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small,
                      tiny=0):
     """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove`."""
-    from select_block_kernel import compact_and_prove
+    from tests.fixtures.select_block_kernel import compact_and_prove
 
     compacted = torch.full((compact,), -7, dtype=torch.int64)
     out = torch.zeros(vocab)
@@ -620,7 +620,7 @@ def test_key_searches_find_the_exact_cut_whatever_the_span_of_the_keys(name):
     (the largest key) to n (the smallest), and for top-p the largest key v whose mass at or
     above v reaches the target, for targets at and between the cumulative masses. Masses are
     multiples of 1/64, so every float32 sum is exact and the comparison is exact too."""
-    from select_block_kernel import key_searches
+    from tests.fixtures.select_block_kernel import key_searches
 
     x = torch.tensor(SEARCH_ROWS[name], dtype=torch.float32)
     n = x.numel()
@@ -674,7 +674,7 @@ def test_compaction_over_the_listed_chunks_takes_the_same_candidates(floor):
     huge x; one chunk's max is NaN (listed whatever the floor), and one chunk with a max at
     the floor stores a candidate equal to it. The list starts filled with a listed chunk, as
     a previous row would leave it, so reading past its end would copy candidates twice."""
-    from select_block_kernel import both_compactions
+    from tests.fixtures.select_block_kernel import both_compactions
 
     g = generator(95)
     num_chunks, capacity, tile, compact = 37, 8, 4, 512
@@ -809,7 +809,7 @@ def test_tiny_block_finds_the_cut_of_the_searches(num):
 
 
 def run_top_k_floor(chunk_max, floors, counts, m, spread, k, steps=0) -> float:
-    from select_block_kernel import top_k_floor
+    from tests.fixtures.select_block_kernel import top_k_floor
 
     result = torch.zeros(1)
     top_k_floor[(1,)](chunk_max, floors, counts, result, chunk_max.numel(), m, spread, k,

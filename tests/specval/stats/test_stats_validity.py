@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from fake_protocol import fake_protocol_dict
-from fake_sut import VOCAB, FakeSUT
+from tests.fixtures.fake_protocol import fake_protocol_dict
+from tests.fixtures.fake_sut import VOCAB, FakeSUT
 
 from specval.protocol import parse_protocol
 from specval.reference import build_reference, needed_prefixes
