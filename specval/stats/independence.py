@@ -24,7 +24,7 @@ from scipy import signal
 from specval.stats import checks
 from specval.stats.montecarlo import McPValue, sequential_pvalue
 from specval.stats.results import StatResult
-from specval.stats.sequence import SERIAL_BINS, as_pit, independence_chi2, pair_tables, to_bins
+from specval.stats.sequence import SERIAL_BINS, as_pit, in_chunks, independence_chi2, pair_tables, to_bins
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 PMF_RTOL = 1e-7  # two-sided p-value: outcomes with pmf <= pmf(observed) * (1 + PMF_RTOL) count (scipy's rule)
@@ -36,7 +36,8 @@ STATISTICS = 2  # pit_association combines two Monte Carlo p-values (Bonferroni)
 # ---------------------------------------------------------------- Poisson-binomial law
 
 
-def _as_probs(name: str, values: object) -> np.ndarray:
+def as_probabilities(name: str, values: object) -> np.ndarray:
+    """A 1-D float64 array of probabilities in [0, 1], or ValueError naming `name`."""
     array = np.asarray(values, dtype=np.float64)
     if array.ndim != 1 or not ((array >= 0) & (array <= 1)).all():
         raise ValueError(f"{name} must be a 1-D array of probabilities in [0, 1], got shape {array.shape}")
@@ -65,7 +66,7 @@ def poisson_binomial_pmf(probs: np.ndarray) -> np.ndarray:
     rounding noise (p-values that small are reported as such, never as 0 > true). Checked against
     brute-force enumeration and the binomial law in the suite.
     """
-    probs = _as_probs("probs", probs)
+    probs = as_probabilities("probs", probs)
     blocks = [_pmf_direct(probs[i:i + DIRECT_MAX]) for i in range(0, max(probs.size, 1), DIRECT_MAX)]
     width = max(block.size for block in blocks)
     polys = np.stack([np.pad(block, (0, width - block.size)) for block in blocks])
@@ -205,8 +206,8 @@ def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_
         bins = gen.integers(0, num_bins, size=(2, size, n))
         return independence_chi2(pair_tables(bins[0], bins[1], num_bins))
 
-    mc_rho = sequential_pvalue(abs(rho), draw_rho, level / STATISTICS, rng)
-    mc_chi2 = sequential_pvalue(chi2, draw_chi2, level / STATISTICS, rng)
+    mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng)
+    mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng)
     p_value = min(1.0, STATISTICS * min(mc_rho.p_value, mc_chi2.p_value))
     return PitAssociationResult(rho, mc_rho.p_value, chi2, (num_bins - 1) ** 2, mc_chi2.p_value, p_value, n,
                                 num_bins, mc_rho, mc_chi2)
@@ -255,7 +256,7 @@ def identical_sequences(seqs_a: Sequence[np.ndarray], seqs_b: Sequence[np.ndarra
     """
     if len(seqs_a) != len(seqs_b):
         raise ValueError(f"seqs_a and seqs_b must pair up, got {len(seqs_a)} and {len(seqs_b)}")
-    pi = _as_probs("match_probs", match_probs)
+    pi = as_probabilities("match_probs", match_probs)
     if pi.size != len(seqs_a):
         raise ValueError(f"match_probs must have one entry per pair ({len(seqs_a)}), got {pi.size}")
     same = [i for i, (a, b) in enumerate(zip(seqs_a, seqs_b)) if np.array_equal(np.asarray(a), np.asarray(b))]

@@ -34,7 +34,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from specval.stats import checks
-from specval.stats.montecarlo import McPValue, sequential_pvalue
+from specval.stats.montecarlo import McPValue, NullDraws, sequential_pvalue
 from specval.stats.results import StatResult
 
 ORDERS = ("rank", "index")
@@ -204,6 +204,18 @@ def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | Non
 # ---------------------------------------------------------------- dependence tables
 
 
+def in_chunks(draw: NullDraws, width: int) -> NullDraws:
+    """`draw` called on at most NULL_ELEMENTS // width rows at a time (null draws of a statistic of
+    `width` uniforms per row), so a large Monte Carlo batch never holds more than NULL_ELEMENTS
+    uniforms. The rows come from the stream in the same order, so the draws are deterministic."""
+    rows = max(1, NULL_ELEMENTS // max(1, width))
+
+    def chunked(gen: np.random.Generator, size: int) -> np.ndarray:
+        return np.concatenate([draw(gen, min(rows, size - done)) for done in range(0, size, rows)])
+
+    return chunked
+
+
 def independence_chi2(tables: np.ndarray) -> np.ndarray:
     """Pearson X^2 of independence of tables[..., B, B] with margins estimated from each table
     (E = row * column / n; cells of an empty row or column add 0): f64[...]."""
@@ -288,14 +300,10 @@ def serial_dependence(u_by_sequence: Sequence[np.ndarray], max_lag: int, *, num_
     used = sum(s.size > 0 for s in starts)
     if used == 0:
         return SerialDependenceResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
-    rows_at_once = max(1, NULL_ELEMENTS // max(1, flat.size))
-
     def draw(gen: np.random.Generator, size: int) -> np.ndarray:
-        parts = [_lag_chi2(gen.integers(0, num_bins, size=(min(rows_at_once, size - done), flat.size)),
-                           starts, num_bins).sum(axis=1) for done in range(0, size, rows_at_once)]
-        return np.concatenate(parts)
+        return _lag_chi2(gen.integers(0, num_bins, size=(size, flat.size)), starts, num_bins).sum(axis=1)
 
     statistic = float(lag_stats.sum())
-    mc = sequential_pvalue(statistic, draw, level, rng)
+    mc = sequential_pvalue(statistic, in_chunks(draw, flat.size), level, rng)
     return SerialDependenceResult(statistic, used * (num_bins - 1) ** 2, mc.p_value, mc, is_degenerate=False,
                                   **common)

@@ -34,7 +34,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from specval.stats import checks
-from specval.stats.independence import STATISTICS, all_pvalues, poisson_binomial_pmf
+from specval.stats.independence import STATISTICS, all_pvalues, as_probabilities, poisson_binomial_pmf
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR, decision_power
 from specval.stats.power import NOTHING_DETECTABLE, criterion_mde
 
@@ -109,7 +109,7 @@ def equal_rate_mde(match_probs: np.ndarray, levels: Sequence[float], *, alternat
     Scaling: r ~ (z_t + z_power) / sqrt(sum pi) for small pi."""
     if alternative not in ("greater", "less"):
         raise ValueError(f"alternative must be 'greater' or 'less' for an MDE, got {alternative!r}")
-    pi = np.asarray(match_probs, dtype=np.float64)
+    pi = as_probabilities("match_probs", match_probs)
     power = checks.probability("power", power)
     levels = [checks.probability("level", level) for level in levels]
     pvalues = all_pvalues(poisson_binomial_pmf(pi), alternative)
@@ -131,7 +131,7 @@ def identical_pairs_mde(match_probs: np.ndarray, levels: Sequence[float], *, pow
     `identical_sequences` detects with `power`: the smallest f with P(Binomial(n, f) >= c_t) >= power
     per stage, c_t the exact critical count at level t. Chance identities under H0 only add to the
     count, so the bound is conservative."""
-    pi = np.asarray(match_probs, dtype=np.float64)
+    pi = as_probabilities("match_probs", match_probs)
     power = checks.probability("power", power)
     levels = [checks.probability("level", level) for level in levels]
     pvalues = all_pvalues(poisson_binomial_pmf(pi), "greater")
