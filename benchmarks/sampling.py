@@ -26,6 +26,7 @@ Usage, from the repository root:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import time
 
@@ -34,8 +35,9 @@ import triton
 import triton.testing
 
 from engine.sampling import batched_probabilities
-from engine.sampling.probabilities_kernel import (CANDIDATE_CONFIGS, DEFAULT_CONFIG, KernelConfig,
-                                                  RowMode, run_probabilities)
+from engine.sampling.kernels.probabilities import (BASELINE_CONFIG, CANDIDATE_CONFIGS,
+                                                   DEFAULT_CONFIG, KernelConfig, RowMode,
+                                                   run_probabilities)
 
 BATCHES = (1, 64, 256, 1024)
 VOCABS = (32000, 152064)
@@ -159,7 +161,8 @@ def fallback_rows(result) -> str:
 
 
 # the GPU tests check every one of these configurations too
-SWEEP = (*CANDIDATE_CONFIGS, KernelConfig(chunk_capacity=1))  # last: every row falls back
+# last: every row falls back
+SWEEP = (*CANDIDATE_CONFIGS, dataclasses.replace(BASELINE_CONFIG, chunk_capacity=1))
 
 
 def sweep(bandwidth, batch=256, vocab=152064):

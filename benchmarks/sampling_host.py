@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from engine.sampling import batched_probabilities
-from engine.sampling.launcher import CompiledLaunch, KernelLaunch, current_stream
+from engine.sampling.kernels.launcher import CompiledLaunch, KernelLaunch, current_stream
 from engine.sampling.probabilities import _check_inputs
 
 BATCHES = (1, 8, 64, 256)

@@ -46,9 +46,9 @@ import triton.testing
 from benchmarks.sampling import L2_BYTES, inputs
 from benchmarks.sampling_host import per_call_us
 from benchmarks.select_kernel import VARIANTS as SELECT_VARIANTS
-from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
-                                                  RowMode, launch_plan, probabilities_triton,
-                                                  run_probabilities)
+from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
+                                                   RowMode, launch_plan, probabilities_triton,
+                                                   run_probabilities)
 
 WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
 LATENCY_CALLS = 200

@@ -11,7 +11,7 @@ shows what a change of the kernel's code does to its instruction count before an
 
 Usage, from the repository root (without TRITON_INTERPRET):
     python3 -m benchmarks.sass_lines [--kernel chunk|select|write|single] [--top 25]
-        [--rows 32] [--line probabilities_kernel.py:300]
+        [--rows 32] [--line chunk.py:150]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import tempfile
 
 import triton
 
-from engine.sampling import probabilities_kernel as kernels
-from engine.sampling.cross_compile import VOCAB, compile_cubin, device_launches
+from engine.sampling.kernels.cross_compile import VOCAB, compile_cubin, device_launches
+from engine.sampling.kernels.probabilities import DEFAULT_CONFIG
 
 LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)')
 INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -61,7 +61,7 @@ def by_line(sass: str) -> tuple[collections.Counter, collections.Counter, dict]:
 def kernel_launch(name: str, rows: int) -> tuple:
     """(kernel, constexprs, warps, V, options) of the named kernel as a Hopper device launches
     it with the default configuration."""
-    launch = device_launches(kernels.DEFAULT_CONFIG, rows, VOCAB)[name]
+    launch = device_launches(DEFAULT_CONFIG, rows, VOCAB)[name]
     return launch.kernel, launch.constexprs, launch.num_warps, VOCAB, launch.options
 
 

@@ -24,7 +24,7 @@ import triton
 import triton.testing
 
 from benchmarks.sampling import KERNEL_NAMES, MIXES, inputs, kernel_times
-from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
+from engine.sampling.kernels.probabilities import DEFAULT_CONFIG, probabilities_triton
 
 VOCAB = 152064
 GRAPH_REP_MS = 20

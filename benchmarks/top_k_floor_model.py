@@ -21,7 +21,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, LEVEL_ZERO, QUICK_FLOOR_SHARE
+from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, LEVEL_ZERO,
+                                                          QUICK_FLOOR_SHARE)
 
 SCALE = 5 / 0.8  # benchmarks.sampling's N(0, 5^2) logits at temperature 0.8
 NUM_LEVELS = 32

@@ -3,13 +3,19 @@
 - `Sampler` (reference.py): row-wise sorted reference of the sampling distribution.
 - `batched_probabilities` (probabilities.py): per-row temperature / top-k / top-p, all rows.
 - `categorical` (categorical.py): float64 inverse-CDF draw per row.
-- `speculative_accept`, `AcceptResult`, `PLACEHOLDER_TOKEN` (accept.py): rejection sampling.
-- `uniform_blocks` (rng.py): counter-based Philox uniforms, one block per request and round.
-Each function takes `backend="auto" | "triton" | "torch"` (see backend.py). Only the
-`*_kernel.py` modules import triton, and only when the Triton backend is used.
+- `speculative_accept` (accept.py): rejection sampling; its result layout `AcceptResult`,
+  `PLACEHOLDER_TOKEN` and error codes live in accept_result.py.
+- `uniform_blocks` (rng.py): counter-based Philox uniforms, one block per request and round
+  (constants: philox.py).
+Each function takes `backend="auto" | "triton" | "torch"` (see backend.py). The kernels wing:
+every module that imports triton lives under kernels/ (the Triton backends, their launcher
+and compile tools). The modules here never import triton; each front imports its kernels/
+backend lazily, inside a function, when the Triton backend is used, and no module of kernels/
+imports a front (the layouts both share, accept_result.py and philox.py, sit below both).
 """
 
-from engine.sampling.accept import (
+from engine.sampling.accept import speculative_accept
+from engine.sampling.accept_result import (
     ERR_BAD_DRAFT_TOKEN,
     ERR_BAD_OFFSETS,
     ERR_EMPTY_RESIDUAL,
@@ -19,7 +25,6 @@ from engine.sampling.accept import (
     ERROR_NAMES,
     PLACEHOLDER_TOKEN,
     AcceptResult,
-    speculative_accept,
 )
 from engine.sampling.backend import BACKEND_ENV_VAR, BACKENDS
 from engine.sampling.categorical import INVALID_ROW, categorical

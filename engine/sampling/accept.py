@@ -1,4 +1,5 @@
-"""`speculative_accept`: rejection sampling over ragged draft rows, and its result layout.
+"""`speculative_accept`: rejection sampling over ragged draft rows (its result layout,
+`AcceptResult` and the error codes, lives in accept_result.py and is re-exported here).
 
 Vocabulary: request r drafted K_r tokens x_1..x_K_r (0 <= K_r <= K) from draft distributions
 q_1..q_K_r; the target scored K_r + 1 positions, p_1..p_{K_r+1}. Position j is *accepted* when
@@ -8,55 +9,22 @@ The first position that is not a valid accept is the *stop point*. At a stop poi
 random row emits the *recovered* token categorical(max(p_j - q_j, 0), u_final); if all K_r
 drafts are accepted it emits the *bonus* token categorical(p_{K_r+1}, u_final). Greedy rows
 emit argmax p at the stop point or the bonus position. Positions after the stop point are never
-read. An invalid input at the stop point sets an error code (below) instead of a token.
+read. An invalid input at the stop point sets an error code (accept_result.py) instead of a
+token.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine.sampling import checks
+# The result layout lives below the front and its kernel; importable from here as before.
+from engine.sampling.accept_result import (ERR_BAD_DRAFT_TOKEN, ERR_BAD_OFFSETS,  # noqa: F401
+                                           ERR_EMPTY_RESIDUAL, ERR_INVALID_DRAFT,
+                                           ERR_INVALID_TARGET, ERR_NONE, ERROR_NAMES,
+                                           PLACEHOLDER_TOKEN, AcceptResult)
 from engine.sampling.backend import TORCH, resolve_backend
 from engine.sampling.categorical import categorical_torch
-
-PLACEHOLDER_TOKEN = -1  # pads AcceptResult.tokens after the emitted tokens
-
-# AcceptResult.error codes; when several apply, the first in this list is reported.
-ERR_NONE = 0
-ERR_BAD_OFFSETS = 1  # cu_num_drafts gives K_r < 0, K_r > K, or rows outside draft_tokens
-ERR_BAD_DRAFT_TOKEN = 2  # the draft token at the stop point is outside [0, V)
-ERR_INVALID_TARGET = 3  # p at the stop point has NaN/inf/negative entries or a zero total
-ERR_INVALID_DRAFT = 4  # q at a rejection has NaN/inf/negative entries or a zero total
-ERR_EMPTY_RESIDUAL = 5  # max(p - q, 0) at a rejection sums to zero
-ERROR_NAMES = {
-    ERR_NONE: "ok",
-    ERR_BAD_OFFSETS: "bad_offsets",
-    ERR_BAD_DRAFT_TOKEN: "bad_draft_token",
-    ERR_INVALID_TARGET: "invalid_target",
-    ERR_INVALID_DRAFT: "invalid_draft",
-    ERR_EMPTY_RESIDUAL: "empty_residual",
-}
-
-
-@dataclass(frozen=True)
-class AcceptResult:
-    """Outcome of one speculative round for R requests with at most K drafts each.
-
-    Row r emits tokens[r, :num_accepted[r] + 1] (the accepted drafts, then the recovered or
-    bonus token); the rest of the row is PLACEHOLDER_TOKEN. A row with error[r] != 0 emits
-    nothing: its tokens are all PLACEHOLDER_TOKEN and num_accepted[r] is 0.
-    """
-
-    tokens: torch.Tensor  # [R, K+1] int64, padded with PLACEHOLDER_TOKEN
-    num_accepted: torch.Tensor  # [R] int64, accepted drafts (0 on error)
-    error: torch.Tensor  # [R] int32, ERR_* code, 0 = ok
-
-    @property
-    def num_emitted(self) -> torch.Tensor:  # [R] int64
-        """Tokens emitted per request: num_accepted + 1, or 0 for a row with an error."""
-        return torch.where(self.error == ERR_NONE, self.num_accepted + 1, 0)
 
 
 def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
@@ -117,7 +85,7 @@ def speculative_accept(
     args = (draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit)
     if resolve_backend(backend, device) == TORCH:
         return accept_torch(*args)
-    from engine.sampling.accept_kernel import accept_triton
+    from engine.sampling.kernels.accept import accept_triton
 
     return accept_triton(*args)
 

@@ -35,7 +35,7 @@ def categorical(
     device = checks.require_same_device({"weights": weights, "u": u})
     if resolve_backend(backend, device) == TORCH:
         return categorical_torch(weights, u)
-    from engine.sampling.categorical_kernel import categorical_triton
+    from engine.sampling.kernels.categorical import categorical_triton
 
     return categorical_triton(weights, u)
 

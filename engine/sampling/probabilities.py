@@ -88,7 +88,7 @@ def batched_probabilities(
 @functools.cache
 def _triton_probabilities():
     """The Triton backend, imported on first use (CPU-only callers never import Triton)."""
-    from engine.sampling.probabilities_kernel import probabilities_triton
+    from engine.sampling.kernels.probabilities.plan import probabilities_triton
 
     return probabilities_triton
 

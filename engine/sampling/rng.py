@@ -7,7 +7,8 @@ Block layout and keying (the RNG protocol of the engine):
   outputs, (a >> 5) * 2**26 + (b >> 6), times 2**-53, so it lies in [0, 1) exactly.
 Uniform s of a block therefore depends only on (seed, position, s): not on the batch, the
 other requests, the device or the backend. All arithmetic is integer, so CPU and CUDA, torch
-and Triton give bitwise identical blocks.
+and Triton give bitwise identical blocks. The Philox constants: philox.py (shared with the
+kernel, kernels/rng.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,9 @@ import torch
 
 from engine.sampling import checks
 from engine.sampling.backend import TORCH, resolve_backend
+from engine.sampling.philox import (MASK32, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0,
+                                    PHILOX_W1)
 
-MASK32 = 0xFFFFFFFF
-PHILOX_M0 = 0xD2511F53
-PHILOX_M1 = 0xCD9E8D57
-PHILOX_W0 = 0x9E3779B9
-PHILOX_W1 = 0xBB67AE85
-PHILOX_ROUNDS = 10
 TWO_POW_26 = float(2**26)
 TWO_POW_MINUS_53 = 2.0**-53
 
@@ -48,7 +45,7 @@ def uniform_blocks(
     device = checks.require_same_device({"seeds": seeds, "positions": positions})
     if resolve_backend(backend, device) == TORCH:
         return uniform_blocks_torch(seeds, positions, num_uniforms)
-    from engine.sampling.rng_kernel import uniform_blocks_triton
+    from engine.sampling.kernels.rng import uniform_blocks_triton
 
     return uniform_blocks_triton(seeds, positions, num_uniforms)
 

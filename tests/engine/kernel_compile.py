@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.sampling.cross_compile import compile_cubin, device_launches
-from engine.sampling import probabilities_kernel as kernels
+from engine.sampling.kernels.cross_compile import compile_cubin, device_launches
+from engine.sampling.kernels.probabilities import DEFAULT_CONFIG
 
 # (rows, vocabulary): a Qwen-size vocabulary over many chunks, and one chunk (KEEP_ALL)
 SHAPES = ((8, 152064), (4, 200))
@@ -24,7 +24,7 @@ SHAPES = ((8, 152064), (4, 200))
 def main() -> None:
     """Every kernel of both paths at each shape, as a Hopper device launches them (programmatic
     dependent launch on)."""
-    config = dataclasses.replace(kernels.DEFAULT_CONFIG, overlap_launches=True)
+    config = dataclasses.replace(DEFAULT_CONFIG, overlap_launches=True)
     for num_rows, vocab in SHAPES:
         for launch in device_launches(config, num_rows, vocab).values():
             assert compile_cubin(launch.kernel, launch.constexprs, launch.num_warps, vocab,

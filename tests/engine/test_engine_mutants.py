@@ -131,7 +131,7 @@ def test_on_cuda_the_quadrature_runs_the_triton_accept_kernel(monkeypatch, mutan
     # (and still kills a mutant, whose rule wraps the same kernel).
     if not torch.cuda.is_available():
         pytest.skip("CUDA is not available")
-    from engine.sampling import accept_kernel
+    from engine.sampling.kernels import accept as accept_kernel
 
     calls = []
     real = accept_kernel.accept_triton

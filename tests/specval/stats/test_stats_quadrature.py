@@ -246,7 +246,7 @@ def test_engine_speculative_accept_triton_is_exact(device):
     # The Triton kernel on CUDA (full grid), or on the CPU under TRITON_INTERPRET=1 (a grid of 64
     # and V = 8: the interpreter is slow).
     _engine_sampling()
-    pytest.importorskip("engine.sampling.accept_kernel", reason="no Triton accept kernel in engine.sampling")
+    pytest.importorskip("engine.sampling.kernels.accept", reason="no Triton accept kernel in engine.sampling")
     torch = pytest.importorskip("torch")
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA is not available")

@@ -8,19 +8,15 @@ wide), values within the float32 bound. Greedy rows and the top-k cut must match
 tied cases are built on purpose (small integers, exact in every arithmetic).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
-from tests.fixtures.sampling_helpers import assert_row_matches_float64, generator, triton_can_run_on
+from tests.fixtures.sampling_helpers import (assert_row_matches_float64, assert_rows_match,
+                                             generator, params, triton_can_run_on)
 from engine.params import SamplingParams
 from engine.sampling import Sampler, batched_probabilities
-
-
-def row_params(temperature, top_k, top_p):
-    return [
-        SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p))
-        for t, k, p in zip(temperature.tolist(), top_k.tolist(), top_p.tolist())
-    ]
 
 
 def assert_matches_reference(logits, temperature, top_k, top_p, backend):
@@ -28,14 +24,6 @@ def assert_matches_reference(logits, temperature, top_k, top_p, backend):
     assert out.dtype == torch.float32 and out.shape == logits.shape
     assert_rows_match(out, logits, temperature, top_k, top_p)
     return out
-
-
-def params(temps, ks, ps):
-    return (
-        torch.tensor(temps, dtype=torch.float32),
-        torch.tensor(ks, dtype=torch.int64),
-        torch.tensor(ps, dtype=torch.float32),
-    )
 
 
 def test_mixed_rows(backend):
@@ -158,28 +146,20 @@ needs_interpreter = pytest.mark.skipif(
     reason="needs TRITON_INTERPRET=1")
 
 
-def assert_rows_match(out, logits, t, k, p):
-    """Every row of `out`, and the reference Sampler's row, against the float64 distribution."""
-    for b, prm in enumerate(row_params(t, k, p)):
-        assert_row_matches_float64(out[b], logits[b], prm, label=f"row {b}")
-        ref = Sampler().probabilities(logits[b], prm)
-        assert_row_matches_float64(ref, logits[b], prm, label=f"Sampler row {b}")
-
-
 @needs_interpreter
 @pytest.mark.parametrize("chunk_capacity, row_capacity", [(1, 8), (1, 512), (16, 8), (64, 64)])
 def test_triton_paths_small_blocks(chunk_capacity, row_capacity):
     """Several chunks per row (chunk 64 < V), the chunk candidates, and both whole-row paths
     (row scratch, whole-row radix search) of the fallback."""
-    from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
+    from engine.sampling.kernels.probabilities import BASELINE_CONFIG, RowMode, run_probabilities
 
     logits = torch.randn(6, 300, generator=generator(7)) * 3
     logits[5] = torch.randint(0, 4, (300,), generator=generator(8)).float()  # heavy ties
     t, k, p = params(
         [1.0, 0.5, 100.0, 1.0, 1e-3, 1.0], [20, -1, -1, 3, 5, 7], [0.8, 0.9, 0.5, 1.0, 0.3, 0.6]
     )
-    config = KernelConfig(chunk=64, chunk_capacity=chunk_capacity, block=64,
-                          candidate_capacity=row_capacity)
+    config = dataclasses.replace(BASELINE_CONFIG, chunk=64, chunk_capacity=chunk_capacity,
+                                 block=64, candidate_capacity=row_capacity)
     result = run_probabilities(logits, t, k, p, config)
     assert_rows_match(result.probs, logits, t, k, p)
     modes = result.row_mode.tolist()
@@ -192,7 +172,7 @@ def test_triton_paths_small_blocks(chunk_capacity, row_capacity):
 @needs_interpreter
 def test_triton_chunked_random_rows():
     """Fresh random rows over many chunks: random k, p, temperature, masked (-inf) logits."""
-    from engine.sampling.probabilities_kernel import KernelConfig, RowMode, run_probabilities
+    from engine.sampling.kernels.probabilities import BASELINE_CONFIG, RowMode, run_probabilities
 
     g = generator(9)
     num_rows, vocab = 12, 1000
@@ -205,7 +185,8 @@ def test_triton_chunked_random_rows():
     k[::4] = -1
     p = torch.where(torch.rand(num_rows, generator=g) < 0.7,
                     0.5 + 0.49 * torch.rand(num_rows, generator=g), torch.ones(num_rows))
-    result = run_probabilities(logits, t, k, p, KernelConfig(chunk=128, chunk_capacity=32))
+    result = run_probabilities(logits, t, k, p,
+                               dataclasses.replace(BASELINE_CONFIG, chunk=128, chunk_capacity=32))
     assert_rows_match(result.probs, logits, t, k, p)
     assert RowMode.SPARSE in result.row_mode.tolist()
 
@@ -216,23 +197,23 @@ def test_triton_chunked_random_rows():
                                           ("small_compact", 3000), ("small_compact", 4096),
                                           ("small_compact", -2), ("small_compact", 1.5)])
 def test_kernel_config_rejects_bad_values(field, value):
-    from engine.sampling.probabilities_kernel import KernelConfig
+    from engine.sampling.kernels.probabilities import BASELINE_CONFIG
 
     with pytest.raises(ValueError, match=f"KernelConfig.{field}={value!r}"):
-        KernelConfig(**{field: value})
+        dataclasses.replace(BASELINE_CONFIG, **{field: value})
 
 
 def test_kernel_config_grows_chunk_for_huge_vocabularies():
-    from engine.sampling.probabilities_kernel import KernelConfig
+    from engine.sampling.kernels.probabilities import BASELINE_CONFIG
 
-    config = KernelConfig()
+    config = BASELINE_CONFIG
     assert config.chunk_size(152064) == config.chunk
     big = config.chunk_size(2**20 + 1)
     assert big > config.chunk
     assert triton_next_pow2(-(-(2**20 + 1) // big)) * config.chunk_capacity \
         <= config.max_candidates
     with pytest.raises(ValueError, match="chunk_capacity=256"):
-        KernelConfig(chunk=128, chunk_capacity=256)
+        dataclasses.replace(BASELINE_CONFIG, chunk=128, chunk_capacity=256)
 
 
 def test_kernel_config_hash_is_the_hash_of_its_fields():
@@ -241,7 +222,7 @@ def test_kernel_config_hash_is_the_hash_of_its_fields():
     hash of the fields in order, as the dataclass's generated hash would be."""
     import dataclasses
 
-    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG
 
     same = dataclasses.replace(DEFAULT_CONFIG)
     assert same == DEFAULT_CONFIG and same is not DEFAULT_CONFIG
@@ -259,7 +240,7 @@ def test_kernel_config_pickles_and_copies_by_its_fields():
     import dataclasses
     import pickle
 
-    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG
 
     config = dataclasses.replace(DEFAULT_CONFIG, write_registers=80)
     data = pickle.dumps(config)

@@ -16,13 +16,14 @@ from engine.sampling import batched_probabilities, categorical, speculative_acce
 
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"]
 KERNELS = [
-    ("engine.sampling.probabilities_kernel", "_chunk_kernel"),
-    ("engine.sampling.probabilities_kernel", "_select_kernel"),
-    ("engine.sampling.probabilities_kernel", "_write_kernel"),
-    ("engine.sampling.probabilities_kernel", "_single_kernel"),
-    ("engine.sampling.categorical_kernel", "_categorical_kernel"),
-    ("engine.sampling.accept_kernel", "_accept_kernel"),
-    ("engine.sampling.rng_kernel", "_uniform_blocks_kernel"),
+    # the launch plan names the probabilities kernels where plan.py imported them
+    ("engine.sampling.kernels.probabilities.plan", "_chunk_kernel"),
+    ("engine.sampling.kernels.probabilities.plan", "_select_kernel"),
+    ("engine.sampling.kernels.probabilities.plan", "_write_kernel"),
+    ("engine.sampling.kernels.probabilities.plan", "_single_kernel"),
+    ("engine.sampling.kernels.categorical", "_categorical_kernel"),
+    ("engine.sampling.kernels.accept", "_accept_kernel"),
+    ("engine.sampling.kernels.rng", "_uniform_blocks_kernel"),
 ]
 
 
@@ -85,7 +86,7 @@ def fresh_launch_plans():
     """Launch plans hold their kernels (`KernelLaunch`): plans cached before the kernels are
     replaced would launch the real ones, and plans built with the recorders must not outlive
     the test."""
-    from engine.sampling.probabilities_kernel import launch_plan
+    from engine.sampling.kernels.probabilities import launch_plan
 
     launch_plan.cache_clear()
     yield
@@ -101,7 +102,8 @@ def test_triton_launchers_never_read_the_host(monkeypatch, fresh_launch_plans):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets backend="triton" accept CPU tensors
     forbid_host_reads(monkeypatch)
     call_all("triton")  # batched_probabilities at B = 4: the single launch
-    entries = importlib.import_module(KERNELS[0][0]).SINGLE_LAUNCH_ENTRIES
+    from engine.sampling.kernels.probabilities import SINGLE_LAUNCH_ENTRIES as entries
+
     rows = entries // 50 + 1  # B * V above the single launch's threshold: three launches
     batched_probabilities(torch.randn(rows, 50), torch.ones(rows), torch.full((rows,), 5),
                           torch.ones(rows), backend="triton")

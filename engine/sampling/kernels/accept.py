@@ -1,9 +1,10 @@
 """Triton backend of `speculative_accept`: one program per request, no host read.
 
 The program walks the request's drafts until the stop point, then draws the recovered or
-bonus token (random rows, via `categorical_kernel._draw_row`) or takes the argmax (greedy
+bonus token (random rows, via `kernels.categorical._draw_row`) or takes the argmax (greedy
 rows), and finally writes the whole padded result row, so a reused output buffer never
-leaks a stale value. Semantics and error codes: accept.py.
+leaks a stale value. Semantics: accept.py; result layout and error codes: accept_result.py
+(docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.accept import (
+from engine.sampling.accept_result import (
     ERR_BAD_DRAFT_TOKEN,
     ERR_BAD_OFFSETS,
     ERR_EMPTY_RESIDUAL,
@@ -21,7 +22,7 @@ from engine.sampling.accept import (
     PLACEHOLDER_TOKEN,
     AcceptResult,
 )
-from engine.sampling.categorical_kernel import _draw_row, _is_bad
+from engine.sampling.kernels.categorical import _draw_row, _is_bad
 
 BLOCK_V = 1024
 NUM_WARPS = 4
@@ -154,7 +155,8 @@ def _accept_kernel(
 
 def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
                   draft_limit=None):
-    """Launch one program per request; arguments were validated by `accept.speculative_accept`."""
+    """Launch one program per request; arguments were validated by
+    `engine.sampling.accept.speculative_accept`."""
     num_requests, max_drafts = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     dev = uniforms.device
     tokens = torch.empty((num_requests, max_drafts + 1), dtype=torch.int64, device=dev)

@@ -1,6 +1,7 @@
 """Triton backend of `uniform_blocks`: Philox4x32-10 in uint32 arithmetic on the device.
 
-Bit for bit the same derivation as `rng.uniform_blocks_torch` (see rng.py for the layout).
+Bit for bit the same derivation as `engine.sampling.rng.uniform_blocks_torch` (see
+engine/sampling/rng.py for the layout, docs/sampling.md for the protocol).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.rng import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
+from engine.sampling.philox import PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 BLOCK_CALLS = 128  # Philox calls per program
 
@@ -62,7 +63,8 @@ def _uniform_blocks_kernel(
 
 
 def uniform_blocks_triton(seeds, positions, num_uniforms: int) -> torch.Tensor:
-    """Launch the Philox kernel; arguments were validated by `rng.uniform_blocks`."""
+    """Launch the Philox kernel; arguments were validated by
+    `engine.sampling.rng.uniform_blocks`."""
     num_rows = seeds.shape[0]
     out = torch.empty((num_rows, num_uniforms), dtype=torch.float64, device=seeds.device)
     num_calls = (num_uniforms + 1) // 2

@@ -18,11 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.probabilities_row_kernel import (RECIPROCAL_T_RANGE, RECIPROCAL_X_RANGE,
-                                                      corrected_quotient, ieee_quotient,
-                                                      reciprocal_applies, reciprocal_quotient)
-from tests.fixtures.sampling_helpers import generator, triton_can_run_on
-from tests.engine.sampling.test_sampling_probabilities import assert_rows_match, params
+from engine.sampling.kernels.probabilities.division import (RECIPROCAL_T_RANGE,
+                                                            RECIPROCAL_X_RANGE,
+                                                            corrected_quotient, ieee_quotient,
+                                                            reciprocal_applies,
+                                                            reciprocal_quotient)
+from tests.fixtures.sampling_helpers import (assert_rows_match, baseline_config, generator, params,
+                                             triton_can_run_on)
 
 SIGNIFICAND_BITS = 23
 ONE_BITS = 0x3F800000  # the bits of 1.0: + i for i < 2**23 are the significands of [1, 2)
@@ -169,7 +171,7 @@ def test_reciprocal_division_changes_no_result():
     launches: the single launch keeps IEEE division). The rows hold blocks the reciprocal is not proved for (a
     0, a -inf, a tiny logit, the masked tail of the last chunk) and rows with t outside its range,
     which divide as before."""
-    from engine.sampling import probabilities_kernel as k
+    from engine.sampling.kernels import probabilities as k
 
     logits = torch.randn(6, 2900, generator=generator(402)) * 3
     logits[1, 5], logits[2, 100], logits[3, 7] = 0.0, float("-inf"), 1e-35
@@ -177,8 +179,8 @@ def test_reciprocal_division_changes_no_result():
                          [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     results = []
     for reciprocal in (False, True):
-        config = k.KernelConfig(chunk=128, chunk_capacity=16, reciprocal_division=reciprocal,
-                                single_launch_entries=0)
+        config = baseline_config(chunk=128, chunk_capacity=16, reciprocal_division=reciprocal,
+                                 single_launch_entries=0)
         results.append(k.run_probabilities(logits, t, top_k, p, config))
         assert_rows_match(results[-1].probs, logits, t, top_k, p)
     assert torch.equal(results[0].probs, results[1].probs)
@@ -189,7 +191,7 @@ def test_reciprocal_division_changes_no_result():
 def test_the_plan_passes_reciprocal_division_to_the_chunk_work(reciprocal):
     """The chunk kernel takes the option; the single launch, the select and the write kernels
     divide as IEEE division does."""
-    from engine.sampling import probabilities_kernel as k
+    from engine.sampling.kernels import probabilities as k
 
     config = dataclasses.replace(k.DEFAULT_CONFIG, reciprocal_division=reciprocal)
     chunk, select, write = k.launch_plan(config, 8, 152064).launches

@@ -12,18 +12,27 @@ import pytest
 import torch
 
 from engine.sampling.backend import compiles_natively
-from engine.sampling.launch_overlap import supports_overlap
-from tests.fixtures.sampling_helpers import generator, triton_can_run_on
-from tests.engine.sampling.test_sampling_probabilities import assert_rows_match, params
+from engine.sampling.scratch import Scratch
+from engine.sampling.kernels.launch_overlap import supports_overlap
+from tests.fixtures.sampling_helpers import (assert_rows_match, baseline_config, generator, params,
+                                             triton_can_run_on)
 
 pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
                                 reason="needs TRITON_INTERPRET=1")
 
 
 def kernel():
-    from engine.sampling import probabilities_kernel
+    """The probabilities kernels' package (its public names: configuration and launch)."""
+    from engine.sampling.kernels import probabilities
 
-    return probabilities_kernel
+    return probabilities
+
+
+def launch_module():
+    """The module of the kernels' launch, for its private helpers."""
+    from engine.sampling.kernels.probabilities import plan
+
+    return plan
 
 
 def test_heavy_upper_tail_takes_the_pivot_search():
@@ -34,7 +43,7 @@ def test_heavy_upper_tail_takes_the_pivot_search():
     logits = torch.randn(2, 128, generator=generator(21)) * 0.1  # two chunks of 64
     logits[:, :6] = 10 + torch.rand(2, 6, generator=generator(22))
     t, top_k, p = params([1.0, 1.0], [2, -1], [1.0, 0.5])
-    config = k.KernelConfig(chunk=64, chunk_capacity=4)
+    config = baseline_config(chunk=64, chunk_capacity=4)
     result = k.run_probabilities(logits, t, top_k, p, config)
     assert_rows_match(result.probs, logits, t, top_k, p)
     assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 2
@@ -48,11 +57,11 @@ def test_a_vocabulary_of_one_chunk_keeps_every_token_and_never_falls_back():
     logits = torch.randn(5, 200, generator=generator(25)) * 3
     logits[3, 1::3] = float("-inf")
     t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 1.0], [20, -1, 150, 50, 20], [1.0, 0.9, 0.95, 1.0, 1.0])
-    config = k.KernelConfig(chunk=256, chunk_capacity=4)
+    config = baseline_config(chunk=256, chunk_capacity=4)
     result = k.run_probabilities(logits, t, top_k, p, config)
     assert_rows_match(result.probs, logits, t, top_k, p)
     assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 5
-    multi = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=4))
+    multi = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=128, chunk_capacity=4))
     assert k.RowMode.FALLBACK in multi.row_mode.tolist()  # the same rows over two chunks
     logits[4, 7] = float("nan")
     with_nan = k.run_probabilities(logits, t, top_k, p, config)
@@ -69,11 +78,11 @@ def test_compact_overflow_falls_back_exactly():
     logits = torch.randn(3, 1000, generator=generator(23)) * 3
     t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
     small = k.run_probabilities(logits, t, top_k, p,
-                                k.KernelConfig(chunk=128, chunk_capacity=32, compact=8))
+                                baseline_config(chunk=128, chunk_capacity=32, compact=8))
     assert_rows_match(small.probs, logits, t, top_k, p)
     assert small.row_mode.tolist() == [k.RowMode.FALLBACK] * 2 + [k.RowMode.WHOLE_ROW]
     roomy = k.run_probabilities(logits, t, top_k, p,
-                                k.KernelConfig(chunk=128, chunk_capacity=32, compact=512))
+                                baseline_config(chunk=128, chunk_capacity=32, compact=512))
     assert torch.equal(roomy.probs > 0, small.probs > 0)
     assert roomy.row_mode.tolist() == [k.RowMode.SPARSE] * 3
 
@@ -88,7 +97,7 @@ def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
     t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
     modes = {}
     for tiny in (0, 8):
-        config = k.KernelConfig(chunk=128, chunk_capacity=32, compact=16, tiny_compact=tiny)
+        config = baseline_config(chunk=128, chunk_capacity=32, compact=16, tiny_compact=tiny)
         result = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(result.probs, logits, t, top_k, p)
         modes[tiny] = result.row_mode.tolist()
@@ -111,10 +120,10 @@ def test_the_chunk_list_changes_no_result(single_launch_entries, floor_steps):
                          [1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
     results = {}
     for listed in (False, True):
-        config = k.KernelConfig(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
-                                tiny_compact=16, chunk_list=listed,
-                                single_launch_entries=single_launch_entries,
-                                top_k_floor_steps=floor_steps)
+        config = baseline_config(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
+                                 tiny_compact=16, chunk_list=listed,
+                                 single_launch_entries=single_launch_entries,
+                                 top_k_floor_steps=floor_steps)
         assert k.launch_plan(config, *logits.shape).single == (single_launch_entries > 0)
         results[listed] = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(results[listed].probs, logits, t, top_k, p)
@@ -135,8 +144,8 @@ def test_hoisted_loads_change_no_result(single_launch_entries):
                          [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     results = []
     for hoist in (False, True):
-        config = k.KernelConfig(chunk=128, chunk_capacity=16, hoist_loads=hoist,
-                                single_launch_entries=single_launch_entries)
+        config = baseline_config(chunk=128, chunk_capacity=16, hoist_loads=hoist,
+                                 single_launch_entries=single_launch_entries)
         results.append(k.run_probabilities(logits, t, top_k, p, config))
         assert_rows_match(results[-1].probs, logits, t, top_k, p)
     assert torch.equal(results[0].probs, results[1].probs)
@@ -160,8 +169,8 @@ def test_reverse_write_changes_no_result(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
     results = []
     for reverse in (False, True):
-        config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=128,
-                                reverse_write=reverse)
+        config = baseline_config(chunk=128, chunk_capacity=16, write_chunk=128,
+                                 reverse_write=reverse)
         assert dict(k.launch_plan(config, 6, 2900).launches[2].constexprs)["REVERSE"] is reverse
         results.append(k.run_probabilities(logits, t, top_k, p, config))
     monkeypatch.undo()
@@ -219,7 +228,7 @@ def test_every_output_element_is_written(monkeypatch, write_chunk):
     logits[0, [130, 650]] = 9.0  # greedy tie in chunks 1 and 5: lowest index
     t, top_k, p = params([0.0, 1.0, 0.8, 1.0, 1.3], [-1, -1, 10, 300, -1], [1.0, 1.0, 0.9, 1.0, 0.6])
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
-    config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=write_chunk)
+    config = baseline_config(chunk=128, chunk_capacity=16, write_chunk=write_chunk)
     result = k.run_probabilities(logits, t, top_k, p, config)
     monkeypatch.undo()
     assert not result.probs.isnan().any()
@@ -234,7 +243,7 @@ def test_quick_floor_aims_at_a_quarter_of_the_slots():
     normal quantile of 1 - CAPACITY / (4 * chunk), 1 - 1 / 64 for the default."""
     from statistics import NormalDist
 
-    config = kernel().KernelConfig()
+    config = baseline_config()
     assert config.chunk_capacity / (4 * config.chunk) == 1 / 64
     assert config.pivot_sigmas(config.chunk) == pytest.approx(NormalDist().inv_cdf(1 - 1 / 64))
     assert config.pivot_sigmas(2 * config.chunk) > config.pivot_sigmas(config.chunk)
@@ -256,7 +265,7 @@ def test_fallback_row_with_masked_logits_reads_only_written_scratch(monkeypatch)
     logits[:, 1::5] = float("-inf")
     t, top_k, p = params([1.0, 0.7, 1.0], [50, 200, -1], [1.0, 0.9, 0.8])
     monkeypatch.setattr(torch, "empty", poisoned)
-    result = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=128, chunk_capacity=1))
+    result = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=128, chunk_capacity=1))
     monkeypatch.undo()
     assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 3
     assert torch.isfinite(result.probs).all()
@@ -272,12 +281,12 @@ def test_rows_with_a_large_k_aim_at_the_wide_candidate_share():
     k = kernel()
     logits = torch.randn(4, 4096, generator=generator(41)) * 3
     t, top_k, p = params([1.0] * 4, [100] * 4, [1.0, 0.95, 0.9, 1.0])
-    config = k.KernelConfig(chunk=128, chunk_capacity=16)
+    config = baseline_config(chunk=128, chunk_capacity=16)
     assert k.wide_k_limit(32, 16) == 32
     result = k.run_probabilities(logits, t, top_k, p, config)
     assert_rows_match(result.probs, logits, t, top_k, p)
     assert result.row_mode.tolist() == [k.RowMode.SPARSE] * 4
-    narrow_config = k.KernelConfig(chunk=128, chunk_capacity=16, wide_share=k.QUICK_FLOOR_SHARE)
+    narrow_config = baseline_config(chunk=128, chunk_capacity=16, wide_share=k.QUICK_FLOOR_SHARE)
     narrow = k.run_probabilities(logits, t, top_k, p, narrow_config)
     assert narrow.row_mode.tolist() == [k.RowMode.FALLBACK] * 4
     assert_rows_match(narrow.probs, logits, t, top_k, p)
@@ -297,7 +306,7 @@ def test_split_fallback_over_several_programs_is_exact(monkeypatch):
     t, top_k, p = params([1.0, 0.8, 1.0, 1.3, 1.0, 1.0], [-1, 10, 300, 40, -1, 5],
                          [0.6, 0.9, 1.0, 0.95, 0.5, 1.0])
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
-    config = k.KernelConfig(chunk=128, chunk_capacity=1, write_chunk=256)
+    config = baseline_config(chunk=128, chunk_capacity=1, write_chunk=256)
     result = k.run_probabilities(logits, t, top_k, p, config)
     monkeypatch.undo()
     assert result.row_mode.tolist() == [k.RowMode.FALLBACK] * 6
@@ -317,7 +326,7 @@ def test_reused_scratch_holds_no_state_between_calls():
     other rows (dense, sparse, fallback, greedy swapped around), and must still match the
     reference: every scratch element a call reads was written by that call."""
     k = kernel()
-    config = k.KernelConfig(chunk=128, chunk_capacity=16, write_chunk=256)
+    config = baseline_config(chunk=128, chunk_capacity=16, write_chunk=256)
     k.SCRATCH.clear()
     first = torch.randn(4, 700, generator=generator(61)) * 2
     t, top_k, p = params([1.0, 0.8, 0.0, 1.0], [-1, 10, -1, 300], [1.0, 0.9, 1.0, 0.95])
@@ -383,7 +392,7 @@ def test_scratch_views_match_the_buffer_names():
     (int64 [B]) and the tickets the single launch zeroes are int32 [B]."""
     k = kernel()
     plan = k.launch_plan(k.DEFAULT_CONFIG, 3, 700)
-    scratch = dict(zip(k.BUFFERS[5:], k._make_scratch(plan, torch.device("cpu")), strict=True))
+    scratch = dict(zip(k.BUFFERS[5:], launch_module()._make_scratch(plan, torch.device("cpu")), strict=True))
     assert scratch["row_mode"].dtype == torch.int64 and scratch["row_mode"].shape == (3,)
     assert scratch["ticket"].dtype == torch.int32 and scratch["ticket"].shape == (3,)
     assert scratch["compact"].shape == (3, k.DEFAULT_CONFIG.compact)
@@ -415,9 +424,9 @@ def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capaci
     split pivot proves in 8 slots: WHOLE_ROW)."""
     k = kernel()
     logits, t, top_k, p = single_rows(71)
-    three = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact)
-    single = k.KernelConfig(chunk=128, chunk_capacity=capacity, compact=compact,
-                            single_launch_entries=7 * 700)
+    three = baseline_config(chunk=128, chunk_capacity=capacity, compact=compact)
+    single = baseline_config(chunk=128, chunk_capacity=capacity, compact=compact,
+                             single_launch_entries=7 * 700)
     assert k.launch_plan(single, 7, 700).single and not k.launch_plan(three, 7, 700).single
     expected = k.run_probabilities(logits, t, top_k, p, three)
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
@@ -437,7 +446,7 @@ def test_single_launch_leaves_its_tickets_at_zero():
     zeroed once, when allocated, so every call must leave them at zero: the second call
     (other rows, every other scratch buffer poisoned) must still be exact."""
     k = kernel()
-    config = k.KernelConfig(chunk=128, chunk_capacity=16, single_launch_entries=7 * 700)
+    config = baseline_config(chunk=128, chunk_capacity=16, single_launch_entries=7 * 700)
     k.SCRATCH.clear()
     first, t, top_k, p = single_rows(72)
     k.probabilities_triton(first, t, top_k, p, config=config)
@@ -462,10 +471,10 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
     k = kernel()
     logits = (torch.randn(4, 200, generator=generator(74)) * 3).bfloat16()
     t, top_k, p = params([0.0, 1.0, 0.7, 1.2], [-1, -1, 20, -1], [1.0, 1.0, 0.9, 0.5])
-    single = k.KernelConfig(chunk=256, chunk_capacity=4, single_launch_entries=4 * 200)
+    single = baseline_config(chunk=256, chunk_capacity=4, single_launch_entries=4 * 200)
     assert k.launch_plan(single, 4, 200).num_chunks == 1
     result = k.run_probabilities(logits, t, top_k, p, single)
-    three = k.run_probabilities(logits, t, top_k, p, k.KernelConfig(chunk=256, chunk_capacity=4))
+    three = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=256, chunk_capacity=4))
     assert_rows_match(result.probs, logits.float(), t, top_k, p)
     assert result.row_mode.tolist() == three.row_mode.tolist() == [
         k.RowMode.GREEDY, k.RowMode.DENSE, k.RowMode.SPARSE, k.RowMode.SPARSE]
@@ -516,7 +525,7 @@ def test_overlapped_launches_follow_the_device_and_the_config():
     (`overlap_write`, the default), then launched serially in a captured call; the single
     launch, a configuration with neither and a device without it take none. The CPU never
     supports it."""
-    from engine.sampling.launch_overlap import supports_overlap
+    from engine.sampling.kernels.launch_overlap import supports_overlap
 
     k = kernel()
     pdl = lambda launch: (dict(launch.constexprs)["PDL"],  # noqa: E731
@@ -559,8 +568,8 @@ def test_a_captured_call_launches_serially_where_the_plan_says(monkeypatch, capt
                                torch.zeros(8, dtype=torch.int64), torch.ones(8))
     for overlap in (True, False):
         plan = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=overlap)
-        scratch = k.Scratch.of(k._make_scratch(plan, logits.device))
-        k._launch(logits, t, top_k, top_p, plan, torch.empty_like(logits), scratch, None)
+        scratch = Scratch.of(launch_module()._make_scratch(plan, logits.device))
+        launch_module()._launch(logits, t, top_k, top_p, plan, torch.empty_like(logits), scratch, None)
     assert seen == [capturing, False] and len(asked) == 1
 
 
@@ -575,7 +584,7 @@ def test_a_captured_call_launches_serially_where_the_plan_says(monkeypatch, capt
                                           ("write_registers", 256), ("write_registers", 1.5)])
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
-        kernel().KernelConfig(**{field: value})
+        baseline_config(**{field: value})
 
 
 def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -906,4 +915,4 @@ def test_the_plan_refines_the_top_k_floor_in_the_select_kernel_only():
         assert "FLOOR_STEPS" not in dict(single.constexprs)
     assert k.DEFAULT_CONFIG.top_k_floor_steps == k.TOP_K_FLOOR_STEPS == 3
     with pytest.raises(ValueError, match="top_k_floor_steps=17"):
-        k.KernelConfig(top_k_floor_steps=17)
+        baseline_config(top_k_floor_steps=17)

@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.sampling import probabilities_kernel as kernels
+from engine.sampling.kernels.probabilities.plan import launch_plan
 
 HOPPER = GPUTarget("cuda", 90, 32)
 VOCAB = 152064
@@ -54,7 +54,7 @@ def device_launches(config, rows: int, vocab: int) -> dict:
     configuration with every batch sent to it)."""
     three = dataclasses.replace(config, single_launch_entries=0)
     every_batch = dataclasses.replace(config, single_launch_entries=rows * vocab)
-    chunk, select, write = kernels.launch_plan(three, rows, vocab, overlap=True,
+    chunk, select, write = launch_plan(three, rows, vocab, overlap=True,
                                                native=True).launches
-    (single,) = kernels.launch_plan(every_batch, rows, vocab, overlap=True, native=True).launches
+    (single,) = launch_plan(every_batch, rows, vocab, overlap=True, native=True).launches
     return {"chunk": chunk, "select": select, "write": write, "single": single}

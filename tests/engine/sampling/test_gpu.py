@@ -5,10 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from tests.fixtures.sampling_helpers import GPU_EXP, assert_row_matches_float64, generator
+from tests.fixtures.accept_law import check_ragged_law, dyadic, quadrature_law, run_ragged
+from tests.fixtures.sampling_helpers import (GPU_EXP, assert_row_matches_float64, baseline_config,
+                                             generator)
 from engine.params import SamplingParams
 from engine.sampling import batched_probabilities, categorical, uniform_blocks
-from tests.engine.sampling.test_sampling_accept_law import check_ragged_law, quadrature_law, dyadic, run_ragged
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,16 +60,16 @@ def poison_allocator(shape):
 
 def kernel_configs():
     """Every configuration the benchmark sweeps, plus one whose truncating rows all fall back."""
-    from engine.sampling.probabilities_kernel import CANDIDATE_CONFIGS, KernelConfig
+    from engine.sampling.kernels.probabilities import CANDIDATE_CONFIGS
 
-    return [*CANDIDATE_CONFIGS, KernelConfig(chunk_capacity=1)]
+    return [*CANDIDATE_CONFIGS, baseline_config(chunk_capacity=1)]
 
 
 @pytest.mark.parametrize("index", range(len(kernel_configs())))
 def test_chunked_kernel_on_fresh_random_rows(index):
     """48 fresh random rows at full vocabulary for each configuration that may be the default;
     capacity 1 sends every truncating row with k > 1 through the whole-row fallback."""
-    from engine.sampling.probabilities_kernel import RowMode, run_probabilities
+    from engine.sampling.kernels.probabilities import RowMode, run_probabilities
 
     config = kernel_configs()[index]
     logits, t, k, p = random_rows(48, 76 + config.chunk + config.chunk_capacity + index)
@@ -92,8 +93,8 @@ def test_chunk_kernel_options_change_no_result(vocab):
     most of their tokens, and each chunk sum (>= 1, its max's term) absorbs them in rounding.
     The flushing exp is compiled in (the plan's FTZ_SUM), and the rows match the reference."""
     from engine.sampling.backend import compiles_natively
-    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, launch_plan,
-                                                      run_probabilities)
+    from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, launch_plan,
+                                                       run_probabilities)
 
     logits, t, k, p = mixed_rows(16, 97, vocab)
     logits[5:9] = torch.randn(4, vocab, generator=generator(98)) * 150
@@ -149,7 +150,7 @@ def test_benchmark_large_k_rows_are_proven_on_the_candidates():
     the reference. With the narrow candidate share only (before), 929-1,556 tokens of such rows
     clear the row floor: about 1 row in 256 at k = 1000 and most rows at k = 1500 took the
     one-program fallback, so this test fails without the wide share."""
-    from engine.sampling.probabilities_kernel import RowMode, run_probabilities
+    from engine.sampling.kernels.probabilities import RowMode, run_probabilities
 
     num_rows = 64
     logits = torch.randn(num_rows, QWEN_VOCAB, generator=generator(81)) * 4
@@ -187,9 +188,9 @@ ANY_SIZE = 2**40  # single_launch_entries that sends every batch of these tests 
 def single_launch_configs():
     """Every single-launch configuration, and one whose truncating rows all fall back, each
     forced onto the single launch at every batch size."""
-    from engine.sampling.probabilities_kernel import SINGLE_LAUNCH_CONFIGS, KernelConfig
+    from engine.sampling.kernels.probabilities import SINGLE_LAUNCH_CONFIGS
 
-    forced = KernelConfig(chunk=512, chunk_capacity=1)
+    forced = baseline_config(chunk=512, chunk_capacity=1)
     return [dataclasses.replace(c, single_launch_entries=ANY_SIZE)
             for c in (*SINGLE_LAUNCH_CONFIGS, forced)]
 
@@ -207,7 +208,7 @@ def test_single_launch_on_fresh_random_rows(index, num_rows, vocab):
     (`mixed_rows`), into a NaN-filled output block: every row matches the float64 reference;
     with one candidate slot per chunk the top-k rows take the fallback, so the serial split
     count is exercised at every B, and the flat row runs the whole-row kernel."""
-    from engine.sampling.probabilities_kernel import RowMode, launch_plan, run_probabilities
+    from engine.sampling.kernels.probabilities import RowMode, launch_plan, run_probabilities
 
     config = single_launch_configs()[index]
     assert launch_plan(config, num_rows, vocab).single
@@ -230,11 +231,10 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     (same kernels, same inputs, sums in a fixed order), and the capture takes fresh scratch from
     the graph's pool, not the eager cache; capacity 1 sends the truncating rows through the
     split fallback; `single`: the single launch (its tickets must be zero at every replay)."""
-    from engine.sampling.probabilities_kernel import (SCRATCH, KernelConfig, launch_plan,
-                                                      probabilities_triton)
+    from engine.sampling.kernels.probabilities import SCRATCH, launch_plan, probabilities_triton
 
-    config = KernelConfig(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
-                          single_launch_entries=ANY_SIZE if single else 0)
+    config = baseline_config(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
+                             single_launch_entries=ANY_SIZE if single else 0)
     static = [a.cuda() for a in random_rows(16, 91)]
     fresh = [a.cuda() for a in random_rows(16, 92)]
     assert launch_plan(config, 16, QWEN_VOCAB).single == single
@@ -265,8 +265,8 @@ def test_overlapped_launches_give_the_serial_result(capacity, field):
     before its predecessor finished would not), and the reference; capacity 1 sends the
     truncating rows through the split fallback, whose write programs read the select kernel's
     row modes."""
-    from engine.sampling.launch_overlap import supports_overlap
-    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
+    from engine.sampling.kernels.launch_overlap import supports_overlap
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG, probabilities_triton
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
@@ -291,9 +291,9 @@ def test_overlapped_write_launches_serially_while_captured(monkeypatch):
     """`overlap_write`: eager calls enqueue their kernels with the write kernel's programmatic
     dependent launch on, a call captured in a CUDA Graph enqueues them serially (recorded at
     `CompiledLaunch.enqueue`), and the replay gives the eager result bitwise."""
-    from engine.sampling import launcher
-    from engine.sampling.launch_overlap import supports_overlap
-    from engine.sampling.probabilities_kernel import DEFAULT_CONFIG, probabilities_triton
+    from engine.sampling.kernels import launcher
+    from engine.sampling.kernels.launch_overlap import supports_overlap
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG, probabilities_triton
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
@@ -326,8 +326,8 @@ def test_reverse_write_gives_the_default_result(capacity):
     modes of the forward order, on rows of every kind (`mixed_rows`), and the reference;
     capacity 1 sends the truncating rows through the split fallback, whose counts are indexed
     by write chunk."""
-    from engine.sampling.probabilities_kernel import (DEFAULT_CONFIG, probabilities_triton,
-                                                      run_probabilities)
+    from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, probabilities_triton,
+                                                       run_probabilities)
 
     forward = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
                                   single_launch_entries=0, reverse_write=False)
@@ -356,7 +356,7 @@ def test_compiled_launches_respecialise_on_dtype_and_alignment():
     top-k, logits whose data pointer is not 16-byte aligned and V = 152,063 (the same
     constexprs as 152,064, but not a multiple of 16) are different specialisations, so each
     must get its own compiled kernels and still match the reference."""
-    from engine.sampling.probabilities_kernel import LAUNCHES, probabilities_triton
+    from engine.sampling.kernels.probabilities import LAUNCHES, probabilities_triton
 
     logits, t, k, p = random_rows(8, 93)
     unaligned = torch.empty(8 * QWEN_VOCAB + 1, device="cuda")[1:].view(8, QWEN_VOCAB)

@@ -8,8 +8,8 @@ import triton
 from triton import knobs
 from triton.compiler.compiler import CompiledKernel
 
-from engine.sampling import launcher
-from engine.sampling.launcher import CompiledLaunches, KernelLaunch
+from engine.sampling.kernels import launcher
+from engine.sampling.kernels.launcher import CompiledLaunches, KernelLaunch
 
 
 class FakeCompiled:

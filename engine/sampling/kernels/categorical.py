@@ -1,4 +1,4 @@
-"""Triton backend of `categorical`, and the row helpers that `accept_kernel` reuses.
+"""Triton backend of `categorical`, and the row helpers that `kernels.accept` reuses.
 
 `_draw_row` draws from w = p (bonus) or w = max(p - q, 0) (recovery) in one kernel, with a
 float64 CDF accumulated block by block: the total and every CDF value use the same sequence
@@ -103,7 +103,8 @@ def _categorical_kernel(
 
 
 def categorical_triton(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Launch one program per row; arguments were validated by `categorical.categorical`."""
+    """Launch one program per row; arguments were validated by
+    `engine.sampling.categorical.categorical`."""
     num_rows, vocab = weights.shape
     out = torch.empty(num_rows, dtype=torch.int64, device=weights.device)
     if num_rows > 0:
