@@ -1,5 +1,5 @@
-"""The probabilities kernels' tuning and layout: `KernelConfig`, the shipped configuration
-(`DEFAULT_CONFIG`) and the other named configurations the benchmarks and tests use,
+"""The probabilities kernels' tuning and layout: `KernelConfig` (whose defaults are the shipped
+configuration, `DEFAULT_CONFIG`), the named configurations the benchmarks and GPU tests use,
 `RowMode`, and the constants the stages share (scratch planes, pivot levels, key bounds).
 
 What each field does: docs/sampling.md, "The Triton kernel of batched_probabilities"; the
@@ -79,33 +79,35 @@ TOP_K_FLOOR_STEPS = 3  # bisection steps of the top-k floor (see the notes after
 @dataclass(frozen=True)
 class KernelConfig:
     """Tuning of the kernel. Every field is a power of two; results do not depend on it except
-    through which rows take the (equally exact) whole-row fallback."""
+    through which rows take the (equally exact) whole-row fallback. The defaults are the shipped
+    configuration (`DEFAULT_CONFIG`; why each: the notes above it); `BASELINE_CONFIG` is the one
+    they replaced."""
 
-    chunk: int = 2048  # vocabulary entries per program (doubled for very large vocabularies)
-    chunk_capacity: int = 128  # candidate slots per chunk
+    chunk: int = 512  # vocabulary entries per program (doubled for very large vocabularies)
+    chunk_capacity: int = 32  # candidate slots per chunk
     max_candidates: int = 16384  # candidate slots per row: padded chunks * capacity
-    chunk_warps: int = 4  # warps per program of the chunk kernel
+    chunk_warps: int = 1  # warps per program of the chunk kernel
     compact: int = 4096  # select kernel's register block: a row's candidates with x >= F
     select_block: int = 2048  # candidate slots per step of the select kernel's compaction
     # (at least one chunk's)
     select_warps: int = 8  # warps per program of the select kernel
-    write_chunk: int = 2048  # vocabulary entries per program of the write kernel
+    write_chunk: int = 8192  # vocabulary entries per program of the write kernel
     block: int = 2048  # vocabulary step of the whole-row fallback
     candidate_capacity: int = 2048  # scratch slots per row of the whole-row fallback
     wide_share: int = 2  # rows with k > wide_k_limit aim at chunk_capacity / wide_share tokens
     # batches of at most this many logits (B * V) take one launch (0: never)
-    single_launch_entries: int = 0
+    single_launch_entries: int = SINGLE_LAUNCH_ENTRIES
     # warps per program of the single launch: its last program per row runs the select
     # kernel's work (select_warps: a COMPACT block in registers) and the whole-row kernel
     # (the write kernel's NUM_WARPS); fewer make them spill registers
     single_warps: int = 8
     # rows with at most this many candidates >= F search a block of this size instead of
     # `compact` (0: never); a power of two below `compact`
-    small_compact: int = 0
+    small_compact: int = 2048
     # rows with at most this many candidates >= the row floor find the cut without a search
     # (`_prove_tiny`: one pass, each candidate against all); 0: never. A power of two below
     # `small_compact` (or `compact`); fastest at one candidate per thread (select_warps * 32)
-    tiny_compact: int = 0
+    tiny_compact: int = 256
     # programmatic dependent launch of the select and write kernels, where the device and
     # Triton support it (`launch_overlap.supports_overlap`): each is enqueued while the kernel
     # before it still runs and waits on the device for that kernel's results. Off by default:
@@ -117,40 +119,40 @@ class KernelConfig:
     # being captured in a CUDA Graph launches it serially (`serial_in_capture`): on the H200 the
     # overlap cut back-to-back eager calls by ~1 us at B = 64, V = 152,064 and made graph
     # replays 0.2-2.4 us slower (docs/performance.md)
-    overlap_write: bool = False
+    overlap_write: bool = True
     # top-k rows whose floor is the top-k floor (k <= tiny_compact) compact the candidates of
     # only the chunks whose max reaches it (`_compact_listed`), listed first in a per-row
     # scratch: the same candidates in fewer steps. On the H200 it cut the select kernel for
     # top-k 50 but made it slower for rows with top-p alone (docs/performance.md)
-    chunk_list: bool = False
+    chunk_list: bool = True
     # register cap per thread of the write kernel (ptxas `maxnreg`; 0: the compiler's choice).
     # Its rare whole-row and split-fallback paths set its register count, and with it how many
     # of its programs an SM holds at once, while most of its programs only read a row mode
-    write_registers: int = 0
+    write_registers: int = 64
     # the chunk kernel loads a row's k and p with its T and logits, so their latencies overlap,
     # instead of after the chunk sum (`_chunk_work`); results do not depend on it
-    hoist_loads: bool = False
+    hoist_loads: bool = True
     # on CUDA the chunk sums take exp as one ex2.approx.ftz per entry (`_exp_sum`): terms below
     # 2**-126 count as 0, which a sum >= 1 absorbs in rounding; the interpreter keeps tl.exp
-    ftz_sum: bool = False
+    ftz_sum: bool = True
     # the chunk kernel stores its statistics and candidates with the evict-last L2 policy, so
     # that the logits and zeros it streams evict them last (the select kernel reads them next)
-    keep_in_l2: bool = False
+    keep_in_l2: bool = True
     # the chunk kernel computes x = logits / T as RN(x * RN(1 / T)) with one FMA correction
     # (`scaled_logits`): the IEEE quotient, bit for bit, in three instructions per entry instead
     # of about ten; blocks of x it is not proved for divide as before. The write kernel keeps
     # IEEE division (its 8-warp blocks' range check cost more than it saved on the H200), and
     # so does the single launch (with it, graph replays at B = 1, V = 32,000 took 2.5-5.8 us more)
-    reciprocal_division: bool = False
+    reciprocal_division: bool = True
     # the write kernel takes a row's write chunks from the last to the first, the order that
     # meets first the logits the chunk kernel read last (a DENSE row re-reads them); results do
     # not depend on it
-    reverse_write: bool = False
+    reverse_write: bool = True
     # bisection steps that raise the select kernel's top-k floor (`_top_k_floor`) from its
     # pivot level towards the highest value the chunk statistics prove k tokens reach (0: the
     # level itself): fewer candidates, and fewer chunks to compact, at the floor. The single
     # launch keeps the level (its time with the refinement was not measured)
-    top_k_floor_steps: int = 0
+    top_k_floor_steps: int = TOP_K_FLOOR_STEPS
 
     def __post_init__(self):
         for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
@@ -218,9 +220,13 @@ class KernelConfig:
         return NormalDist().inv_cdf(1.0 - self.chunk_capacity / (share * chunk))
 
 
-# The default: one-warp 512-entry chunk programs with 8,192-entry write programs. On the H200 its
+# The shipped configuration is `KernelConfig()`: the class defaults, each measured against
+# BASELINE_CONFIG (the earlier defaults) as noted here.
+#
+# chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192: one-warp 512-entry chunk
+# programs with 8,192-entry write programs. On the H200 their
 # three kernels took 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
-# floor; KernelConfig(), the previous default, took 304 us), and 171 us (2.33x) with the tiled
+# floor; BASELINE_CONFIG took 304 us), and 171 us (2.33x) with the tiled
 # compaction and small block. See docs/performance.md.
 #
 # small_compact=2048: rows with at most 2,048 candidates >= F bisect a 2,048-slot block. On the
@@ -283,23 +289,26 @@ class KernelConfig:
 # 9.7 -> 7.7 at B = 16, 16.4 -> 11.9 at B = 256 (graph time 39.7 -> 35.5 at B = 64), within
 # 0.2 us at B = 1; six halvings gained less (9.2 at B = 64); top-k 1000 rows (no top-k floor)
 # unchanged (docs/performance.md).
+#
 # overlap_write=True: in eager calls the write kernel is enqueued with programmatic dependent
 # launch, so its launch and the start of its programs overlap the select kernel's end (the
 # select kernel triggers it by finishing: it is launched as before). On the H200 at V = 152,064,
 # B = 64, back-to-back eager calls went 40.4-40.6 -> 39.2-39.5 us without truncation and
 # 39.2-39.4 -> 37.5-38.3 with top-k 50 + top-p 0.9 (medians of four calls); a call captured in a
 # CUDA Graph launches it serially (replays within 0.2 us of serial launches at B = 16-64), since
-# replays with the overlap captured were 0.2-2.4 us slower (docs/performance.md)
-DEFAULT_CONFIG = KernelConfig(chunk=512, chunk_capacity=32, chunk_warps=1, write_chunk=8192,
-                              single_launch_entries=SINGLE_LAUNCH_ENTRIES, small_compact=2048,
-                              tiny_compact=256, write_registers=64, chunk_list=True,
-                              hoist_loads=True, ftz_sum=True, keep_in_l2=True,
-                              reciprocal_division=True, reverse_write=True,
-                              top_k_floor_steps=TOP_K_FLOOR_STEPS, overlap_write=True)
-# The class defaults (four-warp 2,048-entry chunk programs, nothing of the notes above): the
-# configuration that the CPU tests build their small configurations on, and the third of
-# CANDIDATE_CONFIGS.
-BASELINE_CONFIG = KernelConfig()
+# replays with the overlap captured were 0.2-2.4 us slower (docs/performance.md).
+#
+# single_launch_entries=SINGLE_LAUNCH_ENTRIES: small batches take one launch (see the
+# constant, above the class).
+DEFAULT_CONFIG = KernelConfig()
+# The defaults before the shipped ones (four-warp 2,048-entry chunk programs, nothing of the
+# notes above): the configuration that the CPU tests built their small configurations on, and
+# the third of CANDIDATE_CONFIGS.
+BASELINE_CONFIG = KernelConfig(chunk=2048, chunk_capacity=128, chunk_warps=4, write_chunk=2048,
+                               single_launch_entries=0, small_compact=0, tiny_compact=0,
+                               write_registers=0, chunk_list=False, hoist_loads=False,
+                               ftz_sum=False, keep_in_l2=False, reciprocal_division=False,
+                               reverse_write=False, top_k_floor_steps=0, overlap_write=False)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
 CANDIDATE_CONFIGS = (
