@@ -24,7 +24,7 @@ _LOGIT_DTYPES, _INDEX_DTYPES = checks.FLOAT_LOGIT_DTYPES, checks.INDEX_DTYPES
 def _well_formed(logits, temperature, top_k, top_p) -> torch.device | None:
     """The inputs' device when every check of `_check_inputs` passes, else None. The checks
     an eager call pays for (1.97 us against 3.59 for the named ones on the host of
-    docs/performance.md's H200 measurement): exact tensor types, so a subclass takes the named
+    docs/notes/performance-notebook.md's H200 measurement): exact tensor types, so a subclass takes the named
     checks, which accept it. It must accept nothing the named checks reject."""
     if not (type(logits) is _TENSOR and type(temperature) is _TENSOR
             and type(top_k) is _TENSOR and type(top_p) is _TENSOR):

@@ -10,5 +10,5 @@
 
 Nothing here imports a front module: the layouts both sides share are Triton-free modules
 below them (engine/sampling/accept_result.py, engine/sampling/philox.py). The algorithms:
-docs/sampling.md; the measurements: docs/performance.md.
+docs/sampling.md; the measurements: docs/notes/performance-notebook.md.
 """

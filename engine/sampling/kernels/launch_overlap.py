@@ -11,12 +11,12 @@ Our kernels trigger at their end, once a program's work is done: a trigger at th
 the later kernel's programs sit on the SMs, waiting, while the earlier kernel's last programs
 run, and on the H200 that made CUDA Graph replays up to 7 us slower. Even so, replays were
 2-4 us slower than serial launches at B >= 16 there, so `KernelConfig.overlap_launches` is
-off by default (docs/performance.md, "Programmatic dependent launch"). What the default takes
+off by default (docs/notes/performance-notebook.md, "Programmatic dependent launch"). What the default takes
 (`KernelConfig.overlap_write`) is the write kernel alone overlapping the select kernel, in
 eager calls only: the select kernel is launched as before and triggers by finishing, and a
 call on a stream being captured enqueues the write kernel without the overlap
 (`CompiledLaunch.enqueue(..., serial=True)`), so graph replays keep serial launches
-(docs/performance.md, "The write kernel overlaps the select kernel in eager calls").
+(docs/notes/performance-notebook.md, "The write kernel overlaps the select kernel in eager calls").
 
 A kernel launched without PDL waits for the whole of the kernel before it, as usual, so a
 chain chunk -> select (PDL) -> write (PDL) -> anything else stays ordered: each PDL kernel

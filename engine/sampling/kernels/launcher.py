@@ -1,6 +1,6 @@
 """`CompiledLaunches`: enqueue a fixed group of Triton kernels through their compiled kernels.
 
-Host cost of one Triton launch, by route (the H200 host of docs/performance.md, "Host enqueue
+Host cost of one Triton launch, by route (the H200 host of docs/notes/performance-notebook.md, "Host enqueue
 below Triton's runner"; an empty kernel with one argument / with 14):
 - through the JIT (`kernel[grid](...)`): binds and specialises every argument, hashes a cache
   key and checks the globals the kernel read, each call: 10.5-10.9 / 21.3-25.0 us;
@@ -18,7 +18,7 @@ below Triton's runner"; an empty kernel with one argument / with 14):
   none (the usual case) never uses. Its argument layout is Triton's and changed in 3.7
   (`C_LAUNCH_LAYOUTS`); other versions, kernels that need scratch and other launchers keep the
   route above. On the H200 host, in one run: 5.2 / 5.7 us, against 6.5 us for the route above
-  (docs/performance.md, "Below `CudaLauncher.__call__`").
+  (docs/notes/performance-notebook.md, "Below `CudaLauncher.__call__`").
 
 `CompiledLaunches.launch` runs a group of launches (the kernels of one call) under a group key.
 The first launch of a key goes through the JIT with tensor arguments, which compiles or finds

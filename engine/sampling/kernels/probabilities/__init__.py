@@ -4,7 +4,7 @@ One module per stage: `config` (KernelConfig, RowMode, shared constants), `chunk
 (with `prove`, the cut on compacted candidates), `write`, `single_launch`, `whole_row` (the
 exact fallback), `division` (x = logits / T), `common` (jit helpers of several stages) and
 `plan` (launch plan, scratch and launch). docs/sampling.md describes the algorithm,
-docs/performance.md the measurements.
+docs/notes/performance-notebook.md the measurements.
 
 Three launches (one for small batches, below), no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
@@ -57,7 +57,7 @@ then step 3 alone: a DENSE row's V values, a FALLBACK row's split counts over th
 (one pass), its pick, gather and proof. Three launches cost the host ~10-15 us more than the
 single launch's enqueue, about the device work of a small batch; the row's select and a
 DENSE row's V values then run in one program, cheap only while B * V is small
-(docs/performance.md). The tickets start at zero (zeroed when the scratch is allocated) and
+(docs/notes/performance-notebook.md). The tickets start at zero (zeroed when the scratch is allocated) and
 the last program zeroes its row's ticket again.
 
 Every output element is written by exactly one program of one launch (or rewritten whole by

@@ -3,7 +3,7 @@
 x = logits / T, the chunk's max, sum exp(x - max) and (greedy rows) first argmax; greedy and
 truncating rows zero their chunk of the output, and truncating rows store every x at or above
 the chunk's floor as a candidate (docs/sampling.md, "The Triton kernel of
-batched_probabilities", step 1; measurements: docs/performance.md). `_chunk_work` is also the
+batched_probabilities", step 1; measurements: docs/notes/performance-notebook.md). `_chunk_work` is also the
 first step of the single launch.
 """
 
@@ -64,7 +64,7 @@ def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr, EVICTION: tl.c
     A taken entry's slot is the number of taken entries before it. The [N] block is scanned as
     [N / SCAN_ROW, SCAN_ROW] (a free reshape: a thread's consecutive entries form a row): a scan
     along each row in registers plus one scan of the row totals. One 1-D scan over N costs about
-    6x the instructions (benchmarks/sass_lines.py, docs/performance.md); the slots are the same."""
+    6x the instructions (benchmarks/sass_lines.py, docs/notes/performance-notebook.md); the slots are the same."""
     n: tl.constexpr = x.shape[0]
     shape: tl.constexpr = (n // SCAN_ROW, SCAN_ROW)
     take = tl.reshape(take.to(tl.int32), shape)

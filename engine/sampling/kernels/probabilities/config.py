@@ -3,7 +3,7 @@ configuration, `DEFAULT_CONFIG`), the named configurations the benchmarks and GP
 `RowMode`, and the constants the stages share (scratch planes, pivot levels, key bounds).
 
 What each field does: docs/sampling.md, "The Triton kernel of batched_probabilities"; the
-measurements behind each default: docs/performance.md.
+measurements behind each default: docs/notes/performance-notebook.md.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ CHUNK_ARGMAX, CHUNK_COUNT = tl.constexpr(0), tl.constexpr(1)
 ROW_MAX, ROW_NORM, ROW_SPREAD = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 # Batches of at most SINGLE_LAUNCH_ENTRIES logits (B * V) take one launch (`_single_kernel`).
-# On the H200 (benchmarks/sampling_small.py, docs/performance.md) its host enqueue is ~15-28 us
+# On the H200 (benchmarks/sampling_small.py, docs/notes/performance-notebook.md) its host enqueue is ~15-28 us
 # against ~25-49 us for the three launches (`CompiledLaunch.enqueue`; 55-100 us through
 # Triton's runner), but its device time grows with B * V (the row's select and a DENSE row's
 # V values run in one program). Captured in a CUDA Graph (as decode
@@ -111,19 +111,19 @@ class KernelConfig:
     # programmatic dependent launch of the select and write kernels, where the device and
     # Triton support it (`launch_overlap.supports_overlap`): each is enqueued while the kernel
     # before it still runs and waits on the device for that kernel's results. Off by default:
-    # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/performance.md)
+    # on the H200 it made CUDA Graph replays 2-4 us slower at B >= 16 (docs/notes/performance-notebook.md)
     overlap_launches: bool = False
     # programmatic dependent launch of the write kernel alone, in eager calls (where the device
     # supports it): it is enqueued while the select kernel runs, its programs start as the
     # select kernel's finish, and it waits on the device for the select kernel's results. A call
     # being captured in a CUDA Graph launches it serially (`serial_in_capture`): on the H200 the
     # overlap cut back-to-back eager calls by ~1 us at B = 64, V = 152,064 and made graph
-    # replays 0.2-2.4 us slower (docs/performance.md)
+    # replays 0.2-2.4 us slower (docs/notes/performance-notebook.md)
     overlap_write: bool = True
     # top-k rows whose floor is the top-k floor (k <= tiny_compact) compact the candidates of
     # only the chunks whose max reaches it (`_compact_listed`), listed first in a per-row
     # scratch: the same candidates in fewer steps. On the H200 it cut the select kernel for
-    # top-k 50 but made it slower for rows with top-p alone (docs/performance.md)
+    # top-k 50 but made it slower for rows with top-p alone (docs/notes/performance-notebook.md)
     chunk_list: bool = True
     # register cap per thread of the write kernel (ptxas `maxnreg`; 0: the compiler's choice).
     # Its rare whole-row and split-fallback paths set its register count, and with it how many
@@ -193,7 +193,7 @@ class KernelConfig:
                              f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
         # hashed once: every eager call looks its plan up by config (`device_plan`), and the
         # generated hash rebuilds a tuple of all the fields each time (3.4 us against 0.1 on
-        # the host of docs/performance.md's H200 measurement)
+        # the host of docs/notes/performance-notebook.md's H200 measurement)
         object.__setattr__(self, "_hash", hash(self._fields()))
 
     def _fields(self) -> tuple:
@@ -227,10 +227,10 @@ class KernelConfig:
 # programs with 8,192-entry write programs. On the H200 their
 # three kernels took 197 us of device time at B=256, V=152,064, top-k 50 + top-p 0.9 (2.7x the
 # floor; BASELINE_CONFIG took 304 us), and 171 us (2.33x) with the tiled
-# compaction and small block. See docs/performance.md.
+# compaction and small block. See docs/notes/performance-notebook.md.
 #
 # small_compact=2048: rows with at most 2,048 candidates >= F bisect a 2,048-slot block. On the
-# H200 (docs/performance.md, "The select kernel") that cut the select kernel by 3.7 us at B = 1
+# H200 (docs/notes/performance-notebook.md, "The select kernel") that cut the select kernel by 3.7 us at B = 1
 # and 10.9 us at B = 64 (top-k 50 + top-p 0.9, V = 152,064), but rows with more candidates
 # (top-k 1000) then took up to 11 us longer at B >= 64 than with no small block.
 #
@@ -244,14 +244,14 @@ class KernelConfig:
 # V = 152,064 the cap of 80 took it 15.6 -> 6.3 us at B = 256 (top-k 50 + top-p 0.9) and
 # 128.2 -> 81.3 us without truncation, where it writes the rows; 64 against 80 took it
 # 6.2 -> 5.0 and 79.0 -> 78.1 us there, 18.3 -> 17.7 us at B = 64 without truncation (its
-# rare fallback paths spill more; docs/performance.md, "The write kernel at 64 registers").
+# rare fallback paths spill more; docs/notes/performance-notebook.md, "The write kernel at 64 registers").
 #
 # chunk_list=True: a top-k row at its top-k floor compacts only the chunks whose max reaches it
 # (50-111 of 297, median 67, at k = 50 in `python3 -m benchmarks.top_k_floor_model`). On the
 # H200 at V = 152,064 (top-k 50 + top-p 0.9) the select kernel went 11.5 -> 7.1 us at B = 1,
 # 12.2 -> 9.8 at B = 16 and 20.5 -> 16.8 at B = 256, but rows with top-p alone, which never
 # take the list, went 16.7 -> 17.8 us at B = 1 and 21.4 -> 24.3 at B = 64: the kernel with
-# both compactions is slower on them (docs/performance.md).
+# both compactions is slower on them (docs/notes/performance-notebook.md).
 #
 # hoist_loads=True: the chunk kernel loaded a row's k and p only after its chunk sum, one more
 # round trip at the end of every program. Loaded with T and the logits, on the H200 at
@@ -266,7 +266,7 @@ class KernelConfig:
 # 78 MB of logits and zeros a B = 64 call streams through the 50 MB L2 evict them last. On the
 # H200 the whole call's graph time went 42.0 -> 40.6 us at B = 64 and 117.9 -> 109.0 at
 # B = 256 (top-k 50 + top-p 0.9), mostly in the chunk kernel itself (94.5 -> 87.4 at B = 256);
-# without truncation (no candidates) within 0.5 us (docs/performance.md).
+# without truncation (no candidates) within 0.5 us (docs/notes/performance-notebook.md).
 #
 # reciprocal_division=True: the chunk kernel's x / T by the row's reciprocal and one FMA
 # correction, the IEEE quotient bit for bit; on the H200 at V = 152,064, B = 64 the chunk kernel
@@ -276,7 +276,7 @@ class KernelConfig:
 # start with the chunks the chunk kernel read first, the ones the L2 evicted first. On the H200
 # at V = 152,064 the write kernel went 21.7 -> 18.5 us at B = 64 without truncation (graph time
 # 41.5 -> 37.1), 8.1 -> 6.7 at B = 16 and 81.1 -> 78.9 at B = 256; truncating rows, whose write
-# programs only read a row mode, within 0.3 us (docs/performance.md).
+# programs only read a row mode, within 0.3 us (docs/notes/performance-notebook.md).
 #
 # top_k_floor_steps=3: at B = 1 the select kernel took 7.0-11.7 us over 64 rows of top-k 50 +
 # top-p 0.9 (median 8.9; the same rows were the slowest with every select variant tried), and a
@@ -288,7 +288,7 @@ class KernelConfig:
 # level above: on the H200 at V = 152,064 the select kernel went 13.0 -> 8.8 us at B = 64,
 # 9.7 -> 7.7 at B = 16, 16.4 -> 11.9 at B = 256 (graph time 39.7 -> 35.5 at B = 64), within
 # 0.2 us at B = 1; six halvings gained less (9.2 at B = 64); top-k 1000 rows (no top-k floor)
-# unchanged (docs/performance.md).
+# unchanged (docs/notes/performance-notebook.md).
 #
 # overlap_write=True: in eager calls the write kernel is enqueued with programmatic dependent
 # launch, so its launch and the start of its programs overlap the select kernel's end (the
@@ -296,7 +296,7 @@ class KernelConfig:
 # B = 64, back-to-back eager calls went 40.4-40.6 -> 39.2-39.5 us without truncation and
 # 39.2-39.4 -> 37.5-38.3 with top-k 50 + top-p 0.9 (medians of four calls); a call captured in a
 # CUDA Graph launches it serially (replays within 0.2 us of serial launches at B = 16-64), since
-# replays with the overlap captured were 0.2-2.4 us slower (docs/performance.md).
+# replays with the overlap captured were 0.2-2.4 us slower (docs/notes/performance-notebook.md).
 #
 # single_launch_entries=SINGLE_LAUNCH_ENTRIES: small batches take one launch (see the
 # constant, above the class).
@@ -310,7 +310,7 @@ BASELINE_CONFIG = KernelConfig(chunk=2048, chunk_capacity=128, chunk_warps=4, wr
                                ftz_sum=False, keep_in_l2=False, reciprocal_division=False,
                                reverse_write=False, top_k_floor_steps=0, overlap_write=False)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
-# last, since `benchmarks.sampling --config N` and docs/performance.md name them by index).
+# last, since `benchmarks.sampling --config N` and docs/notes/performance-notebook.md name them by index).
 CANDIDATE_CONFIGS = (
     DEFAULT_CONFIG,
     dataclasses.replace(BASELINE_CONFIG, chunk=512, chunk_capacity=32, chunk_warps=1,

@@ -1,6 +1,6 @@
 """x = logits / T for the probabilities kernels: the IEEE quotient, by division or by the row's
 reciprocal with one correction (docs/sampling.md, "The scaled logits"; the reciprocal's
-measurements: docs/performance.md). Used by the chunk, write and whole-row stages.
+measurements: docs/notes/performance-notebook.md). Used by the chunk, write and whole-row stages.
 """
 
 from __future__ import annotations

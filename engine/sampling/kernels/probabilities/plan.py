@@ -1,7 +1,7 @@
 """Launch of the probabilities kernels: the `LaunchPlan` of a shape (grids, constexprs,
 scratch shapes; cached), the scratch, and `run_probabilities` / `probabilities_triton`, which
 enqueue the plan's launches without a host read (docs/sampling.md; host costs:
-docs/performance.md, "Host enqueue below Triton's runner").
+docs/notes/performance-notebook.md, "Host enqueue below Triton's runner").
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (by bisection over an order-preserving key, or by one pairwise pass for a few candidates), the
 normaliser, and the scatter of the kept probabilities. Shared by the select stage and the write
 stage's split fallback (docs/sampling.md, "The Triton kernel of batched_probabilities", step 2;
-measurements: docs/performance.md, "The select kernel").
+measurements: docs/notes/performance-notebook.md, "The select kernel").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Row max and normaliser from the chunk statistics; greedy rows get their 1.0; truncating rows
 compact their candidates at or above the row floor (raised to the top-k floor for small k) and
 are proven SPARSE on them (`prove.py`) or marked FALLBACK (docs/sampling.md, "The Triton kernel
-of batched_probabilities", step 2; measurements: docs/performance.md). `_select_row` is also
+of batched_probabilities", step 2; measurements: docs/notes/performance-notebook.md). `_select_row` is also
 run by the single launch.
 """
 
@@ -141,7 +141,7 @@ def _compact_step(count, packed, floor, num, compact_ptr, CAPACITY: tl.constexpr
     chunk's count) at compact_ptr[num:], in (chunk, slot) order; return the new num. A
     chunk's offset is a scan over its TILE counts, a slot's a scan along its chunk's CAPACITY
     slots (on the H200 2.4 us faster per row than one scan over the flattened tile:
-    docs/performance.md)."""
+    docs/notes/performance-notebook.md)."""
     slots = tl.arange(0, CAPACITY)
     valid = ((slots[None, :] < count[:, None]) & (_unpack_x(packed) >= floor)).to(tl.int32)
     per_chunk = tl.sum(valid, 1)

@@ -1,7 +1,7 @@
 """The single launch of the probabilities kernels for small batches (B * V <=
 `KernelConfig.single_launch_entries`): `_single_kernel` runs the three stages in one launch of
 (row, chunk) programs, the row's last program selecting and writing the row (docs/sampling.md;
-measurements: docs/performance.md).
+measurements: docs/notes/performance-notebook.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 DENSE rows write exp(x - m) / Z; FALLBACK rows count their tokens at split pivots and the row's
 last program proves the cut on a split pivot or runs the whole-row kernel (`whole_row.py`)
 (docs/sampling.md, "The Triton kernel of batched_probabilities", step 3; measurements:
-docs/performance.md, "The write kernel at 64 registers").
+docs/notes/performance-notebook.md, "The write kernel at 64 registers").
 """
 
 from __future__ import annotations
