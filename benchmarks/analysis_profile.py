@@ -1,6 +1,6 @@
 """Profile of a run's post-collection work (and of `specval verify`) on a kept bundle, step by step.
 
-The run's analysis after collection (`runner.analyse`, `runner.write_manifest`, `runner.finish`)
+The run's analysis after collection (`runner.analyse`, `lifecycle.write_manifest`, `runner.finish`)
 is replayed on a copy of a kept bundle with its samples, so every CPU-side step runs on real data
 at full size. The two GPU-side steps cannot run here: the reference replay of the occurring
 prefixes and the quadrature sweeps (2^16 rows per pair) are timed separately on the CPU with the
@@ -40,8 +40,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from specval import bundle as bundles
-from specval import collect, report, runner, verdict
-from specval.reference import Reference
+from specval import lifecycle, report
+from specval.distribution import collect, runner, verdict
+from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.figure_pool import FigurePool
 
@@ -125,12 +126,12 @@ def _stored(path: Path):
 @contextlib.contextmanager
 def _stored_gpu_steps(path: Path) -> Iterator[None]:
     reference, laws = _stored(path)
-    saved = (runner._reference, runner.quadrature_laws)
-    runner._reference, runner.quadrature_laws = reference, laws
+    saved = (runner.reference_for, runner.quadrature_laws)
+    runner.reference_for, runner.quadrature_laws = reference, laws
     try:
         yield
     finally:
-        runner._reference, runner.quadrature_laws = saved
+        runner.reference_for, runner.quadrature_laws = saved
 
 
 class _NoSut:
@@ -171,7 +172,8 @@ def _replay(kept: Path, work: Path, against: Path, pool: FigurePool | None) -> t
             pngs = pool.submit(path, analysis.summary, samples)()
         else:
             pngs = report.figures(path, analysis.summary, samples) if samples is not None else None
-        runner.write_manifest(path, protocol, ranges, manifest["device"], timing, manifest["command"])
+        lifecycle.write_manifest(path, protocol, ranges, manifest["device"], timing, manifest["command"],
+                                 runner.stage2_ranges(path))
         shutil.copyfile(kept / bundles.MANIFEST_FILE, path / bundles.MANIFEST_FILE)  # the kept code version
         runner.finish(path, pngs) if pngs is not None else runner.finish(path)
         wall = time.perf_counter() - start
@@ -202,7 +204,7 @@ def gpu_steps_on_cpu(kept: Path) -> dict[str, float]:
         tokens = samples[collect.token_columns(protocol.positions)].to_numpy(dtype=np.int64)
         sut.target_logits(prompt_ids)  # model load and first call, not part of the analysis
         start = time.perf_counter()
-        runner._reference(sut, protocol, prompt_ids, tokens)
+        runner.reference_for(sut, protocol, prompt_ids, tokens)
         replay = time.perf_counter() - start
         start = time.perf_counter()
         runner.quadrature_laws(sut, protocol, prompt_ids)

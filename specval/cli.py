@@ -19,12 +19,10 @@ from specval import bundle as bundles
 from specval import execution
 from specval import protocol as protocols
 from specval import seeds
-from specval.performance_protocol import PERFORMANCE_KIND, load_performance_protocol
-from specval.quality_protocol import QUALITY_KIND, load_quality_protocol
+from specval.kinds import DISTRIBUTION_KIND, KINDS, OTHER_KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
+from specval.performance.protocol import PERFORMANCE_KIND
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
-DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
-OTHER_KINDS = (QUALITY_KIND, PERFORMANCE_KIND)
 
 
 def _input_error(err: Exception | str) -> None:
@@ -32,53 +30,39 @@ def _input_error(err: Exception | str) -> None:
     sys.exit(EXIT_INPUT)
 
 
-def _kind_of(raw) -> str:
-    kind = raw.get("kind") if isinstance(raw, dict) else None
-    return kind if kind in OTHER_KINDS else DISTRIBUTION_KIND
-
-
-def _protocol_kind(path: Path | None) -> str:
-    """QUALITY_KIND for a paired quality protocol, PERFORMANCE_KIND for a bench, else "distribution"."""
+def _read(path: Path | None) -> ProtocolFile | None:
+    """PATH's protocol file, read once (exit 2 naming the file if it is not YAML); None when there
+    is no file to read (the runner reports that)."""
     if path is None or not path.is_file():
-        return DISTRIBUTION_KIND
+        return None
     try:
-        raw = protocols.read_yaml(path)
+        return read_protocol_file(path)
     except protocols.ProtocolError as err:
         _input_error(err)
-    return _kind_of(raw)
 
 
-LOADERS = {QUALITY_KIND: load_quality_protocol, PERFORMANCE_KIND: load_performance_protocol}
+def _kind(source: ProtocolFile | None) -> Kind:
+    """The kind of a protocol file read by `_read`; the distribution kind for none."""
+    return KINDS[DISTRIBUTION_KIND] if source is None else source.kind
 
 
-def _loader(path: Path):
-    """The parser of PATH's protocol kind."""
-    return LOADERS.get(_protocol_kind(path), protocols.load_protocol)
+def _parsed(source: ProtocolFile | None):
+    """The protocol of a file read by `_read`, parsed by its kind (ProtocolError naming the file);
+    None for none (the runner then reads its file and reports what is wrong)."""
+    return None if source is None else source.load()
 
 
-def _bundle_kind(bundle: Path) -> str:
-    """The `kind` of the protocol a bundle ran (QUALITY_KIND, PERFORMANCE_KIND or "distribution");
-    exit 2 naming the file unless BUNDLE is a bundle. An unreadable protocol.json reads as
-    "distribution": verify then reports it as a difference."""
-    if not (bundle / bundles.RUN_FILE).is_file():
-        _input_error(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)")
+def _load(path: Path):
+    """PATH's protocol, parsed by the parser of its kind (ProtocolError naming the file)."""
+    return read_protocol_file(path).load()
+
+
+def _bundle_kind(bundle: Path) -> Kind:
+    """The kind of the protocol BUNDLE ran; exit 2 naming the file unless BUNDLE is a bundle."""
     try:
-        raw = bundles.read_json(bundle / bundles.PROTOCOL_JSON)
-    except bundles.BundleError:
-        return DISTRIBUTION_KIND
-    return _kind_of(raw)
-
-
-def _bundle_module(bundle: Path):
-    """The module whose verify() / finish() handle BUNDLE's kind."""
-    kind = _bundle_kind(bundle)
-    if kind == QUALITY_KIND:
-        from specval import quality as module
-    elif kind == PERFORMANCE_KIND:
-        from specval import bench as module
-    else:
-        from specval import runner as module
-    return module
+        return bundle_kind(bundle)
+    except bundles.BundleError as err:
+        _input_error(err)
 
 
 class _Cli(click.Group):
@@ -154,45 +138,46 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
     Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error (nothing claimed), 3 the
     system under test raised (the bundle is kept for --resume; the traceback is in a log file),
     130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), rank 0
-    runs the protocol and the other ranks collect their share of its chunks (specval.sharding)."""
-    from specval import sharding
+    runs the protocol and the other ranks collect their share of its chunks (specval.distribution.sharding)."""
+    from specval.distribution import sharding
 
     _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
     shards = sharding.from_environment(dict(os.environ))
-    source = protocol_file or resume / bundles.PROTOCOL_YAML
+    source, read = protocol_file or resume / bundles.PROTOCOL_YAML, None
     if devices > 1 or shards is not None:
-        _check_sharded(source, devices, shards)
-    if resume is not None and _bundle_kind(resume) == PERFORMANCE_KIND:
+        read = _read(source)  # the bundle's copy for --resume
+        _check_sharded(source, _kind(read), devices, shards)
+    if resume is not None and not _bundle_kind(resume).resumable:
         _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
                      f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
-    if _protocol_kind(protocol_file) == PERFORMANCE_KIND:
+    given = None if protocol_file is None else (read or _read(protocol_file))  # the file is read once
+    if _kind(given).name == PERFORMANCE_KIND:
         for name in ("seed_offset", "junit"):
             if _given(ctx, name):
                 raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a performance protocol")
-        _bench(protocol_file, profile, output, exploratory, quiet)
+        _bench(given, protocol_file, profile, output, exploratory, quiet)
     if devices > 1:
         sys.exit(sharding.launch(devices, _forwarded_args(ctx)))
-    run_args = (protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
+    run_args = (given, protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
     if shards is None:
         return _run_here(*run_args)
     return _run_sharded(shards, source, run_args)
 
 
-def _check_sharded(protocol_file: Path, devices: int, shards) -> None:
-    """Refusals of a multi-rank run of `protocol_file` (the bundle's copy for --resume), made by
-    every rank before any rank joins the group (exit 2)."""
+def _check_sharded(protocol_file: Path, kind: Kind, devices: int, shards) -> None:
+    """Refusals of a multi-rank run of `protocol_file` (the bundle's copy for --resume) of `kind`,
+    made by every rank before any rank joins the group (exit 2)."""
     if devices > 1 and shards is not None:
         raise click.UsageError("--devices launches torchrun; inside a torchrun-started process drop it")
-    kind = _protocol_kind(protocol_file)
-    if kind in OTHER_KINDS:
-        raise click.UsageError(f"multi-process runs take distribution protocols only, not kind: {kind}")
+    if kind.name in OTHER_KINDS:
+        raise click.UsageError(f"multi-process runs take distribution protocols only, not kind: {kind.name}")
     if devices > 1:
         _check_gpus(protocol_file, devices)
 
 
 def _check_gpus(protocol_file: Path, devices: int) -> None:
     """--devices N of a CUDA protocol needs N GPUs (rank r runs on cuda:r)."""
-    from specval import sharding
+    from specval.distribution import sharding
 
     if sharding.protocol_device(protocol_file).startswith(sharding.CUDA_PREFIX):
         import torch
@@ -222,7 +207,7 @@ def _run_sharded(shards, source: Path, run_args: tuple) -> None:
     """Join the process group (its backend from `source`, the protocol file); rank 0 runs the
     protocol (`_run_here(*run_args)`) and dismisses the other ranks with its exit code, the other
     ranks collect until dismissed and exit with that code."""
-    from specval import sharding
+    from specval.distribution import sharding
 
     try:
         sharding.join(shards, sharding.protocol_device(source))
@@ -251,7 +236,7 @@ def _exit_status(err: BaseException) -> int:
 
 def _serve(shards) -> int:
     """A rank other than 0: rank 0's exit code, or 130 if interrupted (one line if the group broke)."""
-    from specval import sharding
+    from specval.distribution import sharding
 
     try:
         with execution.signals_interrupt():
@@ -262,23 +247,24 @@ def _serve(shards) -> int:
         return execution.EXIT_INTERRUPTED
 
 
-def _run_here(protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet,
-              shards=None) -> None:
-    """The run in this process (rank 0 of a sharded run: with the other ranks collecting); exits."""
-    from specval import runner
+def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume, exploratory, seed_offset, junit,
+              quiet, shards=None) -> None:
+    """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) by its kind's runner
+    (distribution or quality: the same run() contract) in this process (rank 0 of a sharded run:
+    with the other ranks collecting); exits."""
     from specval.preflight import SUTRaised, check_writable_file
     from specval.report.junit import write_junit
     from specval.sut import SUTError
 
-    if _protocol_kind(protocol_file) == QUALITY_KIND:
-        from specval import quality as runner  # same run() contract, paired quality protocols
     extra = {} if shards is None else {"shards": shards}
     try:
         if junit:
             check_writable_file(junit, "--junit")
         with execution.signals_interrupt():
-            path, summary = runner.run(protocol_file, profile, output, resume=resume, exploratory=exploratory,
-                                       seed_offset=seed_offset, progress=not quiet, announce=_announce, **extra)
+            path, summary = _kind(given).runner()(protocol_file, profile, output, resume=resume,
+                                                  exploratory=exploratory, seed_offset=seed_offset,
+                                                  progress=not quiet, announce=_announce, parsed=_parsed(given),
+                                                  **extra)
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
@@ -313,16 +299,16 @@ def _interrupted(path: Path | None) -> None:
     _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
 
 
-def _bench(protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool) -> None:
+def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool) -> None:
     """Run a performance protocol, print each pair's ratio, the interval and the verdict; exit with its code."""
-    from specval import bench as benching
     from specval.preflight import SUTRaised
 
     kept = "is kept unsealed; a performance run is not resumed: start a new one"
     try:
         with execution.signals_interrupt():
-            path, summary = benching.bench(protocol_file, profile, output, exploratory=exploratory,
-                                           progress=not quiet, announce=lambda p: click.echo(f"bundle: {p}"))
+            path, summary = given.kind.runner()(protocol_file, profile, output, exploratory=exploratory,
+                                                progress=not quiet, announce=lambda p: click.echo(f"bundle: {p}"),
+                                                parsed=given.load())
     except (protocols.ProtocolError, bundles.BundleError) as err:
         _input_error(err)
     except SUTRaised as err:  # building the engines, before any bundle
@@ -365,10 +351,11 @@ def bench(protocol_file, profile, output, exploratory, quiet) -> None:
 
     Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error, 3 the engine raised,
     130 interrupted. `specval run` on a performance protocol does the same."""
-    if _protocol_kind(protocol_file) != PERFORMANCE_KIND:
+    given = _read(protocol_file)
+    if _kind(given).name != PERFORMANCE_KIND:
         _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); "
                      "use specval run")
-    _bench(protocol_file, profile, output, exploratory, quiet)
+    _bench(given, protocol_file, profile, output, exploratory, quiet)
 
 
 @main.command()
@@ -376,7 +363,7 @@ def bench(protocol_file, profile, output, exploratory, quiet) -> None:
 def verify(bundle) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
     bundle: the ratios, the interval and the verdict from its recorded timings)."""
-    problems = _bundle_module(bundle).verify(bundle)
+    problems = _bundle_kind(bundle).verify(bundle)
     note = bundles.code_note(bundle)
     if note:
         click.echo(note)
@@ -392,12 +379,12 @@ def verify(bundle) -> None:
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def report(bundle) -> None:
     """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
-    runner = _bundle_module(bundle)  # the same finish() contract for every kind
+    kind = _bundle_kind(bundle)  # the same finish() contract for every kind
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         _input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
     try:
-        runner.finish(bundle)
+        kind.finish(bundle)
     except bundles.READ_ERRORS as err:
         _input_error(f"{bundle}: cannot render the report: {err}")
     click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
@@ -408,7 +395,7 @@ def report(bundle) -> None:
 def freeze(protocol_file) -> None:
     """Record PROTOCOL_FILE's canonical hash in the lock file next to it."""
     try:
-        lock, digest = protocols.freeze(protocol_file, _loader(protocol_file))
+        lock, digest = protocols.freeze(protocol_file, _load)
     except protocols.ProtocolError as err:
         _input_error(err)
     click.echo(f"frozen {protocol_file}: {digest} in {lock}")
@@ -467,7 +454,7 @@ def validate(protocol_files) -> None:
     changed = []
     for path in protocol_files:
         try:
-            protocol = _loader(path)(path)
+            protocol = _load(path)
             for name, _ in protocol.profiles:
                 protocols.resolve(protocol, name)
             state = protocols.registration(protocol, path)
@@ -499,7 +486,7 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
     against every planted bug the adapter lists (`Capabilities.mutants`) and the harness's seed
     collision, and write the kill table (exit 0 iff every mutant behaves as targeted: equivalent ones
     pass every protocol, every other one is killed by one, or its exact TV lies below the t1 MDEs)."""
-    from specval import mutate as mutation
+    from specval.distribution import mutate as mutation
 
     try:
         root, table = mutation.mutate(tuple(protocol_paths), profile, output, tuple(names), samples,
@@ -525,7 +512,7 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
 def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size) -> None:
     """Samples needed for a target TV (--tv), or the MDE of a sample size (--n), or every criterion of
     a protocol (--protocol) at its Holm level and confirmation rule."""
-    from specval import plan as planning
+    from specval.distribution import plan as planning
 
     try:
         protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
@@ -582,7 +569,7 @@ def _print_protocol_plan(protocol, rows) -> None:
               help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).")
 def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
     """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
-    from specval import calibrate as calibration
+    from specval.distribution import calibrate as calibration
     from specval.sut import SUTError
 
     try:

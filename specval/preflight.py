@@ -46,7 +46,8 @@ class SUTRaised(Exception):
         self.details = details or message  # full traceback text, for the log file
 
 
-def _raised(call: str, err: BaseException) -> SUTRaised:
+def sut_raised(call: str, err: BaseException) -> SUTRaised:
+    """`err`, raised by the system under test in `call`, as SUTRaised carrying its traceback text."""
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
     return SUTRaised(call, f"{type(err).__name__}: {err}", text)
 
@@ -66,7 +67,7 @@ class GuardedSUT:
         except AttributeError:
             raise  # the adapter has no such attribute: hasattr() must keep working
         except Exception as err:  # a property of the adapter raised (e.g. vocab_size)
-            raise _raised(name, err) from err
+            raise sut_raised(name, err) from err
         if not callable(value) or isinstance(value, type):
             return value
         return _guard_call(name, value)
@@ -79,7 +80,7 @@ def _guard_call(name: str, method: Callable) -> Callable:
         except Exception as err:
             if isinstance(err, SUTError) and name in PASS_THROUGH:
                 raise
-            raise _raised(name, err) from err
+            raise sut_raised(name, err) from err
     return call
 
 
@@ -90,7 +91,7 @@ def open_guarded(factory: Callable[..., SUT], protocol: Protocol) -> GuardedSUT:
     except SUTError:
         raise
     except Exception as err:
-        raise _raised("the adapter's constructor", err) from err
+        raise sut_raised("the adapter's constructor", err) from err
 
 
 # ---------------------------------------------------------------- writable paths

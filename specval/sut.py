@@ -1,11 +1,12 @@
 """System under test (SUT): the only door between the harness and an inference engine.
 
-A SUT adapter is one small class implementing `SUT`. The harness never imports an engine
-anywhere else. The protocol selects the adapter with `sut.adapter`:
+A SUT adapter is one small class implementing `SUT`. The harness imports an engine only in
+`specval/adapters/`, and this module imports no adapter. The protocol selects the adapter with `sut.adapter`:
 
-- `engine` (default): this project's own engine, through `EngineSUT`;
+- `engine` (default): this project's own engine, through `specval.adapters.engine.EngineSUT`;
 - `package.module:ClassName`: any importable class;
-- any other name: an entry point of the group `specval.sut`.
+- any other name: an entry point of the group `specval.sut` (`engine` and `transformers` are
+  entry points of specval itself; `BUNDLED_ADAPTERS` names `engine` for installs that predate it).
 
 Token sources are reported with the codes of `SOURCES`: "plain" (no speculation), "accepted"
 (an accepted draft token), "correction" (drawn from max(p - q, 0) after a rejection), "bonus"
@@ -19,7 +20,7 @@ import importlib
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,6 +30,10 @@ from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 SOURCES = ("plain", "accepted", "correction", "bonus")
 ENTRY_POINT_GROUP = "specval.sut"
 DEFAULT_ADAPTER = "engine"
+# Adapters shipped with specval, by entry point name -> "module:Class" (pyproject.toml registers the same
+# entry points); used only when the installed metadata lacks the entry point, and loaded by name so
+# that this module (the adapter contract) never imports an adapter.
+BUNDLED_ADAPTERS = {DEFAULT_ADAPTER: "specval.adapters.engine:EngineSUT"}
 MODES = ("nospec", "sync", "async")
 SAMPLING_PARAMETERS = ("temperature", "top_k", "top_p")
 DRAFT_FILTERED = "filtered"  # drafts sampled from q after the protocol's temperature, top-k and top-p
@@ -181,28 +186,36 @@ class SUT(abc.ABC):
 
 def load_adapter(name: str) -> type[SUT]:
     """Resolve `sut.adapter` to a SUT subclass; ValueError naming the adapter on failure."""
-    if name == DEFAULT_ADAPTER:
-        from specval.engine_sut import EngineSUT
-
-        return EngineSUT
     if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as err:
-            raise SUTError(f"sut.adapter: cannot import {name!r} ({err})") from err
+        cls = _import_class(name)
     else:
         points = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if not points:
+        if not points and name in BUNDLED_ADAPTERS:  # an install whose metadata predates the entry point
+            cls = _import_class(BUNDLED_ADAPTERS[name])
+        elif not points:
             raise SUTError(f"sut.adapter: no adapter {name!r}: use 'engine', 'module:Class' or an entry point "
                            f"of group {ENTRY_POINT_GROUP!r}")
-        try:
-            cls = points[0].load()
-        except (ImportError, AttributeError) as err:
-            raise SUTError(f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded ({err})") from err
+        else:
+            try:
+                cls = points[0].load()
+            except (ImportError, AttributeError) as err:
+                raise SUTError(f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded "
+                               f"({err})") from err
     if not (isinstance(cls, type) and issubclass(cls, SUT)):
         raise SUTError(f"sut.adapter: {name!r} is not a subclass of specval.sut.SUT")
     return cls
+
+
+def _import_class(path: str) -> Any:
+    """The attribute named by "package.module:Name"; SUTError naming `path` if it cannot be imported."""
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise SUTError(f"sut.adapter: cannot import {path!r} ({err})") from err
+
+
+SutFactory = Callable[[SutSpec, int], SUT]  # open_sut, or a test's adapter class: (spec, K) -> SUT
 
 
 def open_sut(spec: SutSpec, num_speculative_tokens: int) -> SUT:

@@ -10,8 +10,8 @@ from typing import Callable
 import pandas as pd
 
 from specval import bundle as bundles
-from specval.collect import load_samples
-from specval.reference import Reference
+from specval.distribution.collect import load_samples
+from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.html import html_table, page, render_html
 from specval.report.markdown import md_table, render_markdown

@@ -41,7 +41,7 @@ import pandas as pd
 from specval import report
 from specval.protocol import Protocol
 from specval.report import plots
-from specval.verdict import applicable_groups, criterion_name
+from specval.distribution.verdict import applicable_groups, criterion_name
 
 SUMMARY_FIGURES = 2  # figures drawn from the summary: p-values across strata, token sources
 POOL_MIN_SAMPLES = 100_000  # a smaller run renders serially: its collection is too short to hide the workers' start

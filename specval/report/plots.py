@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specval.reference import Reference  # noqa: E402
-from specval.verdict import strata  # noqa: E402
+from specval.distribution.reference import Reference  # noqa: E402
+from specval.distribution.verdict import strata  # noqa: E402
 
 MAX_STRATA_PLOTTED = 4
 MAX_TOKENS_PLOTTED = 12

@@ -36,6 +36,7 @@ How far L itself is from p / T_p (float32 inputs do not have equal totals) is re
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Callable
 
@@ -374,62 +375,14 @@ def stop_point_passed(p: np.ndarray, first_token: int) -> bool:
 # ---------------------------------------------------------------- engine adapters
 
 
-def _require_float32(name: str, array: np.ndarray) -> None:
-    """The engine takes float32 probabilities: refuse other dtypes instead of rounding silently,
-    because the rows are computed from the values given and must match what the engine sees."""
-    if array.dtype != np.float32:
-        raise ValueError(f"{name} must be float32 for the engine adapter (cast p and q before "
-                         f"calling quadrature_check), got {array.dtype}")
+ENGINE_ADAPTER = "specval.adapters.engine"  # home of the engine-backed AcceptFn / DraftFn
+ENGINE_FUNCTIONS = ("engine_accept_fn", "engine_draft_fn")  # kept here by name for older callers
 
 
-def _tensor(array: np.ndarray, dtype: type, device: str):  # -> torch.Tensor
-    """A writable contiguous copy of `array` (possibly a read-only broadcast view) on `device`."""
-    import torch
-
-    return torch.from_numpy(np.array(array, dtype=dtype, order="C")).to(device)
-
-
-def engine_accept_fn(*, backend: str = "torch", device: str = "cpu") -> AcceptFn:
-    """An `AcceptFn` running `engine.sampling.speculative_accept` with K = 1 on every row.
-
-    Each row is one random request with one draft: cu_num_drafts = 0, 1, ..., N; its two target
-    rows (the draft position and the bonus position) are both p; the first emitted token is
-    tokens[:, 0], PLACEHOLDER_TOKEN (an error) counting as error mass. p and q must be float32.
-    The engine is imported when this is called, never when this module is imported.
-    """
-    import torch
-
-    from engine.sampling import speculative_accept
-
-    def accept(draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
-               uniforms: np.ndarray) -> np.ndarray:
-        _require_float32("draft_probs", draft_probs)
-        _require_float32("target_probs", target_probs)
-        rows, vocab = target_probs.shape
-        p = _tensor(target_probs, np.float32, device)
-        result = speculative_accept(
-            _tensor(draft_tokens, np.int64, device),
-            torch.arange(rows + 1, dtype=torch.int64, device=device),
-            _tensor(draft_probs, np.float32, device),
-            p.unsqueeze(1).expand(rows, 2, vocab).reshape(2 * rows, vocab).contiguous(),
-            _tensor(uniforms, np.float64, device),
-            torch.zeros(rows, dtype=torch.bool, device=device),
-            backend=backend,
-        )
-        return result.tokens[:, 0].cpu().numpy()
-
-    return accept
-
-
-def engine_draft_fn(*, backend: str = "torch", device: str = "cpu") -> DraftFn:
-    """A `DraftFn` running `engine.sampling.categorical` (imported when called); q must be float32."""
-    import torch  # noqa: F401  (the engine's categorical takes torch tensors)
-
-    from engine.sampling import categorical
-
-    def draft(draft_probs: np.ndarray, u_draft: np.ndarray) -> np.ndarray:
-        _require_float32("draft_probs", draft_probs)
-        weights = _tensor(draft_probs, np.float32, device)
-        return categorical(weights, _tensor(u_draft, np.float64, device), backend=backend).cpu().numpy()
-
-    return draft
+def __getattr__(name: str):
+    """`engine_accept_fn` / `engine_draft_fn` by their old path: they live in the engine adapter
+    (specval.adapters.engine), the only specval module that imports the engine; loaded by name
+    on first use so that importing this module never imports an engine."""
+    if name in ENGINE_FUNCTIONS:
+        return getattr(importlib.import_module(ENGINE_ADAPTER), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

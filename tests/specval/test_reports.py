@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from specval import bundle as bundles
 from specval.cli import main
-from specval.verdict import SCHEMA_VERSION
+from specval.distribution.verdict import SCHEMA_VERSION
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 BUNDLES = sorted(path for path in REPORTS.iterdir() if (path / "SHA256SUMS").is_file())

@@ -1,0 +1,375 @@
+"""Sharding: one run spread over the processes that torchrun starts, joined through torch.distributed.
+
+`torchrun --nproc-per-node N -m specval run PROTOCOL ...` starts N copies of one command (and
+`specval run --devices N ...` launches exactly that through `torch.distributed.run`); each copy
+reads RANK, WORLD_SIZE and LOCAL_RANK from its environment. Roles:
+
+- rank 0 is the run: it prepares, probes its adapter, claims the seed ranges in the ledger, creates
+  the bundle, writes every chunk file, analyses, reports and seals, as a one-process run does.
+- every other rank serves: it waits for rank 0's commands, `Open` (build and probe your adapter,
+  before any seed is claimed), `Collect` (sample these chunks) or `Dismiss` (exit with this code),
+  and sends its samples (or its failure) to rank 0.
+
+How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0 lists the chunks
+still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
+resumed run shards only what is left, with any number of ranks), and chunk i of that list goes to
+rank i mod N. The chunks are taken in rounds of N: in each round every rank collects at most one
+chunk, the chunks reach rank 0 through `gather_object`, and a broadcast tells every rank whether
+the run goes on (the collective error check after each chunk); rank 0 then writes the round's
+chunks in a writer thread while every rank collects the next round.
+
+Guarantees:
+- The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
+  for a batch depends on its seeds alone, not on the process or on which of identical devices runs
+  it (the engine's counter-based RNG, the fake SUT): each chunk is made by `collect.collect_chunk`
+  (so split into the same batches) and written by `collect.collect`, as in one process.
+- An adapter that cannot be built or fails the probe on any rank ends the run before any seed is
+  claimed (exit 3, as a failed probe of one process). An exception on any rank while it collects
+  ends the round for all: rank 0 raises `SUTRaised` naming the rank, the run exits 3 with the
+  traceback in the bundle's error.log and the bundle unsealed and resumable; every other rank is
+  dismissed with the same exit code. Rank 0 dismisses the other ranks with its own exit code
+  whatever ends it (0, 1, 2, 3, 130), so no rank waits for a command that never comes.
+- A rank that disappears (killed) makes the next collective fail; rank 0 then ends as interrupted
+  (exit 130, bundle kept for --resume). Every collective carries the group timeout GROUP_TIMEOUT,
+  so a rank stuck inside the SUT ends the run after that time rather than never.
+- Only processes on one host are supported (every rank reads the protocol and bundle files).
+
+Backend: gloo for a CPU protocol; `cpu:gloo,cuda:nccl` for a CUDA one, each rank on
+cuda:LOCAL_RANK (`place` rewrites the protocol's device per rank; its hash is unchanged). Samples
+are host arrays once collected (the engine reads each batch back once), so they travel as pickled
+frames, and torch's object collectives take the CPU backend of a group that has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from specval.distribution.collect import Chunk, Keep, collect_chunk
+from specval.execution import EXIT_INTERRUPTED
+from specval.preflight import SUTRaised, open_guarded, probe
+from specval.protocol import Protocol, ProtocolError, load_protocol
+from specval.sut import SUT, SutFactory, SUTError, open_sut
+
+LEADER = 0  # the rank that claims seeds and writes the bundle
+GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
+CUDA_PREFIX = "cuda"
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """This process's place among the ranks of a multi-rank run (as torchrun set it)."""
+
+    rank: int
+    size: int
+    local_rank: int
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER
+
+
+@dataclass(frozen=True)
+class Open:
+    """Rank 0's first command: build your adapter for `protocol` (placed on your device) and probe it."""
+
+    protocol: Protocol
+
+
+@dataclass(frozen=True)
+class Collect:
+    """Rank 0's command: collect your share (`Chunk`s i with i mod N == rank) of `chunks`."""
+
+    protocol: Protocol
+    prompt_ids: tuple[int, ...]
+    chunks: tuple[Chunk, ...]
+
+
+@dataclass(frozen=True)
+class Dismiss:
+    """Rank 0's last command: exit with `code`."""
+
+    code: int
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What a rank sends instead of its chunk when collecting it raised."""
+
+    rank: int
+    call: str
+    message: str
+    details: str
+    interrupted: bool = False
+
+    def raised(self) -> SUTRaised:
+        return SUTRaised(f"{self.call} on rank {self.rank}", self.message, self.details)
+
+
+class RankLost(KeyboardInterrupt):
+    """A collective failed: another rank is gone (killed, interrupted) or timed out. It ends the run
+    as an interrupt (exit 130, the bundle kept for --resume)."""
+
+
+# ---------------------------------------------------------------- the group
+
+
+def from_environment(environ: dict[str, str]) -> ShardGroup | None:
+    """The shard group torchrun describes in `environ` (RANK, WORLD_SIZE, LOCAL_RANK); None for a
+    one-process run (WORLD_SIZE unset or 1)."""
+    size = int(environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return None
+    rank = int(environ["RANK"])
+    return ShardGroup(rank, size, int(environ.get("LOCAL_RANK", str(rank))))
+
+
+def protocol_device(protocol_file: Path) -> str:
+    """The `sut.device` of a protocol file, read by every rank before the group exists (it picks
+    the backend); "cpu" when the file does not parse (rank 0 then reports the error and dismisses)."""
+    try:
+        return load_protocol(protocol_file).sut.device
+    except (ProtocolError, OSError):
+        return "cpu"
+
+
+def join(group: ShardGroup, device: str) -> None:
+    """Initialise the default process group from torchrun's environment (env://)."""
+    import torch
+    import torch.distributed as dist
+
+    backend = "gloo"
+    if device.startswith(CUDA_PREFIX):
+        torch.cuda.set_device(group.local_rank)  # captured graphs and Triton launch on the current device
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, rank=group.rank, world_size=group.size, timeout=GROUP_TIMEOUT)
+
+
+def leave() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def place(protocol: Protocol, group: ShardGroup) -> Protocol:
+    """The protocol as this rank runs it: a CUDA device becomes cuda:LOCAL_RANK. The hash is the
+    protocol's own (pinned through `file_hash`), so run.json and the manifest record the protocol as
+    written."""
+    if not protocol.sut.device.startswith(CUDA_PREFIX):
+        return protocol
+    sut = dataclasses.replace(protocol.sut, device=f"{CUDA_PREFIX}:{group.local_rank}")
+    return dataclasses.replace(protocol, sut=sut, file_hash=protocol.hash)
+
+
+def _collective(operation: Callable[[], Any]) -> Any:
+    """Run one collective; its failure (a rank gone, the timeout) becomes RankLost."""
+    try:
+        return operation()
+    except RuntimeError as err:  # DistBackendError and DistNetworkError are RuntimeErrors
+        leave()  # a broken group takes no further collective (`dismiss` then sends nothing)
+        raise RankLost(f"a rank of the process group is gone: {err}") from err
+
+
+def _broadcast(value: Any = None) -> Any:
+    import torch.distributed as dist
+
+    box = [value]
+    _collective(lambda: dist.broadcast_object_list(box, src=LEADER))
+    return box[0]
+
+
+def _gather(value: Any, group: ShardGroup) -> list[Any] | None:
+    import torch.distributed as dist
+
+    out = [None] * group.size if group.is_leader else None
+    _collective(lambda: dist.gather_object(value, out, dst=LEADER))
+    return out
+
+
+# ---------------------------------------------------------------- one round of chunks
+
+
+def _share(chunks: tuple[Chunk, ...] | list[Chunk], first: int, rank: int) -> Chunk | None:
+    """The chunk of `rank` in the round that starts at index `first` (None: the list ran out)."""
+    index = first + rank
+    return chunks[index] if index < len(chunks) else None
+
+
+def _attempt(sut: Any, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None,
+             rank: int) -> tuple[Chunk, pd.DataFrame] | Failure | None:
+    """A serving rank collects one chunk; an exception becomes a Failure, so that every rank
+    reaches the gather."""
+    if chunk is None:
+        return None
+    try:
+        return chunk, collect_chunk(sut, protocol, prompt_ids, chunk)
+    except SUTRaised as err:
+        return Failure(rank, err.call, err.message, err.details)
+    except KeyboardInterrupt:
+        return Failure(rank, "collect", "interrupted", "", interrupted=True)
+    except Exception as err:  # noqa: BLE001 - anything raised while collecting ends the run with exit 3
+        return _failure(rank, "collect", err)
+
+
+def _failure(rank: int, call: str, err: BaseException) -> Failure:
+    details = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    return Failure(rank, call, f"{type(err).__name__}: {err}", details)
+
+
+def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk], Keep], None]:
+    """Rank 0's `collect.ChunkSampler`: the chunks shared by every rank, round by round. Rank 0
+    keeps (writes) a round's chunks in a writer thread while every rank collects the next round,
+    so the writes do not serialise the ranks. A round's first failure (rank 0's own exception, else
+    the lowest failed rank's as SUTRaised or KeyboardInterrupt, else the failed write of the round
+    before) is raised once every rank knows that the run stops; a write that fails in the last
+    round is raised once the other ranks are back waiting for a command."""
+
+    def sample(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: list[Chunk], keep: Keep) -> None:
+        _broadcast(Collect(protocol, tuple(prompt_ids), tuple(chunks)))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specval-writer") as writer:
+            written: Future | None = None
+            for first in range(0, len(chunks), group.size):
+                results, error = _lead_round(group, sut, protocol, prompt_ids, _share(chunks, first, LEADER))
+                if error is None and written is not None:
+                    error = written.exception()  # waits for the round before, written while this one ran
+                _broadcast(error is None)
+                if error is not None:
+                    raise error
+                written = writer.submit(_keep_all, keep, results)
+        if written is not None and written.exception() is not None:
+            raise written.exception()
+
+    return sample
+
+
+def _lead_round(group: ShardGroup, sut: SUT, protocol: Protocol, prompt_ids: list[int],
+                chunk: Chunk | None) -> tuple[list[Any], BaseException | None]:
+    """Rank 0's part of one round: collect its chunk and gather every rank's; returns the gathered
+    results and the round's failure (rank 0's own first, else the lowest failed rank's)."""
+    error: BaseException | None = None
+    try:
+        mine = None if chunk is None else (chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
+    except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
+        mine, error = None, err
+    results = _gather(mine, group)
+    failures = [r for r in results if isinstance(r, Failure)]
+    if error is None and failures:
+        error = KeyboardInterrupt() if failures[0].interrupted else failures[0].raised()
+    return results, error
+
+
+def _keep_all(keep: Keep, results: list[Any]) -> None:
+    for result in results:
+        if result is not None:
+            keep(*result)
+
+
+# ---------------------------------------------------------------- the other ranks
+
+
+def open_ranks(group: ShardGroup, protocol: Protocol) -> None:
+    """Rank 0, once its own adapter passed the preflight and before any seed is claimed: every other
+    rank builds its adapter on its own device and probes it (`preflight.probe`); the lowest failed
+    rank's exception is raised as SUTRaised (exit 3, nothing claimed)."""
+    _broadcast(Open(protocol))
+    failures = [r for r in _gather(None, group) if isinstance(r, Failure)]
+    if failures:
+        raise failures[0].raised()
+
+
+def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
+    """The loop of a rank other than 0: build and probe its adapter at `Open`, collect its share of
+    each `Collect`, until `Dismiss`; returns the exit code rank 0 sent."""
+    sut = None
+    try:
+        while True:
+            command = _broadcast()
+            if isinstance(command, Dismiss):
+                return command.code
+            protocol = place(command.protocol, group)
+            if isinstance(command, Open):
+                sut, failure = _open(protocol, sut_factory, group.rank)
+                _gather(failure, group)
+            else:
+                _serve_collect(group, sut, protocol, command)
+    finally:
+        if sut is not None:
+            sut.close()
+
+
+def _open(protocol: Protocol, sut_factory: SutFactory | None, rank: int) -> tuple[Any, Failure | None]:
+    """This rank's adapter, built and probed; or None and the failure."""
+    try:
+        sut = open_guarded(sut_factory or open_sut, protocol)
+    except SUTRaised as err:
+        return None, Failure(rank, err.call, err.message, err.details)
+    except SUTError as err:
+        return None, _failure(rank, "the adapter's constructor", err)
+    try:
+        probe(sut, protocol)
+    except SUTRaised as err:
+        sut.close()
+        return None, Failure(rank, err.call, err.message, err.details)
+    return sut, None
+
+
+def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Collect) -> None:
+    """Take part in every round of one `Collect`."""
+    prompt_ids = list(command.prompt_ids)
+    for first in range(0, len(command.chunks), group.size):
+        _gather(_attempt(sut, protocol, prompt_ids, _share(command.chunks, first, group.rank), group.rank), group)
+        if not _broadcast():
+            return
+
+
+def dismiss(code: int) -> None:
+    """Rank 0, as it exits: send every other rank its exit code. A group already broken (a rank
+    gone) is left as it is: torchrun ends the remaining ranks once rank 0 exits."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        _broadcast(Dismiss(code))
+    except RankLost:
+        pass
+
+
+# ---------------------------------------------------------------- the launcher
+
+
+def launch(devices: int, argv: list[str]) -> int:
+    """Run `torchrun --standalone --nproc-per-node DEVICES -m specval ARGV` through torch's own
+    launcher (torch.distributed.run) in this process; returns rank 0's exit code (130 when the
+    launcher itself is interrupted: it forwards the signal to every rank, and rank 0 keeps the
+    bundle and prints how to resume it)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(["--standalone", f"--nproc-per-node={devices}", "-m", "specval", *argv])
+    try:
+        torchrun.run(args)
+    except ChildFailedError as err:
+        return exit_code({rank: failure.exitcode for rank, failure in err.failures.items()})
+    except (SignalException, KeyboardInterrupt):  # the launcher got SIGINT/SIGTERM and passed it to the ranks
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def exit_code(codes: dict[int, int]) -> int:
+    """The run's exit code from the failed ranks' exit codes (negative: killed by that signal):
+    rank 0's own; else another rank's (each exits with rank 0's code when dismissed); else, every
+    failed rank killed by a signal, EXIT_INTERRUPTED."""
+    if codes.get(LEADER, -1) >= 0:
+        return codes[LEADER]
+    exited = [code for _, code in sorted(codes.items()) if code >= 0]
+    return exited[0] if exited else EXIT_INTERRUPTED

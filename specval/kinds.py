@@ -1,0 +1,105 @@
+"""Kinds: the one table of protocol kinds the CLI dispatches through.
+
+A protocol file's top-level `kind` selects its kind (none: a distribution protocol). Each kind
+names how its file is parsed (`parse`, from the YAML read once) and the module whose `verify(bundle)`
+and `finish(bundle)` handle its bundles and whose `run_function` runs it (imported on first use,
+so reading this table imports no run module). A bundle's kind is that of the protocol.json it
+recorded.
+
+Guarantee: an unknown or missing `kind` reads as the distribution kind, whose parser then
+refuses a `kind` key naming the file; nothing else in specval branches on a protocol's kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from specval import bundle as bundles
+from specval.performance.protocol import PERFORMANCE_KIND, parse_performance_file
+from specval.protocol import ProtocolError, parse_protocol, read_yaml
+from specval.quality.protocol import QUALITY_KIND, parse_quality_protocol
+
+DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One protocol kind: its parser and the module that runs, verifies and renders its bundles."""
+
+    name: str
+    parse: Callable[[Any, str], Any]  # (parsed YAML, file name) -> protocol dataclass
+    module_name: str  # has verify(bundle) and finish(bundle), and `run_function`
+    run_function: str  # the module's function that runs a protocol file of this kind
+    resumable: bool = True  # `specval run --resume` continues its bundles
+
+    def module(self) -> ModuleType:
+        return importlib.import_module(self.module_name)
+
+    def runner(self) -> Callable[..., tuple[Path, dict]]:
+        return getattr(self.module(), self.run_function)
+
+    def verify(self, bundle: Path) -> list[str]:
+        return self.module().verify(bundle)
+
+    def finish(self, bundle: Path) -> None:
+        """Re-render the bundle's report and re-seal it."""
+        self.module().finish(bundle)
+
+
+KINDS = {
+    DISTRIBUTION_KIND: Kind(DISTRIBUTION_KIND, parse_protocol, "specval.distribution.runner", "run"),
+    QUALITY_KIND: Kind(QUALITY_KIND, parse_quality_protocol, "specval.quality.runner", "run"),
+    PERFORMANCE_KIND: Kind(PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench",
+                           resumable=False),
+}
+OTHER_KINDS = tuple(name for name in KINDS if name != DISTRIBUTION_KIND)
+
+
+def kind_named(raw: Any) -> Kind:
+    """The kind of a parsed protocol (YAML or protocol.json): its `kind` when one of OTHER_KINDS."""
+    name = raw.get("kind") if isinstance(raw, dict) else None
+    return KINDS[name if name in OTHER_KINDS else DISTRIBUTION_KIND]
+
+
+@dataclass(frozen=True)
+class ProtocolFile:
+    """A protocol file read once: its path, parsed YAML and kind."""
+
+    path: Path
+    raw: Any
+    kind: Kind
+
+    def load(self) -> Any:
+        """The protocol, parsed by its kind's parser (ProtocolError naming the file)."""
+        return self.kind.parse(self.raw, str(self.path))
+
+
+def read_protocol_file(path: Path) -> ProtocolFile:
+    """Read PATH once (ProtocolError naming the file if it cannot be read or is not YAML)."""
+    raw = read_yaml(path)
+    return ProtocolFile(Path(path), raw, kind_named(raw))
+
+
+def load(path: Path) -> Any:
+    """The protocol in PATH, parsed by the parser of its kind."""
+    return read_protocol_file(path).load()
+
+
+def bundle_kind(bundle: Path) -> Kind:
+    """The kind of the protocol a bundle ran; an unreadable protocol.json reads as the distribution
+    kind (verify then reports it as a difference). BundleError unless BUNDLE is a bundle."""
+    if not (bundle / bundles.RUN_FILE).is_file():
+        raise bundles.BundleError(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)")
+    try:
+        raw = bundles.read_json(bundle / bundles.PROTOCOL_JSON)
+    except bundles.BundleError:
+        return KINDS[DISTRIBUTION_KIND]
+    return kind_named(raw)
+
+
+__all__ = ["DISTRIBUTION_KIND", "KINDS", "Kind", "OTHER_KINDS", "ProtocolError", "ProtocolFile", "bundle_kind",
+           "kind_named", "load", "read_protocol_file"]

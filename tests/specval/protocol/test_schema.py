@@ -1,0 +1,173 @@
+"""Protocol schema: every bad field is an error naming key, value and file; the hash is canonical."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+
+from specval import protocol as protocols
+from specval.protocol import ProtocolError, load_protocol, parse_protocol, resolve
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _mutated(path: list, value) -> dict:
+    raw = fake_protocol_dict()
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return raw
+
+
+BAD_FIELDS = [
+    # (path to the field, bad value, words the message must contain)
+    (["nmae"], "x", ["nmae", "unknown key", "'name'"]),
+    (["name"], "Bad-Name", ["name", "'Bad-Name'"]),
+    (["prompt"], KeyError, ["prompt", "missing required key"]),
+    (["prompt"], "", ["prompt", "non-empty string"]),
+    (["sampling", "temperature"], 0.0, ["sampling.temperature", "0.0"]),
+    (["sampling", "temperature"], "hot", ["sampling.temperature", "'hot'"]),
+    (["sampling", "top_k"], -2, ["sampling.top_k", "-2"]),
+    (["sampling", "top_k"], 2.5, ["sampling.top_k", "2.5"]),
+    (["sampling", "top_p"], 0.0, ["sampling.top_p", "(0, 1]"]),
+    (["sampling", "top_p"], 1.5, ["sampling.top_p", "1.5"]),
+    (["sampling", "topk"], 3, ["sampling.topk", "'top_k'"]),
+    (["num_speculative_tokens"], 0, ["num_speculative_tokens", ">= 1"]),
+    (["positions"], 4, ["positions", "at most 3"]),
+    (["positions"], True, ["positions", "integer"]),
+    (["groups"], [], ["groups", "non-empty list"]),
+    (["groups", 1, "name"], "nospec", ["groups", "duplicate group name"]),
+    (["groups", 1, "draft_loops"], 0, ["groups[1].draft_loops", ">= 1"]),
+    (["groups", 1, "drafts"], 2, ["groups[1].drafts", "unknown key"]),
+    (["samples_per_group"], 0, ["samples_per_group", ">= 1"]),
+    (["alpha"], 1.0, ["alpha", "(0, 1)"]),
+    (["power"], 0.0, ["power", "(0, 1)"]),
+    (["stratum_min"], 0, ["stratum_min", ">= 1"]),
+    (["min_expected"], 0, ["min_expected", "> 0"]),
+    (["multiplicity"], "holms", ["multiplicity", "'holm'"]),
+    (["confirmatory"], "yes", ["confirmatory", "true or false"]),
+    (["chunk_size"], 0, ["chunk_size", ">= 1"]),
+    (["seed_base"], -5, ["seed_base", ">= 0"]),
+    (["sut", "adaptor"], "engine", ["sut.adaptor", "'adapter'"]),
+    (["sut", "options"], [1], ["sut.options", "mapping"]),
+    (["tests", 0, "kind"], "gofx", ["tests[0].kind", "'gof'"]),
+    (["tests", 0, "role"], "primray", ["tests[0].role", "'primary'"]),
+    (["tests", 0, "position"], 1, ["tests[0].position", "quadrature"]),
+    (["tests", 1, "position"], 5, ["tests[1].position", "exceeds positions"]),
+    (["tests", 1, "groups"], ["snyc"], ["tests[1].groups", "'sync'"]),
+    (["tests", 1, "baseline"], "nospec", ["tests[1].baseline", "only homogeneity"]),
+    (["tests", 3, "baseline"], KeyError, ["tests[3].baseline", "non-empty string"]),
+    (["tests", 0, "tol"], -1.0, ["tests[0].tol", "> 0"]),
+    (["tests", 3, "by_path"], True, ["tests[3].by_path", "only gof"]),
+    (["tests", 0, "groups"], ["nospec"], ["tests[0].groups", "speculative groups", "'nospec'"]),
+    (["tests", 3, "groups"], ["nospec"], ["tests[3].groups", "other than the baseline"]),
+    (["profiles", "ci", "samples"], 5, ["profiles.ci.samples", "'samples_per_group'"]),
+    (["profiles", "ci", "samples_per_group"], 0, ["profiles.ci.samples_per_group", ">= 1"]),
+]
+
+
+@pytest.mark.parametrize("path,value,words", BAD_FIELDS, ids=[".".join(map(str, f[0])) + f"={f[1]!r}"
+                                                              for f in BAD_FIELDS])
+def test_bad_field_is_named_with_file_and_value(tmp_path, path, value, words):
+    file = write_protocol(tmp_path, _mutated(path, value))
+    with pytest.raises(ProtocolError) as err:
+        load_protocol(file)
+    message = str(err.value)
+    assert str(file) in message
+    for word in words:
+        assert word in message, message
+
+
+def test_invalid_yaml_and_missing_file_are_protocol_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ProtocolError, match="invalid YAML"):
+        load_protocol(bad)
+    with pytest.raises(ProtocolError, match="cannot read"):
+        load_protocol(tmp_path / "absent.yaml")
+
+
+def test_hash_ignores_key_order_comments_whitespace_and_int_float_spelling(tmp_path):
+    raw = fake_protocol_dict()
+    first = load_protocol(write_protocol(tmp_path, raw, "a.yaml"))
+    reordered = dict(reversed(list(copy.deepcopy(raw).items())))
+    reordered["sampling"] = {"top_p": 0.95, "top_k": 8, "temperature": 1}  # 1 == 1.0 after parsing
+    text = "# a comment\n\n" + write_protocol(tmp_path, reordered, "b.yaml").read_text().replace(": ", ":   ")
+    (tmp_path / "b.yaml").write_text(text)
+    assert load_protocol(tmp_path / "b.yaml").hash == first.hash
+
+
+@pytest.mark.parametrize("path,value", [(["alpha"], 0.02), (["prompt"], "abd"), (["sampling", "top_k"], 9),
+                                        (["profiles", "ci", "samples_per_group"], 801),
+                                        (["groups", 1, "draft_loops"], 1), (["tests", 0, "tol"], 1e-8)])
+def test_hash_changes_with_any_value(tmp_path, path, value):
+    base = parse_protocol(fake_protocol_dict())
+    assert parse_protocol(_mutated(path, value)).hash != base.hash
+
+
+def test_profiles_override_scale_only_and_keep_the_hash():
+    protocol = parse_protocol(fake_protocol_dict())
+    ci = resolve(protocol, "ci")
+    assert (protocol.samples_per_group, ci.samples_per_group, ci.profile) == (1200, 800, "ci")
+    assert ci.hash == protocol.hash
+    with pytest.raises(ProtocolError, match="'ci'"):
+        resolve(protocol, "cj")
+
+
+def test_registration_needs_freeze_or_exploratory(tmp_path):
+    file = write_protocol(tmp_path, fake_protocol_dict(), frozen=False)
+    protocol = load_protocol(file)
+    assert protocols.registration(protocol, file) == protocols.NOT_FROZEN
+    with pytest.raises(ProtocolError, match="not frozen.*--exploratory"):
+        protocols.check_registered(protocol, file, exploratory=False)
+    assert protocols.check_registered(protocol, file, exploratory=True) == protocols.NOT_FROZEN
+    lock, digest = protocols.freeze(file)
+    assert lock == tmp_path / "frozen.lock" and digest == protocol.hash
+    assert protocols.check_registered(protocol, file, exploratory=False) == protocols.FROZEN
+    changed = load_protocol(write_protocol(tmp_path, fake_protocol_dict(alpha=0.05), frozen=False))
+    with pytest.raises(ProtocolError, match="changed since frozen") as err:
+        protocols.check_registered(changed, file, exploratory=False)
+    assert str(file) in str(err.value)
+    assert protocols.check_registered(changed, file, exploratory=True) == protocols.CHANGED
+
+
+def test_duplicate_key_is_refused_with_both_lines(tmp_path):
+    text = write_protocol(tmp_path, fake_protocol_dict()).read_text()
+    file = tmp_path / "dup.yaml"
+    file.write_text(text.replace("positions: 2\n", "positions: 2\nalpha: 0.01\nalpha: 0.05\n"))
+    lines = file.read_text().splitlines()
+    first, second = (i + 1 for i, line in enumerate(lines) if line.startswith("alpha:"))
+    with pytest.raises(ProtocolError) as err:
+        load_protocol(file)
+    assert str(file) in str(err.value) and f"lines {first} and {second}" in str(err.value) and "'alpha'" in str(err.value)
+
+
+@pytest.mark.parametrize("key,value", [("alpha", ".inf"), ("min_expected", ".nan"), ("power", "-.inf")])
+def test_non_finite_numbers_are_refused(tmp_path, key, value):
+    text = write_protocol(tmp_path, fake_protocol_dict()).read_text()
+    file = tmp_path / "inf.yaml"
+    file.write_text(text + f"{key}: {value}\n")
+    with pytest.raises(ProtocolError, match=f"{key}: expected a finite number"):
+        load_protocol(file)
+
+
+@pytest.mark.parametrize("name", ["t1_quadrature", "t2_fp32", "t3_fp32", "t2_bf16"])
+def test_shipped_protocols_parse_with_both_profiles(name):
+    protocol = load_protocol(REPO / "protocols" / f"{name}.yaml")
+    assert protocol.name == name
+    assert resolve(protocol, "full").samples_per_group == 20000
+    assert 0 < resolve(protocol, "ci").samples_per_group < 20000
+
+
+@pytest.mark.parametrize("name", ["t1_quadrature", "t2_fp32", "t3_fp32", "t2_bf16"])
+def test_shipped_protocols_match_their_frozen_hash(name):
+    # Pre-registration: a shipped protocol may only change together with `specval freeze`.
+    file = REPO / "protocols" / f"{name}.yaml"
+    assert protocols.registration(load_protocol(file), file) == protocols.FROZEN
