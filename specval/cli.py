@@ -3,6 +3,8 @@
 Exit status: 0 PASS, 1 FAIL (or INCONCLUSIVE, or a bundle that does not verify), 2 usage or
 input error (bad protocol, overlapping seeds, unsupported group, unreadable bundle), 3 the system
 under test raised (see specval.execution), 130 interrupted.
+
+A command reads a protocol file once and dispatches on its kind through `specval.kinds`.
 """
 
 from __future__ import annotations

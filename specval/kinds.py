@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from specval import bundle as bundles
 from specval.performance.protocol import PERFORMANCE_KIND, parse_performance_file
-from specval.protocol import ProtocolError, parse_protocol, read_yaml
+from specval.protocol import parse_protocol, read_yaml
 from specval.quality.protocol import QUALITY_KIND, parse_quality_protocol
 
 DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
@@ -84,11 +84,6 @@ def read_protocol_file(path: Path) -> ProtocolFile:
     return ProtocolFile(Path(path), raw, kind_named(raw))
 
 
-def load(path: Path) -> Any:
-    """The protocol in PATH, parsed by the parser of its kind."""
-    return read_protocol_file(path).load()
-
-
 def bundle_kind(bundle: Path) -> Kind:
     """The kind of the protocol a bundle ran; an unreadable protocol.json reads as the distribution
     kind (verify then reports it as a difference). BundleError unless BUNDLE is a bundle."""
@@ -101,5 +96,5 @@ def bundle_kind(bundle: Path) -> Kind:
     return kind_named(raw)
 
 
-__all__ = ["DISTRIBUTION_KIND", "KINDS", "Kind", "OTHER_KINDS", "ProtocolError", "ProtocolFile", "bundle_kind",
-           "kind_named", "load", "read_protocol_file"]
+__all__ = ["DISTRIBUTION_KIND", "KINDS", "Kind", "OTHER_KINDS", "ProtocolFile", "bundle_kind", "kind_named",
+           "read_protocol_file"]
