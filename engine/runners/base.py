@@ -46,6 +46,11 @@ def draw(probs: torch.Tensor, u: torch.Tensor, backend: str) -> torch.Tensor:
     return categorical(probs, u, backend=backend)
 
 
+def round_uniforms(rows: "SamplingRows", width: int) -> torch.Tensor:
+    """float64[R, width]: each request's block of the step, keyed by (seed, committed tokens)."""
+    return uniform_blocks(rows.seeds, rows.num_committed, width)
+
+
 @dataclass(frozen=True)
 class SamplingOps:
     """The sampling operations a runner calls, chosen once when the runner is built.
@@ -60,6 +65,10 @@ class SamplingOps:
     draw_plain: Callable = draw  # (probs, u, backend) -> int64[N], plain steps
     draw_draft: Callable = draw  # same signature, the draft tokens
     accept: Callable = speculative_accept  # signature of engine.sampling.speculative_accept
+    uniforms: Callable = round_uniforms  # (rows, width) -> float64[R, width], before greedy rows
+    # (RowLayout, rows) -> RowLayout of the verify rows at the target depths; None: unchanged.
+    # Only a planted bug sets it (a stale context), so the correct round does not call anything.
+    verify_context: Callable | None = None
 
 
 DEFAULT_OPS = SamplingOps()
@@ -86,6 +95,7 @@ class SamplingRows:
     is_greedy: torch.Tensor  # bool[R]
     seeds: torch.Tensor  # int64[R] request streams (GREEDY_SEED for greedy rows)
     num_committed: torch.Tensor  # int64[R] committed tokens (prompt + generated) at step start
+    num_prompt: torch.Tensor  # int64[R] prompt tokens (constant over a request's life)
 
     @classmethod
     def from_requests(cls, requests: tuple[Request, ...], device: torch.device,
@@ -104,18 +114,20 @@ class SamplingRows:
             is_greedy=tensor([p.is_greedy for p in params], torch.bool),
             seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
             num_committed=(tensor([len(r.token_ids) for r in requests], torch.int64)
-                           if num_committed is None else num_committed))
+                           if num_committed is None else num_committed),
+            num_prompt=tensor([len(r.prompt_token_ids) for r in requests], torch.int64))
 
     def repeat(self, counts: torch.Tensor, total: int) -> "SamplingRows":
         """Row r repeated counts[r] times (e.g. once per verify row); `total` = sum(counts),
         known on the host, so no device read is needed to size the result."""
         return SamplingRows(*(torch.repeat_interleave(t, counts, output_size=total) for t in (
             self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds,
-            self.num_committed)))
+            self.num_committed, self.num_prompt)))
 
     def select(self, index: torch.Tensor) -> "SamplingRows":
         return SamplingRows(self.temperature[index], self.top_k[index], self.top_p[index],
-                            self.is_greedy[index], self.seeds[index], self.num_committed[index])
+                            self.is_greedy[index], self.seeds[index], self.num_committed[index],
+                            self.num_prompt[index])
 
 
 @dataclass(frozen=True)
@@ -232,7 +244,7 @@ class ModelRunner:
     def uniforms(self, rows: SamplingRows, width: int) -> torch.Tensor:
         """float64[R, width]: each random request's block for this step, keyed by
         (seed, committed tokens); greedy rows get GREEDY_UNIFORM and consume nothing."""
-        block = uniform_blocks(rows.seeds, rows.num_committed, width)
+        block = self.ops.uniforms(rows, width)
         return torch.where(rows.is_greedy[:, None], GREEDY_UNIFORM, block).contiguous()
 
     def last_tokens(self, requests: tuple[Request, ...]) -> torch.Tensor:

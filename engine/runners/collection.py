@@ -52,7 +52,19 @@ NUM_DUMP_COLUMNS = 1  # output column that masked scatters write to (never read)
 
 @dataclass(frozen=True)
 class CollectedBatch:
-    """Host results of one batch, one row per request, in seed order."""
+    """Host results of one batch, one row per request, in seed order.
+
+    Provenance of token i of request b (every committed token, any T): it was emitted by round
+    `round_index[b, i]` (0-based, the request's own rounds) at round position
+    `round_position[b, i]` = j in 1..K+1, the j-th token that round emitted; `sources[b, i]`
+    says what it was: "accepted" (the accepted draft x_j, j <= K), "correction" (drawn at the
+    stop point j <= K after x_j was rejected), "bonus" (after all K_r drafts were accepted: j =
+    K_r + 1, which is K + 1 except in a round cut back near max_tokens, K_r = min(K, T -
+    generated - 1)) or "plain" (nospec: j = 1, one round per token). `slots[b]` is the row the
+    request sat in (0..B-1, adjacent rows are neighbours in the same device round) and
+    `batch_index` counts the collector's batches (0-based), so requests of different batches
+    that sat in the same slot can be paired too.
+    """
 
     tokens: np.ndarray  # int64[B, T]
     sources: np.ndarray  # int64[B, T] index into engine.request.SOURCES
@@ -60,6 +72,10 @@ class CollectedBatch:
     num_draft_tokens: np.ndarray  # int64[B]
     num_accepted_tokens: np.ndarray  # int64[B]
     is_error: np.ndarray  # bool[B] a round hit an invalid distribution (tokens then incomplete)
+    round_index: np.ndarray | None = None  # int64[B, T] round of each token (0-based)
+    round_position: np.ndarray | None = None  # int64[B, T] j in 1..K+1 within its round
+    slots: np.ndarray | None = None  # int64[B] row of each request in the device batch
+    batch_index: int = 0  # which batch of this collector (0-based)
 
     def source_names(self) -> np.ndarray:
         """object[B, T] the sources as engine.request.SOURCES strings."""
@@ -78,6 +94,8 @@ class BatchState:
     error: torch.Tensor  # bool[B]
     tokens: torch.Tensor  # int64[B, T + K + 1 + NUM_DUMP_COLUMNS]
     sources: torch.Tensor  # int64[B, same]
+    round_index: torch.Tensor  # int64[B, same] round that emitted each token (0-based)
+    round_position: torch.Tensor  # int64[B, same] its position j (1-based) in that round
     counts: torch.Tensor  # int64[3, B] rounds, drafts, accepted
     rows: SamplingRows  # per-row params and seeds (num_committed is set per round)
     plan: RoundPlan | None  # speculative modes: K drafts per row, cut back per round
@@ -101,6 +119,7 @@ class BatchCollector:
         self.disabled_reason: str | None = None
         self._shapes: dict[tuple[int, int, int], tuple[BatchState, "torch.cuda.CUDAGraph | None"]] = {}
         self._pool = None
+        self._num_batches = 0
 
     @property
     def graph_status(self) -> str:
@@ -182,13 +201,13 @@ class BatchCollector:
             return torch.zeros(shape, dtype=dtype, device=device)
         width = max_tokens + self.k + 1 + NUM_DUMP_COLUMNS
         rows = SamplingRows(zeros(size, dtype=torch.float32), zeros(size), zeros(size, dtype=torch.float32),
-                            zeros(size, dtype=torch.bool), zeros(size), zeros(size))
+                            zeros(size, dtype=torch.bool), zeros(size), zeros(size), zeros(size))
         plan = None if self.is_plain else plan_round((self.k,) * size, self.k, device)
         scratch = scratch_block(self.engine.config.num_kv_blocks)  # warm-up rows write there
         return BatchState(torch.full((depths, size, num_blocks), scratch, dtype=torch.int64, device=device),
                           zeros(size), zeros(size), zeros(size), torch.ones(size, dtype=torch.bool, device=device),
-                          zeros(size, dtype=torch.bool), zeros(size, width), zeros(size, width), zeros(3, size),
-                          rows, plan, max_tokens)
+                          zeros(size, dtype=torch.bool), zeros(size, width), zeros(size, width),
+                          zeros(size, width), zeros(size, width), zeros(3, size), rows, plan, max_tokens)
 
     def _reset(self, state: BatchState, tables, prompt, params: SamplingParams, seeds, count: int) -> None:
         """Load a batch into the static state: rows past `count` are padding (done from the start)."""
@@ -201,12 +220,15 @@ class BatchCollector:
         state.error.zero_()
         state.tokens.zero_()
         state.sources.zero_()
+        state.round_index.zero_()
+        state.round_position.zero_()
         state.counts.zero_()
         rows = state.rows
         rows.temperature.fill_(params.temperature)
         rows.top_k.fill_(params.top_k)
         rows.top_p.fill_(params.top_p)
         rows.is_greedy.fill_(params.is_greedy)
+        rows.num_prompt.fill_(len(prompt))
         padded = [GREEDY_SEED if params.is_greedy else int(s) for s in seeds] + [GREEDY_SEED] * (size - count)
         rows.seeds.copy_(to_device(padded, torch.int64, self.device))
 
@@ -265,6 +287,8 @@ class BatchCollector:
             source = torch.where(columns < accepted[:, None], ACCEPTED, last)
         state.tokens.scatter_(1, index, tokens)
         state.sources.scatter_(1, index, source)
+        state.round_index.scatter_(1, index, state.counts[0][:, None].expand_as(index))
+        state.round_position.scatter_(1, index, (columns + 1).expand_as(index))
         drafts = 0 if self.is_plain else limit
         state.counts.add_(torch.stack([live.to(torch.int64), live * drafts, live * accepted]))
 
@@ -284,7 +308,10 @@ class BatchCollector:
     def _read(self, state: BatchState, count: int) -> CollectedBatch:
         """The batch's one host read (copies: the state is reused by the next batch)."""
         width = state.max_tokens
-        tokens, sources, counts, error = (t.cpu().numpy().copy() for t in (
-            state.tokens[:count, :width], state.sources[:count, :width], state.counts[:, :count],
-            state.error[:count]))
-        return CollectedBatch(tokens, sources, counts[0], counts[1], counts[2], error)
+        tokens, sources, rounds, positions, counts, error = (t.cpu().numpy().copy() for t in (
+            state.tokens[:count, :width], state.sources[:count, :width], state.round_index[:count, :width],
+            state.round_position[:count, :width], state.counts[:, :count], state.error[:count]))
+        self._num_batches += 1
+        return CollectedBatch(tokens, sources, counts[0], counts[1], counts[2], error, round_index=rounds,
+                              round_position=positions, slots=np.arange(count, dtype=np.int64),
+                              batch_index=self._num_batches - 1)

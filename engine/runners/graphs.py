@@ -114,7 +114,7 @@ class RoundGraphs:
                                                                   self.scratch_block, tables)
         real = SamplingRows.from_requests(requests, static.slots.device)
         padding = self._padding_rows(size - count)
-        for name in ("temperature", "top_k", "top_p", "is_greedy", "seeds"):
+        for name in ("temperature", "top_k", "top_p", "is_greedy", "seeds", "num_prompt"):
             getattr(static.rows, name).copy_(torch.cat([getattr(real, name), getattr(padding, name)]))
 
     def _padding_rows(self, size: int) -> SamplingRows:
@@ -125,7 +125,7 @@ class RoundGraphs:
             return torch.full((size,), value, dtype=dtype, device=device)
         return SamplingRows(full(0.0, torch.float32), full(TOP_K_DISABLED, torch.int64),
                             full(TOP_P_DISABLED, torch.float32), full(True, torch.bool),
-                            full(0, torch.int64), full(0, torch.int64))
+                            full(0, torch.int64), full(0, torch.int64), full(0, torch.int64))
 
     def _build(self, size: int, num_blocks: int) -> StaticRound | None:
         """Create (and capture, largest first) every batch bucket for this key-block bucket."""
