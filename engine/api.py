@@ -23,6 +23,7 @@ from engine.params import SamplingParams
 from engine.request import Request, RequestOutput
 from engine.runners.async_speculative import AsyncSpeculativeRunner
 from engine.runners.base import ModelRunner, RoundOutcome
+from engine.runners.draft_override import OWN, DraftOverride
 from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
 from engine.scheduler import Scheduler, SchedulerLimits
@@ -78,7 +79,7 @@ class Engine:
         args = (self.model, self.kv, self.device, self.config.sampling_backend,
                 sampling_ops(self.config.mutant))
         speculative = dict(num_speculative_tokens=self.config.num_speculative_tokens,
-                           draft_depth=self.config.draft_loops)
+                           draft_depth=self.config.draft_loops, draft_override=self._draft_override())
         if self.config.mode == "nospec":
             return PlainRunner(*args)
         if self.config.mode == "sync":
@@ -88,6 +89,12 @@ class Engine:
                                       rounds_in_flight=self.config.rounds_in_flight,
                                       scratch_block=scratch_block(self.config.num_kv_blocks)
                                       if use_graphs else None)
+
+    def _draft_override(self) -> DraftOverride | None:
+        config = self.config
+        if config.draft_override == OWN:
+            return None
+        return DraftOverride(config.draft_override, config.draft_noise_scale, config.draft_temperature_factor)
 
     def add_request(self, request_id: str, prompt: str | Sequence[int],
                     params: SamplingParams) -> None:
@@ -279,6 +286,41 @@ class LLM:
     def full_depth_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """float32[V]: next-token logits after `token_ids` at full depth (serial, cache-free)."""
         return self._replay_logits(token_ids, self.engine.model.num_depths)
+
+    def target_logits_along(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> torch.Tensor:
+        """float32[len(token_ids), V] on the CPU: row i holds the full-depth (target) logits that
+        predict token_ids[i] after prompt_ids + token_ids[:i].
+
+        Guarantee: one serial, cache-free forward pass (`DepthModel.replay`) over prompt_ids +
+        token_ids[:-1] on the engine's device: no sampling, no RNG, and the paged KV of running
+        requests is not touched. Row i equals what the engine's decode computes for that position
+        up to float summation order (the paged batched path and the dense serial path reduce in
+        different orders; see tests/engine/test_engine_api.py for the bound).
+        ValueError for empty or out-of-vocabulary ids, and when prompt + token_ids exceeds
+        max_model_len (the longest sequence the engine serves).
+        """
+        prompt = self.engine.prompt_token_ids(prompt_ids)
+        tokens = self._token_ids(token_ids)
+        limit = self.engine.config.max_model_len
+        if len(prompt) + len(tokens) > limit:
+            raise ValueError(f"token_ids of {len(tokens)} tokens after a prompt of {len(prompt)} tokens is too "
+                             f"long: prompt + token_ids = {len(prompt) + len(tokens)} exceeds "
+                             f"max_model_len={limit}")
+        ids = torch.tensor(prompt + tokens[:-1], dtype=torch.int64, device=self.engine.device)
+        with torch.inference_mode():
+            logits = self.engine.model.replay(ids, self.engine.model.num_depths).logits[-1]
+        return logits[len(prompt) - 1:].float().cpu()
+
+    def _token_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """token_ids as a list of ints in [0, V); ValueError naming the field otherwise."""
+        vocab = self.engine.model.vocab_size
+        if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence) or len(token_ids) == 0:
+            raise ValueError(f"token_ids={token_ids!r} is invalid: expected a non-empty list of token ids")
+        bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+               or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token_ids contains token ids outside [0, {vocab}): {bad[:5]}")
+        return [int(t) for t in token_ids]
 
     def draft_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """float32[V]: next-token logits after `token_ids` at the draft depth (draft_loops)."""

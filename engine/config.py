@@ -6,9 +6,12 @@ value. Checks that need the model (``draft_loops < num_loops``) run when the eng
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from engine.runners.draft_override import DRAFT_OVERRIDES, OWN
 
 MODES = ("nospec", "sync", "async")
 IMPLEMENTED_MODES = ("nospec", "sync", "async")
@@ -38,6 +41,12 @@ def _is_available(device: str) -> bool:
 def _require(condition: bool, name: str, value: object, rule: str) -> None:
     if not condition:
         raise ValueError(f"{name}={value!r} is invalid: {rule}")
+
+
+def _require_positive(name: str, value: object, allow_zero: bool = False) -> None:
+    is_real = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    bound = "finite number >= 0" if allow_zero else "finite number > 0"
+    _require(is_real and (value > 0 or (allow_zero and value == 0)), name, value, f"expected a {bound}")
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:
@@ -120,6 +129,11 @@ class EngineConfig:
     CUDA Graphs on CUDA; same tokens, but the scheduler and the asynchronous timeline are not
     exercised).
     `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
+    `draft_override` replaces the draft distribution while the target stays the same (harness
+    validation of the speculative guarantee; see engine.runners.draft_override): "own" (default,
+    the model's draft), "noisy" (draft logits + `draft_noise_scale` * N(0, 1)), "adversarial"
+    (minus the target logits), "temperature" (the target at `draft_temperature_factor` times
+    the request's temperature). The committed law is the target's whatever the draft.
     """
 
     model: str = "looped"
@@ -140,6 +154,9 @@ class EngineConfig:
     rounds_in_flight: int = 2  # async mode only: 1 or 2
     mutant: str | None = None  # a planted bug by name (engine.mutants); None in every real use
     collection: str = "engine"  # specval adapter only: "engine" or "batched"
+    draft_override: str = OWN  # one of DRAFT_OVERRIDES; speculative modes only
+    draft_noise_scale: float = 1.0  # draft_override="noisy": standard deviation of the noise
+    draft_temperature_factor: float = 2.0  # draft_override="temperature": T_draft / T
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, "model", self.model, f"expected one of {MODELS}")
@@ -166,6 +183,12 @@ class EngineConfig:
                  self.rounds_in_flight, f"applies to mode='async' only, not mode={self.mode!r}")
         _require(self.collection in COLLECTIONS, "collection", self.collection,
                  f"expected one of {COLLECTIONS}")
+        _require(self.draft_override in DRAFT_OVERRIDES, "draft_override", self.draft_override,
+                 f"expected one of {DRAFT_OVERRIDES}")
+        _require(self.draft_override == OWN or self.is_speculative, "draft_override",
+                 self.draft_override, f"applies to speculative modes only, not mode={self.mode!r}")
+        _require_positive("draft_noise_scale", self.draft_noise_scale, allow_zero=True)
+        _require_positive("draft_temperature_factor", self.draft_temperature_factor)
         if self.mutant is not None:
             from engine.mutants import get  # validates the name; imported only when a mutant is named
 

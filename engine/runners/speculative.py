@@ -24,6 +24,7 @@ import torch
 
 from engine.request import Request
 from engine.runners.base import ModelRunner, RoundFrame, RoundOutcome, SamplingRows
+from engine.runners.draft_override import DraftOverride
 from engine.runners.layout import RowLayout, device_layout
 from engine.runners.transfer import to_device
 from engine.sampling import PLACEHOLDER_TOKEN, AcceptResult
@@ -93,10 +94,14 @@ class SpeculativeRunner(ModelRunner):
     runner drives them unchanged from its device-side frontier.
     """
 
-    def __init__(self, *args, num_speculative_tokens: int, draft_depth: int, **kwargs) -> None:
+    def __init__(self, *args, num_speculative_tokens: int, draft_depth: int,
+                 draft_override: DraftOverride | None = None, **kwargs) -> None:
+        """`draft_override` (None: the model's own draft) replaces the draft logits (see
+        engine.runners.draft_override); chosen here, once."""
         super().__init__(*args, **kwargs)
         self.num_speculative_tokens = num_speculative_tokens
         self.draft_depth = draft_depth
+        self.draft_override = draft_override
 
     def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[RoundOutcome]:
         with torch.inference_mode():
@@ -129,12 +134,25 @@ class SpeculativeRunner(ModelRunner):
                                         self.draft_depth)
             shallow[step.verify_rows] = hidden
             logits = self.model.readout(hidden)
+            if self.draft_override is not None:
+                logits = self._overridden(logits, hidden, layout, frame, step, rows)
             q, q_ratio = self.ops.draft_probabilities(logits, rows.select(step.active),
                                                       self.sampling_backend)
             probs[step.draft_rows] = q_ratio
             tokens[step.active, j - 1] = self.ops.draw_draft(
                 q, uniforms[step.active, j - 1].contiguous(), self.sampling_backend)
         return Drafts(tokens, probs, shallow)
+
+    def _overridden(self, logits: torch.Tensor, hidden: torch.Tensor, layout: RowLayout,
+                    frame: RoundFrame, step: DraftStep, rows: SamplingRows) -> torch.Tensor:
+        """The draft override's logits of one draft step (target depths run on the draft's own
+        row when the override reads the target; verify rewrites that KV before it is read)."""
+        override, target = self.draft_override, None
+        if override.needs_target:
+            deep = self.run_depths_on(hidden, layout, frame.tables[:, step.active], self.draft_depth + 1,
+                                      self.model.num_depths)
+            target = self.model.readout(deep)
+        return override.logits(logits, target, rows.seeds[step.active], layout.positions)
 
     def verify(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
                drafts: Drafts) -> torch.Tensor:
@@ -151,6 +169,8 @@ class SpeculativeRunner(ModelRunner):
         layout = device_layout(frame.starts, plan.num_drafts_t + 1, num_rows=num_rows,
                                max_length=max(plan.num_drafts) + 1, num_blocks=frame.num_blocks,
                                block_size=self.block_size)
+        if self.ops.verify_context is not None:  # a planted bug only (engine.mutants)
+            layout = self.ops.verify_context(layout, rows)
         deep = self.run_depths_on(shallow, layout, frame.tables, self.draft_depth + 1,
                                   self.model.num_depths)
         return self.ops.verify_probabilities(self.model.readout(deep),

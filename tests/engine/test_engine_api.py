@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, RequestOutput, SamplingParams
-from tests.fixtures.engine_helpers import TINY_MODEL, tiny_llm
+from tests.fixtures.engine_helpers import TINY_MODEL, looped_atol, tiny_llm
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
@@ -132,3 +134,84 @@ def test_generate_accepts_text_and_keeps_order():
         llm.generate(["a", "b"], [GREEDY])
     assert llm.tokenizer.decode(llm.tokenizer.encode("héllo")) == "héllo"
     llm.close()
+
+
+# ---------------------------------------------------------------- target logits along a sequence
+
+ALONG_PROMPT = [5, 9, 17, 2, 33, 40, 1, 8, 12, 60, 7, 3]
+ALONG_TOKENS = 70
+
+
+def _recording_verify(runner, recorded: list):
+    """Wrap the runner's verify readout so every round's target logits are kept (test only)."""
+    verify = runner.ops.verify_probabilities
+
+    def record(logits, rows, backend):
+        recorded.append(logits.detach().clone())
+        return verify(logits, rows, backend)
+
+    runner.ops = dataclasses.replace(runner.ops, verify_probabilities=record)
+
+
+def _decode_rows(recorded, sources) -> torch.Tensor:
+    """The verify row behind each committed token: a round of one request emits tokens j = 1..m+1
+    from its rows 0..m (m accepted drafts, then the correction or bonus)."""
+    rows, token = [], 0
+    for logits in recorded:
+        end = next(i for i in range(token, len(sources)) if sources[i] in ("correction", "bonus"))
+        rows.append(logits[:end - token + 1])
+        token = end + 1
+    assert token == len(sources)
+    return torch.cat(rows)
+
+
+def test_target_logits_along_equal_the_logits_the_decode_used():
+    # Tolerance: row i of the decode comes from the paged, batched verify pass and row i here from
+    # the dense serial replay; they run the same operations in different summation orders, bounded
+    # by looped_atol (a rounding analysis of the chained reductions, tests/fixtures/engine_helpers.py).
+    llm = tiny_llm(mode="sync", num_speculative_tokens=3, draft_loops=1)
+    recorded = []
+    _recording_verify(llm.engine.runner, recorded)
+    params = SamplingParams(temperature=0.05, seed=5, max_tokens=ALONG_TOKENS, ignore_eos=True)
+    (output,) = llm.generate([ALONG_PROMPT], params)
+    decoded = _decode_rows(recorded, output.token_sources)
+    along = llm.target_logits_along(ALONG_PROMPT, output.token_ids)
+    assert along.shape == (ALONG_TOKENS, 64) and along.dtype == torch.float32
+    assert "accepted" in output.token_sources and "correction" in output.token_sources
+    torch.testing.assert_close(along, decoded, rtol=0,
+                               atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS))
+    torch.testing.assert_close(along[-1], llm.full_depth_logits(ALONG_PROMPT + output.token_ids[:-1]), rtol=0,
+                               atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS))
+    assert not llm.engine.has_unfinished() and llm.engine.scheduler.blocks.num_reserved == 0
+
+
+def test_target_logits_along_leave_running_requests_alone():
+    params = SamplingParams(temperature=0.05, seed=3, max_tokens=12, ignore_eos=True)
+    (alone,) = tiny_llm(mode="sync").generate([ALONG_PROMPT], params)
+    llm = tiny_llm(mode="sync")
+    llm.engine.add_request("live", ALONG_PROMPT, params)
+    llm.engine.step()  # the request now has committed tokens and KV in the paged cache
+    llm.target_logits_along(ALONG_PROMPT, alone.token_ids)
+    assert run_all(llm.engine)["live"].token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize(("tokens", "match"), [
+    ([], "token_ids"), ([64], "outside"), ([1.5], "outside"), ("ab", "token_ids"),
+    ([1] * 21, "max_model_len=32"),
+])
+def test_target_logits_along_names_bad_input_and_the_length_limit(tokens, match):
+    llm = tiny_llm(mode="sync", max_model_len=32)
+    with pytest.raises(ValueError, match=match):
+        llm.target_logits_along(ALONG_PROMPT, tokens)
+    assert llm.target_logits_along(ALONG_PROMPT, [1] * 20).shape == (20, 64)  # 12 + 20 = 32 fits
+
+
+@pytest.mark.gpu
+def test_target_logits_along_on_cuda_match_the_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available")
+    tokens = list(range(1, 65))
+    cpu = tiny_llm(mode="sync").target_logits_along(ALONG_PROMPT, tokens)
+    cuda = tiny_llm(mode="sync", device="cuda").target_logits_along(ALONG_PROMPT, tokens)
+    assert cuda.device.type == "cpu"
+    torch.testing.assert_close(cuda, cpu, rtol=0, atol=looped_atol(tiny_llm().engine.model, cpu, 76))

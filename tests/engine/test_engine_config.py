@@ -13,7 +13,9 @@ from tests.fixtures.engine_helpers import TINY_MODEL
     ("num_speculative_tokens", -1), ("draft_loops", 0), ("dtype", "float16"), ("dtype", "fp32"),
     ("mode", "pipeline"), ("model", "gpt2"), ("block_size", 0), ("max_num_seqs", 0),
     ("seed", -3), ("num_kv_blocks", 1.5), ("device", "gpu0"), ("device", ""),
-    ("sampling_backend", "cuda"),
+    ("sampling_backend", "cuda"), ("draft_override", "oracle"), ("draft_noise_scale", -0.5),
+    ("draft_noise_scale", float("nan")), ("draft_noise_scale", True), ("draft_temperature_factor", 0.0),
+    ("draft_temperature_factor", "2"),
 ])
 def test_bad_engine_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -73,3 +75,10 @@ def test_rounds_in_flight_is_one_or_two_and_async_only():
 def test_batch_budget_must_cover_one_round():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         EngineConfig(num_speculative_tokens=4, max_num_batched_tokens=4)
+
+
+def test_draft_override_is_speculative_only_and_own_by_default():
+    assert EngineConfig().draft_override == "own"
+    assert EngineConfig(mode="sync", draft_override="noisy", draft_noise_scale=0.0).draft_noise_scale == 0.0
+    with pytest.raises(ValueError, match="draft_override='adversarial'.*mode='nospec'"):
+        EngineConfig(mode="nospec", draft_override="adversarial")
