@@ -12,6 +12,12 @@ step and p; `specval.mutate` computes it for every mutant from the model's p and
 protocol's prompt (0 means the bug cannot show at t1; see `Mutant.visible_at`).
 `layer="harness"` marks a mutant planted in the harness, not in the engine (the seed
 collision: the seed ledger must refuse the run before any sampling).
+
+Two registries: `MUTANTS` are the bugs today's protocols can see (the first tokens after one
+prompt, one request at a time); `SEQUENCE_MUTANTS` (`needs` = NEEDS_SEQUENCE or NEEDS_PAIRS)
+act only late in a sequence, past round position 2, or across requests of one batch, so a
+harness lists them only once it has whole-sequence / paired-request protocols. `get` and
+`sampling_ops` know both; `ALL_MUTANTS` is their union.
 """
 
 from __future__ import annotations
@@ -22,11 +28,15 @@ from typing import Callable
 
 import torch
 
-from engine.runners.base import DEFAULT_OPS, SamplingOps, probabilities
-from engine.sampling import speculative_accept
+from engine.runners.base import DEFAULT_OPS, SamplingOps, SamplingRows, probabilities, round_uniforms
+from engine.runners.layout import RowLayout
+from engine.sampling import speculative_accept, uniform_blocks
 from engine.sampling.categorical import INVALID_ROW, categorical_torch
 
 ENGINE_LAYER, HARNESS_LAYER = "engine", "harness"
+NEEDS_PREFIX = "prefix"  # seen in the first tokens after one prompt (today's protocols)
+NEEDS_SEQUENCE = "sequence"  # seen only late in a sequence (every token / round position gated)
+NEEDS_PAIRS = "pairs"  # seen only jointly across requests of one batch (each request's law exact)
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Mutant:
     equivalent: bool = False  # same output law as the correct engine (must PASS)
     layer: str = ENGINE_LAYER
     ops: SamplingOps = DEFAULT_OPS
+    needs: str = NEEDS_PREFIX  # what a protocol must collect to see it (NEEDS_*)
 
 
 # ---------------------------------------------------------------- mutated accept rule
@@ -53,6 +64,9 @@ class AcceptMutation:
     bonus_row: Callable | None = None  # (p, q, start, count, stop_target) -> weights[R,V]
     draw: Callable = categorical_torch  # (weights[R,V], u[R]) -> int64[R]
     reuse_uniform: bool = False  # one accept uniform for every position of a round
+    # (target rows int64[...], round positions j int64[...], 1-based) -> the rows p is read from
+    # for the accept tests and the correction at those positions (the bonus keeps its row)
+    verify_row: Callable | None = None
 
 
 def _correct_accept(u, q_x, p_x):
@@ -86,6 +100,8 @@ def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft
     in_range = torch.arange(k, device=dev).unsqueeze(0) < count.unsqueeze(1)  # [R, K]
     draft_row = torch.where(in_range, start.unsqueeze(1) + torch.arange(k, device=dev), 0)  # [R, K]
     target_row = draft_row + torch.arange(num_requests, device=dev).unsqueeze(1)  # [R, K]
+    if mutation.verify_row is not None:
+        target_row = mutation.verify_row(target_row, torch.arange(1, k + 1, device=dev).expand_as(target_row))
     safe = max(num_drafts, 1)
     x = torch.cat([draft_tokens.long(), draft_tokens.new_zeros(1).long()])[draft_row.clamp(max=safe - 1)]
     x = torch.where(in_range, x.clamp(min=0), 0)  # [R, K]
@@ -99,7 +115,9 @@ def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft
     num_accepted = torch.cumprod(accepted.long(), dim=1).sum(dim=1)  # [R]
     is_bonus = num_accepted == count
     stop_target = start + num_accepted + torch.arange(num_requests, device=dev)
-    p_stop = target_probs[stop_target].double()
+    stop_row = stop_target if mutation.verify_row is None else torch.where(
+        is_bonus, stop_target, mutation.verify_row(stop_target, num_accepted + 1))
+    p_stop = target_probs[stop_row].double()
     q_stop = q_all[(start + num_accepted).clamp(max=safe - 1)].double()
     residual = (mutation.residual or _correct_residual)(p_stop, q_stop)
     bonus = p_stop if mutation.bonus_row is None else mutation.bonus_row(
@@ -138,6 +156,11 @@ def _bonus_from_q(p, q, start, count, stop_target):
     """q_{K_r} (the last draft's distribution) instead of p_{K_r+1}."""
     return torch.where((count > 0).unsqueeze(1), q[(start + count - 1).clamp(min=0, max=q.shape[0] - 1)],
                        p[stop_target])
+
+
+def _row_before_from_position_3(rows, positions):
+    """p_{j-1} instead of p_j for round positions j >= 3 (positions 1 and 2 keep their rows)."""
+    return torch.where(positions >= LATE_POSITION, rows - 1, rows)
 
 
 # ---------------------------------------------------------------- mutated distributions and draws
@@ -209,6 +232,53 @@ def _draw_argmax(probs, u, backend):
     return torch.argmax(probs, dim=1)
 
 
+# ---------------------------------------------------------------- mutated uniforms and context
+
+LATE_POSITION = 3  # wrong_row_late_draft: first round position verified against the wrong row
+FROZEN_AFTER = 8  # frozen_offset: generated tokens after which the RNG offset stops advancing
+STALE_AFTER = 8  # stale_context: generated tokens the target still sees past its own input
+LARGEST_BELOW_ONE = 1.0 - 2.0**-53  # 1 - u stays a uniform of [0, 1)
+
+
+def _antithetic_pairs(rows: SamplingRows, width: int) -> torch.Tensor:
+    """Odd rows of the step draw 1 - u of the even row before them (each row's law is exact)."""
+    block = round_uniforms(rows, width)
+    index = torch.arange(block.shape[0], device=block.device)
+    is_odd = (index % 2 == 1)[:, None]
+    return torch.where(is_odd, (1.0 - block[index - (index % 2)]).clamp(max=LARGEST_BELOW_ONE), block)
+
+
+def _frozen_offset(rows: SamplingRows, width: int) -> torch.Tensor:
+    """Rounds that start after FROZEN_AFTER generated tokens all draw the block keyed at
+    prompt + FROZEN_AFTER (the offset stopped advancing there)."""
+    frozen = rows.num_prompt + FROZEN_AFTER
+    return uniform_blocks(rows.seeds, torch.minimum(rows.num_committed, frozen), width)
+
+
+def _offset_by_emitted(rows: SamplingRows, width: int) -> torch.Tensor:
+    """One flat stream per request, chunk c = the block keyed at prompt + c; a round reads
+    `width` uniforms from flat offset `generated` (advanced by the tokens emitted, <= K + 1)
+    instead of `width` * rounds: round 0 reads the correct block, later rounds reuse the tail of
+    the previous one. With width 1 (nospec) this is the correct stream."""
+    offset = rows.num_committed - rows.num_prompt
+    chunk, shift = offset // width, offset % width
+    first = uniform_blocks(rows.seeds, rows.num_prompt + chunk, width)
+    second = uniform_blocks(rows.seeds, rows.num_prompt + chunk + 1, width)
+    columns = shift[:, None] + torch.arange(width, device=offset.device)[None, :]
+    return torch.cat([first, second], dim=1).gather(1, columns)
+
+
+def _stale_context(layout: RowLayout, rows: SamplingRows) -> RowLayout:
+    """At the target depths, a verify row past prompt + STALE_AFTER sees the keys before that
+    position and its own key only: the context of later tokens is never read."""
+    query = torch.zeros(layout.attend_mask.shape[:2], dtype=torch.int64, device=layout.positions.device)
+    query[layout.row_seq, layout.row_slot] = layout.positions
+    key = torch.arange(layout.attend_mask.shape[2], device=query.device)[None, None, :]
+    cut = (rows.num_prompt + STALE_AFTER)[:, None, None]
+    visible = (key < cut) | (key == query[:, :, None])
+    return dataclasses.replace(layout, attend_mask=layout.attend_mask & visible)
+
+
 def _with(**ops) -> SamplingOps:
     return dataclasses.replace(DEFAULT_OPS, **ops)
 
@@ -265,12 +335,36 @@ MUTANTS: tuple[Mutant, ...] = (
            "nowhere (equivalent)", equivalent=True,
            ops=_accept(accept_rule=lambda u, q_x, p_x: u < p_x / q_x)),
 )
-MUTANT_NAMES = tuple(m.name for m in MUTANTS)
+SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant("correlated_streams", "two requests with distinct seeds in one step draw antithetic uniforms "
+           "(the odd row uses 1 - u of the even row's block); each request's own law stays exact",
+           "pairs of requests (adjacent rows of one step)", ops=_with(uniforms=_antithetic_pairs),
+           needs=NEEDS_PAIRS),
+    Mutant("wrong_row_late_draft", "drafts at round position j >= 3 are verified against p_{j-1} "
+           "(accept test and correction); positions 1-2 and the bonus use the right rows",
+           "t3+ (round positions 3..K, K >= 3)",
+           ops=_accept(verify_row=_row_before_from_position_3), needs=NEEDS_SEQUENCE),
+    Mutant("frozen_offset", f"the RNG offset stops advancing after {FROZEN_AFTER} generated tokens: every "
+           f"later round reuses the block keyed at prompt + {FROZEN_AFTER} (every runner)",
+           f"token {FROZEN_AFTER + 2}+ (rounds that start after {FROZEN_AFTER} generated tokens)",
+           ops=_with(uniforms=_frozen_offset), needs=NEEDS_SEQUENCE),
+    Mutant("offset_overlap", "serial reuse: the RNG offset advances by the tokens a round emitted "
+           "(<= K + 1) instead of 2K + 1, so a round's first uniforms are the previous round's last "
+           "ones (speculative modes; nospec is unchanged)", "round 2+",
+           ops=_with(uniforms=_offset_by_emitted), needs=NEEDS_SEQUENCE),
+    Mutant("stale_context", f"past prompt + {STALE_AFTER} positions the target depths of the verify rows "
+           f"see a stale context: the keys of generated tokens {STALE_AFTER + 1}.. except the row's own "
+           "input are skipped (speculative modes)", f"token {STALE_AFTER + 3}+",
+           ops=_with(verify_context=_stale_context), needs=NEEDS_SEQUENCE),
+)
+ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS
+MUTANT_NAMES = tuple(m.name for m in ALL_MUTANTS)
+WRONG_BONUS_ROW = "bonus_wrong_position"  # the wrong-bonus-row class is in MUTANTS already
 
 
 def get(name: str) -> Mutant:
     """The registered mutant `name`; ValueError naming the field and the value otherwise."""
-    for mutant in MUTANTS:
+    for mutant in ALL_MUTANTS:
         if mutant.name == name:
             return mutant
     raise ValueError(f"mutant={name!r} is invalid: expected None or one of {MUTANT_NAMES}")

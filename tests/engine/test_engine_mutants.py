@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine import EngineConfig, mutants
-from engine.runners.base import DEFAULT_OPS
+from engine import LLM, EngineConfig, SamplingParams, mutants
+from engine.runners.base import DEFAULT_OPS, SamplingRows, round_uniforms
+from engine.runners.collection import BatchCollector
 from specval.engine_sut import EngineSUT
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.reference import transform
 from specval.stats.quadrature import quadrature_check, restrict_to_support
+from tests.fixtures.engine_helpers import TINY_MODEL
 
 CHANGES_T1_LAW = ("residual_from_p", "residual_unnormalised", "residual_abs", "ratio_inverted")
 KEEPS_T1_LAW = ("accept_le", "uniform_reused", "bonus_wrong_position", "bonus_from_q", "accept_by_division")
@@ -40,7 +42,7 @@ def _pair() -> tuple[np.ndarray, np.ndarray]:
 def test_default_config_runs_the_engines_own_operations():
     assert EngineConfig().mutant is None and mutants.sampling_ops(None) is DEFAULT_OPS
     assert all(m.ops is not DEFAULT_OPS for m in mutants.MUTANTS if m.layer == mutants.ENGINE_LAYER)
-    assert len(set(mutants.MUTANT_NAMES)) == len(mutants.MUTANTS) >= 17
+    assert len(set(mutants.MUTANT_NAMES)) == len(mutants.ALL_MUTANTS) >= 22
     assert any(m.equivalent for m in mutants.MUTANTS)
 
 
@@ -142,3 +144,112 @@ def test_on_cuda_the_quadrature_runs_the_triton_accept_kernel(monkeypatch, mutan
     result = quadrature_check(p, q, sut.accept_single)
     assert calls and all(device.type == "cuda" for device in calls)
     assert result.passed == (mutant is None), result.to_dict()
+
+
+# ---------------------------------------------------------------- sequence and pair mutants
+#
+# Deterministic (fixed seeds, no statistics): a mutant's tokens are compared with the correct
+# engine's for the same seeds. Before the first difference both runs made the same rounds, so the
+# correct run's provenance of the first differing token says where the mutant first acted. The tiny
+# random model has nearly flat logits (std 0.1), so the requests run at temperature 0.05 (logit std
+# ~2) to make wrong rows and wrong uniforms change tokens within 32 tokens.
+
+SEQ_PROMPT = [5, 9, 17, 2, 33, 40, 1, 8, 12, 60, 7, 3]
+SEQ_SEEDS = list(range(8))
+SEQ_TOKENS = 32
+SHARP_TEMPERATURE = 0.05
+GOLDEN_SPECULATIVE = [  # the engine before these mutants existed: K = 4, draft_loops 1, seeds 0..3, 24 tokens
+    [32, 48, 17, 7, 39, 11, 8, 10, 28, 15, 56, 56, 56, 10, 25, 40, 52, 31, 38, 61, 43, 21, 8, 23],
+    [1, 60, 52, 50, 26, 62, 55, 45, 37, 21, 36, 23, 0, 57, 12, 23, 33, 53, 3, 57, 12, 23, 0, 2],
+    [25, 31, 38, 1, 41, 7, 41, 35, 28, 15, 24, 25, 62, 7, 35, 28, 9, 53, 30, 63, 30, 63, 52, 16],
+    [32, 3, 52, 16, 15, 17, 13, 59, 25, 50, 8, 46, 27, 17, 13, 11, 59, 43, 20, 48, 13, 5, 43, 28]]
+GOLDEN_NOSPEC_FIRST = [32, 62, 19, 10, 44, 23, 0, 46, 54, 11, 43, 21, 14, 38, 21, 32, 63, 39, 11, 42, 50, 61, 4, 14]
+
+
+def _llm(mode: str = "sync", mutant: str | None = None) -> LLM:
+    return LLM(EngineConfig(model_config=TINY_MODEL, mode=mode, num_speculative_tokens=4, draft_loops=1,
+                            num_kv_blocks=1024, block_size=4, mutant=mutant))
+
+
+def _collect(mode: str = "sync", mutant: str | None = None, max_tokens: int = SEQ_TOKENS, seeds=SEQ_SEEDS):
+    params = SamplingParams(temperature=SHARP_TEMPERATURE, max_tokens=max_tokens, ignore_eos=True)
+    return BatchCollector(_llm(mode, mutant).engine).collect(SEQ_PROMPT, params, list(seeds), max_tokens)
+
+
+@pytest.fixture(scope="module")
+def correct():
+    return _collect()
+
+
+def _first_differences(correct_batch, mutant_batch) -> list[int | None]:
+    """Per request: the first index where the mutant's tokens differ (None: identical)."""
+    firsts = []
+    for want, have in zip(correct_batch.tokens, mutant_batch.tokens):
+        differ = np.flatnonzero(want != have)
+        firsts.append(int(differ[0]) if differ.size else None)
+    return firsts
+
+
+@pytest.mark.parametrize("mode", ["nospec", "sync", "async"])
+def test_the_correct_engine_keeps_its_tokens(mode):
+    batch = _collect(mode, max_tokens=24, seeds=range(4))
+    if mode == "nospec":
+        assert batch.tokens[0].tolist() == GOLDEN_NOSPEC_FIRST
+    else:
+        assert batch.tokens.tolist() == GOLDEN_SPECULATIVE
+
+
+def test_sequence_mutants_are_apart_from_the_prefix_registry():
+    # today's adapter lists MUTANTS only (specval.engine_sut); the sequence ones are named by `needs`
+    names = {m.name for m in mutants.SEQUENCE_MUTANTS}
+    assert names == {"correlated_streams", "wrong_row_late_draft", "frozen_offset", "offset_overlap",
+                     "stale_context"}
+    assert not names & {m.name for m in mutants.MUTANTS}
+    assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {mutants.NEEDS_SEQUENCE, mutants.NEEDS_PAIRS}
+    assert all(m.needs == mutants.NEEDS_PREFIX for m in mutants.MUTANTS)
+    assert all(m.breaks and m.visible_at and m.ops is not DEFAULT_OPS for m in mutants.SEQUENCE_MUTANTS)
+    assert mutants.get(mutants.WRONG_BONUS_ROW).visible_at.startswith("t_{K+1}")
+    assert EngineConfig(mutant="stale_context").mutant == "stale_context"
+
+
+def test_correlated_streams_mirror_the_even_row_and_keep_it():
+    seeds = torch.tensor([3, 4, 5, 6, 7])
+    rows = SamplingRows(*(torch.zeros(5),) * 4, seeds, torch.tensor([12, 12, 15, 13, 12]),
+                        torch.full((5,), 12))
+    right, mirrored = round_uniforms(rows, 9), mutants.get("correlated_streams").ops.uniforms(rows, 9)
+    assert torch.equal(mirrored[0::2], right[0::2])
+    assert torch.equal(mirrored[1::2], (1.0 - right[0:4:2]).clamp(max=mutants.LARGEST_BELOW_ONE))
+
+
+def test_correlated_streams_change_odd_slots_only(correct):
+    batch = _collect(mutant="correlated_streams")
+    firsts = _first_differences(correct, batch)
+    assert all(first is None for first in firsts[0::2])
+    assert all(first is not None for first in firsts[1::2])
+
+
+@pytest.mark.parametrize(("name", "where"), [
+    ("wrong_row_late_draft", lambda batch, b, i: batch.round_position[b, i] >= mutants.LATE_POSITION),
+    (mutants.WRONG_BONUS_ROW, lambda batch, b, i: batch.source_names()[b, i] == "bonus"),
+    ("frozen_offset", lambda batch, b, i: i + 1 >= mutants.FROZEN_AFTER + 2),
+    ("offset_overlap", lambda batch, b, i: batch.round_index[b, i] >= 1),
+    ("stale_context", lambda batch, b, i: i + 1 >= mutants.STALE_AFTER + 3),
+])
+def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
+    firsts = _first_differences(correct, _collect(mutant=name))
+    changed = [(b, i) for b, i in enumerate(firsts) if i is not None]
+    assert len(changed) >= len(SEQ_SEEDS) // 2, firsts
+    for b, i in changed:
+        assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
+
+
+@pytest.mark.parametrize("name", ["frozen_offset", "offset_overlap", "stale_context", "wrong_row_late_draft"])
+def test_sequence_mutants_act_the_same_through_the_async_engine(name):
+    # LLM.generate in async mode (frontier, rounds in flight) reads the prompt length and the
+    # committed length of each row the way batched collection does
+    seeds = range(3)
+    params = [SamplingParams(temperature=SHARP_TEMPERATURE, seed=s, max_tokens=SEQ_TOKENS, ignore_eos=True)
+              for s in seeds]
+    outputs = _llm("async", name).generate([SEQ_PROMPT] * len(params), params)
+    np.testing.assert_array_equal(np.array([o.token_ids for o in outputs]),
+                                  _collect(mutant=name, seeds=seeds).tokens)
