@@ -241,6 +241,11 @@ class Engine:
 ProgressCallback = Callable[[int, int], None]  # (num_finished, num_total)
 
 
+def _as_list(ids):
+    """A 1-D numpy array of ids as a list (the harness keeps sequences as arrays); else `ids`."""
+    return ids.tolist() if isinstance(ids, np.ndarray) and ids.ndim == 1 else ids
+
+
 class LLM:
     """Offline batch generation over an `Engine`, plus serial reference logits."""
 
@@ -299,8 +304,8 @@ class LLM:
         ValueError for empty or out-of-vocabulary ids, and when prompt + token_ids exceeds
         max_model_len (the longest sequence the engine serves).
         """
-        prompt = self.engine.prompt_token_ids(prompt_ids)
-        tokens = self._token_ids(token_ids)
+        prompt = self.engine.prompt_token_ids(_as_list(prompt_ids))
+        tokens = self._token_ids(_as_list(token_ids))
         limit = self.engine.config.max_model_len
         if len(prompt) + len(tokens) > limit:
             raise ValueError(f"token_ids of {len(tokens)} tokens after a prompt of {len(prompt)} tokens is too "

@@ -347,15 +347,15 @@ SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("frozen_offset", f"the RNG offset stops advancing after {FROZEN_AFTER} generated tokens: every "
            f"later round reuses the block keyed at prompt + {FROZEN_AFTER} (every runner)",
            f"token {FROZEN_AFTER + 2}+ (rounds that start after {FROZEN_AFTER} generated tokens)",
-           ops=_with(uniforms=_frozen_offset), needs=NEEDS_SEQUENCE),
+           ops=_with(uniforms=_frozen_offset, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
     Mutant("offset_overlap", "serial reuse: the RNG offset advances by the tokens a round emitted "
            "(<= K + 1) instead of 2K + 1, so a round's first uniforms are the previous round's last "
            "ones (speculative modes; nospec is unchanged)", "round 2+",
-           ops=_with(uniforms=_offset_by_emitted), needs=NEEDS_SEQUENCE),
+           ops=_with(uniforms=_offset_by_emitted, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
     Mutant("stale_context", f"past prompt + {STALE_AFTER} positions the target depths of the verify rows "
            f"see a stale context: the keys of generated tokens {STALE_AFTER + 1}.. except the row's own "
            "input are skipped (speculative modes)", f"token {STALE_AFTER + 3}+",
-           ops=_with(verify_context=_stale_context), needs=NEEDS_SEQUENCE),
+           ops=_with(verify_context=_stale_context, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
 )
 ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS
 MUTANT_NAMES = tuple(m.name for m in ALL_MUTANTS)

@@ -165,7 +165,8 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         slots_t = to_device(slots, torch.int64, self.device)
         frame = RoundFrame(self.frontier.tokens[slots_t], self.frontier.positions[slots_t],
                            tables, tables.shape[-1])
-        rows = SamplingRows.from_requests(requests, self.device, frame.starts + 1)
+        rows = SamplingRows.from_requests(requests, self.device, frame.starts + 1,
+                                          with_prompt=self.ops.reads_prompt_length)
         result = self.round(frame, plan_round(num_drafts, self.num_speculative_tokens,
                                               self.device), rows)
         self.frontier.advance(slots_t, frame, result)

@@ -69,6 +69,7 @@ class SamplingOps:
     # (RowLayout, rows) -> RowLayout of the verify rows at the target depths; None: unchanged.
     # Only a planted bug sets it (a stale context), so the correct round does not call anything.
     verify_context: Callable | None = None
+    reads_prompt_length: bool = False  # the ops read SamplingRows.num_prompt (None otherwise)
 
 
 DEFAULT_OPS = SamplingOps()
@@ -95,13 +96,15 @@ class SamplingRows:
     is_greedy: torch.Tensor  # bool[R]
     seeds: torch.Tensor  # int64[R] request streams (GREEDY_SEED for greedy rows)
     num_committed: torch.Tensor  # int64[R] committed tokens (prompt + generated) at step start
-    num_prompt: torch.Tensor  # int64[R] prompt tokens (constant over a request's life)
+    num_prompt: torch.Tensor | None = None  # int64[R] prompt tokens; only for ops that read it
 
     @classmethod
     def from_requests(cls, requests: tuple[Request, ...], device: torch.device,
-                      num_committed: torch.Tensor | None = None) -> "SamplingRows":
+                      num_committed: torch.Tensor | None = None,
+                      with_prompt: bool = False) -> "SamplingRows":
         """`num_committed` (device int64[R]) replaces the host counts when the committed
-        lengths live on the device (asynchronous rounds)."""
+        lengths live on the device (asynchronous rounds); `with_prompt` also sends the prompt
+        lengths (`SamplingOps.reads_prompt_length`: no transfer for the engine's own ops)."""
         params = [request.params for request in requests]
 
         def tensor(values, dtype):
@@ -115,19 +118,21 @@ class SamplingRows:
             seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
             num_committed=(tensor([len(r.token_ids) for r in requests], torch.int64)
                            if num_committed is None else num_committed),
-            num_prompt=tensor([len(r.prompt_token_ids) for r in requests], torch.int64))
+            num_prompt=(tensor([len(r.prompt_token_ids) for r in requests], torch.int64)
+                        if with_prompt else None))
 
     def repeat(self, counts: torch.Tensor, total: int) -> "SamplingRows":
         """Row r repeated counts[r] times (e.g. once per verify row); `total` = sum(counts),
         known on the host, so no device read is needed to size the result."""
-        return SamplingRows(*(torch.repeat_interleave(t, counts, output_size=total) for t in (
-            self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds,
-            self.num_committed, self.num_prompt)))
+        return SamplingRows(*(None if t is None else torch.repeat_interleave(t, counts, output_size=total)
+                              for t in self._fields()))
 
     def select(self, index: torch.Tensor) -> "SamplingRows":
-        return SamplingRows(self.temperature[index], self.top_k[index], self.top_p[index],
-                            self.is_greedy[index], self.seeds[index], self.num_committed[index],
-                            self.num_prompt[index])
+        return SamplingRows(*(None if t is None else t[index] for t in self._fields()))
+
+    def _fields(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds, self.num_committed,
+                self.num_prompt)
 
 
 @dataclass(frozen=True)

@@ -112,9 +112,11 @@ class RoundGraphs:
         static.tables.fill_(self.scratch_block)
         static.tables[:, :count, :tables.shape[-1]] = torch.where(tables == PAD_BLOCK,
                                                                   self.scratch_block, tables)
-        real = SamplingRows.from_requests(requests, static.slots.device)
+        real = SamplingRows.from_requests(requests, static.slots.device,
+                                          with_prompt=self.runner.ops.reads_prompt_length)
         padding = self._padding_rows(size - count)
-        for name in ("temperature", "top_k", "top_p", "is_greedy", "seeds", "num_prompt"):
+        names = ("temperature", "top_k", "top_p", "is_greedy", "seeds")
+        for name in names + (("num_prompt",) if real.num_prompt is not None else ()):
             getattr(static.rows, name).copy_(torch.cat([getattr(real, name), getattr(padding, name)]))
 
     def _padding_rows(self, size: int) -> SamplingRows:

@@ -21,7 +21,7 @@ class PlainRunner(ModelRunner):
     def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[RoundOutcome]:
         del num_drafts  # always 0 here: the scheduler is built with K = 0 for nospec
         with torch.inference_mode():
-            rows = SamplingRows.from_requests(requests, self.device)
+            rows = SamplingRows.from_requests(requests, self.device, with_prompt=self.ops.reads_prompt_length)
             return collect(self.decode(requests, rows))
 
     def decode(self, requests: tuple[Request, ...], rows: SamplingRows) -> torch.Tensor:

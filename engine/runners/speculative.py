@@ -107,7 +107,7 @@ class SpeculativeRunner(ModelRunner):
         with torch.inference_mode():
             plan = plan_round(num_drafts, self.num_speculative_tokens, self.device)
             frame = self.frame(requests, [r.num_computed + k + 1 for r, k in zip(requests, num_drafts)])
-            rows = SamplingRows.from_requests(requests, self.device)
+            rows = SamplingRows.from_requests(requests, self.device, with_prompt=self.ops.reads_prompt_length)
             result = self.round(frame, plan, rows)
             return collect(plan, result)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,7 +204,9 @@ def test_target_logits_along_names_bad_input_and_the_length_limit(tokens, match)
     llm = tiny_llm(mode="sync", max_model_len=32)
     with pytest.raises(ValueError, match=match):
         llm.target_logits_along(ALONG_PROMPT, tokens)
-    assert llm.target_logits_along(ALONG_PROMPT, [1] * 20).shape == (20, 64)  # 12 + 20 = 32 fits
+    fits = llm.target_logits_along(ALONG_PROMPT, [1] * 20)  # 12 + 20 = 32 fits
+    assert fits.shape == (20, 64)
+    assert torch.equal(llm.target_logits_along(np.array(ALONG_PROMPT), np.ones(20, dtype=np.int64)), fits)
 
 
 @pytest.mark.gpu

@@ -41,6 +41,7 @@ def _pair() -> tuple[np.ndarray, np.ndarray]:
 
 def test_default_config_runs_the_engines_own_operations():
     assert EngineConfig().mutant is None and mutants.sampling_ops(None) is DEFAULT_OPS
+    assert DEFAULT_OPS.verify_context is None and not DEFAULT_OPS.reads_prompt_length  # no extra work
     assert all(m.ops is not DEFAULT_OPS for m in mutants.MUTANTS if m.layer == mutants.ENGINE_LAYER)
     assert len(set(mutants.MUTANT_NAMES)) == len(mutants.ALL_MUTANTS) >= 22
     assert any(m.equivalent for m in mutants.MUTANTS)
