@@ -13,7 +13,7 @@ K_r = min(K, T - generated - 1), the scheduler's rule, applied through the plan'
 `draft_limit` exactly as the captured asynchronous rounds do; the uniforms are keyed by
 (seed, committed tokens), as in the engine. So request r's tokens depend only on (mode, model,
 prompt, sampling, seed, T), never on the batch or the padding, wherever the logits of a row do
-not depend on the batch (tests/engine/test_engine_collection.py checks both on the CPU, the GPU
+not depend on the batch (tests/engine/runners/test_collection.py checks both on the CPU, the GPU
 tests on CUDA).
 
 What it does not exercise: the scheduler, the prefill-and-decode steps of mixed batches, and the

@@ -1,7 +1,7 @@
 """Compile the batched_probabilities kernels to a Hopper (sm_90) cubin on a machine without a
 GPU, as a CUDA device would at its first launch, and print one line per kernel compiled.
 
-Run by test_engine_kernels_compile.py in a process without TRITON_INTERPRET (under the
+Run by test_kernels_compile.py in a process without TRITON_INTERPRET (under the
 interpreter `triton.jit` gives interpreted functions, which cannot be compiled). The Triton
 interpreter runs a kernel's Python, not Triton's compiler, so a kernel that passes every CPU
 test can still fail to compile (a constexpr reassigned in an unrolled loop, a type the code

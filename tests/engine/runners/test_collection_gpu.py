@@ -1,7 +1,7 @@
 """Batched collection on CUDA: captured rounds give the tokens of eager rounds and of
 `LLM.generate`, for every mode, whatever the batch size and padding. Skipped without a GPU.
 
-Exact equality (see tests/engine/test_engine_collection.py): a difference would mean that a row's
+Exact equality (see tests/engine/runners/test_collection.py): a difference would mean that a row's
 logits depend on the batch it runs in, or that the captured round differs from the eager one.
 """
 
