@@ -213,7 +213,7 @@ def test_target_logits_along_names_bad_input_and_the_length_limit(tokens, match)
 def test_target_logits_along_on_cuda_match_the_cpu():
     if not torch.cuda.is_available():
         pytest.skip("CUDA is not available")
-    tokens = list(range(1, 65))
+    tokens = [1 + i % 63 for i in range(64)]  # 64 tokens, every id of the tiny model's V = 64 but 0
     cpu = tiny_llm(mode="sync").target_logits_along(ALONG_PROMPT, tokens)
     cuda = tiny_llm(mode="sync", device="cuda").target_logits_along(ALONG_PROMPT, tokens)
     assert cuda.device.type == "cpu"
