@@ -36,10 +36,18 @@ def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
     return e / e.sum()
 
 
+def _inverse_cdf_rows(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row of weights [N, V]: the first token whose cumulative weight exceeds u * total, never past
+    the row's last positive-weight token (int64 [N]). Vectorised over rows: no Python loop per row."""
+    cdf = np.cumsum(weights, axis=1)  # [N, V]
+    first = (cdf <= (u * cdf[:, -1])[:, None]).sum(axis=1)  # searchsorted(side="right") per row
+    last_positive = weights.shape[1] - 1 - np.argmax(weights[:, ::-1] > 0, axis=1)
+    return np.minimum(first, last_positive).astype(np.int64)
+
+
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
-    """The first token whose cumulative weight exceeds u * total (a positive-weight token)."""
-    cdf = np.cumsum(weights)
-    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), np.flatnonzero(weights > 0)[-1]))
+    """`_inverse_cdf_rows` of one row: the same draw, bit for bit, in `sample` and `accept_single`."""
+    return int(_inverse_cdf_rows(np.asarray(weights)[None, :], np.array([u]))[0])
 
 
 class ToySUT(SUT):
@@ -73,7 +81,8 @@ class ToySUT(SUT):
     def draft_logits(self, group, token_ids: list[int]) -> np.ndarray:
         return self.draft[token_ids[-1]].astype(np.float32)
 
-    def _accepts(self, u: float, q_x: float, p_x: float) -> bool:
+    def _accepts(self, u, q_x, p_x):
+        """Accept iff u * q(x) < p(x); elementwise on arrays (one entry per row) as on scalars."""
         if self.mutant == ACCEPT_BY_DIVISION:
             return u < p_x / q_x
         return u * q_x < p_x
@@ -82,12 +91,16 @@ class ToySUT(SUT):
         return p if self.mutant == RESIDUAL_FROM_P else np.maximum(p - q, 0.0)
 
     def accept_single(self, draft_tokens, draft_probs, target_probs, uniforms) -> np.ndarray:
-        out = np.empty(len(draft_tokens), dtype=np.int64)
-        for i, x in enumerate(draft_tokens):
-            p, q = np.asarray(target_probs[i], np.float64), np.asarray(draft_probs[i], np.float64)
-            out[i] = x if self._accepts(uniforms[i, 1], q[x], p[x]) else _inverse_cdf(self._residual(p, q),
-                                                                                      uniforms[i, 2])
-        return out
+        """The acceptance step of `_round` on N single-draft rows at once (the quadrature calls it with
+        thousands of rows per call: a Python loop per row would dominate a run's time). The inputs
+        may be read-only broadcast views: nothing is written into them."""
+        p = np.asarray(target_probs, dtype=np.float64)  # [N, V]
+        q = np.asarray(draft_probs, dtype=np.float64)  # [N, V]
+        x = np.asarray(draft_tokens, dtype=np.int64)  # [N]
+        rows = np.arange(x.size)
+        accepted = self._accepts(uniforms[:, 1], q[rows, x], p[rows, x])
+        corrected = _inverse_cdf_rows(self._residual(p, q), uniforms[:, 2])
+        return np.where(accepted, x, corrected)
 
     def sample(self, group, prompt_ids, sampling, seeds, num_tokens, max_tokens) -> SampleBatch:
         rows = [self._request(group, prompt_ids, sampling.temperature, int(s), max_tokens) for s in seeds]
