@@ -48,12 +48,6 @@ def _kind(source: ProtocolFile | None) -> Kind:
     return KINDS[DISTRIBUTION_KIND] if source is None else source.kind
 
 
-def _parsed(source: ProtocolFile | None):
-    """The protocol of a file read by `_read`, parsed by its kind (ProtocolError naming the file);
-    None for none (the runner then reads its file and reports what is wrong)."""
-    return None if source is None else source.load()
-
-
 def _load(path: Path):
     """PATH's protocol, parsed by the parser of its kind (ProtocolError naming the file)."""
     return read_protocol_file(path).load()
@@ -251,9 +245,10 @@ def _serve(shards) -> int:
 
 def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume, exploratory, seed_offset, junit,
               quiet, shards=None) -> None:
-    """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) by its kind's runner
-    (distribution or quality: the same run() contract) in this process (rank 0 of a sharded run:
-    with the other ranks collecting); exits."""
+    """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) through the Python
+    API's `specval.api.run_protocol_file` (its kind's runner: distribution or quality, the same run()
+    contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits."""
+    from specval import api
     from specval.preflight import SUTRaised, check_writable_file
     from specval.report.junit import write_junit
     from specval.sut import SUTError
@@ -263,10 +258,9 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         if junit:
             check_writable_file(junit, "--junit")
         with execution.signals_interrupt():
-            path, summary = _kind(given).runner()(protocol_file, profile, output, resume=resume,
-                                                  exploratory=exploratory, seed_offset=seed_offset,
-                                                  progress=not quiet, announce=_announce, parsed=_parsed(given),
-                                                  **extra)
+            result = api.run_protocol_file(given, protocol_file, profile, output, resume=resume,
+                                           exploratory=exploratory, seed_offset=seed_offset, progress=not quiet,
+                                           announce=_announce, **extra)
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
@@ -281,13 +275,13 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         _interrupted(err.path)
     except KeyboardInterrupt:
         _interrupted(None)
-    _print_verdict(summary, path)
+    _print_verdict(result.summary, result.bundle)
     if junit:
         try:
-            write_junit(summary, junit)
+            write_junit(result.summary, junit)
         except OSError as err:
             _input_error(f"--junit {junit}: cannot write ({err.strerror or err}); the verdict above stands")
-    sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+    sys.exit(EXIT_PASS if result.passed else EXIT_FAIL)
 
 
 def _fail_with(code: int, line: str) -> None:

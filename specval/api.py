@@ -1,0 +1,296 @@
+"""The Python API of specval: run a protocol and verify a bundle from code (public, semver'd).
+
+    import specval
+
+    result = specval.run("protocols/t2_fp32.yaml", profile="ci")          # -> specval.Result
+    print(result.verdict, result.bundle)                                   # PASS / FAIL / INCONCLUSIVE
+    for criterion in result.failing:                                       # what kept the run from PASS
+        print(criterion.name, criterion.verdict, criterion.reason)
+    assert specval.verify(result.bundle).ok                                # re-hash and recompute
+
+`specval run` and `specval run --resume` are thin layers over `run_protocol_file`, the function
+behind `run` and `resume`, so the API and the command give the same bundles and verdicts.
+
+Guarantees (those of `specval run`, docs/harness.md section 1):
+- Refused before any seed is claimed, nothing written: a protocol that does not parse or is not
+  frozen as written (unless `exploratory`), overlapping seeds, an unwritable output root, a group
+  or capability the adapter lacks (one of `INPUT_ERRORS`: the CLI's exit 2); an adapter that
+  raises or breaks its contract in the probe (`SUTRaised`: exit 3).
+- Once the bundle exists: an exception of the adapter is `RunFailed` (the bundle is kept,
+  unsealed, for `resume`), an interrupt `RunInterrupted`.
+- Otherwise the bundle is sealed and the `Result` holds the verdict of its summary.json, the same
+  that `Result.from_bundle` reads back and `verify` recomputes.
+No signal handler is installed and nothing is printed unless `progress` is set (a library call).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Union
+
+from specval import bundle as bundles
+from specval.bundle import BundleError
+from specval.execution import RunFailed, RunInterrupted
+from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
+from specval.performance.protocol import PERFORMANCE_KIND
+from specval.preflight import SUTRaised, check_writable_file
+from specval.protocol import GATING_ROLES, ProtocolError
+from specval.report import junit as junits
+from specval.seeds import SeedOverlapError
+from specval.sut import SUT, SUTError, SutFactory, load_adapter
+
+DEFAULT_OUTPUT = Path("results")  # as `specval run --output`
+PASS = "PASS"
+INPUT_ERRORS = (ProtocolError, SeedOverlapError, BundleError, SUTError)  # refused before any seed: exit 2
+SutArg = Union[None, str, type, SutFactory]  # see `run`
+DISTRIBUTION = KINDS[DISTRIBUTION_KIND]  # the kind of a protocol file that could not be read (its runner says why)
+API_COMMAND = "specval.run"  # first word of the session command a bundle records for an API run
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """One criterion of a run, as its summary.json records it (docs/harness.md sections 3 and 7).
+
+    `verdict` is the criterion's final verdict: for a two-stage protocol whose second stage ran,
+    that of the stage that decided it (the stage-1 FAIL of a gating criterion takes its stage-2
+    verdict). `mde` is the total-variation distance the criterion detects with the protocol's
+    power (`mde_label` says which TV); None where the criterion has none (deterministic checks,
+    quality criteria). `sample_size`: samples the criterion tested (None where it counts none)."""
+
+    name: str
+    role: str  # control / primary (gating) or secondary
+    verdict: str  # PASS / FAIL / INCONCLUSIVE
+    reason: str
+    statistic: float | None
+    p_value: float | None
+    p_adjusted: float | None  # Holm-adjusted within its family
+    mde: float | None
+    mde_label: str | None
+    sample_size: int | None
+
+    @property
+    def gating(self) -> bool:
+        """True iff the run's verdict depends on this criterion (control and primary roles)."""
+        return self.role in GATING_ROLES
+
+    def line(self) -> str:
+        """One line: verdict, role, name, reason (the CLI's criterion line)."""
+        return f"{self.verdict:<12} {self.role:<9} {self.name}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one run: verdict, criteria and the bundle that holds the evidence.
+
+    `verdict` PASS iff every gating criterion PASSed (the bundle's verdict, never recomputed here);
+    `exploratory` True when the protocol ran unfrozen (`--exploratory`), which the verdict must be
+    read with; `summary` is summary.json as read, for anything not lifted into fields."""
+
+    verdict: str
+    reason: str
+    bundle: Path
+    protocol: str  # the protocol's name
+    kind: str  # distribution, quality or performance
+    profile: str | None
+    exploratory: bool
+    criteria: tuple[Criterion, ...]
+    summary: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+    @property
+    def failing(self) -> tuple[Criterion, ...]:
+        """The gating criteria that did not PASS (FAIL first, then INCONCLUSIVE): what kept the run
+        from PASS. Empty iff the run PASSed."""
+        gating = [c for c in self.criteria if c.gating and c.verdict != PASS]
+        return tuple(sorted(gating, key=lambda c: (c.verdict != "FAIL", c.name)))
+
+    @property
+    def mdes(self) -> dict[str, float]:
+        """Criterion name -> MDE (TV), for every criterion that has one."""
+        return {c.name: c.mde for c in self.criteria if c.mde is not None}
+
+    def criterion(self, name: str) -> Criterion:
+        """The criterion called `name`; KeyError listing the names otherwise."""
+        for criterion in self.criteria:
+            if criterion.name == name:
+                return criterion
+        raise KeyError(f"no criterion {name!r}; the run has {[c.name for c in self.criteria]}")
+
+    def explain(self) -> str:
+        """Several lines for a test failure or a log: the verdict, every criterion that kept the run
+        from PASS with its reason and MDE, and the bundle's path."""
+        marker = "EXPLORATORY " if self.exploratory else ""
+        lines = [f"{self.protocol} ({self.profile or 'default'}): {marker}{self.verdict}: {self.reason}"]
+        lines += [f"  {c.line()}" + (f" [MDE {c.mde:.4g}]" if c.mde is not None else "") for c in self.failing]
+        return "\n".join(lines + [f"bundle: {self.bundle}"])
+
+    @classmethod
+    def from_summary(cls, bundle: Path, summary: Mapping[str, Any]) -> Result:
+        """The result a bundle's summary.json (`summary`) records."""
+        proto, registration = summary.get("protocol") or {}, summary.get("registration") or {}
+        return cls(verdict=summary["verdict"], reason=summary.get("reason", ""), bundle=Path(bundle),
+                   protocol=proto.get("name", ""), kind=summary.get("kind") or "distribution",
+                   profile=proto.get("profile"), exploratory=bool(registration.get("exploratory")),
+                   criteria=criteria_of(summary), summary=summary)
+
+    @classmethod
+    def from_bundle(cls, bundle: str | os.PathLike) -> Result:
+        """The result recorded in a finished bundle (BundleError naming the file if it has no
+        readable summary.json). Read only: `verify` checks that the record is sound."""
+        path = Path(bundle)
+        return cls.from_summary(path, bundles.read_json(path / bundles.SUMMARY_FILE))
+
+
+def criteria_of(summary: Mapping[str, Any]) -> tuple[Criterion, ...]:
+    """Every criterion of a summary (none for a performance summary, which has one verdict)."""
+    if not summary.get("tests"):
+        return ()
+    failing = junits.failing(summary)
+    return tuple(_criterion(summary, name, test, failing) for name, test in sorted(summary["tests"].items()))
+
+
+def _criterion(summary: Mapping[str, Any], name: str, test: Mapping[str, Any], failing: set[str]) -> Criterion:
+    return Criterion(name=name, role=test["role"], verdict=_final_verdict(summary, name, failing),
+                     reason=junits.reason(summary, name), statistic=_number(test.get("statistic")),
+                     p_value=_number(test.get("p_value")), p_adjusted=_number(test.get("p_adjusted")),
+                     mde=_number(test.get("mde_tv")), mde_label=test.get("mde_label"),
+                     sample_size=_count(test.get("effective_n", test.get("n"))))
+
+
+def _final_verdict(summary: Mapping[str, Any], name: str, failing: set[str]) -> str:
+    """FAIL when it fails the run; a gating stage-1 FAIL that stage 2 re-tested takes stage 2's."""
+    if name in failing:
+        return "FAIL"
+    verdict = summary["tests"][name]["verdict"]
+    second = (summary.get("confirmation") or {}).get("stage2")
+    if second and verdict == "FAIL" and summary["tests"][name]["role"] in GATING_ROLES:
+        return second["tests"].get(name, {}).get("verdict", verdict)
+    return verdict
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        else None
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What `verify` found: `differences` (empty iff the bundle verifies) and the code note (the
+    bundle was made by another code version than the one verifying it; None when the same)."""
+
+    bundle: Path
+    differences: tuple[str, ...]
+    note: str | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+# ---------------------------------------------------------------- the calls
+
+
+def sut_factory(sut: SutArg) -> SutFactory | None:
+    """The adapter factory for `sut`: None (the protocol's own `sut.adapter`), a name as
+    `sut.adapter` takes it ("package.module:Class" or an entry point of group `specval.sut`), a
+    `specval.sut.SUT` subclass, or any callable (SutSpec, num_speculative_tokens) -> SUT.
+    SUTError naming the value if a name does not load; TypeError for anything else."""
+    if sut is None:
+        return None
+    if isinstance(sut, str):
+        cls = load_adapter(sut)
+        return lambda spec, k: cls(spec, k)
+    if isinstance(sut, type) and not issubclass(sut, SUT):
+        raise TypeError(f"sut: {sut!r} is not a subclass of specval.sut.SUT")
+    if not callable(sut):
+        raise TypeError(f"sut: expected None, 'module:Class', a SUT subclass or a factory, got {sut!r}")
+    return sut
+
+
+def _sut_name(sut: SutArg) -> str:
+    if isinstance(sut, str):
+        return sut
+    return f"{getattr(sut, '__module__', '?')}:{getattr(sut, '__qualname__', type(sut).__qualname__)}"
+
+
+def run(protocol: str | os.PathLike, *, profile: str | None = None, sut: SutArg = None,
+        output: str | os.PathLike = DEFAULT_OUTPUT, exploratory: bool = False, seed_offset: int | None = None,
+        junit: str | os.PathLike | None = None, progress: bool = False,
+        announce: Callable[[Path], None] | None = None) -> Result:
+    """Run the protocol file `protocol` (any kind) at `profile` and return its Result; the bundle is
+    written under `output` (with the seed ledger), as `specval run PROTOCOL --profile P --output O`.
+
+    `sut`: the adapter to test instead of the one the protocol names (see `sut_factory`); the
+    bundle's manifest records the adapter that ran (`SUT.describe()`). A performance protocol
+    times the bundled engine and takes no `sut` or `seed_offset` (ValueError).
+    `junit`: also write JUnit XML there (checked writable before any seed is claimed).
+    `announce(bundle)`: called once the bundle exists, before any sample is drawn.
+    Raises as the module docstring says; returns only with a sealed bundle."""
+    source = read_protocol_file(Path(protocol))
+    factory = sut_factory(sut)
+    if source.kind.name == PERFORMANCE_KIND and (sut is not None or seed_offset is not None):
+        raise ValueError(f"{protocol}: a performance protocol times the bundled engine; it takes no "
+                         f"{'sut' if sut is not None else 'seed_offset'}")
+    command = [API_COMMAND, str(protocol), f"profile={profile}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
+    return run_protocol_file(source, Path(protocol), profile, Path(output), exploratory=exploratory,
+                             seed_offset=seed_offset, junit=junit, progress=progress, announce=announce,
+                             sut_factory=factory, command=command)
+
+
+def resume(bundle: str | os.PathLike, *, sut: SutArg = None, junit: str | os.PathLike | None = None,
+           progress: bool = False, announce: Callable[[Path], None] | None = None) -> Result:
+    """Continue a killed, interrupted or failed run in its own bundle (`specval run --resume`),
+    with the protocol, profile, seed ranges and registration recorded in it."""
+    path = Path(bundle)
+    kind = bundle_kind(path)
+    if not kind.resumable:
+        raise BundleError(f"{path}: a {kind.name} bundle is not resumable; start a new run")
+    command = [API_COMMAND, f"resume={path}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
+    return run_protocol_file(None, None, None, path.parent, resume=path, junit=junit, progress=progress,
+                             announce=announce, sut_factory=sut_factory(sut), command=command, kind=kind)
+
+
+def run_protocol_file(source: ProtocolFile | None, protocol_file: Path | None, profile: str | None, output: Path, *,
+                      resume: Path | None = None, exploratory: bool = False, seed_offset: int | None = None,
+                      junit: str | os.PathLike | None = None, progress: bool = False,
+                      announce: Callable[[Path], None] | None = None, sut_factory: SutFactory | None = None,
+                      command: list[str] | None = None, kind: Kind | None = None, **extra: Any) -> Result:
+    """The run behind `run`, `resume` and `specval run`: `source` is `protocol_file` as read once
+    (None with `resume`, whose bundle names its kind: `kind`); `extra` goes to the kind's runner
+    (`shards` of a multi-rank run). Not itself part of the semver'd API."""
+    if junit is not None:
+        check_writable_file(Path(junit), "junit")
+    if kind is None:
+        kind = source.kind if source is not None else bundle_kind(resume) if resume is not None else DISTRIBUTION
+    options = dict(resume=resume, seed_offset=seed_offset, sut_factory=sut_factory, **extra)
+    if kind.name == PERFORMANCE_KIND:
+        options = {}
+    path, summary = kind.runner()(protocol_file, profile, output, exploratory=exploratory, progress=progress,
+                                  announce=announce, command=command,
+                                  parsed=None if source is None else source.load(), **options)
+    if junit is not None:
+        junits.write_junit(summary, Path(junit))
+    return Result.from_summary(path, summary)
+
+
+def verify(bundle: str | os.PathLike) -> Verification:
+    """Re-hash every file of the bundle and recompute every verdict from its raw files (as `specval
+    verify`); BundleError naming the path unless it is a bundle."""
+    path = Path(bundle)
+    differences = bundle_kind(path).verify(path)
+    return Verification(path, tuple(differences), bundles.code_note(path) or None)
+
+
+__all__ = ["Criterion", "DEFAULT_OUTPUT", "INPUT_ERRORS", "BundleError", "ProtocolError", "Result", "RunFailed",
+           "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError", "Verification", "criteria_of", "resume",
+           "run", "run_protocol_file", "sut_factory", "verify"]
