@@ -7,7 +7,9 @@ Layout of `results/<protocol>-<UTC timestamp>/`:
     run.json           the run plan: bundle format, profile, seed ranges; written before sampling, used by
                        --resume (two-stage protocols: `stage2_ranges` is added when stage 2 is claimed)
     samples/*.parquet  raw samples, one file per seed chunk
-    chunks.json        sha256 of every sample chunk, recorded as each chunk was written
+    chunks.json        one record per sample chunk, appended as each chunk was written: its file, its
+                       sha256 and the hash of the previous record (the first chains from the protocol
+                       hash); manifest.json names the head, so the seal covers the chain
     sessions.json      one record per process that worked on the bundle (a resumed run has several)
     reference.json     exact reference distributions (sparse, float64 round-trip)
     stage2/            second stage of a two-stage protocol, only when stage 1 FAILed:
@@ -18,11 +20,19 @@ Layout of `results/<protocol>-<UTC timestamp>/`:
     manifest.json      protocol hash, code version, sessions, command, versions, device, seeds, times
     SHA256SUMS         sha256 of every other file, dotfiles included
 
+While a process works on the bundle it holds `.specval.lock` (its pid, host and start time);
+`lifecycle.seal` removes it after writing SHA256SUMS.
+
 Guarantees:
-- A bundle is sealed once SHA256SUMS exists; `check_resumable` refuses to re-open it, and refuses an
-  unsealed bundle whose written sample chunks differ from the hashes recorded when they were written.
+- A bundle is sealed once SHA256SUMS exists; `check_resumable` refuses to re-open it, or one whose
+  SHA256SUMS was removed after a seal (manifest.json or a report present), or whose sessions record
+  a finished run, or whose chunk records do not chain, or whose written sample chunks differ from
+  the hashes recorded when they were written, or that holds anything but regular files and
+  directories, or that another process holds (`lock_bundle`, naming the holder).
 - `verify_bundle` reports a difference if any byte of any file changed, if a file was added or
-  removed, if a sample chunk differs from its recorded hash, if protocol.yaml does not parse to
+  removed, if an entry is a symbolic link, a FIFO, a device or a directory holding no file of
+  SHA256SUMS (and then reads nothing more: no link is followed out of the bundle), if the chunk
+  records do not chain to the head the manifest names, if a sample chunk differs from its recorded hash, if protocol.yaml does not parse to
   protocol.json, if any value of summary.json differs from a recomputation from the raw samples,
   or if report.md / report.html differ byte for byte from a re-rendering of the bundle.
 - It cannot see a change that moves no statistic (two samples swapped within one stratum, with
@@ -33,6 +43,7 @@ Guarantees:
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -40,6 +51,8 @@ import math
 import os
 import re
 import secrets
+import socket
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -60,14 +73,18 @@ PROTOCOL_JSON = "protocol.json"
 STAGE2_DIR = "stage2"
 ERROR_LOG = "error.log"  # tracebacks of the system under test, one block per failed session (specval.execution)
 SAMPLES_DIR = "samples"
-CHUNKS_FILE = "chunks.json"  # {"samples/<file>": sha256} of one stage (the bundle or stage2/)
+CHUNKS_FILE = "chunks.json"  # the chained chunk records of one stage (the bundle or stage2/)
 SESSIONS_FILE = "sessions.json"
 REPORT_FILES = ("report.md", "report.html")
+LOCK_FILE = ".specval.lock"  # held by the process working on an unsealed bundle (`lock_bundle`)
 # 2: chunks.json, sessions.json, every file hashed, reports re-rendered by verify;
-# 3: reference.json's probabilities and token ids as base64 arrays (`reference.Reference.to_dict`)
-BUNDLE_FORMAT = 3
-VERIFIABLE_FORMATS = (2, 3)  # format 2 differs only in reference.json's encoding, which is read too
+# 3: reference.json's probabilities and token ids as base64 arrays (`reference.Reference.to_dict`);
+# 4: chunks.json a chain of records, its head in manifest.json (`chunk_heads`)
+BUNDLE_FORMAT = 4
+VERIFIABLE_FORMATS = (2, 3, 4)  # 2 and 3: chunks.json a {file: sha256} map, not chained
+CHAINED_FORMAT = 4  # the first format whose chunk records chain
 LEGACY_FORMAT = 1  # bundles whose run.json records no format
+FINISHED_OUTCOMES = ("PASS", "FAIL", "INCONCLUSIVE")  # a session that ended with one of them finished the run
 PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
             "click", "pyyaml", "tqdm")
 
@@ -165,49 +182,128 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """The JSON value of the regular file `path` (BundleError if it is missing, not a regular
+    file, e.g. a symbolic link or a FIFO, which is never followed or opened, or not JSON)."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(regular_file(path).read_text())
     except FileNotFoundError as err:
         raise BundleError(f"{path}: missing") from err
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BundleError(f"{path}: not valid JSON ({err})") from err
+
+
+# ---------------------------------------------------------------- entries
+
+
+ENTRY_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
+               (stat.S_ISREG, "a regular file"))
+
+
+def entry_kind(mode: int) -> str:
+    """What an `lstat` mode describes, in words ("a symbolic link", "a FIFO", ...)."""
+    return next((words for test, words in ENTRY_KINDS if test(mode)), f"an entry of mode {mode:o}")
+
+
+def regular_file(path: Path) -> Path:
+    """`path` when it is a regular file; BundleError naming what it is otherwise. A symbolic link
+    is reported as one, never followed (FileNotFoundError when nothing is there)."""
+    mode = path.lstat().st_mode
+    if not stat.S_ISREG(mode):
+        raise BundleError(f"{path}: {entry_kind(mode)}, not a regular file")
+    return path
+
+
+def _entries(directory: Path, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """(name relative to the bundle, lstat mode) of every entry under `directory`, in name order;
+    a symbolic link is listed, never followed."""
+    with os.scandir(directory) as found:
+        entries = sorted(found, key=lambda entry: entry.name)
+    for entry in entries:
+        name, mode = prefix + entry.name, entry.stat(follow_symlinks=False).st_mode
+        yield name, mode
+        if stat.S_ISDIR(mode):
+            yield from _entries(Path(entry.path), f"{name}/")
+
+
+def check_entries(bundle: Path, listed: set[str] | None) -> list[str]:
+    """Every entry of the bundle that is neither a regular file nor a directory (symbolic links,
+    FIFOs, devices, sockets) and, when `listed` (the files of SHA256SUMS) is given, every
+    directory holding none of them. Reads no file."""
+    holders = {"/".join(name.split("/")[:depth]) for name in listed or () for depth in range(1, name.count("/") + 1)}
+    problems = []
+    for name, mode in _entries(bundle):
+        if stat.S_ISDIR(mode):
+            if listed is not None and name not in holders:
+                problems.append(f"{name}/: a directory holding no file of {SUMS_FILE}")
+        elif not stat.S_ISREG(mode):
+            problems.append(f"{name}: {entry_kind(mode)}; a bundle holds regular files only (nothing is followed)")
+    return problems
 
 
 # ---------------------------------------------------------------- checksums
 
 
-def _files(bundle: Path) -> Iterator[str]:
-    """Every file of the bundle but SHA256SUMS, dotfiles and files in subdirectories included."""
-    for path in sorted(bundle.rglob("*")):
-        name = path.relative_to(bundle).as_posix()
-        if path.is_file() and name != SUMS_FILE:
+UNLISTED_FILES = (SUMS_FILE,)  # files on disk that SHA256SUMS never lists
+
+
+def _files(bundle: Path, unlisted: tuple[str, ...] = UNLISTED_FILES) -> Iterator[str]:
+    """Every regular file of the bundle but `unlisted`, dotfiles and files in subdirectories
+    included (symbolic links and other entries are `check_entries`' to report)."""
+    for name, mode in _entries(bundle):
+        if stat.S_ISREG(mode) and name not in unlisted:
             yield name
 
 
+NO_FOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO does not block
+
+
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    """SHA-256 of the regular file `path` (BundleError for a symbolic link or any other entry)."""
+    try:
+        handle = os.fdopen(os.open(path, NO_FOLLOW), "rb")
+    except OSError as err:
+        if path.is_symlink():
+            raise BundleError(f"{path}: a symbolic link, not a regular file") from err
+        raise
+    with handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise BundleError(f"{path}: {entry_kind(mode)}, not a regular file")
+        digest = hashlib.sha256()
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
 
 
 def write_sums(bundle: Path) -> None:
-    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle)]
+    """SHA256SUMS over every regular file but itself and the lock file of the sealing process."""
+    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle, (SUMS_FILE, LOCK_FILE))]
     (bundle / SUMS_FILE).write_text("".join(lines))
+
+
+def read_sums(bundle: Path) -> dict[str, str]:
+    """{file: sha256} of SHA256SUMS (BundleError if it is missing, not a regular file or malformed)."""
+    path = bundle / SUMS_FILE
+    try:
+        text = regular_file(path).read_text(errors="replace")
+    except FileNotFoundError as err:
+        raise BundleError(f"{SUMS_FILE} is missing") from err
+    listed = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, _, name = line.partition("  ")
+        if not name:
+            raise BundleError(f"{SUMS_FILE}: line {number} is not `<sha256>  <path>`")
+        listed[name] = digest
+    return listed
 
 
 def check_sums(bundle: Path) -> list[str]:
     """Differences between SHA256SUMS and the files on disk (empty list: all match)."""
-    path = bundle / SUMS_FILE
-    if not path.exists():
-        return [f"{SUMS_FILE} is missing"]
-    listed = {}
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        digest, _, name = line.partition("  ")
-        if not name:
-            return [f"{SUMS_FILE}: line {number} is not `<sha256>  <path>`"]
-        listed[name] = digest
+    try:
+        listed = read_sums(bundle)
+    except BundleError as err:
+        return [str(err)]
     problems = []
     on_disk = set(_files(bundle))
     for name in sorted(set(listed) - on_disk):
@@ -319,6 +415,8 @@ def load_plan_protocol(path: Path, parse: Callable[[Any, str], Any], load: Calla
     if protocol.hash != plan.protocol_hash:
         raise BundleError(f"{path / PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from "
                           f"{RUN_FILE}'s {plan.protocol_hash[:12]}")
+    if os.path.lexists(path / PROTOCOL_YAML):
+        regular_file(path / PROTOCOL_YAML)  # a FIFO or a link is reported, never opened
     written = load(path / PROTOCOL_YAML)
     if written.hash != protocol.hash:
         raise BundleError(f"{path / PROTOCOL_YAML}: parses to hash {written.hash[:12]}, not "
@@ -350,7 +448,9 @@ def _now() -> str:
 def begin_session(path: Path, command: list[str] | None = None) -> int:
     """Record that a process starts working on the bundle (a run, or a resume): its command
     (None: this process's own, `invocation()`), start time and code version. Returns its index
-    for `end_session`. A session that never ends (killed, or raised) keeps `finished` null."""
+    for `end_session`. A session that never ends (killed, or raised) keeps `finished` null. The
+    process holds the bundle's lock from here on (`lock_bundle`; BundleError if another does)."""
+    lock_bundle(path)
     sessions = read_sessions(path)
     sessions.append({"command": list(command or invocation()), "started": _now(), "code": code_version(),
                      "finished": None, "samples_drawn": None, "outcome": None})
@@ -371,19 +471,95 @@ def end_session(path: Path, index: int, samples_drawn: int | None, outcome: str)
 
 # ---------------------------------------------------------------- sample chunks
 
+CHAIN_TAG = "specval chunk chain v1"  # the start of every chain's genesis, so no other hash can pose as one
+
+
+def _bundle_of(root: Path) -> Path:
+    """The bundle a stage root (the bundle itself or its stage2/) belongs to."""
+    return root.parent if root.name == STAGE2_DIR and not (root / RUN_FILE).exists() else root
+
+
+def _stage_prefix(root: Path) -> str:
+    return "" if _bundle_of(root) == root else f"{STAGE2_DIR}/"
+
+
+def chain_genesis(root: Path) -> str:
+    """The `prev` of a stage's first chunk record: a hash of the plan run.json records (protocol
+    hash, registration, exploratory flag, seed ranges, semantics; stage 2's ranges for stage 2)
+    and of the stage, so a chain never moves to another protocol, registration, seed range or
+    stage unnoticed."""
+    plan = RunPlan.from_dict(read_json(_bundle_of(root) / RUN_FILE))
+    stage = _stage_prefix(root)
+    anchor = {"tag": CHAIN_TAG, "stage": stage, "protocol_hash": plan.protocol_hash,
+              "registration": plan.registration, "exploratory": plan.exploratory,
+              "ranges": _range_dicts(plan.ranges), "semantics": dict(plan.semantics),
+              "stage2_ranges": _range_dicts(plan.stage2_ranges) if stage else []}
+    return record_hash(anchor)
+
+
+def record_hash(record: dict) -> str:
+    """SHA-256 of one chunk record in canonical JSON (sorted keys, no spaces): the next record's `prev`."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_chunk_records(root: Path) -> list | dict:
+    """chunks.json of one stage as stored: a list of records (format 4) or a {file: sha256} map
+    (formats 2 and 3); an empty list before the first chunk."""
+    if not (root / CHUNKS_FILE).exists() and not (root / CHUNKS_FILE).is_symlink():
+        return []
+    records = read_json(root / CHUNKS_FILE)
+    if not isinstance(records, (list, dict)):
+        raise BundleError(f"{root / CHUNKS_FILE}: expected a JSON array of chunk records, found "
+                          f"{type(records).__name__}")
+    return records
+
+
+def chain_problems(root: Path, records: list | dict) -> list[str]:
+    """Why one stage's chunk records do not chain (empty: each record names a file and its
+    sha256 and carries the hash of the record before it, the first the stage's genesis)."""
+    where = f"{_stage_prefix(root)}{CHUNKS_FILE}"
+    if not isinstance(records, list):
+        return [f"{where}: a map of hashes, not a chain of records (bundle format {CHAINED_FORMAT} chains them)"]
+    prev = chain_genesis(root)
+    for number, record in enumerate(records):
+        if not (isinstance(record, dict) and set(record) == {"file", "sha256", "prev"}
+                and all(isinstance(v, str) for v in record.values())):
+            return [f"{where}: record {number} is not {{file, sha256, prev}}"]
+        if record["prev"] != prev:
+            return [f"{where}: record {number} ({record['file']}) does not chain: its prev {record['prev'][:12]} is "
+                    f"not the hash {prev[:12]} of {'the record before' if number else 'the plan in run.json'}"]
+        prev = record_hash(record)
+    return []
+
+
+def chain_head(root: Path) -> str:
+    """The hash a stage's next chunk record chains from: the last record's, or the genesis."""
+    records = read_chunk_records(root)
+    if not isinstance(records, list):
+        raise BundleError(f"{root / CHUNKS_FILE}: a map of hashes, not a chain of records")
+    return record_hash(records[-1]) if records else chain_genesis(root)
+
+
+def chunk_heads(path: Path) -> dict[str, str]:
+    """{chunks.json of each stage: its chain head}: what manifest.json records (`lifecycle.write_manifest`)."""
+    return {f"{_stage_prefix(stage)}{CHUNKS_FILE}": chain_head(stage) for stage in _stages(path)}
+
 
 def write_chunk(root: Path, path: Path, write: Callable[[Path], None]) -> None:
-    """Write one sample chunk atomically and record its sha256 in `root/chunks.json`.
+    """Write one sample chunk atomically and append its record to `root/chunks.json`.
 
     Order: temp file, hash, record, rename. A kill at any point leaves either no chunk file (its
-    record, if any, is replaced when the chunk is written again) or a chunk whose hash is recorded;
-    never a chunk file without a record."""
+    record, if any, is superseded by the record appended when the chunk is written again) or a
+    chunk whose hash is recorded; never a chunk file without a record. A chunk already written is
+    never replaced (BundleError)."""
+    name = path.relative_to(root).as_posix()
+    if os.path.lexists(path):
+        raise BundleError(f"{path}: already written; a written sample chunk is never replaced")
     tmp = temp_path(path)
     try:
         write(tmp)
-        index = read_chunk_index(root)
-        index[path.relative_to(root).as_posix()] = sha256_file(tmp)
-        write_json(root / CHUNKS_FILE, index)
+        record = {"file": name, "sha256": sha256_file(tmp), "prev": chain_head(root)}
+        write_json(root / CHUNKS_FILE, [*read_chunk_records(root), record])
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -396,7 +572,14 @@ def write_json_chunk(root: Path, path: Path, obj: Any) -> None:
 
 
 def read_chunk_index(root: Path) -> dict[str, str]:
-    return read_typed(root / CHUNKS_FILE, dict) if (root / CHUNKS_FILE).exists() else {}
+    """{file: sha256} of one stage's chunk records (a file recorded twice: its last record)."""
+    records = read_chunk_records(root)
+    if isinstance(records, dict):
+        return records
+    try:
+        return {record["file"]: record["sha256"] for record in records}
+    except (TypeError, KeyError) as err:
+        raise BundleError(f"{root / CHUNKS_FILE}: a record is not {{file, sha256, prev}}") from err
 
 
 def _sample_files(root: Path) -> set[str]:
@@ -406,13 +589,18 @@ def _sample_files(root: Path) -> set[str]:
             if p.is_file() and not p.name.startswith(".")} if directory.is_dir() else set()
 
 
-def check_chunks(root: Path, complete: bool) -> list[str]:
+def check_chunks(root: Path, complete: bool, chained: bool = True) -> list[str]:
     """Differences between the sample files of one stage (the bundle or stage2/) and the hashes
     recorded as they were written. `complete`: every recorded chunk must also exist (a finished
-    bundle); otherwise a recorded chunk may be missing (a run killed before its rename)."""
-    where = "" if root.name != STAGE2_DIR else f"{STAGE2_DIR}/"
+    bundle); otherwise a recorded chunk may be missing (a run killed before its rename).
+    `chained`: the records must chain (`chain_problems`; formats before 4 recorded a map)."""
+    where = _stage_prefix(root)
     if complete and not (root / CHUNKS_FILE).exists():
         return [f"{where}{CHUNKS_FILE} is missing"]
+    records = read_chunk_records(root)
+    problems = chain_problems(root, records) if chained else []
+    if problems:
+        return problems
     index, on_disk = read_chunk_index(root), _sample_files(root)
     problems = [f"{where}{name}: written but its sha256 was never recorded in {CHUNKS_FILE}"
                 for name in sorted(on_disk - set(index))]
@@ -427,14 +615,86 @@ def _stages(path: Path) -> list[Path]:
     return [path] + ([path / STAGE2_DIR] if (path / STAGE2_DIR).is_dir() else [])
 
 
-def check_resumable(path: Path) -> None:
-    """Refuse (BundleError naming the bundle) to resume anything but an unsealed bundle whose
-    written chunks match their recorded hashes. Call it before the bundle is touched."""
-    if not (path / RUN_FILE).is_file():
-        raise BundleError(f"{path}: not a bundle ({RUN_FILE} missing)")
-    if (path / SUMS_FILE).exists():
-        raise BundleError(f"{path}: sealed ({SUMS_FILE} present); a sealed bundle is never re-opened, "
-                          "start a new run")
+# ---------------------------------------------------------------- the bundle lock
+
+# The bundles this process holds: resolved path -> descriptor of its lock file. A flock belongs
+# to an open file, which must stay open from the claim (or the resume's checks) to the seal,
+# across calls whose shapes every kind shares; the table is this process's, as the locks are.
+_HELD_LOCKS: dict[Path, int] = {}
+
+
+def _holder(path: Path) -> str:
+    """Who holds the bundle's lock, as its lock file says ("pid 12 on host h since T")."""
+    try:
+        holder = json.loads((path / LOCK_FILE).read_text())
+        return f"pid {holder['pid']} on {holder['host']} since {holder['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process (its lock file names none)"
+
+
+def lock_bundle(path: Path) -> None:
+    """Hold the bundle's lock (`.specval.lock`, an exclusive flock) for this process until
+    `release_bundle` or the process's end; held already by this process: nothing to do.
+
+    Guarantee: two processes never work on one bundle at once; the second gets BundleError
+    naming the holder's pid, host and start time. A killed holder's lock ends with it (the
+    kernel drops a flock with its process), so a stale lock file never blocks a resume."""
+    key = path.resolve()
+    if key in _HELD_LOCKS:
+        return
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as err:
+        raise BundleError(f"{path / LOCK_FILE}: cannot create the bundle's lock ({err.strerror or err})") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as err:
+        os.close(fd)
+        raise BundleError(f"{path}: in use by {_holder(path)}; one process works on a bundle at a time") from err
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": _now()}
+    os.ftruncate(fd, 0)
+    os.write(fd, json_text(holder).encode())
+    _HELD_LOCKS[key] = fd
+
+
+def release_bundle(path: Path) -> None:
+    """Give up this process's lock of the bundle (none held: nothing to do); its lock file goes."""
+    fd = _HELD_LOCKS.pop(path.resolve(), None)
+    if fd is not None:
+        (path / LOCK_FILE).unlink(missing_ok=True)
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- resume
+
+
+SEALED_FILES = (MANIFEST_FILE, *REPORT_FILES)  # written only after the run's verdict, just before the seal
+
+
+def _finished_session(path: Path) -> str | None:
+    """Why the bundle's sessions say its run finished (None: no session ended with a verdict)."""
+    for number, session in enumerate(read_sessions(path)):
+        outcome = session.get("outcome") if isinstance(session, dict) else None
+        if outcome in FINISHED_OUTCOMES:
+            return f"{SESSIONS_FILE} records a finished run (session {number} ended {outcome} at {session.get('finished')})"
+    return None
+
+
+def _refuse_reopen(path: Path) -> None:
+    """BundleError unless the bundle is unsealed, unfinished, of this format, with regular files
+    only and chunk records that chain and match the written chunks."""
+    never = "a finished bundle is never re-opened, start a new run"
+    if (path / SUMS_FILE).exists() or (path / SUMS_FILE).is_symlink():
+        raise BundleError(f"{path}: sealed ({SUMS_FILE} present); a sealed bundle is never re-opened, start a new run")
+    sealed = [name for name in SEALED_FILES if os.path.lexists(path / name)]
+    if sealed:
+        raise BundleError(f"{path}: {SUMS_FILE} is missing but {sealed[0]} is present: the bundle was sealed; {never}")
+    entries = check_entries(path, None)
+    if entries:
+        raise BundleError(f"{path}: refusing to resume: {'; '.join(entries)}")
+    finished = _finished_session(path)
+    if finished:
+        raise BundleError(f"{path}: {finished}; {never}")
     plan = RunPlan.from_dict(read_json(path / RUN_FILE))
     if plan.bundle_format != BUNDLE_FORMAT:
         raise BundleError(f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval resumes "
@@ -443,6 +703,24 @@ def check_resumable(path: Path) -> None:
     if problems:
         raise BundleError(f"{path}: refusing to resume, its written samples do not match their recorded "
                           f"hashes: {'; '.join(problems)}")
+
+
+def check_resumable(path: Path) -> None:
+    """Refuse (BundleError naming the bundle and what is wrong, in one line) to resume anything
+    but an unsealed, unfinished bundle of this format that no other process holds, with regular
+    files only and chunk records that chain and match the written chunks. Call it before the
+    bundle is touched: a sealed bundle is refused before its lock file is made; otherwise this
+    process holds the bundle's lock from here to the seal (`lifecycle.seal`)."""
+    if not (path / RUN_FILE).is_file():
+        raise BundleError(f"{path}: not a bundle ({RUN_FILE} missing)")
+    if (path / SUMS_FILE).exists() or (path / SUMS_FILE).is_symlink():
+        _refuse_reopen(path)  # refused before anything is written
+    lock_bundle(path)
+    try:
+        _refuse_reopen(path)  # again under the lock: a holder may have sealed it since
+    except (BundleError, *READ_ERRORS):
+        release_bundle(path)
+        raise
 
 
 # ---------------------------------------------------------------- verification
@@ -502,9 +780,18 @@ def check_layout(path: Path) -> list[str]:
     return [f"{name}: not a file of the bundle layout" for name in _files(path) if name not in allowed]
 
 
+def _format(path: Path) -> int:
+    return RunPlan.from_dict(read_json(path / RUN_FILE)).bundle_format
+
+
 def check_all_chunks(path: Path) -> list[str]:
-    """`check_chunks` of every stage of a finished bundle."""
-    return [p for stage in _stages(path) for p in check_chunks(stage, complete=True)]
+    """`check_chunks` of every stage of a finished bundle; from format 4 on, the chains too and
+    their heads against the ones manifest.json records."""
+    chained = _format(path) >= CHAINED_FORMAT
+    problems = [p for stage in _stages(path) for p in check_chunks(stage, complete=True, chained=chained)]
+    if chained and not problems and read_typed(path / MANIFEST_FILE, dict).get("chunk_heads") != chunk_heads(path):
+        problems.append(f"{MANIFEST_FILE}: chunk_heads differ from the heads of the chunk records")
+    return problems
 
 
 def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> list[str]:
@@ -514,7 +801,15 @@ def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> li
     except READ_ERRORS as err:
         return [f"cannot re-render the report: {err}"]
     return [f"{name}: differs from its re-rendering from the bundle" for name, data in sorted(rendered.items())
-            if not (path / name).is_file() or (path / name).read_bytes() != data]
+            if not _regular_bytes(path / name) == data]
+
+
+def _regular_bytes(path: Path) -> bytes | None:
+    """The bytes of a regular file; None for anything else (a link is not followed)."""
+    try:
+        return regular_file(path).read_bytes()
+    except (BundleError, OSError):
+        return None
 
 
 def _run_check(check: Callable[[Path], list[str]], path: Path) -> list[str]:
@@ -532,12 +827,25 @@ def _recheck_summary(path: Path, recompute: Callable[[Path], dict]) -> list[str]
     return [f"{SUMMARY_FILE}: {d}" for d in diff(stored, recomputed)]
 
 
+def check_listed_entries(path: Path) -> list[str]:
+    """`check_entries` against the files SHA256SUMS lists (none readable: links and other entries only)."""
+    try:
+        listed = set(read_sums(path))
+    except BundleError:
+        listed = None
+    return check_entries(path, listed)
+
+
 def verify_bundle(path: Path, recompute: Callable[[Path], dict],
                   render: Callable[[Path], dict[str, bytes]]) -> list[str]:
     """Every difference between the bundle and its seals (SHA256SUMS, layout, chunks.json), its
     sessions, the summary `recompute(path)` derives from its raw files, and the reports
-    `render(path)` makes. A bundle of another format gets one line naming its format plus the
+    `render(path)` makes. A bundle holding anything but regular files and directories of
+    SHA256SUMS gets those entries and the checksums only: nothing else is read. A bundle of another format gets one line naming its format plus the
     checks every format promised (checksums, recomputed summary), not a line per missing record."""
+    entries = _run_check(check_listed_entries, path)
+    if entries:
+        return entries + check_sums(path)  # nothing more is read: no link is followed out of the bundle
     old_format = _run_check(check_format, path)
     problems = check_sums(path) + old_format
     if not old_format:

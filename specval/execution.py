@@ -11,7 +11,7 @@ Exit codes of `specval run` (and what raises them):
 Guarantees:
 - `guard_bundle` turns an exception raised by the system under test while a bundle is open into
   RunFailed: the traceback goes to `error.log` in the bundle (appended, one block per failure), the
-  bundle stays unsealed and resumable, and the terminal gets one line.
+  bundle stays unsealed and resumable (its lock given up), and the terminal gets one line.
 - An interrupt (SIGINT, or SIGTERM once `signals_interrupt` is installed) becomes RunInterrupted
   naming the bundle. Chunks are written atomically (temp file + rename), so an interrupted chunk is
   either complete or absent; `--resume` collects what is missing.
@@ -85,8 +85,12 @@ def guard_bundle(path: Path, session: int | None = None) -> Iterator[None]:
 
 
 def _close(path: Path, session: int | None, outcome: str) -> None:
-    if session is not None:
-        bundles.end_session(path, session, None, outcome)
+    """Close the open session as `outcome` and give up this process's lock of the bundle."""
+    try:
+        if session is not None:
+            bundles.end_session(path, session, None, outcome)
+    finally:
+        bundles.release_bundle(path)
 
 
 def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature

@@ -5,7 +5,9 @@
 
 Guarantees: a bundle directory is created only once its seed ranges are claimed in the ledger
 (`claim_bundle`, under the ledger lock), and never reuses an existing directory (`new_bundle`);
-`seal` writes SHA256SUMS last, after stale temp files of a killed process are removed. The kinds
+the process that creates (or resumes) a bundle holds its lock (`bundle.lock_bundle`) until it
+seals it, or until the run ends without a verdict (`execution.guard_bundle`); `seal` writes
+SHA256SUMS last, after stale temp files of a killed process are removed, then gives up the lock. The kinds
 differ only in what they sample and how they decide; the bundle's life is this module's.
 """
 
@@ -30,13 +32,15 @@ def timestamp() -> str:
 
 
 def new_bundle(output: Path, name: str) -> Path:
-    """A new, empty bundle directory `<output>/<name>-<stamp>[-<n>]` (never an existing one)."""
+    """A new bundle directory `<output>/<name>-<stamp>[-<n>]` (never an existing one), locked by
+    this process (`bundle.lock_bundle`: its lock file is the only entry)."""
     stamp = timestamp()
     path, suffix = output / f"{name}-{stamp}", 1
     while path.exists():
         suffix += 1
         path = output / f"{name}-{stamp}-{suffix}"
     path.mkdir(parents=True)
+    bundles.lock_bundle(path)
     return path
 
 
@@ -92,8 +96,9 @@ def write_manifest(path: Path, protocol: Any, ranges: Sequence[seeds.SeedRange],
     """manifest.json. `command` None records this process's own invocation (`bundles.invocation`).
     `code` is the code version of this process; `sessions` every session of the bundle
     (sessions.json), so a resumed run lists each process that worked on it with its own code
-    version; `seeds_stage2` (a two-stage distribution run) is recorded only when not empty."""
-    manifest = {"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
+    version; `seeds_stage2` (a two-stage distribution run) is recorded only when not empty;
+    `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them."""
+    manifest = {"chunk_heads": bundles.chunk_heads(path),"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
                 "code": bundles.code_version(), "command": list(command or bundles.invocation()),
                 "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
                 "seeds": [r.to_dict() for r in ranges], "sessions": bundles.read_sessions(path), **timing}
@@ -104,6 +109,8 @@ def write_manifest(path: Path, protocol: Any, ranges: Sequence[seeds.SeedRange],
 
 def seal(path: Path) -> None:
     """Seal a bundle whose files are all written: temp files of a killed process removed, then
-    SHA256SUMS over every file."""
+    SHA256SUMS over every file, then this process's lock of the bundle given up (its lock file
+    removed: a sealed bundle holds exactly the files SHA256SUMS lists)."""
     bundles.remove_stale_temps(path)
     bundles.write_sums(path)
+    bundles.release_bundle(path)

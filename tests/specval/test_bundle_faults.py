@@ -18,18 +18,16 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
+from tests.fixtures.fake_sut import FakeSUT
+from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 import specval
 from specval import bundle as bundles
 from specval import seeds
 from specval.distribution import runner
 from specval.cli import main
-from specval.execution import RunInterrupted
 
 DEFAULT_UMASK = 0o022
-SMALL = {"samples_per_group": 400, "chunk_size": 200, "batch_size": 100,
-         "profiles": {"ci": {"samples_per_group": 400}}}  # 4 chunks of 2 batches: a bundle in seconds
 
 
 def _with_umask(mask: int, make):
@@ -57,13 +55,7 @@ def copy(sealed, tmp_path) -> Path:
 
 @pytest.fixture
 def killed(tmp_path) -> Path:
-    """An unsealed bundle of a run killed after its first two chunks."""
-    protocol = write_protocol(tmp_path, fake_protocol_dict(**SMALL))
-    with pytest.raises(RunInterrupted):
-        runner.run(protocol, "ci", tmp_path / "results", sut_factory=KilledFakeSUT, progress=False)
-    (path,) = (tmp_path / "results").glob("fake_t2-*")
-    assert len(list((path / "samples").glob("*.parquet"))) == 2
-    return path
+    return killed_bundle(tmp_path)
 
 
 def _reseal(bundle: Path) -> list[str]:
@@ -219,14 +211,14 @@ def test_a_format_2_bundle_still_verifies_and_format_1_is_refused_by_name(copy):
         run = json.loads((copy / bundles.RUN_FILE).read_text())
         run["bundle_format"] = found
         bundles.write_json(copy / bundles.RUN_FILE, run)
-        assert f"run.json: bundle format {found}, this specval verifies formats 2, 3 (re-run it)" in _reseal(copy)
+        assert f"run.json: bundle format {found}, this specval verifies formats 2, 3, 4 (re-run it)" in _reseal(copy)
 
 
 def test_resume_of_an_older_format_bundle_is_refused(killed):
     run = json.loads((killed / bundles.RUN_FILE).read_text())
     run["bundle_format"] = 2
     bundles.write_json(killed / bundles.RUN_FILE, run)
-    with pytest.raises(bundles.BundleError, match="bundle format 2, this specval resumes format 3 only"):
+    with pytest.raises(bundles.BundleError, match="bundle format 2, this specval resumes format 4 only"):
         bundles.check_resumable(killed)
 
 
@@ -302,6 +294,7 @@ def test_every_file_of_a_bundle_and_the_ledger_follow_the_default_umask(sealed):
 
 def test_atomic_writers_follow_another_umask(tmp_path):
     (tmp_path / "samples").mkdir()
+    (tmp_path / bundles.RUN_FILE).write_text(bundles.json_text(bundles.RunPlan("p", "0" * 64, None, ()).to_dict()))
 
     def write_all():
         bundles.write_json(tmp_path / "a.json", {"x": 1})

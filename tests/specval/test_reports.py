@@ -73,4 +73,4 @@ def test_kept_bundle_verifies(bundle):
 def test_old_format_bundle_is_refused_by_verify_with_its_format_named(bundle):
     result = CliRunner().invoke(main, ["verify", str(bundle)])
     assert result.exit_code == 1, result.output
-    assert f"bundle format {_format(bundle)}, this specval verifies formats 2, 3" in result.output
+    assert f"bundle format {_format(bundle)}, this specval verifies formats 2, 3, 4" in result.output

@@ -14,6 +14,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 from scipy import stats
+from tests.fixtures.forge import reseal
 
 from specval.performance import bench as benching
 from specval import bundle as bundles
@@ -234,10 +235,9 @@ def _bundle(output: Path) -> Path:
 
 
 def _reseal(path: Path) -> None:
-    """Re-hash a tampered timings table everywhere a hash of it is kept (chunks.json, SHA256SUMS)."""
-    bundles.write_json(path / bundles.CHUNKS_FILE,
-                       {benching.TIMINGS_FILE: bundles.sha256_file(path / benching.TIMINGS_FILE)})
-    bundles.write_sums(path)
+    """Re-hash a tampered timings table everywhere a hash of it is kept (chunks.json and its chain
+    head in manifest.json, SHA256SUMS)."""
+    reseal(path)
 
 
 def test_bench_verify_tamper_end_to_end(tmp_path, one_thread):

@@ -104,14 +104,15 @@ def test_tampered_completion_is_caught_by_verify(tmp_path):
 
 def test_quality_samples_are_hashed_as_written_and_a_sealed_bundle_is_not_resumed(tmp_path):
     path, _ = run(tmp_path, protocol_dict(5))
-    recorded = bundles.read_json(path / "chunks.json")
+    recorded = bundles.read_chunk_index(path)
     assert recorded == {f"samples/{g}.json": bundles.sha256_file(path / "samples" / f"{g}.json")
                         for g in ("nospec", "sync")}
+    assert bundles.chain_problems(path, bundles.read_json(path / "chunks.json")) == []
     with pytest.raises(bundles.BundleError, match="a sealed bundle is never re-opened"):
         quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
-    (path / "SHA256SUMS").unlink()  # unsealed, but a sample no longer matches its recorded hash
+    (path / "SHA256SUMS").unlink()  # the laundering door: unseal, tamper, resume to re-seal
     bundles.write_json(path / "samples" / "sync.json", [])
-    with pytest.raises(bundles.BundleError, match="samples/sync.json: sha256 differs from the one recorded"):
+    with pytest.raises(bundles.BundleError, match="SHA256SUMS is missing but manifest.json is present"):
         quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
 
 
