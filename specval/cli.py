@@ -495,6 +495,63 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
 
 
 
+@main.command(name="check-adapter")
+@click.argument("adapter")
+@click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Take the sut settings, prompt, sampling, groups and K from this protocol (nothing is run).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="A sut.options entry for the adapter's constructor (VALUE read as YAML; repeatable).")
+@click.option("--num-speculative-tokens", "-k", default=None, type=click.IntRange(min=1),
+              help="K given to the constructor (default: the protocol's, else 2).")
+def check_adapter(adapter, protocol_file, options, num_speculative_tokens) -> None:
+    """Exercise ADAPTER ("package.module:Class" or an entry point name) the way a run does, without
+    a protocol run, and print what to fix: contract shapes and dtypes, token ranges and counts,
+    seeded reproducibility, batch independence, distinct seeds, cache-free target logits, a coarse
+    exact quadrature, vectorised accept_single, speed, describe().
+
+    Exit status: 0 nothing to fix (advice may be printed), 1 something to fix, 2 the adapter cannot
+    be loaded or constructed, or a bad --protocol / --option."""
+    import dataclasses
+
+    from specval import adapter_check as checks
+    from specval.sut import SUTError
+
+    try:
+        extra = _options(options)
+        k = num_speculative_tokens
+        if protocol_file is not None:
+            protocol = checks.with_adapter(protocols.load_protocol(protocol_file), adapter, extra)
+            protocol = protocol if k is None else dataclasses.replace(protocol, num_speculative_tokens=k)
+        else:
+            protocol = checks.check_protocol(adapter, extra, k or checks.DEFAULT_SPECULATIVE_TOKENS)
+        findings = checks.run_checks(protocol)
+    except (protocols.ProtocolError, checks.CannotLoad, SUTError) as err:
+        _input_error(f"cannot load adapter {adapter!r}: {err}" if not isinstance(err, protocols.ProtocolError) else err)
+    for finding in findings:
+        click.echo(finding.line())
+    fixes = [f for f in findings if f.level == checks.FIX]
+    advice = sum(f.level == checks.ADVICE for f in findings)
+    click.echo(f"{'FIX' if fixes else 'OK'}: {adapter}: {len(fixes)} to fix, {advice} advice, "
+               f"{len(findings) - len(fixes) - advice} ok (docs/harness.md section 8)")
+    sys.exit(EXIT_FAIL if fixes else EXIT_PASS)
+
+
+def _options(pairs: tuple[str, ...]) -> dict:
+    """--option KEY=VALUE pairs as sut.options (values read as YAML); ValueError naming a bad pair."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise protocols.ProtocolError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise protocols.ProtocolError(f"--option {pair!r}: the value is not YAML ({err})") from err
+    return out
+
+
 @main.command()
 @click.option("--tv", default=None, type=float, help="Target total-variation distance: print the samples needed.")
 @click.option("--n", "num_samples", default=None, type=click.IntRange(min=1), help="Samples: print the MDE.")

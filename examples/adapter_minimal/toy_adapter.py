@@ -7,8 +7,10 @@ temperature only (no top-k / top-p), so it declares that in its capabilities; sp
 any seed is claimed, a protocol that asks it for truncation.
 
 Everything an adapter needs is here: capabilities as data on the class, `vocab_size`, `encode`,
-`sample` (one row per seed, token sources, counts), `target_logits`, `draft_logits`, and
-`accept_single`, the acceptance step on caller-supplied uniforms that the exact quadrature sweeps.
+`sample` (one row per seed, token sources, counts), `target_logits`, `draft_logits`, `describe`, and
+`accept_single`, the acceptance step on caller-supplied uniforms that the exact quadrature sweeps
+(vectorised over rows: it is called with thousands of rows at a time).
+`specval check-adapter toy_adapter:ToySUT` (from this folder, with PYTHONPATH=.) checks all of it.
 It also plants two bugs for `specval mutate` (listed in `capabilities.mutants`, switched on by
 `sut.options.mutant`): one that changes the output law and one that does not.
 """
@@ -21,6 +23,7 @@ from specval.sut import SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
 
 VOCAB = 8
 WEIGHTS_SEED = 7  # the toy model's fixed weights
+TOY_VERSION = "1"  # recorded by describe(); bump when the sampler changes
 RESIDUAL_FROM_P, ACCEPT_BY_DIVISION = "residual_from_p", "accept_by_division"
 MUTANTS = (
     PlantedMutant(RESIDUAL_FROM_P, "the correction is drawn from p instead of max(p - q, 0)",
@@ -74,6 +77,12 @@ class ToySUT(SUT):
         for group in groups:
             if group.mode not in self.capabilities.modes:
                 raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported")
+
+    def describe(self) -> dict:
+        """What the bundle's manifest records about the system under test: name, version, model, device."""
+        return {"adapter": type(self).__name__, "engine": "toy bigram speculative sampler", "version": TOY_VERSION,
+                "vocab_size": VOCAB, "weights_seed": WEIGHTS_SEED, "device": "cpu (numpy float64)",
+                "mutant": self.mutant}
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self.target[token_ids[-1]].astype(np.float32)

@@ -1,0 +1,90 @@
+"""`specval check-adapter`: each planted break of the adapter contract is named as a FIX, a correct
+adapter has nothing to fix, and the exit codes are 0 / 1 / 2.
+
+Deterministic: the fault adapters are exact samplers with one break each (the quadrature check is an
+exact sweep). The one timing check asserted (`vectorised`) compares a per-row Python loop, whose time
+per row equals a one-row call's, against the threshold VECTORISED_RATIO = 0.1: load slows both calls
+alike, so the ratio stays near 1 for the loop and near 0.01 or below for the vectorised FakeSUT.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+
+from specval import adapter_check as checks
+from specval.cli import main
+
+FAULTS = "tests.fixtures.adapter_faults"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adapter_minimal"
+
+
+def _levels(adapter: str, **options) -> dict[str, set[str]]:
+    findings = checks.run_checks(checks.check_protocol(adapter, options, checks.DEFAULT_SPECULATIVE_TOKENS))
+    out: dict[str, set[str]] = {checks.OK: set(), checks.FIX: set(), checks.ADVICE: set()}
+    for finding in findings:
+        out[finding.level].add(finding.check)
+    return out
+
+
+def test_a_correct_adapter_has_nothing_to_fix():
+    levels = _levels(f"{FAULTS}:CheckedFakeSUT")
+    assert levels[checks.FIX] == set() and levels[checks.ADVICE] == set()
+    assert {"modes", "contract", "tokens", "reproducible", "batch_independent", "distinct_seeds", "target_logits",
+            "quadrature", "vectorised", "speed", "describe"} <= levels[checks.OK]
+
+
+@pytest.mark.parametrize("adapter, fixes", [
+    ("SeedIgnoredSUT", {"distinct_seeds"}),
+    ("BatchSeededSUT", {"batch_independent"}),
+    ("OutOfRangeSUT", {"tokens"}),
+    ("ResidualFromPSUT", {"quadrature"}),
+])
+def test_each_planted_break_is_named(adapter, fixes):
+    assert _levels(f"{FAULTS}:{adapter}")[checks.FIX] == fixes
+
+
+def test_target_logits_that_drift_between_calls_are_named():
+    assert {"target_logits", "reproducible"} <= _levels(f"{FAULTS}:DriftingTargetSUT")[checks.FIX]
+
+
+def test_modes_declared_but_refused_and_the_default_describe_are_named():
+    levels = _levels("tests.fixtures.fake_sut:FakeSUT")  # declares all modes, runs nospec and sync
+    assert levels[checks.FIX] == {"modes"} and levels[checks.ADVICE] == {"describe"}
+
+
+def test_a_per_row_accept_single_is_advised_to_vectorise():
+    levels = _levels(f"{FAULTS}:PerRowAcceptSUT")
+    assert levels[checks.FIX] == set() and "vectorised" in levels[checks.ADVICE]
+
+
+@pytest.fixture
+def toy_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    yield
+    sys.modules.pop("toy_adapter", None)
+
+
+def test_exit_codes_and_output(toy_importable):
+    cli = CliRunner()
+    ok = cli.invoke(main, ["check-adapter", "toy_adapter:ToySUT"])
+    assert ok.exit_code == 0 and ok.output.splitlines()[-1].startswith("OK: toy_adapter:ToySUT: 0 to fix, 0 advice")
+    planted = cli.invoke(main, ["check-adapter", "toy_adapter:ToySUT", "--option", "mutant=residual_from_p"])
+    assert planted.exit_code == 1 and "FIX     quadrature:" in planted.output
+    for args, text in ((["nowhere.at_all:Missing"], "cannot import 'nowhere.at_all:Missing'"),
+                       ([f"{FAULTS}:RaisingConstructorSUT"], "the constructor raised RuntimeError: no model file"),
+                       (["toy_adapter:ToySUT", "--option", "mutant"], "--option 'mutant': expected KEY=VALUE")):
+        refused = cli.invoke(main, ["check-adapter", *args])
+        assert refused.exit_code == 2 and text in refused.output and "Traceback" not in refused.output, args
+
+
+def test_a_protocol_supplies_the_settings(tmp_path):
+    """--protocol: its groups (nospec and sync, no async) and sut settings are used; -k overrides K."""
+    path = write_protocol(tmp_path, fake_protocol_dict())
+    result = CliRunner().invoke(main, ["check-adapter", f"{FAULTS}:CheckedFakeSUT", "--protocol", str(path), "-k", "1"])
+    assert result.exit_code == 0, result.output
+    assert "check_groups accepts ['nospec', 'sync']" in result.output
