@@ -279,7 +279,7 @@ def run_protocol_file(source: ProtocolFile | None, protocol_file: Path | None, p
                                   announce=announce, command=command,
                                   parsed=None if source is None else source.load(), **options)
     if junit is not None:
-        junits.write_junit(summary, Path(junit))
+        junits.write_junit(summary, Path(junit), path)
     return Result.from_summary(path, summary)
 
 

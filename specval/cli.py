@@ -278,7 +278,7 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
     _print_verdict(result.summary, result.bundle)
     if junit:
         try:
-            write_junit(result.summary, junit)
+            write_junit(result.summary, junit, result.bundle)
         except OSError as err:
             _input_error(f"--junit {junit}: cannot write ({err.strerror or err}); the verdict above stands")
     sys.exit(EXIT_PASS if result.passed else EXIT_FAIL)
@@ -425,7 +425,21 @@ def ls_command(output) -> None:
     """List the bundles under --output with their verdicts."""
     for path in sorted(p for p in Path(output).glob("*") if (p / bundles.RUN_FILE).exists()):
         sealed = "sealed" if (path / bundles.SUMS_FILE).exists() else "unsealed"
-        click.echo(f"{_listed_state(path, sealed == 'sealed'):<13} {sealed:<9} {path}")
+        state = _listed_state(path, sealed == "sealed")
+        marked = f"EXPLORATORY {state}" if _listed_exploratory(path) else state
+        click.echo(f"{marked:<{LS_STATE_WIDTH}} {sealed:<9} {path}")
+
+
+LS_STATE_WIDTH = len("EXPLORATORY INCONCLUSIVE")  # the widest state `ls` prints
+
+
+def _listed_exploratory(path: Path) -> bool:
+    """True iff the bundle's run.json records an exploratory run (an unreadable one: False; its
+    state then says what is wrong)."""
+    try:
+        return bundles.read_json(path / bundles.RUN_FILE).get("exploratory") is True
+    except (bundles.BundleError, *bundles.READ_ERRORS):
+        return False
 
 
 def _listed_state(path: Path, sealed: bool) -> str:

@@ -14,7 +14,7 @@ from specval.distribution.collect import load_samples
 from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.html import html_table, page, render_html
-from specval.report.markdown import md_table, render_markdown
+from specval.report.markdown import md_table, render_markdown, verdict_text
 from specval.seeds import SeedRange
 
 
@@ -107,11 +107,12 @@ def summary_files(path: Path, facts: Callable[[dict, dict], list[str]],
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     listed, parts = facts(summary, manifest), sections(summary, manifest)
     name, verdict, reason = summary["protocol"]["name"], summary["verdict"], summary["reason"]
-    lines = [f"# {name}: {verdict}", "", reason, ""] + [f"- {fact}" for fact in listed]
+    shown = verdict_text(summary)
+    lines = [f"# {name}: {shown}", "", reason, ""] + [f"- {fact}" for fact in listed]
     for part in parts:
         lines += ["", f"## {part.title}", "", md_table(part.header, part.rows)]
         lines += [line for note in part.notes for line in ("", note)]
     body = "".join(f"<h2>{part.title}</h2>{html_table(part.header, part.rows)}"
                    + "".join(f"<p>{escape(note)}</p>" for note in part.notes) for part in parts)
     return {"report.md": ("\n".join(lines) + "\n").encode(),
-            "report.html": page(name, verdict, reason, listed, body).encode()}
+            "report.html": page(name, verdict, reason, listed, body, shown).encode()}

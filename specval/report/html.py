@@ -6,19 +6,25 @@ import base64
 import html
 
 from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, SESSION_HEADER, confirmation_lines, criteria_rows,
-                                     fmt, group_rows, provenance, semantics_text, session_rows)
+                                     fmt, group_rows, provenance, semantics_text, session_rows, verdict_text)
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
          ".INCONCLUSIVE{color:#a60}")
 
 
-def page(name: str, verdict: str, reason: str, facts: list[str], body: str) -> str:
-    """A self-contained page: "name: verdict", the reason, the facts as a list, then `body` (HTML)."""
+def heading(name: str, verdict: str, shown: str) -> str:
+    """<h1>name: verdict</h1>, the verdict as `shown` (e.g. "EXPLORATORY PASS") styled by `verdict`."""
+    return f"<h1>{html.escape(name)}: <span class='{verdict}'>{html.escape(shown)}</span></h1>"
+
+
+def page(name: str, verdict: str, reason: str, facts: list[str], body: str, shown: str | None = None) -> str:
+    """A self-contained page: "name: verdict" (the verdict as `shown` when given), the reason, the
+    facts as a list, then `body` (HTML)."""
     title = html.escape(name)
     items = "".join(f"<li>{html.escape(fact)}</li>" for fact in facts)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
-            f"</head><body><h1>{title}: <span class='{verdict}'>{verdict}</span></h1>"
+            f"</head><body>{heading(name, verdict, shown or verdict)}"
             f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n")
 
 
@@ -59,7 +65,7 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
                      f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for name, png in figures.items())
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
             f"<style>{STYLE}</style></head><body>"
-            f"<h1>{html.escape(proto['name'])}: <span class='{summary['verdict']}'>{summary['verdict']}</span></h1>"
+            f"{heading(proto['name'], summary['verdict'], verdict_text(summary))}"
             f"<p>{html.escape(summary['reason'])}</p>"
             f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
             f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "

@@ -22,15 +22,46 @@ def reason(summary: dict, name: str) -> str:
     return f"{first}; stage 2: {second['tests'][name]['reason']}" if second else first
 
 
-def write_junit(summary: dict, path: Path) -> None:
+CASE_PROPERTIES = (  # property name -> the criterion's summary keys, first present wins
+    ("statistic", ("statistic",)), ("p_value", ("p_value",)), ("p_adjusted", ("p_adjusted",)), ("mde", ("mde_tv",)),
+    ("mde_label", ("mde_label",)), ("sample_size", ("effective_n", "n")), ("planned_n", ("planned_n",)),
+)
+
+
+def _properties(parent: ET.Element, pairs: list[tuple[str, object]]) -> None:
+    """<properties> with one <property name value> per pair whose value is not None."""
+    kept = [(name, value) for name, value in pairs if value is not None]
+    if kept:
+        block = ET.SubElement(parent, "properties")
+        for name, value in kept:
+            ET.SubElement(block, "property", name=name, value=str(value))
+
+
+def _case_properties(test: dict, bundle: Path | None) -> list[tuple[str, object]]:
+    values = [(name, next((test[k] for k in keys if test.get(k) is not None), None)) for name, keys in CASE_PROPERTIES]
+    return values + [("bundle", bundle)]
+
+
+def _suite_properties(summary: dict, bundle: Path | None) -> list[tuple[str, object]]:
+    proto, registration = summary["protocol"], summary.get("registration") or {}
+    return [("protocol", proto["name"]), ("protocol_hash", proto.get("hash")), ("profile", proto.get("profile")),
+            ("verdict", summary["verdict"]), ("exploratory", registration.get("exploratory")), ("bundle", bundle)]
+
+
+def write_junit(summary: dict, path: Path, bundle: Path | None = None) -> None:
     """Gating FAIL that fails the run -> <failure>; any other non-PASS (INCONCLUSIVE, secondary FAIL,
-    a stage-1 FAIL that stage 2 did not confirm) -> <skipped>, as it does not gate."""
+    a stage-1 FAIL that stage 2 did not confirm) -> <skipped>, as it does not gate. The suite carries
+    the protocol, its hash, profile, verdict, exploratory flag and `bundle` as <properties>; each case
+    its statistic, p-value, Holm p, MDE (TV) and its label, sample size (samples tested), planned n and
+    `bundle` (those the criterion has)."""
     tests, failed = summary["tests"], failing(summary)
     suite = ET.Element("testsuite", name=f"specval.{summary['protocol']['name']}", tests=str(len(tests)),
                        failures=str(len(failed)),
                        skipped=str(sum(t["verdict"] != "PASS" and n not in failed for n, t in tests.items())))
+    _properties(suite, _suite_properties(summary, bundle))
     for name, test in sorted(tests.items()):
         case = ET.SubElement(suite, "testcase", classname=test["role"], name=name)
+        _properties(case, _case_properties(test, bundle))
         if name in failed:
             ET.SubElement(case, "failure", message=reason(summary, name)).text = reason(summary, name)
         elif test["verdict"] != "PASS":

@@ -5,6 +5,19 @@ from __future__ import annotations
 from specval.semantics import FilterSemantics
 
 
+EXPLORATORY = "EXPLORATORY"  # marks the verdict of a protocol run unfrozen (--exploratory)
+
+
+def is_exploratory(summary: dict) -> bool:
+    """True iff the summary records an exploratory run (bundles made before the field: False)."""
+    return bool((summary.get("registration") or {}).get("exploratory"))
+
+
+def verdict_text(summary: dict) -> str:
+    """The verdict as titles and listings show it: "EXPLORATORY PASS" for an exploratory run."""
+    return f"{EXPLORATORY} {summary['verdict']}" if is_exploratory(summary) else summary["verdict"]
+
+
 def fmt(value, digits: int = 4) -> str:
     if value is None:
         return "-"
@@ -105,7 +118,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
     lines = [
-        f"# {proto['name']}: {summary['verdict']}", "",
+        f"# {proto['name']}: {verdict_text(summary)}", "",
         summary["reason"], "",
         f"- protocol hash: `{proto['hash']}` (profile: {proto['profile']})",
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "

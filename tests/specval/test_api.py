@@ -77,6 +77,7 @@ def test_sut_argument_replaces_the_protocols_adapter_and_failing_names_what_fail
     text = result.explain()
     assert text.splitlines()[0].startswith("fake_t2 (ci): EXPLORATORY FAIL")
     assert f"bundle: {result.bundle}" in text and "quadrature.adversarial" in text
+    assert (result.bundle / "report.md").read_text().startswith("# fake_t2: EXPLORATORY FAIL\n")
     sessions = (result.bundle / "sessions.json").read_text()
     assert "specval.run" in sessions and "sut=tests.fixtures.fake_sut:BuggyFakeSUT" in sessions
 

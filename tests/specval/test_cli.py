@@ -95,3 +95,16 @@ def test_seed_offset_overlapping_the_ledger_is_refused(cli, tmp_path):
     assert _run(cli, "run", str(file), "--quiet").exit_code == 0
     result = _run(cli, "run", str(file), "--quiet", "--seed-offset", "100")
     assert result.exit_code == 2 and "overlaps" in result.output
+
+
+def test_ls_marks_exploratory_bundles(cli, tmp_path):
+    """Deterministic: hand-made bundle folders (run.json, summary.json), one frozen, one exploratory."""
+    for name, exploratory, verdict in (("a-1", False, "PASS"), ("b-1", True, "FAIL"), ("c-1", True, None)):
+        bundle = tmp_path / "results" / name
+        bundle.mkdir(parents=True)
+        (bundle / "run.json").write_text(json.dumps({"exploratory": exploratory}))
+        if verdict:
+            (bundle / "summary.json").write_text(json.dumps({"verdict": verdict}))
+    lines = _run(cli, "ls").output.splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["PASS", "EXPLORATORY FAIL", "EXPLORATORY INCOMPLETE"]
+    assert all(line.endswith(f"results/{name}") for line, name in zip(lines, ("a-1", "b-1", "c-1")))
