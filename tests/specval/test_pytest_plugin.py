@@ -50,14 +50,17 @@ def _example_copy(tmp_path: Path) -> Path:
     return suite
 
 
+def _pytest(suite: Path, *args: str) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                          cwd=suite, env=env, capture_output=True, text=True, timeout=600)
+    return done.returncode, done.stdout + done.stderr
+
+
 def test_the_example_suite_passes_and_a_failing_run_names_its_criteria_and_bundle(tmp_path):
     suite = _example_copy(tmp_path)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", "j.xml",
-                           "--specval-output", "bundles", "-o", "junit_family=xunit1"],
-                          cwd=suite, env=env, capture_output=True, text=True, timeout=600)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1 and "1 failed, 2 passed, 2 errors" in out, out  # refusals: setup errors
+    code, out = _pytest(suite, "--junitxml", "j.xml", "--specval-output", "bundles", "-o", "junit_family=xunit1")
+    assert code == 1 and "1 failed, 2 passed, 2 errors" in out, out  # refusals: setup errors
     failure = out[out.index("test_planted_bug_fails_the_test"):]
     assert "toy_t2 (smoke): EXPLORATORY FAIL" in failure and "quadrature.sync" in failure
     assert f"bundle: {suite / 'bundles'}" in failure and "raise AssertionError" not in out  # no traceback
@@ -67,3 +70,10 @@ def test_the_example_suite_passes_and_a_failing_run_names_its_criteria_and_bundl
     recorded = {p.get("name"): p.get("value") for p in cases["test_toy_sampler_is_lossless"].iter("property")}
     assert recorded["specval_verdict"] == "PASS" and Path(recorded["specval_bundle"]).parent == suite / "bundles"
     assert (Path(recorded["specval_bundle"]) / "SHA256SUMS").is_file()
+
+
+def test_the_profile_option_overrides_every_profile(tmp_path):
+    """Deterministic and quick: a profile the protocol lacks is refused before any seed is claimed."""
+    suite = _example_copy(tmp_path)
+    code, out = _pytest(suite, "test_toy_sampler.py::test_toy_sampler_is_lossless", "--specval-profile", "nope")
+    assert code == 1 and "1 error" in out and "specval refused the run" in out and "'nope'" in out, out
