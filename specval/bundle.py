@@ -77,6 +77,7 @@ CHUNKS_FILE = "chunks.json"  # the chained chunk records of one stage (the bundl
 SESSIONS_FILE = "sessions.json"
 REPORT_FILES = ("report.md", "report.html")
 LOCK_FILE = ".specval.lock"  # held by the process working on an unsealed bundle (`lock_bundle`)
+SIGNATURE_FILE = "signature.dsse.json"  # the DSSE envelope of a signed bundle (`specval.signing`)
 # 2: chunks.json, sessions.json, every file hashed, reports re-rendered by verify;
 # 3: reference.json's probabilities and token ids as base64 arrays (`reference.Reference.to_dict`);
 # 4: chunks.json a chain of records, its head in manifest.json (`chunk_heads`)
@@ -86,7 +87,7 @@ CHAINED_FORMAT = 4  # the first format whose chunk records chain
 LEGACY_FORMAT = 1  # bundles whose run.json records no format
 FINISHED_OUTCOMES = ("PASS", "FAIL", "INCONCLUSIVE")  # a session that ended with one of them finished the run
 PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
-            "click", "pyyaml", "tqdm")
+            "click", "pyyaml", "tqdm", "cryptography")
 
 
 class BundleError(ValueError):
@@ -106,6 +107,7 @@ class RunPlan:
     registration: str = "frozen"  # the protocol's state in frozen.lock when the run started
     exploratory: bool = False  # run with --exploratory: the verdict is marked EXPLORATORY
     semantics: tuple[tuple[str, str], ...] = ()  # filter semantics the reference follows (empty: not recorded)
+    lock: tuple[tuple[str, str | None], ...] = ()  # the frozen lock the run started from: file, sha256, entry
 
     def to_dict(self) -> dict:
         out = {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
@@ -115,6 +117,8 @@ class RunPlan:
             out["stage2_ranges"] = _range_dicts(self.stage2_ranges)
         if self.semantics:
             out["semantics"] = dict(self.semantics)
+        if self.lock:
+            out["lock"] = dict(self.lock)
         return out
 
     @classmethod
@@ -122,7 +126,7 @@ class RunPlan:
         return cls(data["protocol"], data["protocol_hash"], data["profile"], _range_tuples(data["ranges"]),
                    _range_tuples(data.get("stage2_ranges", [])), int(data.get("bundle_format", LEGACY_FORMAT)),
                    data.get("registration", "frozen"), bool(data.get("exploratory", False)),
-                   tuple(sorted(data.get("semantics", {}).items())))
+                   tuple(sorted(data.get("semantics", {}).items())), tuple(sorted(data.get("lock", {}).items())))
 
     def registration_block(self) -> dict:
         """The summary's `registration` entry: how the protocol stood against frozen.lock."""
@@ -244,7 +248,7 @@ def check_entries(bundle: Path, listed: set[str] | None) -> list[str]:
 # ---------------------------------------------------------------- checksums
 
 
-UNLISTED_FILES = (SUMS_FILE,)  # files on disk that SHA256SUMS never lists
+UNLISTED_FILES = (SUMS_FILE, SIGNATURE_FILE)  # files on disk that SHA256SUMS never lists (the seals)
 
 
 def _files(bundle: Path, unlisted: tuple[str, ...] = UNLISTED_FILES) -> Iterator[str]:
@@ -253,6 +257,11 @@ def _files(bundle: Path, unlisted: tuple[str, ...] = UNLISTED_FILES) -> Iterator
     for name, mode in _entries(bundle):
         if stat.S_ISREG(mode) and name not in unlisted:
             yield name
+
+
+def regular_files(bundle: Path) -> list[str]:
+    """Every regular file of the bundle, in name order (links and other entries left out)."""
+    return list(_files(bundle, ()))
 
 
 NO_FOLLOW = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)  # a FIFO does not block
@@ -278,7 +287,7 @@ def sha256_file(path: Path) -> str:
 
 def write_sums(bundle: Path) -> None:
     """SHA256SUMS over every regular file but itself and the lock file of the sealing process."""
-    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle, (SUMS_FILE, LOCK_FILE))]
+    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle, (*UNLISTED_FILES, LOCK_FILE))]
     (bundle / SUMS_FILE).write_text("".join(lines))
 
 
@@ -755,6 +764,20 @@ def code_note(path: Path) -> str | None:
     return f"note: made by source sha256 {recorded}; recomputed with this checkout's {str(here)[:16]}"
 
 
+def format_note(path: Path) -> str | None:
+    """A line for `specval verify` when the bundle is of a verifiable format older than the one
+    that chains chunk records (None otherwise, and for a run.json that cannot be read: verify
+    reports that itself)."""
+    try:
+        found = _format(path)
+    except READ_ERRORS:
+        return None
+    if found in VERIFIABLE_FORMATS and found < CHAINED_FORMAT:
+        return (f"note: bundle format {found}: made before chunk records were chained (format {CHAINED_FORMAT}); "
+                "its chunks are checked against their recorded hashes only")
+    return None
+
+
 def check_sessions(path: Path) -> list[str]:
     """manifest.json must list exactly the session records of sessions.json."""
     sessions = read_sessions(path)
@@ -766,7 +789,7 @@ def check_sessions(path: Path) -> list[str]:
 
 
 LAYOUT_FILES = frozenset({PROTOCOL_YAML, PROTOCOL_JSON, RUN_FILE, CHUNKS_FILE, SESSIONS_FILE, REFERENCE_FILE,
-                          QUADRATURE_FILE, SUMMARY_FILE, MANIFEST_FILE, ERROR_LOG, *REPORT_FILES,
+                          QUADRATURE_FILE, SUMMARY_FILE, MANIFEST_FILE, ERROR_LOG, SIGNATURE_FILE, *REPORT_FILES,
                           f"{STAGE2_DIR}/{CHUNKS_FILE}", f"{STAGE2_DIR}/{REFERENCE_FILE}"})
 
 
@@ -852,6 +875,26 @@ def verify_bundle(path: Path, recompute: Callable[[Path], dict],
         problems += [p for check in (check_layout, check_sessions, check_all_chunks) for p in _run_check(check, path)]
     problems += _recheck_summary(path, recompute)
     return problems + ([] if old_format else check_rendered(path, render))
+
+
+# ---------------------------------------------------------------- pinned protocol
+
+
+def check_pinned(path: Path, protocol_hash: str) -> list[str]:
+    """Why the bundle did not run exactly the frozen protocol of hash `protocol_hash` (empty: it
+    did): run.json must record that hash and a frozen, confirmatory registration. That run.json,
+    protocol.json and protocol.yaml agree, and that the summary follows from them, is verify's."""
+    try:
+        plan = RunPlan.from_dict(read_typed(path / RUN_FILE, dict))
+    except READ_ERRORS as err:
+        return [f"cannot check the pinned protocol: {err}"]
+    problems = []
+    if plan.protocol_hash != protocol_hash:
+        problems.append(f"{RUN_FILE}: ran protocol hash {plan.protocol_hash}, not the pinned {protocol_hash}")
+    if plan.registration != "frozen" or plan.exploratory:
+        problems.append(f"{RUN_FILE}: registration {plan.registration!r}"
+                        f"{' (exploratory)' if plan.exploratory else ''}: the pinned protocol must run frozen")
+    return problems
 
 
 # ---------------------------------------------------------------- diff of recomputed values

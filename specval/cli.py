@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from specval import bundle as bundles
 from specval import execution
 from specval import protocol as protocols
 from specval import seeds
+from specval import signing
 from specval.kinds import DISTRIBUTION_KIND, KINDS, OTHER_KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
 from specval.performance.protocol import PERFORMANCE_KIND
 
@@ -126,9 +128,11 @@ def _announce(path: Path) -> None:
 @click.option("--devices", default=1, show_default=True, type=click.IntRange(min=1),
               help="Processes sharing the collection (one per GPU for a CUDA protocol): launches "
                    "`torchrun --nproc-per-node N -m specval run ...` through torch.distributed.run.")
+@click.option("--sign", "sign_key", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Sign the sealed bundle with this ed25519 private key (PEM, as `specval keygen` writes).")
 @click.pass_context
 def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet,
-        devices) -> None:
+        devices, sign_key) -> None:
     """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path.
 
     Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error (nothing claimed), 3 the
@@ -138,6 +142,7 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
     from specval.distribution import sharding
 
     _check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
+    signer = _signer(sign_key)  # a bad key is refused before anything is claimed
     shards = sharding.from_environment(dict(os.environ))
     source, read = protocol_file or resume / bundles.PROTOCOL_YAML, None
     if devices > 1 or shards is not None:
@@ -151,10 +156,10 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
         for name in ("seed_offset", "junit"):
             if _given(ctx, name):
                 raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a performance protocol")
-        _bench(given, protocol_file, profile, output, exploratory, quiet)
+        _bench(given, protocol_file, profile, output, exploratory, quiet, signer)
     if devices > 1:
         sys.exit(sharding.launch(devices, _forwarded_args(ctx)))
-    run_args = (given, protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet)
+    run_args = (given, protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet, signer)
     if shards is None:
         return _run_here(*run_args)
     return _run_sharded(shards, source, run_args)
@@ -244,7 +249,7 @@ def _serve(shards) -> int:
 
 
 def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume, exploratory, seed_offset, junit,
-              quiet, shards=None) -> None:
+              quiet, signer=None, shards=None) -> None:
     """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) through the Python
     API's `specval.api.run_protocol_file` (its kind's runner: distribution or quality, the same run()
     contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits."""
@@ -276,6 +281,7 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
     except KeyboardInterrupt:
         _interrupted(None)
     _print_verdict(result.summary, result.bundle)
+    _sign_sealed(result.bundle, signer)
     if junit:
         try:
             write_junit(result.summary, junit, result.bundle)
@@ -295,7 +301,8 @@ def _interrupted(path: Path | None) -> None:
     _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
 
 
-def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool) -> None:
+def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool,
+           signer=None) -> None:
     """Run a performance protocol, print each pair's ratio, the interval and the verdict; exit with its code."""
     from specval.preflight import SUTRaised
 
@@ -316,6 +323,7 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
     except KeyboardInterrupt:
         _fail_with(execution.EXIT_INTERRUPTED, "interrupted; no bundle was started")
     _print_bench(summary, path)
+    _sign_sealed(path, signer)
     sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
 
 
@@ -354,21 +362,111 @@ def bench(protocol_file, profile, output, exploratory, quiet) -> None:
     _bench(given, protocol_file, profile, output, exploratory, quiet)
 
 
+def _signer(key_file: Path | None):
+    """The private key of --sign (None: none given); exit 2 naming the file if it is not one."""
+    try:
+        return None if key_file is None else signing.load_private_key(key_file)
+    except signing.SigningError as err:
+        _input_error(err)
+
+
+def _sign_sealed(bundle: Path, signer) -> None:
+    """Sign the sealed BUNDLE with `signer` (None: nothing to do); exit 2 in one line if it cannot be."""
+    if signer is None:
+        return
+    try:
+        key = signing.sign_bundle(bundle, signer)
+    except (signing.SigningError, OSError) as err:
+        _input_error(f"{bundle}: cannot sign ({err}); it stays sealed and unsigned: specval sign {bundle} --key KEY")
+    click.echo(f"signed: {bundle / signing.SIGNATURE_FILE} (key {key})")
+
+
+def _pinned_hash(protocol_file: Path | None, protocol_hash: str | None) -> str | None:
+    """The protocol hash verify pins (None: none); exit 2 unless --protocol names a protocol frozen
+    in its lock, or --protocol-hash is a SHA-256 in hex."""
+    if protocol_file is not None and protocol_hash is not None:
+        raise click.UsageError("give --protocol or --protocol-hash, not both")
+    if protocol_hash is not None:
+        if not re.fullmatch(r"[0-9a-f]{64}", protocol_hash.lower()):
+            _input_error(f"--protocol-hash {protocol_hash!r}: not a SHA-256 in hex (64 digits)")
+        return protocol_hash.lower()
+    if protocol_file is None:
+        return None
+    try:
+        protocol = _load(protocol_file)
+        state = protocols.registration(protocol, protocol_file)
+    except protocols.ProtocolError as err:
+        _input_error(err)
+    if state != protocols.FROZEN:
+        _input_error(f"--protocol {protocol_file}: protocol {protocol.name!r} is {state} in "
+                     f"{protocols.lock_path(protocol_file)}; only a frozen protocol can be pinned")
+    return protocol.hash
+
+
+def _public_key(key_file: Path | None):
+    try:
+        return None if key_file is None else signing.load_public_key(key_file)
+    except signing.SigningError as err:
+        _input_error(err)
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
-def verify(bundle) -> None:
+@click.option("--key", "key_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The signer's ed25519 public key (PEM): fail unless BUNDLE is signed by it and unchanged since.")
+@click.option("--protocol", "protocol_file", default=None,
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Fail unless BUNDLE ran exactly this protocol, frozen in the lock beside it.")
+@click.option("--protocol-hash", default=None, help="Fail unless BUNDLE ran the frozen protocol of this hash.")
+def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
-    bundle: the ratios, the interval and the verdict from its recorded timings)."""
+    bundle: the ratios, the interval and the verdict from its recorded timings); check its
+    signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
+    that it ran exactly that frozen protocol. Exit 0 verifies, 1 differs, 2 bad input."""
+    key, pinned = _public_key(key_file), _pinned_hash(protocol_file, protocol_hash)
     problems = _bundle_kind(bundle).verify(bundle)
-    note = bundles.code_note(bundle)
-    if note:
-        click.echo(note)
+    signature = signing.check_signature(bundle, key)
+    problems += [*signature.problems, *(bundles.check_pinned(bundle, pinned) if pinned else [])]
+    for note in (bundles.code_note(bundle), bundles.format_note(bundle)):
+        if note:
+            click.echo(note)
+    click.echo(signature.line)
     for problem in problems:
         click.echo(f"DIFFERS {problem}")
     if problems:
         click.echo(f"FAIL: {bundle} does not verify ({len(problems)} difference(s))")
         sys.exit(EXIT_FAIL)
-    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match)")
+    pinned_line = f"; ran the pinned frozen protocol {pinned[:12]}" if pinned else ""
+    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line})")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The ed25519 private key (PEM, as `specval keygen` writes).")
+def sign(bundle, key_file) -> None:
+    """Sign the sealed BUNDLE (signature.dsse.json; an earlier signature is replaced) once it
+    verifies. Exit 0 signed, 2 a bad key or a bundle that does not verify."""
+    signer = _signer(key_file)
+    problems = _bundle_kind(bundle).verify(bundle)
+    if problems:
+        _input_error(f"{bundle}: does not verify ({len(problems)} difference(s), first: {problems[0]}); "
+                     "refusing to sign")
+    _sign_sealed(bundle, signer)
+
+
+@main.command()
+@click.argument("key_file", type=click.Path(dir_okay=False, path_type=Path))
+def keygen(key_file) -> None:
+    """Write a new ed25519 key pair for `specval sign` / `run --sign`: KEY_FILE, the private key
+    (mode 0600: keep it as a CI secret), and KEY_FILE.pub, the public key to publish."""
+    try:
+        public, key = signing.generate_key_pair(key_file)
+    except (signing.SigningError, OSError) as err:
+        _input_error(f"{key_file}: cannot write the key pair ({err})")
+    click.echo(f"private key: {key_file} (keep it secret)")
+    click.echo(f"public key: {public} (publish it)")
+    click.echo(f"key id: {key}")
 
 
 @main.command()

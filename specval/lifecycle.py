@@ -13,15 +13,21 @@ differ only in what they sample and how they decide; the bundle's life is this m
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import hashlib
+import importlib.util
 import shutil
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 
 from specval import bundle as bundles
 from specval import seeds
+from specval.protocol.registration import lock_path, read_lock
+from specval.sut import BUNDLED_ADAPTERS, ENTRY_POINT_GROUP
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # UTC time in a bundle's directory name
 
@@ -61,10 +67,52 @@ def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: in
 
 def record_plan(path: Path, protocol_file: Path, written: Any, plan: bundles.RunPlan) -> None:
     """The bundle's record of what runs: the protocol file as given (protocol.yaml), the protocol
-    as written in plain form (protocol.json, `written.to_dict()`) and the plan (run.json)."""
+    as written in plain form (protocol.json, `written.to_dict()`) and the plan (run.json), with
+    the frozen lock it started from (`lock_record`)."""
     shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
     bundles.write_json(path / bundles.PROTOCOL_JSON, written.to_dict())
+    plan = dataclasses.replace(plan, lock=lock_record(protocol_file, written.name))
     bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
+
+
+def lock_record(protocol_file: Path, name: str) -> tuple[tuple[str, str | None], ...]:
+    """The frozen lock next to `protocol_file` as the run found it: `file` (its path as given),
+    `sha256` of its bytes and `entry`, the hash it holds for protocol `name` (both None when
+    there is no lock file; entry None when it names no such protocol)."""
+    lock = lock_path(protocol_file)
+    if not lock.is_file():
+        return (("entry", None), ("file", str(lock)), ("sha256", None))
+    return (("entry", read_lock(lock).get(name)), ("file", str(lock)), ("sha256", bundles.sha256_file(lock)))
+
+
+def _adapter_module(adapter: str) -> str | None:
+    """The module of `sut.adapter` ("module:Class", an entry point name or a bundled name)."""
+    if ":" in adapter:
+        return adapter.partition(":")[0]
+    points = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == adapter]
+    value = points[0].value if points else BUNDLED_ADAPTERS.get(adapter)
+    return value.partition(":")[0] if value else None
+
+
+def adapter_identity(adapter: str) -> dict[str, Any]:
+    """`sut.adapter`, its module and `sha256`: SHA-256 over the module's files (the module file;
+    a package's every file, `__pycache__` left out, path then bytes, in path order), so a signed
+    bundle names the adapter code that ran, whether or not git tracks it. None where the module
+    cannot be found without importing new code."""
+    module = _adapter_module(adapter)
+    try:
+        spec = importlib.util.find_spec(module) if module else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return {"adapter": adapter, "module": module, "sha256": None}
+    origin = Path(spec.origin).resolve()
+    files = ([p for p in sorted(origin.parent.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+             if origin.name == "__init__.py" else [origin])
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(origin.parent).as_posix().encode() + b"\0" + path.read_bytes())
+    return {"adapter": adapter, "module": module, "sha256": digest.hexdigest()}
 
 
 def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases: dict | None = None) -> dict:
@@ -97,8 +145,11 @@ def write_manifest(path: Path, protocol: Any, ranges: Sequence[seeds.SeedRange],
     `code` is the code version of this process; `sessions` every session of the bundle
     (sessions.json), so a resumed run lists each process that worked on it with its own code
     version; `seeds_stage2` (a two-stage distribution run) is recorded only when not empty;
-    `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them."""
-    manifest = {"chunk_heads": bundles.chunk_heads(path),"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
+    `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them;
+    `adapter` the identity of the protocol's adapter code (`adapter_identity`)."""
+    sut = getattr(protocol, "sut", None)
+    manifest = {"chunk_heads": bundles.chunk_heads(path),
+                "adapter": adapter_identity(sut.adapter) if sut is not None else None,"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
                 "code": bundles.code_version(), "command": list(command or bundles.invocation()),
                 "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
                 "seeds": [r.to_dict() for r in ranges], "sessions": bundles.read_sessions(path), **timing}

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from tests.fixtures.fake_sut import FakeSUT
+from tests.fixtures.forge import reseal
 from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 import specval
@@ -132,19 +133,63 @@ def test_1b_swapped_samples_with_rehashed_records_do_not_chain(copy):
     _refused(_resume(copy), "refusing to resume", "chunks.json: record", "does not chain")
 
 
-def test_1c_an_exploratory_run_relabelled_frozen_is_not_resumed(tmp_path):
-    protocol = write_protocol(tmp_path, fake_protocol_dict(**SMALL), frozen=False)
-    path, _ = runner.run(protocol, "ci", tmp_path / "results", exploratory=True, sut_factory=FakeSUT,
-                         progress=False)
+def _forge_consistently(bundle: Path) -> None:
+    """The forger finishes the job: chains, heads and SHA256SUMS recomputed, summary.json
+    recomputed from the relabelled records, the reports re-rendered and re-sealed (`specval report`)."""
+    reseal(bundle)
+    bundles.write_json(bundle / bundles.SUMMARY_FILE, runner._recompute_bundle(bundle))
+    bundles.write_sums(bundle)
+    assert CliRunner().invoke(main, ["report", str(bundle)]).exit_code == 0
+
+
+def _pinned(bundle: Path, protocol_file: Path):
+    return CliRunner().invoke(main, ["verify", str(bundle), "--protocol", str(protocol_file)])
+
+
+def test_4_relabelled_criteria_verify_unless_the_frozen_protocol_is_pinned(sealed, copy):
+    relabelled = _relabel_primary_as_secondary(copy)
+    _forge_consistently(copy)
+    plain = _verify(copy)
+    assert plain.exit_code == 0 and "unsigned: internal consistency only" in plain.output, plain.output
+    frozen = sealed.parent.parent / "protocol.yaml"  # the file the run was frozen from
+    result = _pinned(copy, frozen)
+    assert result.exit_code == 1, result.output
+    original = protocols.load_protocol(frozen).hash
+    assert f"DIFFERS run.json: ran protocol hash {relabelled}, not the pinned {original}" in result.output
+    assert bundles.check_pinned(sealed, original) == []  # the honest bundle passes the same pin
+    assert bundles.check_pinned(copy, original) == [f"run.json: ran protocol hash {relabelled}, not the pinned {original}"]
+    by_hash = CliRunner().invoke(main, ["verify", str(copy), "--protocol-hash", "xyz"])
+    assert by_hash.exit_code == 2 and "--protocol-hash 'xyz': not a SHA-256 in hex" in by_hash.output
+
+
+def test_1c_and_4_an_exploratory_run_relabelled_frozen_is_not_resumed_and_fails_the_pin(tmp_path):
+    frozen = write_protocol(tmp_path, fake_protocol_dict(**SMALL))
+    (tmp_path / "try").mkdir()
+    tried = write_protocol(tmp_path / "try", fake_protocol_dict(**{**SMALL, "alpha": 0.2}), frozen=False)
+    path, _ = runner.run(tried, "ci", tmp_path / "results", exploratory=True, sut_factory=FakeSUT, progress=False)
     run = bundles.read_json(path / bundles.RUN_FILE)
     bundles.write_json(path / bundles.RUN_FILE, {**run, "registration": "frozen", "exploratory": False})
-    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    summary["registration"] = {"state": "frozen", "exploratory": False}
-    bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    (path / bundles.SUMS_FILE).unlink()
+    forged = Path(shutil.copytree(path, tmp_path / "forged"))
+
+    (path / bundles.SUMS_FILE).unlink()  # 1c through --resume: refused while any trace of the seal is left
     _refused(_resume(path), "the bundle was sealed")
-    _strip_seal(path)  # every trace of the seal gone: the chain still starts from the exploratory plan
+    _strip_seal(path)  # every trace gone: the chain still starts from the exploratory plan
     _refused(_resume(path), "chunks.json: record 0", "does not chain", "the plan in run.json")
+
+    _forge_consistently(forged)  # 1c by hand: summary, reports and seals recomputed
+    assert runner.verify(forged) == []  # internally consistent
+    result = _pinned(forged, frozen)
+    assert result.exit_code == 1 and "not the pinned" in result.output, result.output
+    unfrozen = _pinned(forged, tried)  # pinning a protocol that is not frozen is an input error
+    assert unfrozen.exit_code == 2 and "only a frozen protocol can be pinned" in unfrozen.output
+
+
+def test_check_pinned_requires_a_frozen_confirmatory_run(killed):
+    run = bundles.read_json(killed / bundles.RUN_FILE)
+    assert bundles.check_pinned(killed, run["protocol_hash"]) == []
+    bundles.write_json(killed / bundles.RUN_FILE, {**run, "exploratory": True})
+    assert bundles.check_pinned(killed, run["protocol_hash"]) == [
+        "run.json: registration 'frozen' (exploratory): the pinned protocol must run frozen"]
 
 
 def test_a_finished_session_alone_refuses_resume(killed):

@@ -66,6 +66,9 @@ def test_kept_bundle_verifies(bundle):
         pytest.skip(reason)  # only Monte Carlo p-values moved, and the random packages differ
     assert result.exit_code == 0, result.output
     assert "verifies" in result.output
+    assert "unsigned: internal consistency only" in result.output  # no kept bundle is signed (reports/README.md)
+    if _format(bundle) < bundles.CHAINED_FORMAT:
+        assert f"note: bundle format {_format(bundle)}: made before chunk records were chained" in result.output
 
 
 @pytest.mark.parametrize("bundle", sorted(path for path in BUNDLES if path.name in OLD_FORMAT),
