@@ -3,6 +3,7 @@ error rates, and a tiny CPU bench end to end (bench -> verify -> tamper -> verif
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
@@ -268,6 +269,22 @@ def test_bench_verify_tamper_end_to_end(tmp_path, one_thread):
     (path / bundles.SUMMARY_FILE).write_text(bundles.json_text(summary))
     edited = _bench(["verify", str(path)])
     assert edited.exit_code == 1 and "summary.json: sha256 differs" in edited.output
+
+
+def test_run_sign_signs_a_performance_bundle_through_the_same_path(tmp_path, one_thread):
+    from specval import signing
+
+    assert _bench(["keygen", str(tmp_path / "key")]).exit_code == 0
+    protocol_file = write(tmp_path, protocol_dict())
+    result = _bench(["run", str(protocol_file), "--output", str(tmp_path / "out"), "--quiet", "--sign",
+                     str(tmp_path / "key")])
+    path = _bundle(tmp_path / "out")
+    assert f"signed: {path / signing.SIGNATURE_FILE}" in result.output, result.output
+    key = signing.load_public_key(tmp_path / "key.pub")
+    assert signing.check_signature(path, key).problems == ()
+    statement = json.loads(base64.b64decode(json.loads((path / signing.SIGNATURE_FILE).read_text())["payload"]))
+    assert statement["predicate"]["code"]["adapter"]["module"] == "specval.adapters.engine"
+    assert statement["predicate"]["chunk_heads"] == {"chunks.json": bundles.chain_head(path)}
 
 
 def test_refusals_exit_2_before_any_bundle(tmp_path):
