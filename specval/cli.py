@@ -376,7 +376,7 @@ def _sign_sealed(bundle: Path, signer) -> None:
         return
     try:
         key = signing.sign_bundle(bundle, signer)
-    except (signing.SigningError, OSError) as err:
+    except bundles.READ_ERRORS as err:  # SigningError and BundleError are ValueErrors
         _input_error(f"{bundle}: cannot sign ({err}); it stays sealed and unsigned: specval sign {bundle} --key KEY")
     click.echo(f"signed: {bundle / signing.SIGNATURE_FILE} (key {key})")
 
