@@ -1,19 +1,24 @@
 """Command-line interface of specval (click).
 
-Exit status: 0 PASS, 1 FAIL (or INCONCLUSIVE, or a bundle that does not verify), 2 usage or
+Exit status, one meaning each (see specval.execution): 0 PASS (only once a PASS verdict is
+written), 1 FAIL (or a bundle that does not verify, a protocol changed since frozen), 2 usage or
 input error (bad protocol, overlapping seeds, unsupported group, unreadable bundle), 3 the system
-under test raised (see specval.execution), 130 interrupted.
+under test raised or exited, 4 INCONCLUSIVE, 5 environment error (an OSError: disk full, file too
+large, permissions; a bundle is kept and resumes), 130 interrupted. No command prints a traceback
+for any of these.
 
 A command reads a protocol file once and dispatches on its kind through `specval.kinds`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Callable
 
 import click
 
@@ -27,6 +32,7 @@ from specval.kinds import DISTRIBUTION_KIND, KINDS, OTHER_KINDS, Kind, ProtocolF
 from specval.performance.protocol import PERFORMANCE_KIND
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
+EXIT_ENVIRONMENT = execution.EXIT_ENVIRONMENT
 
 
 def _input_error(err: Exception | str) -> None:
@@ -64,7 +70,9 @@ def _bundle_kind(bundle: Path) -> Kind:
 
 
 class _Cli(click.Group):
-    """The command group; an interrupt of any command exits 130 with one line (not click's 'Aborted!', 1)."""
+    """The command group; an interrupt of any command exits 130 with one line (not click's 'Aborted!', 1),
+    and an OSError no command handled (disk full, permissions, a file that is a directory) exits 5 with
+    one line (not a traceback). A broken pipe is left to click (it exits quietly)."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -72,6 +80,11 @@ class _Cli(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(execution.EXIT_INTERRUPTED)
+        except OSError as err:
+            if err.errno == errno.EPIPE:
+                raise
+            click.echo(f"error: environment: {execution.describe_os_error(err)}", err=True)
+            ctx.exit(EXIT_ENVIRONMENT)
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -135,9 +148,10 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
         devices, sign_key) -> None:
     """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path.
 
-    Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error (nothing claimed), 3 the
-    system under test raised (the bundle is kept for --resume; the traceback is in a log file),
-    130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), rank 0
+    Exit status: 0 PASS, 1 FAIL, 2 input or usage error (nothing claimed), 3 the system under test
+    raised or exited (the bundle is kept for --resume; the traceback is in a log file), 4
+    INCONCLUSIVE, 5 environment error (disk full, file too large, permissions: the bundle is kept for
+    --resume), 130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), rank 0
     runs the protocol and the other ranks collect their share of its chunks (specval.distribution.sharding)."""
     from specval.distribution import sharding
 
@@ -259,13 +273,14 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
     from specval.sut import SUTError
 
     extra = {} if shards is None else {"shards": shards}
+    announced: list[Path] = []
     try:
         if junit:
             check_writable_file(junit, "--junit")
         with execution.signals_interrupt():
             result = api.run_protocol_file(given, protocol_file, profile, output, resume=resume,
                                            exploratory=exploratory, seed_offset=seed_offset, progress=not quiet,
-                                           announce=_announce, **extra)
+                                           announce=_recording(announced, _announce), **extra)
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
@@ -280,14 +295,45 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         _interrupted(err.path)
     except KeyboardInterrupt:
         _interrupted(None)
+    except (execution.EnvironmentFailed, OSError, SystemExit) as err:
+        _no_verdict(err, announced, lambda path: _kept(path) if path else NOT_ANNOUNCED)
     _print_verdict(result.summary, result.bundle)
     _sign_sealed(result.bundle, signer)
     if junit:
         try:
             write_junit(result.summary, junit, result.bundle)
         except OSError as err:
-            _input_error(f"--junit {junit}: cannot write ({err.strerror or err}); the verdict above stands")
-    sys.exit(EXIT_PASS if result.passed else EXIT_FAIL)
+            _fail_with(EXIT_ENVIRONMENT, f"error: environment: --junit {junit}: cannot write "
+                       f"({execution.describe_os_error(err)}); the verdict above stands")
+    sys.exit(execution.verdict_exit(result.verdict))
+
+
+def _recording(announced: list[Path], announce: Callable[[Path], None]) -> Callable[[Path], None]:
+    """`announce`, also appending the bundle's path to `announced` (what an error message names)."""
+    def record(path: Path) -> None:
+        announced.append(path)
+        announce(path)
+    return record
+
+
+def _kept(path: Path) -> str:
+    return f"; the bundle {path} is kept; resume with: {execution.resume_command(path)}"
+
+
+NOT_ANNOUNCED = "; no bundle was announced"
+
+
+def _no_verdict(err: BaseException, announced: list[Path], where: Callable[[Path | None], str]) -> None:
+    """A run that ended without a verdict, with one line: exit 5 for an OSError of the harness
+    (EnvironmentFailed or a bare OSError), 3 for a SystemExit of code the run called outside the
+    guarded adapter calls (never its status: 0 would read as PASS). `where(path)` tells what became
+    of the bundle (EnvironmentFailed's, else the announced one; None: none was announced)."""
+    path = err.path if isinstance(err, execution.EnvironmentFailed) else (announced[0] if announced else None)
+    if isinstance(err, SystemExit):
+        _fail_with(execution.EXIT_SUT, f"error: the run was ended by SystemExit({err.code!r}) before any "
+                   f"verdict{where(path)}")
+    cause = err.cause if isinstance(err, execution.EnvironmentFailed) else err
+    _fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(cause)}{where(path)}")
 
 
 def _fail_with(code: int, line: str) -> None:
@@ -296,9 +342,7 @@ def _fail_with(code: int, line: str) -> None:
 
 
 def _interrupted(path: Path | None) -> None:
-    where = (f"; the bundle {path} is kept; resume with: {execution.resume_command(path)}" if path
-             else "; no bundle was started")
-    _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{where}")
+    _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{_kept(path) if path else '; no bundle was started'}")
 
 
 def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool,
@@ -307,11 +351,12 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
     from specval.preflight import SUTRaised
 
     kept = "is kept unsealed; a performance run is not resumed: start a new one"
+    announced: list[Path] = []
     try:
         with execution.signals_interrupt():
             path, summary = given.kind.runner()(protocol_file, profile, output, exploratory=exploratory,
-                                                progress=not quiet, announce=lambda p: click.echo(f"bundle: {p}"),
-                                                parsed=given.load())
+                                                progress=not quiet, parsed=given.load(),
+                                                announce=_recording(announced, lambda p: click.echo(f"bundle: {p}")))
     except (protocols.ProtocolError, bundles.BundleError) as err:
         _input_error(err)
     except SUTRaised as err:  # building the engines, before any bundle
@@ -322,9 +367,11 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
         _fail_with(execution.EXIT_INTERRUPTED, f"interrupted; the bundle {err.path} {kept}")
     except KeyboardInterrupt:
         _fail_with(execution.EXIT_INTERRUPTED, "interrupted; no bundle was started")
+    except (execution.EnvironmentFailed, OSError, SystemExit) as err:
+        _no_verdict(err, announced, lambda path: f"; the bundle {path} {kept}" if path else NOT_ANNOUNCED)
     _print_bench(summary, path)
     _sign_sealed(path, signer)
-    sys.exit(EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL)
+    sys.exit(execution.verdict_exit(summary["verdict"]))
 
 
 def _print_bench(summary: dict, path: Path) -> None:
@@ -353,8 +400,9 @@ def _print_bench(summary: dict, path: Path) -> None:
 def bench(protocol_file, profile, output, exploratory, quiet) -> None:
     """Time the two engine configurations of a performance protocol (kind: performance) in ABBA order.
 
-    Exit status: 0 PASS, 1 FAIL or INCONCLUSIVE, 2 input or usage error, 3 the engine raised,
-    130 interrupted. `specval run` on a performance protocol does the same."""
+    Exit status: 0 PASS, 1 FAIL, 2 input or usage error, 3 the engine raised or exited, 4 INCONCLUSIVE,
+    5 environment error (disk full, permissions...), 130 interrupted. `specval run` on a performance
+    protocol does the same."""
     given = _read(protocol_file)
     if _kind(given).name != PERFORMANCE_KIND:
         _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); "

@@ -1,17 +1,25 @@
 """Execution: how a run ends when it does not end in a verdict.
 
-Exit codes of `specval run` (and what raises them):
+Exit codes of `specval run` and `specval bench` (and what raises them), one meaning each:
 
-    0  PASS                     the run's verdict
-    1  FAIL or INCONCLUSIVE     the run's verdict
+    0  PASS                     the run's verdict, after summary.json is written and the bundle sealed
+    1  FAIL                     the run's verdict
     2  input or usage error     ProtocolError, BundleError, SeedOverlapError, SUTError (a refusal)
-    3  the system under test    SUTRaised before any seed (probe), RunFailed after (bundle marked ERROR)
+    3  the system under test    SUTRaised before any seed (probe, import or constructor), RunFailed after
+                                (bundle marked ERROR); SystemExit raised by adapter code included
+    4  INCONCLUSIVE             the run's verdict: it could not decide (nothing testable, too few samples)
+    5  environment error        OSError of the harness (disk full, file too large, permissions, a path
+                                of the wrong type): EnvironmentFailed while a bundle is open, else the
+                                OSError itself; the bundle is kept, unsealed, and resumes
     130 interrupted             RunInterrupted (SIGINT or SIGTERM)
 
 Guarantees:
+- `verdict_exit` is the only map from a verdict to an exit code: 0 for "PASS" and nothing else.
 - `guard_bundle` turns an exception raised by the system under test while a bundle is open into
   RunFailed: the traceback goes to `error.log` in the bundle (appended, one block per failure), the
-  bundle stays unsealed and resumable (its lock given up), and the terminal gets one line.
+  bundle stays unsealed and resumable (its lock given up), and the terminal gets one line. An
+  OSError raised by the harness there becomes EnvironmentFailed (the session is closed as "error"
+  when the disk lets it; the lock is given up either way).
 - An interrupt (SIGINT, or SIGTERM once `signals_interrupt` is installed) becomes RunInterrupted
   naming the bundle. Chunks are written atomically (temp file + rename), so an interrupted chunk is
   either complete or absent; `--resume` collects what is missing.
@@ -22,6 +30,7 @@ Guarantees:
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +40,8 @@ from specval import bundle as bundles
 from specval.preflight import SUTRaised
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_SUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_INCONCLUSIVE, EXIT_ENVIRONMENT = 4, 5
+VERDICT_EXITS = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "INCONCLUSIVE": EXIT_INCONCLUSIVE}
 ERROR_LOG = bundles.ERROR_LOG  # in a bundle: tracebacks of the system under test, one block per failure
 PROBE_LOG_PREFIX = "probe-error-"  # in the output root: a probe failure (no bundle exists yet)
 
@@ -43,12 +54,37 @@ class RunFailed(Exception):
         self.path, self.log, self.cause = path, log, cause
 
 
+class EnvironmentFailed(Exception):
+    """The operating system refused the harness (`cause`: disk full, file too large, permission...)
+    while the bundle `path` was open; the bundle is kept, unsealed, and resumes."""
+
+    def __init__(self, path: Path, cause: OSError):
+        super().__init__(describe_os_error(cause))
+        self.path, self.cause = path, cause
+
+
 class RunInterrupted(Exception):
     """SIGINT or SIGTERM arrived while the bundle `path` was open (None: before it existed)."""
 
     def __init__(self, path: Path | None):
         super().__init__("interrupted")
         self.path = path
+
+
+def verdict_exit(verdict: object) -> int:
+    """The exit code of a written verdict: 0 PASS, 1 FAIL, 4 INCONCLUSIVE; anything else (a harness
+    bug) exits 1, never 0."""
+    return VERDICT_EXITS.get(verdict, EXIT_FAIL) if isinstance(verdict, str) else EXIT_FAIL
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: errno name, message and the file(s) it names, e.g.
+    "ENOSPC (No space left on device): results/b/samples/x.parquet"."""
+    name = errno.errorcode.get(err.errno, "") if isinstance(err.errno, int) else ""
+    text = err.strerror or str(err) or type(err).__name__
+    files = [str(f) for f in (err.filename, err.filename2) if f is not None]
+    head = f"{name} ({text})" if name else text
+    return f"{head}: {' -> '.join(files)}" if files else head
 
 
 def _stamp() -> str:
@@ -72,13 +108,17 @@ def probe_log(directory: Path, err: SUTRaised) -> Path:
 
 @contextmanager
 def guard_bundle(path: Path, session: int | None = None) -> Iterator[None]:
-    """While the bundle at `path` is open: SUTRaised -> RunFailed (logged), interrupt -> RunInterrupted;
-    either way the open `session` (bundle.begin_session) is closed as "error" or "interrupted"."""
+    """While the bundle at `path` is open: SUTRaised -> RunFailed (logged), OSError of the harness ->
+    EnvironmentFailed, interrupt -> RunInterrupted; each way the open `session` (bundle.begin_session)
+    is closed as "error" or "interrupted" (for EnvironmentFailed: when the disk still takes it)."""
     try:
         yield
     except SUTRaised as err:
         _close(path, session, "error")
         raise RunFailed(path, append_log(path / ERROR_LOG, err), err) from err
+    except OSError as err:
+        _close_if_possible(path, session, "error")
+        raise EnvironmentFailed(path, err) from err
     except KeyboardInterrupt as err:
         _close(path, session, "interrupted")
         raise RunInterrupted(path) from err
@@ -91,6 +131,15 @@ def _close(path: Path, session: int | None, outcome: str) -> None:
             bundles.end_session(path, session, None, outcome)
     finally:
         bundles.release_bundle(path)
+
+
+def _close_if_possible(path: Path, session: int | None, outcome: str) -> None:
+    """`_close`, unless the file system that just failed refuses that too: the session then stays
+    open (`finished` null), as for a killed process, and the bundle still resumes."""
+    try:
+        _close(path, session, outcome)
+    except OSError:
+        pass  # the original OSError is what the user is told about
 
 
 def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature

@@ -1,4 +1,5 @@
-"""JUnit XML of a summary: one test case per criterion, for CI systems."""
+"""JUnit XML of a summary: one test case per criterion, for CI systems (FAIL -> failure,
+INCONCLUSIVE -> error, so that a CI report tells "wrong" from "could not test")."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from specval.protocol import GATING_ROLES
+
+INCONCLUSIVE = "INCONCLUSIVE"  # a criterion's verdict when it could not test
 
 
 def failing(summary: dict) -> set[str]:
@@ -48,22 +51,32 @@ def _suite_properties(summary: dict, bundle: Path | None) -> list[tuple[str, obj
             ("verdict", summary["verdict"]), ("exploratory", registration.get("exploratory")), ("bundle", bundle)]
 
 
+def inconclusive(summary: dict) -> set[str]:
+    """Gating criteria that could not decide: they keep the run from a PASS (exit 4)."""
+    return {n for n, t in summary["tests"].items() if t["verdict"] == INCONCLUSIVE and t["role"] in GATING_ROLES}
+
+
 def write_junit(summary: dict, path: Path, bundle: Path | None = None) -> None:
-    """Gating FAIL that fails the run -> <failure>; any other non-PASS (INCONCLUSIVE, secondary FAIL,
-    a stage-1 FAIL that stage 2 did not confirm) -> <skipped>, as it does not gate. The suite carries
+    """Gating FAIL that fails the run -> <failure>; gating INCONCLUSIVE (the criterion could not
+    test, so the run is not a PASS) -> <error type="INCONCLUSIVE"> with its reason; any other
+    non-PASS (a secondary criterion, a stage-1 FAIL that stage 2 did not confirm) -> <skipped>, as it
+    does not gate. The suite carries
     the protocol, its hash, profile, verdict, exploratory flag and `bundle` as <properties>; each case
     its statistic, p-value, Holm p, MDE (TV) and its label, sample size (samples tested), planned n and
     `bundle` (those the criterion has)."""
-    tests, failed = summary["tests"], failing(summary)
+    tests, failed, errors = summary["tests"], failing(summary), inconclusive(summary)
     suite = ET.Element("testsuite", name=f"specval.{summary['protocol']['name']}", tests=str(len(tests)),
-                       failures=str(len(failed)),
-                       skipped=str(sum(t["verdict"] != "PASS" and n not in failed for n, t in tests.items())))
+                       failures=str(len(failed)), errors=str(len(errors)),
+                       skipped=str(sum(t["verdict"] != "PASS" and n not in failed | errors for n, t in tests.items())))
     _properties(suite, _suite_properties(summary, bundle))
     for name, test in sorted(tests.items()):
         case = ET.SubElement(suite, "testcase", classname=test["role"], name=name)
         _properties(case, _case_properties(test, bundle))
         if name in failed:
             ET.SubElement(case, "failure", message=reason(summary, name)).text = reason(summary, name)
+        elif name in errors:
+            message = f"{INCONCLUSIVE} ({test['role']}): {reason(summary, name)}"
+            ET.SubElement(case, "error", message=message, type=INCONCLUSIVE).text = message
         elif test["verdict"] != "PASS":
             ET.SubElement(case, "skipped", message=f"{test['verdict']} ({test['role']}): {test['reason']}")
     Path(path).parent.mkdir(parents=True, exist_ok=True)

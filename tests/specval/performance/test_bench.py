@@ -246,7 +246,7 @@ def test_bench_verify_tamper_end_to_end(tmp_path, one_thread):
     result = _bench(["run", str(protocol_file), "--output", str(tmp_path / "out"), "--quiet"])
     path = _bundle(tmp_path / "out")
     summary = json.loads((path / bundles.SUMMARY_FILE).read_text())
-    assert result.exit_code == (0 if summary["verdict"] == PASS else 1), result.output
+    assert result.exit_code == {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}[summary["verdict"]], result.output
     assert "median ratio" in result.output and result.output.count("  pair ") == 6
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == sorted(
         ["SHA256SUMS", "chunks.json", "manifest.json", "protocol.json", "protocol.yaml", "report.html", "report.md",
@@ -285,6 +285,18 @@ def test_run_sign_signs_a_performance_bundle_through_the_same_path(tmp_path, one
     statement = json.loads(base64.b64decode(json.loads((path / signing.SIGNATURE_FILE).read_text())["payload"]))
     assert statement["predicate"]["code"]["adapter"]["module"] == "specval.adapters.engine"
     assert statement["predicate"]["chunk_heads"] == {"chunks.json": bundles.chain_head(path)}
+
+
+def test_an_undecided_bench_exits_4(tmp_path, monkeypatch):
+    # Planted timings (no engine is built): ratios 1.11 and 0.83 alternate around the threshold
+    # 0.95, so the interval [0.83, 1.11] contains it. Deterministic.
+    monkeypatch.setattr(benching, "build_engines", lambda protocol: {"a": None, "b": None})
+    monkeypatch.setattr(benching, "close_engines", lambda llms: None)
+    monkeypatch.setattr(benching, "graph_status", lambda llm: "none (planted timings)")
+    monkeypatch.setattr(benching, "time_schedule", lambda protocol, llms, progress: _table(
+        protocol, {("b", i): 0.9 if i % 2 else 1.2 for i in range(protocol.pairs)}))
+    result = _bench(["bench", str(write(tmp_path, protocol_dict())), "--output", str(tmp_path / "out"), "--quiet"])
+    assert result.exit_code == 4 and "INCONCLUSIVE: the interval [0.8333, 1.1111]" in result.output, result.output
 
 
 def test_refusals_exit_2_before_any_bundle(tmp_path):
@@ -343,7 +355,7 @@ def test_cuda_warmup_captures_every_graph_before_timing(tmp_path):
     result = _bench(["bench", str(write(tmp_path, raw)), "--output", str(tmp_path / "out"), "--quiet"])
     path = _bundle(tmp_path / "out")
     summary = json.loads((path / bundles.SUMMARY_FILE).read_text())
-    assert result.exit_code == (0 if summary["verdict"] == PASS else 1), result.output
+    assert result.exit_code == {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}[summary["verdict"]], result.output
     assert summary["timed_runs_capturing_graphs"] == 0
     engines = json.loads((path / bundles.MANIFEST_FILE).read_text())["device"]["engines"]
     assert engines["b"]["graphs"].endswith("captured"), engines
