@@ -36,8 +36,14 @@ EXIT_ENVIRONMENT = execution.EXIT_ENVIRONMENT
 
 
 def _input_error(err: Exception | str) -> None:
-    click.echo(f"error: {err}", err=True)
+    """Exit 2 with one line: a character that is not printable (a newline or a control character
+    in a key of the file, say) is written as its escape."""
+    click.echo(_printable(f"error: {err}"), err=True)
     sys.exit(EXIT_INPUT)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _read(path: Path | None) -> ProtocolFile | None:
@@ -713,11 +719,15 @@ def _options(pairs: tuple[str, ...]) -> dict:
 
 
 @main.command()
-@click.option("--tv", default=None, type=float, help="Target total-variation distance: print the samples needed.")
-@click.option("--n", "num_samples", default=None, type=click.IntRange(min=1), help="Samples: print the MDE.")
-@click.option("--bins", default=None, type=click.IntRange(min=2), help="Cells of the test (default: the protocol's top_k).")
-@click.option("--alpha", default=None, type=float, help="Level (default: the protocol's, else 0.01).")
-@click.option("--power", default=None, type=float, help="Power (default: the protocol's, else 0.8).")
+@click.option("--tv", default=None, type=click.FloatRange(0, 1, min_open=True),
+              help="Target total-variation distance: print the samples needed.")
+@click.option("--n", "num_samples", default=None, type=click.IntRange(1, protocols.MAX_INT), help="Samples: print the MDE.")
+@click.option("--bins", default=None, type=click.IntRange(2, protocols.MAX_INT),
+              help="Cells of the test (default: the protocol's top_k).")
+@click.option("--alpha", default=None, type=click.FloatRange(protocols.MIN_ALPHA, protocols.MAX_ALPHA),
+              help="Level (default: the protocol's, else 0.01).")
+@click.option("--power", default=None, type=click.FloatRange(protocols.MIN_POWER, protocols.MAX_POWER),
+              help="Power (default: the protocol's, else 0.8).")
 @click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
 @click.option("--vocab-size", default=None, type=click.IntRange(min=2),

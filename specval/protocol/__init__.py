@@ -13,18 +13,19 @@ The quality and performance kinds keep their schemas with their runs (`specval.q
 """
 
 from specval.protocol.canonical import canonical_hash, plain_form
-from specval.protocol.readers import NAME_PATTERN, ProtocolError
+from specval.protocol.readers import MAX_INT, NAME_PATTERN, ProtocolError
 from specval.protocol.registration import (CHANGED, FROZEN, LOCK_FILE_NAME, NOT_FROZEN, check_registered, freeze,
                                            lock_path, read_lock, registration)
-from specval.protocol.schema import (GATING_ROLES, MAX_POSITIONS, MAX_STAGES, MULTIPLICITY_METHODS, ONE_STAGE, ROLES,
-                                     TEST_KINDS, ConfirmationSpec, Protocol, TestSpec, load_protocol, parse_protocol)
+from specval.protocol.schema import (GATING_ROLES, MAX_ALPHA, MAX_POSITIONS, MAX_POWER, MAX_STAGES, MIN_ALPHA, MIN_POWER,
+                                     MULTIPLICITY_METHODS, ONE_STAGE, ROLES, TEST_KINDS, ConfirmationSpec, Protocol,
+                                     TestSpec, load_protocol, parse_protocol)
 from specval.protocol.sections import (NOSPEC_MODE, PROFILE_KEYS, AnyProtocol, GroupSpec, SamplingSpec, SutSpec,
                                        resolve)
 from specval.protocol.strict_yaml import line_of, read_yaml
 
 __all__ = [
     "AnyProtocol", "CHANGED", "ConfirmationSpec", "FROZEN", "GATING_ROLES", "GroupSpec", "LOCK_FILE_NAME",
-    "MAX_POSITIONS", "MAX_STAGES", "MULTIPLICITY_METHODS", "NAME_PATTERN", "NOSPEC_MODE", "NOT_FROZEN", "ONE_STAGE",
+    "MAX_ALPHA", "MAX_INT", "MAX_POSITIONS", "MAX_POWER", "MAX_STAGES", "MIN_ALPHA", "MIN_POWER", "MULTIPLICITY_METHODS", "NAME_PATTERN", "NOSPEC_MODE", "NOT_FROZEN", "ONE_STAGE",
     "PROFILE_KEYS", "Protocol", "ProtocolError", "ROLES", "SamplingSpec", "SutSpec", "TEST_KINDS", "TestSpec",
     "canonical_hash", "check_registered", "freeze", "line_of", "load_protocol", "lock_path", "parse_protocol",
     "plain_form", "read_lock", "read_yaml", "registration", "resolve",

@@ -16,6 +16,9 @@ import re
 from typing import Any, Mapping
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+# Every integer of a protocol (sizes, counts, seeds) fits in the 32-bit seed space; a larger one is
+# a typo or an attack, and would overflow the int64 arithmetic of seed ranges and sample tables.
+MAX_INT = 2**32
 
 
 class ProtocolError(ValueError):
@@ -57,12 +60,14 @@ def read_mapping(raw: Any, file: str, where: str) -> Mapping:
     return raw
 
 
-def read_int(value: Any, file: str, key: str, minimum: int | None = None) -> int:
-    """`value` if it is an integer (not a bool) >= `minimum`."""
+def read_int(value: Any, file: str, key: str, minimum: int | None = None, maximum: int = MAX_INT) -> int:
+    """`value` if it is an integer (not a bool) in [`minimum`, `maximum`]."""
     if isinstance(value, bool) or not isinstance(value, int):
         fail(file, key, "expected an integer", value)
     if minimum is not None and value < minimum:
         fail(file, key, f"must be >= {minimum}", value)
+    if value > maximum:
+        fail(file, key, f"must be <= {maximum}", value)
     return value
 
 
@@ -99,6 +104,14 @@ def read_unit(value: Any, file: str, key: str, upper_closed: bool = False) -> fl
     ok = 0.0 < number < 1.0 or (upper_closed and number == 1.0)
     if not ok:
         fail(file, key, "must lie in (0, 1]" if upper_closed else "must lie in (0, 1)", value)
+    return number
+
+
+def read_bounded(value: Any, file: str, key: str, low: float, high: float, why: str) -> float:
+    """`value` if it is a finite number in [`low`, `high`]; `why` says what the bounds protect."""
+    number = read_float(value, file, key)
+    if not low <= number <= high:
+        fail(file, key, f"must lie in [{low:g}, {high:g}] ({why})", value)
     return number
 
 

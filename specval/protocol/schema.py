@@ -13,6 +13,10 @@ alpha and the multiplicity correction. Guarantees:
   one-stage protocol hashes exactly as before the key existed; a two-stage block enters the hash.
   Likewise `sampling.semantics` (pinned filter semantics) enters the canonical form only when set.
 - Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
+- Every number is range-checked as it is read, against what the run can test: a protocol whose
+  levels need more Monte Carlo draws than a run can make, whose power does not exceed its level,
+  or whose sample size (in any profile) cannot fill two cells of min_expected is refused here,
+  before any seed is claimed (`_check_testable`).
 
 The parts shared with the other kinds live beside it: `readers`, `sections`, `canonical`,
 `strict_yaml`, `registration`.
@@ -25,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from specval.protocol.canonical import canonical_hash, plain_form
-from specval.protocol.readers import (check_keys, fail, read_bool, read_float, read_int, read_mapping, read_name,
-                                      read_str, read_unit)
+from specval.protocol.readers import (check_keys, fail, read_bool, read_bounded, read_float, read_int, read_mapping,
+                                      read_name, read_str, read_unit)
 from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
                                        parse_sampling, parse_sut)
 from specval.protocol.strict_yaml import read_yaml
@@ -37,6 +41,14 @@ GATING_ROLES = ("control", "primary")
 MULTIPLICITY_METHODS = ("holm",)
 MAX_POSITIONS = 3
 MAX_STAGES = 2
+# alpha (and alpha_stage2): a criterion rejected at level t costs 30 / t Monte Carlo null draws
+# (specval.stats.montecarlo.num_draws), 3e7 per criterion at 1e-6 before Holm divides it further;
+# below, a FAIL cannot be computed in a run's time (at 1e-300 the draw count overflows).
+MIN_ALPHA, MAX_ALPHA = 1e-6, 0.2
+# power: above MAX_ALPHA, so that every minimum detectable effect exists (at power <= level none
+# does); below 1 by a margin the root finders of specval.stats.power resolve.
+MIN_POWER, MAX_POWER = 0.5, 0.9999
+MIN_CELLS = 2  # a table needs two cells of expected count >= min_expected to test anything
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
         fail(file, "confirmation.stages", f"at most {MAX_STAGES} stages are supported", stages)
     alpha_stage2 = raw.get("alpha_stage2")
     if alpha_stage2 is not None:
-        alpha_stage2 = read_unit(alpha_stage2, file, "confirmation.alpha_stage2")
+        alpha_stage2 = _read_alpha(alpha_stage2, file, "confirmation.alpha_stage2")
         if stages == 1:
             fail(file, "confirmation.alpha_stage2", "only a two-stage protocol (stages: 2) takes a second-stage alpha",
                   alpha_stage2)
@@ -223,8 +235,9 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         samples_per_group=read_int(raw["samples_per_group"], file, "samples_per_group", minimum=1),
         tests=_parse_tests(raw["tests"], file, groups, positions),
         seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
-        alpha=read_unit(raw.get("alpha", 0.01), file, "alpha"),
-        power=read_unit(raw.get("power", 0.8), file, "power"),
+        alpha=_read_alpha(raw.get("alpha", 0.01), file, "alpha"),
+        power=read_bounded(raw.get("power", 0.8), file, "power", MIN_POWER, MAX_POWER,
+                           "every minimum detectable effect must exist"),
         stratum_min=read_int(raw.get("stratum_min", 200), file, "stratum_min", minimum=1),
         min_expected=read_float(raw.get("min_expected", 5.0), file, "min_expected"),
         multiplicity=read_str(raw.get("multiplicity", "holm"), file, "multiplicity", MULTIPLICITY_METHODS),
@@ -237,7 +250,25 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
     )
     if not protocol.min_expected > 0.0:
         fail(file, "min_expected", "must be > 0", raw.get("min_expected"))
+    _check_testable(protocol, file)
     return protocol
+
+
+def _read_alpha(value: Any, file: str, key: str) -> float:
+    return read_bounded(value, file, key, MIN_ALPHA, MAX_ALPHA, "the Monte Carlo draws a level needs are bounded")
+
+
+def _check_testable(protocol: Protocol, file: str) -> None:
+    """ProtocolError unless every profile's sample size can fill MIN_CELLS cells of expected count
+    >= min_expected (fewer samples pool every table into one cell: nothing could be tested)."""
+    sizes = [("samples_per_group", protocol.samples_per_group)]
+    sizes += [(f"profiles.{name}.samples_per_group", dict(overrides)["samples_per_group"])
+              for name, overrides in protocol.profiles if "samples_per_group" in dict(overrides)]
+    for key, size in sizes:
+        if size < MIN_CELLS * protocol.min_expected:
+            fail(file, "min_expected", f"{MIN_CELLS} cells of this expected count need more samples than {key} "
+                 f"({size}): every table would pool into one cell and nothing could be tested",
+                 protocol.min_expected)
 
 
 def load_protocol(path: str | Path) -> Protocol:

@@ -18,6 +18,10 @@ from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_f
 from specval.semantics import CHOICES as SEMANTICS_CHOICES
 
 NOSPEC_MODE = "nospec"
+# Below this temperature engines decode greedily (vLLM's _SAMPLING_EPS); logits / T overflow
+# float32 from T ~ 1e-37 on. Either way the law is a point mass: nothing to test.
+MIN_TEMPERATURE = 1e-5
+GREEDY_TOP_K = 1  # keeps one token: greedy decoding, nothing to test
 PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
 AnyProtocol = TypeVar("AnyProtocol")  # a protocol dataclass: Protocol or a quality protocol
 
@@ -80,13 +84,18 @@ def parse_sut(raw: Any, file: str) -> SutSpec:
 
 
 def parse_sampling(raw: Any, file: str) -> SamplingSpec:
-    """The `sampling` section: temperature > 0, top_k >= -1, top_p in (0, 1], pinned semantics."""
+    """The `sampling` section: temperature >= MIN_TEMPERATURE (finite), top_k -1 or 0 (off)
+    or >= 2, top_p in (0, 1], pinned semantics."""
     raw = read_mapping(raw, file, "sampling")
     check_keys(raw, SamplingSpec, file, "sampling")
     temperature = read_float(raw["temperature"], file, "sampling.temperature")
-    if not temperature > 0.0:
-        fail(file, "sampling.temperature", "must be > 0 (greedy decoding has no distribution)", raw["temperature"])
+    if not temperature >= MIN_TEMPERATURE:
+        fail(file, "sampling.temperature", f"must be >= {MIN_TEMPERATURE:g} (below, decoding is greedy: a point "
+             "mass has no distribution to test)", raw["temperature"])
     top_k = read_int(raw.get("top_k", -1), file, "sampling.top_k", minimum=-1)
+    if top_k == GREEDY_TOP_K:
+        fail(file, "sampling.top_k", "1 keeps one token (greedy decoding): nothing to test; use -1 for no top-k",
+             top_k)
     top_p = read_unit(raw.get("top_p", 1.0), file, "sampling.top_p", upper_closed=True)
     return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p,
                         semantics=parse_semantics(raw.get("semantics", {}), file))

@@ -112,7 +112,7 @@ def _check_arith_options(options: dict, file: str) -> None:
             fail(file, f"task.options.{key}", "unknown arith option", suggestion=close[0] if close else None)
     try:
         arith_config(dict(options), 1)
-    except ValueError as err:
+    except (ValueError, TypeError) as err:  # TypeError: a value of the wrong shape (operators: 3)
         fail(file, "task.options", str(err))
 
 

@@ -74,6 +74,17 @@ def test_zero_samples_is_refused_before_any_seed(cli, tmp_path):
     assert _nothing_claimed(tmp_path / "results")
 
 
+@pytest.mark.parametrize("overrides,words", [
+    ({"alpha": 1e-300}, "alpha: must lie in [1e-06, 0.2]"),
+    ({"sampling": {"temperature": 1e-300, "top_k": 8}}, "sampling.temperature: must be >= 1e-05"),
+    ({"min_expected": 1e308}, "min_expected: 2 cells of this expected count need more samples"),
+])
+def test_a_protocol_that_can_test_nothing_is_refused_before_any_seed(cli, tmp_path, overrides, words):
+    result = _run(cli, "run", str(_protocol(tmp_path, **overrides)), "--quiet", "--exploratory")
+    assert result.exit_code == 2 and words in result.output and len(result.output.strip().splitlines()) == 1
+    assert _nothing_claimed(tmp_path / "results")
+
+
 def test_infinite_number_is_refused(cli, tmp_path):
     file = _protocol(tmp_path)
     file.write_text(file.read_text() + "alpha: .inf\n")

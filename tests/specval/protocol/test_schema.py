@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import protocol as protocols
@@ -47,8 +49,18 @@ BAD_FIELDS = [
     (["groups", 1, "draft_loops"], 0, ["groups[1].draft_loops", ">= 1"]),
     (["groups", 1, "drafts"], 2, ["groups[1].drafts", "unknown key"]),
     (["samples_per_group"], 0, ["samples_per_group", ">= 1"]),
-    (["alpha"], 1.0, ["alpha", "(0, 1)"]),
-    (["power"], 0.0, ["power", "(0, 1)"]),
+    (["alpha"], 1.0, ["alpha", "[1e-06, 0.2]", "1.0"]),
+    (["alpha"], 1e-300, ["alpha", "Monte Carlo draws", "1e-300"]),
+    (["confirmation"], {"stages": 2, "alpha_stage2": 1e-300}, ["confirmation.alpha_stage2", "1e-300"]),
+    (["power"], 0.0, ["power", "[0.5, 0.9999]"]),
+    (["power"], 0.3, ["power", "minimum detectable effect"]),
+    (["sampling", "temperature"], 1e-300, ["sampling.temperature", ">= 1e-05", "greedy", "1e-300"]),
+    (["sampling", "top_k"], 1, ["sampling.top_k", "greedy"]),
+    (["sampling", "top_k"], 2**40, ["sampling.top_k", "<= 4294967296"]),
+    (["min_expected"], 1e308, ["min_expected", "samples_per_group (1200)", "nothing could be tested", "1e+308"]),
+    (["profiles", "ci", "samples_per_group"], 9, ["min_expected", "profiles.ci.samples_per_group (9)"]),
+    (["samples_per_group"], 10**15, ["samples_per_group", "<= 4294967296"]),
+    (["seed_base"], 2**64, ["seed_base", "<= 4294967296"]),
     (["stratum_min"], 0, ["stratum_min", ">= 1"]),
     (["min_expected"], 0, ["min_expected", "> 0"]),
     (["multiplicity"], "holms", ["multiplicity", "'holm'"]),
@@ -171,3 +183,97 @@ def test_shipped_protocols_match_their_frozen_hash(name):
     # Pre-registration: a shipped protocol may only change together with `specval freeze`.
     file = REPO / "protocols" / f"{name}.yaml"
     assert protocols.registration(load_protocol(file), file) == protocols.FROZEN
+
+
+# ---------------------------------------------------------------- fuzz: `specval validate` on mutated protocols
+
+NASTY_NUMBERS = [0, -1, 1, 2, 2**31, 2**32 + 1, 2**64, -(2**70), 0.5, 1.0, 1e-300, -1e-300, 5e-324, 1e308, -1e308,
+                 float("inf"), float("nan"), 1e-5, 0.9999999999999999]
+TEXT_EDITS = ["&a ", "*a", "*missing", ": ", "- ", "{", "[", "]", "!!binary AAAA", "!!python/object:os.system ",
+              "!!set {a, b}", "2001-01-01", "<<: *a", "\t", "\x00", "? ", "|", "%YAML 1.1\n", "---\n", "\n  "]
+FUZZ_EXAMPLES = 150  # derandomized: the same 150 protocols on every run
+FUZZ_DEADLINE_S = 2.0  # per protocol, imports done; one validate takes ~10 ms, a bounded refusal < 0.1 s
+
+
+def _paths(node, prefix=()):
+    """Every key path of a parsed protocol (mappings and lists), the root excluded."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield prefix + (key,)
+        yield from _paths(child, prefix + (key,))
+
+
+def _nasty_values():
+    from hypothesis import strategies as st
+
+    deep = "x"
+    for _ in range(40):
+        deep = [deep]
+    return st.one_of(st.sampled_from(NASTY_NUMBERS), st.integers(), st.floats(), st.text(max_size=8), st.none(),
+                     st.booleans(), st.just(deep), st.lists(st.integers(-3, 3), max_size=3),
+                     st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=2))
+
+
+def _mutated_text(draw, base: dict) -> str:
+    """A protocol with one to three structural edits (replace a value, delete or add a key), then
+    maybe a text edit (an anchor, alias, tag, indentation or control character spliced in)."""
+    from hypothesis import strategies as st
+
+    raw = copy.deepcopy(base)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(sorted(_paths(raw), key=repr) or [("name",)]))
+        parent = raw
+        for key in path[:-1]:
+            parent = parent[key]
+        action = draw(st.sampled_from(["replace", "delete", "add"]))
+        if action == "delete" and isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        elif action == "add" and isinstance(parent, dict):
+            parent[draw(st.text(min_size=1, max_size=6))] = draw(_nasty_values())
+        else:
+            parent[path[-1]] = draw(_nasty_values())
+    text = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
+    if draw(st.booleans()):
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(st.sampled_from(TEXT_EDITS)) + text[at:]
+    return text
+
+
+def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_path):
+    """Throws mutated protocols (a distribution, a quality and a performance one) at `specval
+    validate` in process. Each must exit 0 (it still parses: "ok ...") or 2 with one line naming
+    the file, never another code, an exception or a traceback, within FUZZ_DEADLINE_S (timed here, once
+    a first validate has done the imports).
+    Deterministic: hypothesis runs derandomized (fixed examples), so this never fails spuriously."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from click.testing import CliRunner
+    from hypothesis import strategies as st
+
+    from specval.cli import main
+
+    bases = [fake_protocol_dict()] + [yaml.safe_load((REPO / name).read_text()) for name in FUZZ_BASES]
+    outcomes = {0: 0, 2: 0}
+    assert CliRunner().invoke(main, ["validate", *(str(REPO / name) for name in FUZZ_BASES)]).exit_code == 0
+
+    @hypothesis.settings(max_examples=FUZZ_EXAMPLES, derandomize=True, deadline=None, database=None,
+                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.given(st.data())
+    def validate_one(data):
+        text = _mutated_text(data.draw, data.draw(st.sampled_from(bases)))
+        path = tmp_path / "fuzzed.yaml"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        start = time.perf_counter()
+        result = CliRunner().invoke(main, ["validate", str(path)])
+        assert time.perf_counter() - start < FUZZ_DEADLINE_S, text
+        lines = result.output.strip().splitlines()
+        assert result.exception is None or isinstance(result.exception, SystemExit), (text, result.exception)
+        assert result.exit_code in outcomes and "Traceback" not in result.output, (text, result.output)
+        assert len(lines) == 1 and lines[0].startswith("ok " if result.exit_code == 0 else f"error: {path}"), \
+            (text, result.output)
+        outcomes[result.exit_code] += 1
+
+    validate_one()
+    assert outcomes[2] > FUZZ_EXAMPLES // 2  # most mutations break the protocol: the fuzz reaches the refusals
+
+
+FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_vs_sync_c1.yaml"]
