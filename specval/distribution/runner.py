@@ -37,7 +37,7 @@ from specval.protocol import (FROZEN, Protocol, ProtocolError, check_registered,
                               parse_protocol, resolve)
 from specval.distribution.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
 from specval.report.figure_pool import FigurePool, worker_count
-from specval.stats import quadrature
+from specval.stats import montecarlo, quadrature
 from specval.stats.quadrature import adversarial_pairs
 from specval.semantics import FilterSemantics
 from specval.stopwatch import Stopwatch
@@ -49,6 +49,7 @@ ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, n
 QUADRATURE_GRID_SIZE = quadrature.GRID_SIZE  # rows per sweep: resolution 1/G per token
 QUADRATURE_ZERO_TOKENS = 2  # zero-mass tokens kept next to the supports (zeros stay exercised)
 STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage: "<bundle>:stage2"
+MC_STREAM_KEY = "monte_carlo_stream"  # summary.json: the stream of every Monte Carlo p-value in it
 
 
 def _ranges(plan: bundles.RunPlan, run: str) -> list[seeds.SeedRange]:
@@ -216,7 +217,7 @@ def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: 
         bundles.write_json(path / bundles.QUADRATURE_FILE, quadrature_laws(sut, protocol, prompt_ids))
         laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
     with step("tests_s"):
-        first = _stage_summary(path, protocol, ranges, laws, samples)
+        first = _stage_summary(path, protocol, ranges, laws, samples, recorded_stream(path))
     drawn, collect_s, second = 0, 0.0, None
     if needs_second_stage(protocol, first):
         stage2 = claim_stage2(path, protocol)
@@ -248,35 +249,48 @@ ANALYSIS_STEPS = {  # the manifest's `analysis_steps`: seconds of wall time per 
 
 
 def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict,
-                   samples: pd.DataFrame | None = None) -> dict:
+                   samples: pd.DataFrame | None = None, stream: str = montecarlo.CURRENT_STREAM) -> dict:
     """One stage's summary from its samples (read from `directory` unless given) and reference in
-    `directory` (the bundle or stage2/)."""
+    `directory` (the bundle or stage2/), its Monte Carlo draws from `stream`."""
     if samples is None:
         samples = collect.load_samples(directory, ranges)
     reference = Reference.from_dict(bundles.read_json(directory / bundles.REFERENCE_FILE))
     spans = {r.group: (r.start, r.stop) for r in ranges}
-    return evaluate(protocol, samples, reference, laws, spans)
+    return evaluate(protocol, samples, reference, laws, spans, stream)
+
+
+def recorded_stream(path: Path) -> str:
+    """The Monte Carlo stream of the bundle's summary.json (`MC_STREAM_KEY`): the legacy one when
+    the summary predates the key, the current one when there is no summary yet (a new analysis)."""
+    if not (path / bundles.SUMMARY_FILE).is_file():
+        return montecarlo.CURRENT_STREAM
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    return summary.get(MC_STREAM_KEY, montecarlo.LEGACY_STREAM) if isinstance(summary, dict) else \
+        montecarlo.CURRENT_STREAM
 
 
 def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], first: dict | None = None,
               second_samples: pd.DataFrame | None = None) -> dict:
     """The summary recomputed from the bundle's files alone (raw samples, references, laws), both
     stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), and
-    `second_samples`: the stage-2 samples, when the caller has just read them from these files."""
-    laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
-    first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws), None
+    `second_samples`: the stage-2 samples, when the caller has just read them from these files.
+    The Monte Carlo draws come from the stream the bundle recorded (`recorded_stream`)."""
+    laws, stream = bundles.read_json(path / bundles.QUADRATURE_FILE), recorded_stream(path)
+    first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws, stream=stream), None
     if needs_second_stage(protocol, first):
         stage2 = stage2_ranges(path)
         if not stage2:
             raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} "
                                       "records no stage-2 seed ranges")
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
-        second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws, second_samples)
+        second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws, second_samples, stream)
     summary = confirm(protocol, first, second)
     plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
     summary["registration"] = plan.registration_block()
     if plan.semantics:  # bundles made before semantics were recorded keep their summary as it was
         summary["semantics"] = dict(plan.semantics)
+    if stream != montecarlo.LEGACY_STREAM:  # legacy bundles keep their summary as it was
+        summary[MC_STREAM_KEY] = stream
     return json.loads(json.dumps(summary))
 
 

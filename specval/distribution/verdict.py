@@ -426,13 +426,15 @@ def supports_of(ref: Reference) -> Callable[[tuple], Support]:
 
 
 def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[str, int], supports,
-                      seed_keys: Mapping[str, str], with_mde: bool = True) -> dict[str, dict]:
+                      seed_keys: Mapping[str, str], with_mde: bool = True,
+                      stream: str = montecarlo.CURRENT_STREAM) -> dict[str, dict]:
     """Every gof and homogeneity criterion from per-stratum token counts (verdicts left to Holm).
 
     `source` gives a group's strata at a position; `totals[g]` its tested rows; `seed_keys[g]` a
     string naming its seed range, which seeds the criterion's Monte Carlo draws together with the
     protocol hash and the criterion's name (so two stages, or two replicates, draw independently).
-    `with_mde=False` leaves the MDEs out (calibration, where only verdicts count).
+    `with_mde=False` leaves the MDEs out (calibration, where only verdicts count). `stream`: the
+    Monte Carlo stream of the draws (`montecarlo.STREAMS`; a bundle's own when it is recomputed).
     """
     tests, sizes, digest = {}, family_sizes(protocol), protocol.hash
     for test in protocol.tests:
@@ -443,10 +445,11 @@ def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[
             name = criterion_name(test, group)
             parts = source(group, test.position, test.by_path)
             if test.kind == "gof":
-                rng = montecarlo.criterion_rng(digest, name, seed_keys[group])
+                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], stream=stream)
                 tests[name] = _gof(protocol, test, group, parts, totals[group], supports, level, rng, with_mde)
             else:
-                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], seed_keys[test.baseline])
+                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], seed_keys[test.baseline],
+                                               stream=stream)
                 base = source(test.baseline, test.position, False)
                 tests[name] = _homogeneity(protocol, test, group, parts, base,
                                            (totals[group], totals[test.baseline]), supports, level, rng, with_mde)
@@ -454,7 +457,8 @@ def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[
 
 
 def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
-                    quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict[str, dict]:
+                    quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]],
+                    stream: str) -> dict[str, dict]:
     vocab = ref.vocab_size if ref is not None else None
     data = {g.name: group_data(samples, g.name, protocol.positions, vocab) for g in protocol.groups}
     tests = _validity_tests(protocol, data, ref)
@@ -476,7 +480,7 @@ def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | 
 
     seed_keys = {g: f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in data}
     tests.update(statistical_tests(protocol, source, {g: len(d.tokens) for g, d in data.items()}, supports,
-                                   seed_keys))
+                                   seed_keys, stream=stream))
     return tests
 
 
@@ -551,9 +555,11 @@ def group_facts(protocol: Protocol, samples: pd.DataFrame, ranges: Mapping[str, 
 
 
 def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | None,
-             quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]]) -> dict:
-    """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs."""
-    tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges)
+             quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]],
+             stream: str = montecarlo.CURRENT_STREAM) -> dict:
+    """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs, the
+    Monte Carlo `stream` included."""
+    tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges, stream)
     families, verdict, reason = decide(tests, protocol)
     return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
             "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,

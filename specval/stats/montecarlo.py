@@ -18,6 +18,12 @@ a rejected criterion costs B draws.
 
 Ties: T* within a relative `TIE_RTOL` of T counts as an exceedance, so that rounding in the
 summation order can only make the p-value larger (conservative), never smaller.
+
+Streams: `criterion_rng` draws from `specval.stats.stream.Stream` (Philox raw words and this
+project's transforms: the same draws under every supported numpy and scipy). Bundles sealed
+before it existed drew from numpy's PCG64 Generator methods (`LEGACY_STREAM`), whose algorithms
+numpy may change between releases; a bundle records its stream in summary.json
+(`monte_carlo_stream`; absent: the legacy one) and `specval verify` redraws with that one.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from scipy import stats
 
 from specval.stats import checks
 from specval.stats.results import StatResult
+from specval.stats.stream import STREAM_NAME, Stream
 
 EXCEEDANCES = 30  # h: stop at the h-th null statistic >= the observed one
 DECISION_LEVEL_FACTOR = 0.5  # MDEs are computed at level t * this (see the module docstring)
@@ -39,6 +46,9 @@ TIE_RTOL = 1e-9  # float64 sums of <= 1e6 terms differ by far less than 1e-9 rel
 FIRST_BATCH = 64  # batch sizes double from here, so the draw count overshoots by < 2x
 
 NullDraws = Callable[[np.random.Generator, int], np.ndarray]  # (rng, b) -> f64[b] null statistics
+CURRENT_STREAM = STREAM_NAME  # the stream of every new analysis
+LEGACY_STREAM = "numpy-pcg64"  # bundles sealed before the stream was recorded: numpy's Generator methods
+STREAMS = (CURRENT_STREAM, LEGACY_STREAM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +73,19 @@ def decision_power(level: float) -> float:
     return float(stats.binom.cdf(EXCEEDANCES - 1, num_draws(level), level * DECISION_LEVEL_FACTOR))
 
 
-def criterion_rng(*keys: str) -> np.random.Generator:
-    """A PCG64 generator seeded by sha256 of the keys (e.g. protocol hash, criterion, seed range),
-    so that `specval verify` redraws the same null statistics bit for bit."""
+def criterion_rng(*keys: str, stream: str = CURRENT_STREAM) -> Stream | np.random.Generator:
+    """The null draws of one criterion, keyed by sha256 of the keys (e.g. protocol hash, criterion,
+    seed range), so that `specval verify` redraws the same null statistics bit for bit: a `Stream`
+    (its 128-bit key: the digest's first 16 bytes, little-endian), or for LEGACY_STREAM a PCG64
+    Generator seeded by the same integer (the draws of bundles sealed before streams were recorded).
+    Both offer `random`, `integers`, `multinomial` and `multivariate_hypergeometric`."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown Monte Carlo stream {stream!r}; this specval draws {list(STREAMS)}")
     digest = hashlib.sha256("\x1f".join(keys).encode()).digest()
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(int.from_bytes(digest[:16], "little"))))
+    key = int.from_bytes(digest[:16], "little")
+    if stream == LEGACY_STREAM:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
+    return Stream(key)
 
 
 def sequential_pvalue(observed: float, draw: NullDraws, level: float, rng: np.random.Generator) -> McPValue:

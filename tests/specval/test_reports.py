@@ -43,6 +43,8 @@ def _draws_reproducible(bundle: Path) -> str | None:
     Monte Carlo null draws are then redrawn bit for bit), else the reason they may not be."""
     from importlib import metadata
 
+    if "monte_carlo_stream" in json.loads((bundle / bundles.SUMMARY_FILE).read_text()):
+        return None  # the project's own stream: redrawn bit for bit under every supported version
     made = json.loads((bundle / bundles.MANIFEST_FILE).read_text()).get("packages", {})
     differ = [f"{name} {made.get(name)} (here {metadata.version(name)})" for name in RANDOM_PACKAGES
               if made.get(name) != metadata.version(name)]

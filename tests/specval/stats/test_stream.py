@@ -1,0 +1,197 @@
+"""The Monte Carlo stream: each transform against a scalar reference written from its
+specification (specval/stats/stream.py), the words each method consumes, golden values and
+golden p-values of criteria, and the legacy stream of old bundles.
+
+Deterministic (fixed keys) except where a law is checked; those state their false-fail rates.
+The golden values were printed by this implementation (numpy 2.4, scipy 1.17, x86_64); they are
+the specification in numbers: a change of any of them breaks the verification of every bundle
+sealed with this stream, so it must never happen silently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from specval.stats import montecarlo
+from specval.stats.independence import pit_association
+from specval.stats.sequence import pit_uniformity, serial_dependence
+from specval.stats.strata import stratified_gof, stratified_homogeneity
+from specval.stats.stream import CHUNK_WORDS, STREAM_NAME, Stream
+
+KEY = 0x0123456789ABCDEF_FEDCBA9876543210
+
+
+def _words(key: int, n: int, skip: int = 0) -> np.ndarray:
+    return np.random.Philox(key=key).random_raw(skip + n)[skip:]
+
+
+def _unit(word: int) -> float:
+    return (int(word) >> 11) * 2.0**-53
+
+
+# ---------------------------------------------------------------- each transform against its specification
+
+
+def test_uniforms_are_the_top_53_bits_of_consecutive_words():
+    stream = Stream(KEY)
+    first, second = stream.random(5), stream.random((2, 3))
+    words = _words(KEY, 11)
+    assert first.tolist() == [_unit(w) for w in words[:5]]
+    assert second.tolist() == np.array([_unit(w) for w in words[5:]]).reshape(2, 3).tolist()
+    assert isinstance(Stream(KEY).random(), float)
+
+
+def _integers_reference(key: int, low: int, high: int, count: int) -> tuple[list[int], int]:
+    """Lemire's rule word by word: (values, words consumed)."""
+    span, out, used = high - low, [], 0
+    threshold = (2**32 - span) % span
+    for word in _words(key, 4 * count + 64):
+        used += 1
+        product = (int(word) >> 32) * span
+        if product % 2**32 >= threshold:
+            out.append(low + product // 2**32)
+            if len(out) == count:
+                return out, used
+    raise AssertionError("more rejections than words drawn")
+
+
+@pytest.mark.parametrize("low,high", [(0, 3), (-5, 7), (0, 2**32), (10, 11), (0, 2**31 + 12345)])
+def test_integers_follow_lemire_and_consume_exactly_the_words_tried(low, high):
+    stream = Stream(KEY)
+    values = stream.integers(low, high, size=(40, 5))
+    expected, used = _integers_reference(KEY, low, high, 200)
+    assert values.reshape(-1).tolist() == expected
+    assert stream.raw(1)[0] == _words(KEY, 1, skip=used)[0]  # the next word is the one after the last tried
+
+
+def _multinomial_reference(key: int, trials: list[int], pvals: np.ndarray) -> list[list[int]]:
+    cdf, last = np.cumsum(pvals), int(np.flatnonzero(pvals > 0)[-1])
+    words, out, used = _words(key, sum(trials)), [], 0
+    for n in trials:
+        counts = [0] * pvals.size
+        for word in words[used:used + n]:
+            counts[min(int(np.searchsorted(cdf, _unit(word) * cdf[-1], side="right")), last)] += 1
+        used += n
+        out.append(counts)
+    return out
+
+
+def test_multinomial_is_categorical_draws_in_cell_order():
+    pvals = np.array([0.2, 0.0, 0.5, 0.3, 0.0])
+    trials = np.array([7, 0, 30])
+    counts = Stream(KEY).multinomial(trials, pvals, size=(2, 3))
+    assert counts.shape == (2, 3, 5) and counts.dtype == np.int64
+    assert counts.reshape(6, 5).tolist() == _multinomial_reference(KEY, [7, 0, 30] * 2, pvals)
+    assert (counts[..., [1, 4]] == 0).all() and (counts.sum(axis=-1) == trials).all()
+    assert Stream(KEY).multinomial(9, [1.0, 3.0]).tolist() == _multinomial_reference(KEY, [9], np.array([0.25, 0.75]))[0]
+
+
+def test_multinomial_chunks_do_not_change_the_draws():
+    trials = np.full(3, CHUNK_WORDS // 2 + 1)  # three chunks of one cell each
+    counts = Stream(KEY).multinomial(trials, [0.5, 0.5])
+    words = _words(KEY, int(trials.sum()))
+    below = (np.array([_unit(w) for w in words[:: 1 << 16]]) < 0.5).mean()  # a thinned look: it is a fair coin
+    assert (counts.sum(axis=1) == trials).all() and 0.4 < below < 0.6
+    assert counts[1, 0] == int(((words[trials[0]:2 * trials[0]] >> np.uint64(11)).astype(np.float64) * 2.0**-53
+                                < 0.5).sum())
+
+
+def _hypergeometric_reference(key: int, colors: list[int], nsample: int, rows: int) -> list[list[int]]:
+    total, out = sum(colors), []
+    words = _words(key, rows * total)
+    owner = np.repeat(np.arange(len(colors)), colors)
+    for row in range(rows):
+        keys = words[row * total:(row + 1) * total]
+        order = sorted(range(total), key=lambda i: (int(keys[i]), i))[:nsample]
+        out.append(np.bincount(owner[order], minlength=len(colors)).tolist())
+    return out
+
+
+@pytest.mark.parametrize("colors,nsample", [([5, 0, 7, 3], 6), ([1, 1], 2), ([4, 9], 0), ([30, 10, 60], 20)])
+def test_hypergeometric_takes_the_items_of_smallest_words(colors, nsample):
+    counts = Stream(KEY).multivariate_hypergeometric(np.array(colors), nsample, size=7, method="marginals")
+    assert counts.tolist() == _hypergeometric_reference(KEY, colors, nsample, 7)
+
+
+def test_ties_at_the_cut_are_taken_in_item_order():
+    from specval.stats.stream import _smallest
+
+    keys = np.array([[5, 3, 3, 3, 9]], dtype=np.uint64)
+    assert _smallest(keys, 2).tolist() == [[False, True, True, False, False]]
+
+
+def test_the_laws_are_right():
+    """Chi-square checks of each transform's law at 2e5 draws, fixed keys; each at level 1e-4, so
+    with fresh keys the test fails with probability <= 3e-4 when the transforms are right.
+    A transform off by a TV of 0.01 fails with probability > 0.999 (noncentrality >= 4 n TV^2 = 80)."""
+    n = 200_000
+    ints = np.bincount(Stream(1).integers(0, 7, size=n), minlength=7)
+    pvals = np.array([0.1, 0.2, 0.3, 0.4])
+    multi = Stream(2).multinomial(n, pvals)
+    hyper = Stream(3).multivariate_hypergeometric(np.array([6, 3, 1]), 4, size=n // 10)
+    law = stats.multivariate_hypergeom.pmf
+    cells = [(a, b, 4 - a - b) for a in range(5) for b in range(4) if 0 <= 4 - a - b <= 1]
+    seen = {c: 0 for c in cells}
+    for row in map(tuple, hyper.tolist()):
+        seen[row] += 1
+    expected = np.array([law(x=list(c), m=[6, 3, 1], n=4) for c in cells]) * len(hyper)
+    for observed, mean in ((ints, np.full(7, n / 7)), (multi, n * pvals), (np.array(list(seen.values())), expected)):
+        assert stats.chisquare(observed, mean).pvalue > 1e-4
+
+
+# ---------------------------------------------------------------- golden values: the stream in numbers
+
+
+GOLDEN_UNIFORMS = [0.2914952779168142, 0.7327299909700856, 0.6703110429158319, 0.47349663233274286]
+
+
+def test_golden_uniforms():
+    assert Stream(KEY).random(4).tolist() == GOLDEN_UNIFORMS
+
+
+def _criteria(stream: str) -> dict[str, tuple[float, int]]:
+    """(p-value, draws) of four criteria on fixed data, each keyed as the summary keys it."""
+    data = np.random.default_rng(7)  # the data only: it is not the stream under test
+    probs = np.array([0.4, 0.3, 0.2, 0.1])
+    strata = [(("a",), data.multinomial(300, [0.43, 0.3, 0.17, 0.1]), probs),
+              (("b",), data.multinomial(200, probs), probs)]
+    gof = stratified_gof(strata, stratum_min=50, min_expected=5.0, level=0.002,
+                         rng=montecarlo.criterion_rng("golden", "gof", stream=stream))
+    split = [(("a",), data.multinomial(300, probs), data.multinomial(300, [0.35, 0.35, 0.2, 0.1]), probs)]
+    homogeneity = stratified_homogeneity(split, stratum_min=50, min_expected=5.0, level=0.002,
+                                         rng=montecarlo.criterion_rng("golden", "homogeneity", stream=stream))
+    u = data.random(400) ** 1.1
+    pit = pit_uniformity(u, level=0.002, rng=montecarlo.criterion_rng("golden", "pit", stream=stream))
+    serial = serial_dependence([u[:200], u[200:]], 2, level=0.002,
+                               rng=montecarlo.criterion_rng("golden", "serial", stream=stream))
+    pair = pit_association(u[:200], data.random(200), level=0.002,
+                           rng=montecarlo.criterion_rng("golden", "pair", stream=stream))
+    off = stratified_gof([(("c",), data.multinomial(400, [0.55, 0.25, 0.1, 0.1]), probs)], stratum_min=50,
+                         min_expected=5.0, level=0.02, rng=montecarlo.criterion_rng("golden", "off", stream=stream))
+    return {"gof": (gof.p_value, gof.mc.draws), "homogeneity": (homogeneity.p_value, homogeneity.mc.draws),
+            "rejected_gof": (off.p_value, off.mc.draws),
+            "pit": (pit.p_value, pit.mc.draws), "serial": (serial.p_value, serial.mc.draws),
+            "pair": (pair.p_value, pair.mc_rho.draws + pair.mc_chi2.draws)}
+
+
+GOLDEN_P_VALUES = {  # (p-value, null draws): exact rationals k / L or (k + 1) / (B + 1)
+    "gof": (30 / 101, 101), "homogeneity": (30 / 104, 104), "rejected_gof": (1 / 1501, 1500),
+    "pit": (30 / 58, 58), "serial": (30 / 73, 73), "pair": (0.9836065573770492, 112),
+}
+
+
+def test_golden_p_values_of_criteria():
+    assert _criteria(STREAM_NAME) == GOLDEN_P_VALUES
+
+
+def test_the_legacy_stream_is_numpy_pcg64_seeded_as_before():
+    legacy = montecarlo.criterion_rng("hash", "t2_gof.sync", "sync:0-3000", stream=montecarlo.LEGACY_STREAM)
+    import hashlib
+
+    digest = hashlib.sha256("\x1f".join(["hash", "t2_gof.sync", "sync:0-3000"]).encode()).digest()
+    old = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int.from_bytes(digest[:16], "little"))))
+    assert legacy.random(5).tolist() == old.random(5).tolist()
+    with pytest.raises(ValueError, match="unknown Monte Carlo stream"):
+        montecarlo.criterion_rng("x", stream="mt19937")
