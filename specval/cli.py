@@ -301,7 +301,7 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         _interrupted(err.path)
     except KeyboardInterrupt:
         _interrupted(None)
-    except (execution.EnvironmentFailed, OSError, SystemExit) as err:
+    except (execution.EnvironmentFailed, OSError, SystemExit, seeds.LedgerError) as err:
         _no_verdict(err, announced, lambda path: _kept(path) if path else NOT_ANNOUNCED)
     _print_verdict(result.summary, result.bundle)
     _sign_sealed(result.bundle, signer)
@@ -331,13 +331,15 @@ NOT_ANNOUNCED = "; no bundle was announced"
 
 def _no_verdict(err: BaseException, announced: list[Path], where: Callable[[Path | None], str]) -> None:
     """A run that ended without a verdict, with one line: exit 5 for an OSError of the harness
-    (EnvironmentFailed or a bare OSError), 3 for a SystemExit of code the run called outside the
+    (EnvironmentFailed or a bare OSError) or an unreadable seed ledger, 3 for a SystemExit of code the run called outside the
     guarded adapter calls (never its status: 0 would read as PASS). `where(path)` tells what became
     of the bundle (EnvironmentFailed's, else the announced one; None: none was announced)."""
     path = err.path if isinstance(err, execution.EnvironmentFailed) else (announced[0] if announced else None)
     if isinstance(err, SystemExit):
         _fail_with(execution.EXIT_SUT, f"error: the run was ended by SystemExit({err.code!r}) before any "
                    f"verdict{where(path)}")
+    if isinstance(err, seeds.LedgerError):  # the output root's state, like a ledger.json that is a directory
+        _fail_with(EXIT_ENVIRONMENT, f"error: environment: {err}{where(path)}")
     cause = err.cause if isinstance(err, execution.EnvironmentFailed) else err
     _fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(cause)}{where(path)}")
 
@@ -373,7 +375,7 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
         _fail_with(execution.EXIT_INTERRUPTED, f"interrupted; the bundle {err.path} {kept}")
     except KeyboardInterrupt:
         _fail_with(execution.EXIT_INTERRUPTED, "interrupted; no bundle was started")
-    except (execution.EnvironmentFailed, OSError, SystemExit) as err:
+    except (execution.EnvironmentFailed, OSError, SystemExit, seeds.LedgerError) as err:
         _no_verdict(err, announced, lambda path: f"; the bundle {path} {kept}" if path else NOT_ANNOUNCED)
     _print_bench(summary, path)
     _sign_sealed(path, signer)

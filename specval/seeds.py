@@ -35,6 +35,10 @@ class SeedOverlapError(ValueError):
     """A requested seed range intersects one already in the ledger."""
 
 
+class LedgerError(ValueError):
+    """The ledger file exists but cannot be read as a ledger (not JSON, or not its schema)."""
+
+
 @dataclass(frozen=True)
 class SeedRange:
     """Seeds [start, stop) owned by one group of one run."""
@@ -68,7 +72,7 @@ def read_ledger(output: str | Path) -> list[SeedRange]:
         entries = json.loads(path.read_text())["ranges"]
         return [SeedRange(**entry) for entry in entries]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: corrupt seed ledger ({err})") from err
+        raise LedgerError(f"{path}: corrupt seed ledger ({err})") from err
 
 
 def _write_ledger(output: str | Path, ranges: Sequence[SeedRange]) -> None:

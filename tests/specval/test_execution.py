@@ -158,6 +158,14 @@ def test_ledger_that_is_a_directory_exits_5_before_any_seed(cli, tmp_path):
     assert listed.exit_code == 5 and "EISDIR" in _one_error_line(listed.output)
 
 
+def test_a_corrupt_ledger_exits_5_before_any_seed(cli, tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / seeds.LEDGER_FILE_NAME).write_text("{ not json")
+    result = _run(cli, "run", str(_protocol(tmp_path)), "--quiet")
+    assert result.exit_code == 5 and "corrupt seed ledger" in _one_error_line(result.output)
+    assert not list((tmp_path / "results").glob("fake_t2-*"))
+
+
 def test_an_unwritable_junit_file_after_the_verdict_exits_5(cli, tmp_path, monkeypatch):
     from specval.report import junit
 
