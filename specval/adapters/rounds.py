@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specval.sut import SUTError
+import numpy as np
+
+from specval.sut import SampleBatch, SUTError
 
 PLAIN, ACCEPTED, CORRECTION, BONUS = "plain", "accepted", "correction", "bonus"
 
@@ -72,3 +74,19 @@ def assisted_trace(chunks: list[list[int]], num_assistant_tokens: int, max_new_t
         sources += [ACCEPTED] * num_matches + [last]
         drafted, accepted, cur_len = drafted + num_drafts, accepted + num_matches, cur_len + len(chunk)
     return RoundTrace(tuple(tokens), tuple(sources), len(chunks) - 1, drafted, accepted)
+
+
+def batch_of(traces: list[RoundTrace], group: str, num_tokens: int) -> SampleBatch:
+    """The SampleBatch of one row per trace: its first `num_tokens` tokens and sources, and its
+    counts (which cover the whole request). SUTError naming `group` if a request ended early."""
+    short = [t for t in traces if len(t.tokens) < num_tokens]
+    if short:
+        raise SUTError(f"group {group!r}: a request ended after {len(short[0].tokens)} of {num_tokens} tokens")
+    rows = len(traces)
+    return SampleBatch(
+        tokens=np.array([t.tokens[:num_tokens] for t in traces], dtype=np.int64).reshape(rows, num_tokens),
+        sources=np.array([t.sources[:num_tokens] for t in traces], dtype=object).reshape(rows, num_tokens),
+        num_rounds=np.array([t.num_rounds for t in traces], dtype=np.int64),
+        num_draft_tokens=np.array([t.num_draft_tokens for t in traces], dtype=np.int64),
+        num_accepted_tokens=np.array([t.num_accepted_tokens for t in traces], dtype=np.int64),
+    )

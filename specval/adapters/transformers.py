@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, plain_trace
+from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, batch_of, plain_trace
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
 from specval.sut import DRAFT_FILTERED, SUT, Capabilities, SampleBatch, SUTError
@@ -186,17 +186,7 @@ class TransformersSUT(SUT):
         if bad:
             raise SUTError(f"seed {bad[0]} is outside [0, 2**32): torch's CPU generator keeps only the low 32 bits")
         traces = [self.generate(group, prompt_ids, sampling, int(seed), num_tokens, max_tokens) for seed in seeds]
-        short = [t for t in traces if len(t.tokens) < num_tokens]
-        if short:
-            raise SUTError(f"group {group.name!r}: a request ended after {len(short[0].tokens)} of {num_tokens} tokens")
-        rows = len(traces)
-        return SampleBatch(
-            tokens=np.array([t.tokens[:num_tokens] for t in traces], dtype=np.int64).reshape(rows, num_tokens),
-            sources=np.array([t.sources[:num_tokens] for t in traces], dtype=object).reshape(rows, num_tokens),
-            num_rounds=np.array([t.num_rounds for t in traces], dtype=np.int64),
-            num_draft_tokens=np.array([t.num_draft_tokens for t in traces], dtype=np.int64),
-            num_accepted_tokens=np.array([t.num_accepted_tokens for t in traces], dtype=np.int64),
-        )
+        return batch_of(traces, group.name, num_tokens)
 
     def generate(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec, seed: int,
                  num_tokens: int, max_tokens: int) -> RoundTrace:
