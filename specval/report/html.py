@@ -6,7 +6,8 @@ import base64
 import html
 
 from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, SESSION_HEADER, confirmation_lines, criteria_rows,
-                                     fmt, group_rows, provenance, semantics_text, session_rows, verdict_text)
+                                     fmt, group_rows, patch_text, provenance, semantics_text, session_rows,
+                                     verdict_text)
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
@@ -59,6 +60,11 @@ def _semantics(summary: dict) -> str:
     return "" if text is None else f"<p>{html.escape(text)}</p>"
 
 
+def _patch(manifest: dict) -> str:
+    text = patch_text(manifest)
+    return "" if text is None else f"<p>{html.escape(text)}</p>"
+
+
 def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
     images = "".join(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
@@ -70,7 +76,7 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
             f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
             f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
             f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
-            f"{_semantics(summary)}"
+            f"{_semantics(summary)}{_patch(manifest)}"
             f"<h2>Criteria</h2>{html_table(CRITERIA_HEADER, criteria_rows(summary))}"
             f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
             f"with power &ge; {proto['power']}.</p>"

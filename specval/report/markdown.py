@@ -109,6 +109,18 @@ def semantics_lines(summary: dict) -> list[str]:
     return [] if text is None else [f"- {text}"]
 
 
+def patch_text(manifest: dict) -> str | None:
+    """The adapter's own account of a change it made to the engine under test (`describe()["patched"]`,
+    a sentence), or None when it made none (or the bundle predates the key)."""
+    patched = ((manifest.get("device") or {}).get("sut") or {}).get("patched")
+    return f"system under test patched: {patched}" if isinstance(patched, str) and patched else None
+
+
+def patch_lines(manifest: dict) -> list[str]:
+    text = patch_text(manifest)
+    return [] if text is None else [f"- {text}"]
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
@@ -125,6 +137,7 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         "iff every control and primary criterion passes",
         f"- stratum minimum {proto['stratum_min']} samples, cells pooled to expected count >= {proto['min_expected']}",
         *semantics_lines(summary),
+        *patch_lines(manifest),
         f"- {provenance(manifest)}; started {manifest.get('started')}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
         "", "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""), "",

@@ -1,5 +1,6 @@
 """The report's title shows EXPLORATORY for an exploratory run, in report.md and report.html, for every
-kind; a frozen run's title is unchanged (kept bundles still verify). Deterministic."""
+kind; a frozen run's title is unchanged (kept bundles still verify); a patched system under test gets
+its own line. Deterministic."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from specval.report import summary_files
 from specval.report.html import render_html
-from specval.report.markdown import render_markdown, verdict_text
+from specval.report.markdown import patch_lines, patch_text, render_markdown, verdict_text
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
 KEPT = REPORTS / "t2_fp32-20261201T013950Z"
@@ -40,3 +41,14 @@ def test_quality_and_performance_titles_say_exploratory_too(tmp_path):
     files = summary_files(tmp_path, facts, sections)
     assert files["report.md"].startswith(b"# quality_arith: EXPLORATORY INCONCLUSIVE\n")
     assert b"EXPLORATORY INCONCLUSIVE</span></h1>" in files["report.html"]
+
+
+def test_a_patched_sut_is_named_with_the_adapters_sentence():
+    manifest = {"device": {"sut": {"adapter": "VllmSUT", "patched": "f replaced by g"}}}
+    assert patch_text(manifest) == "system under test patched: f replaced by g"
+    assert patch_lines(manifest) == ["- system under test patched: f replaced by g"]
+
+
+def test_no_line_for_an_unpatched_sut_or_an_older_bundle():
+    for manifest in ({}, {"device": {}}, {"device": {"sut": {"patched": False}}}, {"device": {"sut": {}}}):
+        assert patch_text(manifest) is None and patch_lines(manifest) == []
