@@ -277,3 +277,20 @@ def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_pa
 
 
 FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_vs_sync_c1.yaml"]
+
+
+SMOKE_PENDING = ("t2_transformers", "t2_transformers_t1")  # given smoke profiles with their adapter's rework
+CPU_PROTOCOLS = sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.glob("protocols/suite/*.yaml"))
+
+
+@pytest.mark.parametrize("file", CPU_PROTOCOLS, ids=lambda path: path.stem)
+def test_every_shipped_cpu_protocol_has_a_smoke_profile_below_ci(file):
+    """`specval run X --profile smoke` is an adapter author's first command (docs/harness.md section 9).
+    Deterministic. GPU protocols are exempt (refused without a GPU); quality ones have their own sizes."""
+    from specval.kinds import read_protocol_file
+
+    protocol = read_protocol_file(file).load()
+    if protocol.sut.device != "cpu" or protocol.name in SMOKE_PENDING or not hasattr(protocol, "samples_per_group"):
+        return
+    assert "smoke" in dict(protocol.profiles), f"{file.name} has no smoke profile"
+    assert resolve(protocol, "smoke").samples_per_group < resolve(protocol, "ci").samples_per_group
