@@ -90,7 +90,8 @@ def check_protocol(adapter: str, options: dict[str, Any], num_speculative_tokens
         [{"kind": "gof", "position": 1, "role": "control"}]
     raw = {"name": "check_adapter", "sut": {"adapter": adapter, "options": dict(options)}, "prompt": CHECK_PROMPT,
            "sampling": {"temperature": 1.0}, "num_speculative_tokens": num_speculative_tokens,
-           "positions": CHECK_POSITIONS, "groups": groups, "samples_per_group": 1, "tests": tests}
+           "positions": CHECK_POSITIONS, "groups": groups, "samples_per_group": int(CHECK_SEEDS.size),
+           "tests": tests}  # samples_per_group: nominal (nothing is collected), large enough to parse
     return parse_protocol(raw, "<check-adapter>")
 
 
