@@ -18,6 +18,8 @@ Guarantees (those of `specval run`, docs/harness.md section 1):
   raises or breaks its contract in the probe (`SUTRaised`: exit 3).
 - Once the bundle exists: an exception of the adapter is `RunFailed` (the bundle is kept,
   unsealed, for `resume`), an interrupt `RunInterrupted`.
+- At any point, the operating system or the output root refusing the harness (disk full, file size
+  limit, permissions, an unreadable seed ledger) is one of `ENVIRONMENT_ERRORS` (exit 5).
 - Otherwise the bundle is sealed and the `Result` holds the verdict of its summary.json, the same
   that `Result.from_bundle` reads back and `verify` recomputes.
 No signal handler is installed and nothing is printed unless `progress` is set (a library call).
@@ -33,18 +35,21 @@ from typing import Any, Callable, Mapping, Union
 
 from specval import bundle as bundles
 from specval.bundle import BundleError
-from specval.execution import RunFailed, RunInterrupted
+from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
 from specval.performance.protocol import PERFORMANCE_KIND
 from specval.preflight import SUTRaised, check_writable_file
 from specval.protocol import GATING_ROLES, ProtocolError
 from specval.report import junit as junits
-from specval.seeds import SeedOverlapError
+from specval.seeds import LedgerError, SeedOverlapError
 from specval.sut import SUT, SUTError, SutFactory, load_adapter
 
 DEFAULT_OUTPUT = Path("results")  # as `specval run --output`
 PASS = "PASS"
 INPUT_ERRORS = (ProtocolError, SeedOverlapError, BundleError, SUTError)  # refused before any seed: exit 2
+# The operating system or the output root refused the harness (disk full, permissions, an unreadable
+# seed ledger): the CLI's exit 5; EnvironmentFailed names the kept bundle (it resumes).
+ENVIRONMENT_ERRORS = (EnvironmentFailed, LedgerError, OSError)
 SutArg = Union[None, str, type, SutFactory]  # see `run`
 DISTRIBUTION = KINDS[DISTRIBUTION_KIND]  # the kind of a protocol file that could not be read (its runner says why)
 API_COMMAND = "specval.run"  # first word of the session command a bundle records for an API run
@@ -291,6 +296,7 @@ def verify(bundle: str | os.PathLike) -> Verification:
     return Verification(path, tuple(differences), bundles.code_note(path) or None)
 
 
-__all__ = ["Criterion", "DEFAULT_OUTPUT", "INPUT_ERRORS", "BundleError", "ProtocolError", "Result", "RunFailed",
+__all__ = ["Criterion", "DEFAULT_OUTPUT", "ENVIRONMENT_ERRORS", "EnvironmentFailed", "INPUT_ERRORS", "LedgerError",
+           "BundleError", "ProtocolError", "Result", "RunFailed",
            "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError", "Verification", "criteria_of", "resume",
            "run", "run_protocol_file", "sut_factory", "verify"]

@@ -12,7 +12,8 @@ with `pytest -p specval.pytest_plugin`. Two ways to use it (docs/harness.md sect
 
 Guarantees: the test fails unless the run's verdict is PASS, with a message naming the verdict,
 every gating criterion that did not PASS (reason and MDE) and the bundle's path (`Result.explain`);
-a refused protocol or an adapter that raises fails it with one line (no harness traceback). A relative protocol path is read from the test file's folder. The bundle
+a refused protocol, an adapter that raises or an environment fault (disk full, an unreadable seed
+ledger) fails it with one line (no harness traceback). A relative protocol path is read from the test file's folder. The bundle
 path and verdict are recorded as the test's user properties (pytest's JUnit XML shows them).
 Bundles and their seed ledger go to `--specval-output` (ini `specval_output`; default: a folder of
 pytest's session temp dir); `--specval-profile P` overrides every profile (e.g. `ci` in CI).
@@ -127,5 +128,8 @@ def _attempt(path: Path, profile: str | None, output: Path, options: dict):
         return None, f"specval refused the run before any seed was claimed: {err}"  # err names the file
     except specval.RunFailed as err:
         return None, f"specval: {err}; traceback in {err.log}; bundle {err.path} kept (specval.resume)"
+    except specval.ENVIRONMENT_ERRORS as err:
+        kept = f"; bundle {err.path} kept (specval.resume)" if isinstance(err, specval.EnvironmentFailed) else ""
+        return None, f"specval: environment: {err}{kept}"
     except specval.RunInterrupted as err:
         pytest.exit(f"specval interrupted; bundle {err.path} kept (specval run --resume)", returncode=130)

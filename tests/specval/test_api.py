@@ -136,3 +136,11 @@ def test_the_package_exports_the_api_lazily():
         assert getattr(specval, name) is getattr(api, name) and name in dir(specval)
     with pytest.raises(AttributeError, match="no attribute 'runn'"):
         specval.runn  # noqa: B018
+
+
+def test_an_unreadable_seed_ledger_is_an_environment_error(tmp_path):
+    """Deterministic: a ledger.json that is a directory (the output root's state, exit 5 on the CLI)."""
+    (tmp_path / "out" / "ledger.json").mkdir(parents=True)
+    with pytest.raises(specval.ENVIRONMENT_ERRORS):
+        specval.run(write_protocol(tmp_path, fake_protocol_dict()), profile="ci", output=tmp_path / "out")
+    assert not [p for p in (tmp_path / "out").iterdir() if (p / "run.json").exists()]  # no bundle was started
