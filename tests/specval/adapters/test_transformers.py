@@ -29,7 +29,8 @@ ENTRY_POINT = "transformers"
 PROMPT = "Once upon a time"
 K = 4
 NOSPEC, SYNC = GroupSpec("nospec", "nospec"), GroupSpec("sync", "sync", 24)
-TRUNCATED, FULL = SamplingSpec(0.8, 20, 0.9), SamplingSpec(1.0, -1, 1.0)  # the two shipped protocols
+TRUNCATED, FULL = SamplingSpec(0.8, 20, 0.9), SamplingSpec(1.0, -1, 1.0)  # the two protocols' first versions
+SHIPPED = SamplingSpec(1.0, 20, 0.95)  # t2_transformers as re-registered (and t2_vllm)
 # transformers' processed p vs the harness's transform of the same float32 logits. The two divide
 # by T and softmax in different precisions and orders; each scaled logit (|l / T| < 64 here: max
 # |logit| ~42, T >= 0.8) may differ by up to one float32 ulp at 64, 2**-17 = 7.6e-6 (both sides
@@ -173,7 +174,7 @@ def test_target_logits_are_the_logits_generate_samples_from(sut, prompt_ids):
         assert np.abs(actual - expected).max() <= LOGIT_TOL
 
 
-@pytest.mark.parametrize("sampling", [TRUNCATED, FULL], ids=["t0.8_k20_p0.9", "t1"])
+@pytest.mark.parametrize("sampling", [TRUNCATED, FULL, SHIPPED], ids=["t0.8_k20_p0.9", "t1", "t1_k20_p0.95"])
 def test_transformers_processors_give_the_harness_reference(sut, prompt_ids, sampling):
     """TV between transformers' processed distribution and the harness's reference, by enumeration,
     after the prompt and after its likeliest first token (the stratum holding most t2 samples)."""
