@@ -35,6 +35,15 @@ def test_reports_hold_the_evidence_the_docs_cite():
             "t2_cuda_tv010", "t2_smollm2_cuda_batched"} <= names
 
 
+def test_a_kept_bundle_draws_from_the_portable_stream():
+    """At least one kept bundle records the project's Monte Carlo stream, so the verification below
+    checks draws that must be bit-identical under any supported numpy and scipy (never skipped)."""
+    from specval.stats.stream import STREAM_NAME
+
+    streams = {json.loads((path / "summary.json").read_text()).get("monte_carlo_stream") for path in BUNDLES}
+    assert STREAM_NAME in streams
+
+
 RANDOM_PACKAGES = ("numpy", "scipy")  # their random distributions are not stream-stable across versions
 
 
