@@ -695,6 +695,8 @@ def check_adapter(adapter, protocol_file, options, num_speculative_tokens) -> No
         findings = checks.run_checks(protocol)
     except (protocols.ProtocolError, checks.CannotLoad, SUTError) as err:
         _input_error(f"cannot load adapter {adapter!r}: {err}" if not isinstance(err, protocols.ProtocolError) else err)
+    except SystemExit as err:  # adapter code called sys.exit (on import, say): never its status, 0 would read OK
+        _input_error(f"cannot load adapter {adapter!r}: its code raised SystemExit({err.code!r})")
     for finding in findings:
         click.echo(finding.line())
     fixes = [f for f in findings if f.level == checks.FIX]

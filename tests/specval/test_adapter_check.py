@@ -88,3 +88,8 @@ def test_a_protocol_supplies_the_settings(tmp_path):
     result = CliRunner().invoke(main, ["check-adapter", f"{FAULTS}:CheckedFakeSUT", "--protocol", str(path), "-k", "1"])
     assert result.exit_code == 0, result.output
     assert "check_groups accepts ['nospec', 'sync']" in result.output
+
+
+def test_an_adapter_that_calls_sys_exit_on_import_exits_2_not_0():
+    result = CliRunner().invoke(main, ["check-adapter", "tests.fixtures.exits_on_import:ExitingOnImportSUT"])
+    assert result.exit_code == 2 and "raised SystemExit(0)" in result.output, result.output
