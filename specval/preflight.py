@@ -30,7 +30,7 @@ import numpy as np
 
 from specval.protocol import Protocol, ProtocolError, line_of, read_yaml
 from specval.seeds import PROBE_SEEDS
-from specval.sut import SOURCES, SUT, SampleBatch, SUTError, capabilities_of
+from specval.sut import OWN_DRAFT, SOURCES, SUT, SampleBatch, SUTError, capabilities_of
 
 PROBE_ROWS = 2  # rows of the accept_single probe
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
@@ -151,6 +151,8 @@ def needs(protocol: Protocol) -> list[Need]:
         out.append(Need("sampling", "top_p", ("sampling", "top_p")))
     out += [Need("semantics", f"{field}={value}", ("sampling", "semantics", field))
             for field, value in protocol.sampling.semantics]
+    out += [Need("draft_overrides", g.draft, ("groups", i, "draft")) for i, g in enumerate(protocol.groups)
+            if getattr(g, "draft", OWN_DRAFT) != OWN_DRAFT]
     mutant = dict(protocol.sut.options).get("mutant")
     if mutant is not None:
         out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))

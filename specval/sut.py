@@ -40,6 +40,8 @@ DRAFT_FILTERED = "filtered"  # drafts sampled from q after the protocol's temper
 DRAFT_TEMPERATURE = "temperature"  # drafts sampled from q after temperature only (no truncation)
 DRAFT_GREEDY = "greedy"  # drafts are argmax of the draft logits (no draft probabilities)
 DRAFT_KINDS = (DRAFT_FILTERED, DRAFT_TEMPERATURE, DRAFT_GREEDY)
+OWN_DRAFT = "own"  # a group's `draft` when it runs the SUT's own draft model
+DRAFT_OVERRIDES = (OWN_DRAFT, "noisy", "adversarial", "temperature")
 
 
 class SUTError(ValueError):
@@ -75,6 +77,10 @@ class Capabilities:
       `sut.options.mutant`; `specval mutate` takes its mutant list from here.
     - `semantics`: how the adapter applies top-k and top-p (`specval.semantics.FilterSemantics`);
       the float64 reference follows it, and a protocol pinning other semantics is refused.
+    - `draft_overrides`: the draft replacements (`DRAFT_OVERRIDES` other than "own") the adapter
+      runs when a group of a sequence protocol names one in `draft` (`group.draft`): "noisy" (its
+      own draft logits plus Gaussian noise), "adversarial" (q ranks tokens against the target),
+      "temperature" (the target at a higher temperature). The committed law must not change.
     """
 
     modes: tuple[str, ...] = MODES
@@ -83,9 +89,11 @@ class Capabilities:
     sampling: tuple[str, ...] = SAMPLING_PARAMETERS
     mutants: tuple[PlantedMutant, ...] = ()
     semantics: FilterSemantics = DEFAULT_SEMANTICS
+    draft_overrides: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS)):
+        for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS),
+                                      ("draft_overrides", self.draft_overrides, DRAFT_OVERRIDES[1:])):
             unknown = sorted(set(values) - set(allowed))
             if unknown:
                 raise ValueError(f"Capabilities.{name}: unknown {unknown}; expected a subset of {allowed}")
@@ -154,11 +162,26 @@ class SUT(abc.ABC):
     def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
                seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed in int64[N]; return the first
-        `num_tokens` of them (the counts cover the whole request)."""
+        `num_tokens` of them (the counts cover the whole request). The N requests of one call run
+        together, row r in batch slot r (sequence protocols pair rows of one call). `group.draft`
+        (a sequence protocol's group; absent elsewhere, meaning "own") names the draft to run."""
 
     @abc.abstractmethod
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         """Full-depth next-token logits f32[V] after `token_ids`."""
+
+    def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+        """f32[len(token_ids), V]: row i is the full-depth next-token logits after prompt_ids +
+        token_ids[:i], i.e. the target's logits for every committed token of a sequence given its
+        actual prefix (sequence protocols). This default calls `target_logits` once per row;
+        adapters override it with one forward pass over the sequence (same logits up to the
+        model's own rounding, which `support_tolerance` of a sequence protocol absorbs)."""
+        prefix = list(prompt_ids)
+        rows = []
+        for token in token_ids:
+            rows.append(np.asarray(self.target_logits(prefix), dtype=np.float32))
+            prefix.append(int(token))
+        return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
         """Draft next-token logits f32[V] of `group`'s draft model after `token_ids` (needed only by

@@ -26,10 +26,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from engine.mutants import ENGINE_LAYER, MUTANTS
+from engine.mutants import ALL_MUTANTS, ENGINE_LAYER
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.stats.quadrature import AcceptFn, DraftFn
-from specval.sut import SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
+from specval.sut import DRAFT_OVERRIDES, OWN_DRAFT, SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
 
 
 @dataclass(frozen=True)
@@ -47,32 +47,39 @@ class EngineSUT(SUT):
     """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
 
     capabilities = Capabilities(mutants=tuple(PlantedMutant(m.name, m.breaks, m.equivalent, m.visible_at)
-                                              for m in MUTANTS if m.layer == ENGINE_LAYER))
+                                              for m in ALL_MUTANTS if m.layer == ENGINE_LAYER),
+                                draft_overrides=DRAFT_OVERRIDES[1:])
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)
-        self._llms: dict[tuple[str, int], Any] = {}
-        self._collectors: dict[tuple[str, int | None], Any] = {}  # collection: batched
+        self._llms: dict[tuple[str, int, str], Any] = {}
+        self._collectors: dict[tuple[str, int | None, str], Any] = {}  # collection: batched
         self._batch_size = 0
 
-    def _llm(self, mode: str, draft_loops: int | None):
+    def _llm(self, mode: str, draft_loops: int | None, draft: str = OWN_DRAFT):
+        """The engine of one (mode, draft depth, draft override), built on first use."""
         import engine
 
         from engine.config import DEFAULT_DRAFT_LOOPS
 
-        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1))
+        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1), draft)
         if key not in self._llms:
             shared = next(iter(self._llms.values()), None)  # same model, dtype and device: load once
+            override = {} if draft == OWN_DRAFT else {"draft_override": draft}
             try:
                 config = engine.EngineConfig(model=self.spec.model, dtype=self.spec.dtype, mode=mode,
                                              num_speculative_tokens=self.num_speculative_tokens,
-                                             draft_loops=key[1], device=self.spec.device, **dict(self.spec.options))
+                                             draft_loops=key[1], device=self.spec.device, **override,
+                                             **dict(self.spec.options))
                 self._llms[key] = engine.LLM(config, *((shared.engine.model, shared.tokenizer) if shared else ()))
             except (ValueError, TypeError, NotImplementedError) as err:
-                raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]}: {err}") from err
+                raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]} draft={draft!r}: {err}") from err
         return self._llms[key]
+
+    def _group_llm(self, group: GroupSpec):
+        return self._llm(group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
 
     def _any_llm(self):
         return next(iter(self._llms.values())) if self._llms else self._llm("nospec", None)
@@ -80,7 +87,7 @@ class EngineSUT(SUT):
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
         for group in groups:
             try:
-                self._llm(group.mode, group.draft_loops)
+                self._group_llm(group)
             except SUTError as err:
                 raise SUTError(f"group {group.name!r}: {err}") from err
 
@@ -95,7 +102,7 @@ class EngineSUT(SUT):
                seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
         from engine import SamplingParams
 
-        llm = self._llm(group.mode, group.draft_loops)
+        llm = self._group_llm(group)
         if llm.engine.config.collection == "batched":
             return self._sample_batched(group, llm, prompt_ids, sampling, seeds, num_tokens, max_tokens)
         params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -120,7 +127,7 @@ class EngineSUT(SUT):
         from engine import SamplingParams
         from engine.runners.collection import BatchCollector
 
-        key = (group.mode, group.draft_loops)
+        key = (group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
         if key not in self._collectors:
             self._collectors[key] = BatchCollector(llm.engine)
         self._batch_size = max(self._batch_size, len(seeds))
@@ -160,8 +167,12 @@ class EngineSUT(SUT):
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self._any_llm().full_depth_logits(token_ids).float().numpy()
 
+    def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+        """One full-depth replay of prompt + tokens (`LLM.target_logits_along`): f32[len, V]."""
+        return self._any_llm().target_logits_along(list(prompt_ids), list(token_ids)).float().numpy()
+
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
-        return self._llm(group.mode, group.draft_loops).draft_logits(token_ids).float().numpy()
+        return self._group_llm(group).draft_logits(token_ids).float().numpy()
 
     def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
                       uniforms: np.ndarray) -> np.ndarray:
@@ -191,10 +202,9 @@ class EngineSUT(SUT):
 
         facts = super().describe()
         facts.update(engine=getattr(engine, "__version__", None), model=self.spec.model, dtype=self.spec.dtype,
-                     device=self.spec.device, configs=[f"{m}/draft_loops={d}" for m, d in self._llms])
+                     device=self.spec.device, configs=[_config_label(*key) for key in self._llms])
         if self._collectors:  # collection: batched
-            facts["collection"] = {m if d is None else f"{m}/draft_loops={d}": c.graph_status
-                                  for (m, d), c in self._collectors.items()}
+            facts["collection"] = {_config_label(*key): c.graph_status for key, c in self._collectors.items()}
         return facts
 
     def close(self) -> None:
@@ -202,6 +212,12 @@ class EngineSUT(SUT):
         for llm in self._llms.values():
             llm.close()
         self._llms.clear()
+
+
+def _config_label(mode: str, draft_loops: int | None, draft: str) -> str:
+    """"mode/draft_loops=d[/draft=x]": one engine configuration in describe()."""
+    label = mode if draft_loops is None else f"{mode}/draft_loops={draft_loops}"
+    return label if draft == OWN_DRAFT else f"{label}/draft={draft}"
 
 
 # ---------------------------------------------------------------- the engine for the bench
