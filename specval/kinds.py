@@ -22,6 +22,7 @@ from specval import bundle as bundles
 from specval.performance.protocol import PERFORMANCE_KIND, parse_performance_file
 from specval.protocol import parse_protocol, read_yaml
 from specval.quality.protocol import QUALITY_KIND, parse_quality_protocol
+from specval.sequence.protocol import SEQUENCE_KIND, parse_sequence_protocol
 
 DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
 
@@ -53,6 +54,7 @@ class Kind:
 KINDS = {
     DISTRIBUTION_KIND: Kind(DISTRIBUTION_KIND, parse_protocol, "specval.distribution.runner", "run"),
     QUALITY_KIND: Kind(QUALITY_KIND, parse_quality_protocol, "specval.quality.runner", "run"),
+    SEQUENCE_KIND: Kind(SEQUENCE_KIND, parse_sequence_protocol, "specval.sequence.runner", "run"),
     PERFORMANCE_KIND: Kind(PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench",
                            resumable=False),
 }

@@ -23,6 +23,7 @@ and `kill_table.md` into the mutate root, which also holds every bundle.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
 from pathlib import Path
@@ -33,8 +34,8 @@ import yaml
 
 from specval import bundle as bundles
 from specval import seeds
-from specval.distribution import runner
-from specval.protocol import Protocol, load_protocol, resolve
+from specval.kinds import DISTRIBUTION_KIND, read_protocol_file
+from specval.protocol import Protocol, resolve
 from specval.distribution.reference import transform
 from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 from specval.sut import DEFAULT_ADAPTER, PlantedMutant, capabilities_of, load_adapter, open_sut
@@ -218,10 +219,15 @@ def reused_uniform_tv(name: str, sut, protocol: Protocol) -> dict[str, float | N
 # ---------------------------------------------------------------- checks
 
 
+def _group_size(protocol) -> int:
+    """Requests per group of a protocol of any kind (samples, sequences)."""
+    return int(getattr(protocol, "samples_per_group", None) or getattr(protocol, "sequences_per_group", 1))
+
+
 def seed_collision_refused(protocol: Protocol, output: Path) -> bool:
     """True iff the ledger refuses a run whose groups all share one seed range (before sampling)."""
     ranges = [seeds.SeedRange(protocol.name, "collision", g.name, protocol.seed_base,
-                              protocol.seed_base + max(protocol.samples_per_group, 1)) for g in protocol.groups]
+                              protocol.seed_base + max(_group_size(protocol), 1)) for g in protocol.groups]
     try:
         seeds.check_disjoint(seeds.read_ledger(output), ranges)
     except seeds.SeedOverlapError:
@@ -233,9 +239,11 @@ def seed_collision_refused(protocol: Protocol, output: Path) -> bool:
 
 
 def _mutant_file(protocol_file: Path, root: Path, name: str, samples: int | None) -> Path:
+    """A copy of the protocol with `sut.options.mutant` set (and, for a distribution protocol,
+    `samples_per_group` replaced by `samples` when given)."""
     raw = yaml.safe_load(Path(protocol_file).read_text())
     raw.setdefault("sut", {}).setdefault("options", {})["mutant"] = name
-    if samples is not None:
+    if samples is not None and raw.get("kind", DISTRIBUTION_KIND) == DISTRIBUTION_KIND:
         raw["samples_per_group"] = samples
         raw.pop("profiles", None)
     path = root / "protocols" / f"{raw['name']}-{name}.yaml"
@@ -272,15 +280,28 @@ def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
 
 
 def _killing_position(criteria: list[str]) -> str:
-    """'t1', 't2', ... of the earliest killing p-valued criterion; 't1' for quadrature kills."""
-    positions = sorted(n.split("_", 1)[0] for n in criteria if n.startswith("t") and "_" in n)
-    return positions[0] if positions else "t1"
+    """'t1', 't2', ... of the earliest killing positional criterion; 't1' for quadrature kills; the
+    criterion's test (e.g. 'serial') for a sequence protocol's kill."""
+    positions = sorted(n.split("_", 1)[0] for n in criteria if re.match(r"t\d+_", n))
+    if positions:
+        return positions[0]
+    others = [n.split(".")[0] for n in criteria if not n.startswith("quadrature")]
+    return others[0] if others else "t1"
+
+
+def _cost(path: Path) -> dict[str, Any]:
+    """What a run cost until its verdict: samples drawn and process seconds (its manifest)."""
+    manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
+    return {"samples": manifest.get("samples_drawn"), "seconds": manifest.get("wall_s")}
 
 
 def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, samples: int | None) -> dict[str, Any]:
-    """Run one mutant on one protocol of the suite; returns its cell of the kill table."""
+    """Run one mutant on one protocol of the suite (of any kind); returns its cell of the kill table."""
     file = _mutant_file(protocol_file, root, mutant.name, samples)
-    protocol = resolve(load_protocol(file), None if samples is not None else profile)
+    loaded = read_protocol_file(file)
+    distribution = loaded.kind.name == DISTRIBUTION_KIND
+    profile = None if samples is not None and distribution else profile
+    protocol = resolve(loaded.load(), profile)
     cell = {"protocol": protocol.name, "file": str(protocol_file)}
     if mutant.name == SEED_COLLISION:
         refused = seed_collision_refused(protocol, root)
@@ -288,14 +309,15 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
                        "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None,
                        "tv": {"t1": None, "t2": None}, "mde": None, "mde_t1": None}
     tv = {"t1": None, "t2": None}
-    if protocol.sut.adapter == DEFAULT_ADAPTER:
+    if protocol.sut.adapter == DEFAULT_ADAPTER and distribution:
         sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
         try:
             tv = _exact_tv(mutant.name, sut, protocol)
         finally:
             sut.close()
-    path, summary = runner.run(file, None if samples is not None else profile, root, progress=False,
-                               exploratory=True)  # a mutant protocol is a modified copy, never frozen
+    path, summary = loaded.kind.runner()(file, profile, root, progress=False,
+                                         exploratory=True)  # a mutant protocol is a modified copy, never frozen
+    cell |= _cost(path)
     failed = _gating_failures(summary)
     killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
     mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(_killing_position(killing))]
@@ -316,7 +338,9 @@ def run_mutant(mutant, protocol_files: list[Path], profile: str | None, root: Pa
     row = {"mutant": mutant.name, "equivalent": mutant.equivalent, "visible_at": mutant.visible_at,
            "breaks": mutant.breaks, "killed": killer is not None, "runs": cells,
            "killed_in": killer["protocol"] if killer else None, "killed_by": killer["killed_by"] if killer else [],
-           "p_values": killer["p_values"] if killer else {}}
+           "p_values": killer["p_values"] if killer else {},
+           "samples_to_kill": killer.get("samples") if killer else None,
+           "seconds_to_kill": killer.get("seconds") if killer else None}
     known_t1 = [c["tv"]["t1"] for c in cells if c["tv"]["t1"] is not None]
     row["tv_t1"] = max(known_t1) if known_t1 else None
     mde_t1 = [c["mde_t1"] for c in cells if c["mde_t1"] is not None]
@@ -353,8 +377,8 @@ def _number(value: float | None, digits: int = 3) -> str:
 def render(table: list[dict], command: str) -> str:
     lines = [f"# Kill table\n\nCommand: `{command}`\n",
              "| mutant | equivalent | killed | in protocol | by | exact TV (position) | MDE of the killing criterion | "
-             "smallest t1 MDE run |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "smallest t1 MDE run | samples to kill | seconds to kill |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in table:
         by = ", ".join(f"{n} (p={p:.2g})" if isinstance(p, float) else n
                        for n, p in ((n, row["p_values"].get(n)) for n in row["killed_by"])) or "-"
@@ -362,7 +386,8 @@ def render(table: list[dict], command: str) -> str:
         tv = row.get("tv_at_kill") if row["killed"] else row["tv_t1"]
         lines.append(f"| {row['mutant']} | {'yes' if row['equivalent'] else 'no'} | {'yes' if row['killed'] else 'no'} | "
                      f"{row['killed_in'] or '-'} | {by} | {_number(tv, 4)} ({position}) | "
-                     f"{_number(row.get('mde_at_kill'))} | {_number(row['min_mde_t1'])} |")
+                     f"{_number(row.get('mde_at_kill'))} | {_number(row['min_mde_t1'])} | "
+                     f"{_number(row.get('samples_to_kill'), 6)} | {_number(row.get('seconds_to_kill'))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -404,7 +429,7 @@ def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, o
     """Run the suite against the named mutants of its adapter (all when `names` is empty), in
     `workers` processes; write the table (rows in the order of the mutant list, whatever `workers`)."""
     files = suite_files(protocol_paths)
-    loaded = [load_protocol(f) for f in files]  # refuse a bad protocol before any run
+    loaded = [read_protocol_file(f).load() for f in files]  # refuse a bad protocol before any run
     chosen = adapter_mutants(suite_adapter(loaded, files), tuple(names))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     label = loaded[0].name if len(loaded) == 1 else "suite"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
                                       read_name, read_str, read_unit)
@@ -125,11 +125,12 @@ def parse_group(raw: Any, file: str, where: str) -> GroupSpec:
     )
 
 
-def parse_groups(raw: Any, file: str) -> tuple[GroupSpec, ...]:
-    """The `groups` list: non-empty, names unique."""
+def parse_groups(raw: Any, file: str, parse: Callable[[Any, str, str], GroupSpec] | None = None
+                 ) -> tuple[GroupSpec, ...]:
+    """The `groups` list: non-empty, names unique; each entry read by `parse` (default `parse_group`)."""
     if not isinstance(raw, list) or not raw:
         fail(file, "groups", "expected a non-empty list", raw)
-    groups = tuple(parse_group(g, file, f"groups[{i}]") for i, g in enumerate(raw))
+    groups = tuple((parse or parse_group)(g, file, f"groups[{i}]") for i, g in enumerate(raw))
     names = [g.name for g in groups]
     for name in names:
         if names.count(name) > 1:

@@ -1,0 +1,120 @@
+"""Collect: whole sequences from the SUT, one parquet chunk per batch, and the reproducibility re-run.
+
+Layout (`specval.sequence.protocol`): group g's seeds [start, start + N) run in batches of B
+requests; batch b holds seeds start + bB .. start + (b + 1)B - 1 in slots 0..B-1, after prompt
+b mod P. Each batch is one `sample` call, written as `samples/<group>-b<b>.parquet` in long form
+(one row per committed token: batch, slot, seed, prompt, index, token, source) through
+`bundle.write_chunk`, so a killed run resumes at the first missing batch.
+
+The re-run (`samples/<group>-rerun.parquet`) samples the first `RERUN_SEEDS` seeds of batch 0 again,
+in reverse order, as a batch of their own: every seed sits in another slot, next to other
+neighbours, in a smaller batch. Under the adapter contract (`sample` is a pure function of the
+request, whatever the batch) its tokens equal the first run's, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from specval import bundle as bundles
+from specval.seeds import SeedRange
+from specval.sequence.protocol import SequenceProtocol
+from specval.sut import SUT, SampleBatch
+
+SAMPLES_DIR = bundles.SAMPLES_DIR
+RERUN_SEEDS = 8  # seeds of batch 0 sampled again in another arrangement
+RERUN = "rerun"
+COLUMNS = ("batch", "slot", "seed", "prompt", "index", "token", "source")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One `sample` call of one group: batch `index` (-1: the re-run) of seeds in slot order."""
+
+    group: str
+    index: int
+    seeds: tuple[int, ...]
+    prompt: int
+
+    @property
+    def file_name(self) -> str:
+        label = RERUN if self.index < 0 else f"b{self.index:05d}"
+        return f"{self.group}-{label}.parquet"
+
+
+def plan_batches(protocol: SequenceProtocol, ranges: Sequence[SeedRange]) -> list[Batch]:
+    """Every batch of every group in collection order, each group's re-run after its batches."""
+    out = []
+    for seed_range in ranges:
+        size = protocol.batch_size
+        for b in range(protocol.num_batches):
+            seeds = tuple(range(seed_range.start + b * size, seed_range.start + (b + 1) * size))
+            out.append(Batch(seed_range.group, b, seeds, b % len(protocol.prompts)))
+        first = range(seed_range.start, seed_range.start + min(RERUN_SEEDS, size))
+        out.append(Batch(seed_range.group, -1, tuple(reversed(first)), 0))
+    return out
+
+
+def frame(batch: Batch, result: SampleBatch) -> pd.DataFrame:
+    """The long-form table of one batch's tokens."""
+    rows, length = result.tokens.shape
+    return pd.DataFrame({
+        "batch": np.full(rows * length, batch.index, dtype=np.int64),
+        "slot": np.repeat(np.arange(rows, dtype=np.int64), length),
+        "seed": np.repeat(np.asarray(batch.seeds, dtype=np.int64), length),
+        "prompt": np.full(rows * length, batch.prompt, dtype=np.int64),
+        "index": np.tile(np.arange(length, dtype=np.int64), rows),
+        "token": result.tokens.reshape(-1).astype(np.int64),
+        "source": result.sources.reshape(-1).astype(str),
+    })
+
+
+def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], batch: Batch) -> pd.DataFrame:
+    group = protocol.group(batch.group)
+    seeds = np.asarray(batch.seeds, dtype=np.int64)
+    result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, protocol.sequence_length,
+                        protocol.max_tokens(group))
+    result.validate(len(seeds), protocol.sequence_length)
+    return frame(batch, result)
+
+
+def collect(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], ranges: Sequence[SeedRange],
+            bundle: Path, progress: bool = True) -> int:
+    """Sample every batch not yet on disk; returns the sequences drawn now."""
+    out = bundle / SAMPLES_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [b for b in plan_batches(protocol, ranges) if not (out / b.file_name).exists()]
+    drawn = 0
+    with tqdm(total=sum(len(b.seeds) for b in todo), unit="sequence", disable=not progress, desc=protocol.name,
+              dynamic_ncols=True) as bar:
+        for batch in todo:
+            table = sample_batch(sut, protocol, prompt_ids, batch)
+            bundles.write_chunk(bundle, out / batch.file_name, lambda tmp: table.to_parquet(tmp, index=False))
+            drawn += len(batch.seeds)
+            bar.set_postfix_str(batch.group)
+            bar.update(len(batch.seeds))
+    return drawn
+
+
+def load_group(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(main batches, re-run) of one group, sorted by (batch, slot, index); ValueError when a
+    batch is missing or holds other than batch_size x sequence_length tokens."""
+    files = sorted((bundle / SAMPLES_DIR).glob(f"{group}-b*.parquet"))
+    if len(files) != protocol.num_batches:
+        raise ValueError(f"samples of group {group!r}: {len(files)} batch files, expected {protocol.num_batches}")
+    main = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
+    expected = protocol.sequences_per_group * protocol.sequence_length
+    if len(main) != expected:
+        raise ValueError(f"samples of group {group!r}: {len(main)} tokens, expected {expected}")
+    rerun = pd.read_parquet(bundle / SAMPLES_DIR / f"{group}-{RERUN}.parquet")
+    order = ["batch", "slot", "index"]
+    return (main.sort_values(order, kind="stable").reset_index(drop=True),
+            rerun.sort_values(order, kind="stable").reset_index(drop=True))

@@ -1,0 +1,222 @@
+"""Sequence protocol: the pre-registered YAML of a whole-sequence check (top-level `kind: sequence`).
+
+A sequence protocol collects long sequences (every committed token of many rounds, after several
+prompts) from each group and tests every token against the target's conditional law given its
+ACTUAL prefix (`specval.sequence.reference`), every round position 1..K+1 (the bonus included),
+serial dependence within a sequence and independence between requests of one batch
+(`specval.sequence.verdict`). Groups may replace the draft (`draft`: own, noisy, adversarial,
+temperature) to show that the committed law does not depend on the draft.
+
+Layout of the requests, fixed by the protocol: a group's requests run in calls ("batches") of
+`batch_size` requests that the SUT runs together, batch b after prompt b mod P (P prompts), row r
+in slot r. Pairs for the independence tests are (a) adjacent slots 2i, 2i + 1 of one batch and
+(b) one slot of batches b and b + P (the same prompt, another batch).
+
+Guarantees (as for the other kinds): unknown keys and bad values raise ProtocolError naming the
+file, the key and the value; `hash` is the canonical sha256 of the parsed file; profiles do not
+change it (`resolve`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specval.protocol.canonical import canonical_hash, plain_form
+from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
+                                      read_name, read_str, read_unit)
+from specval.protocol.schema import GATING_ROLES, ROLES
+from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
+                                       parse_sampling, parse_sut)
+from specval.protocol.sections import resolve as resolve_profile
+from specval.protocol.strict_yaml import read_yaml
+from specval.sut import DRAFT_OVERRIDES as DRAFTS
+from specval.sut import OWN_DRAFT
+
+SEQUENCE_KIND = "sequence"
+TEST_KINDS = ("pit", "serial", "independence", "reproducibility")
+DETERMINISTIC_KINDS = ("reproducibility",)
+MAX_SPECULATIVE_TOKENS = 8  # K: round positions 1..K+1 are tested as buckets
+MAX_SEQUENCE_LENGTH = 1024
+MIN_SEQUENCE_LENGTH = 2  # serial dependence needs pairs within a sequence
+PROFILE_KEYS = ("sequences_per_group", "batch_size", "sequence_length")
+DEFAULT_SUPPORT_TOLERANCE = 1e-4  # logits: a token is out of support only if a boost of this many keeps it out
+
+
+@dataclass(frozen=True)
+class SequenceGroup(GroupSpec):
+    """A group of a sequence protocol: an engine mode, its draft depth and the draft it runs
+    (`own`: the SUT's own draft; any other needs the adapter's `draft_overrides` capability)."""
+
+    draft: str = OWN_DRAFT
+
+
+@dataclass(frozen=True)
+class SequenceTest:
+    """One test family applied to `groups` (empty: every group it applies to)."""
+
+    kind: str
+    role: str
+    groups: tuple[str, ...] = ()
+
+    @property
+    def is_p_valued(self) -> bool:
+        return self.kind not in DETERMINISTIC_KINDS
+
+
+@dataclass(frozen=True)
+class SequenceProtocol:
+    """A parsed sequence protocol; `profile` is set once `resolve` applied one."""
+
+    kind: str
+    name: str
+    prompts: tuple[str, ...]
+    sampling: SamplingSpec
+    num_speculative_tokens: int
+    sequence_length: int
+    groups: tuple[SequenceGroup, ...]
+    sequences_per_group: int
+    batch_size: int
+    tests: tuple[SequenceTest, ...]
+    description: str = ""
+    sut: SutSpec = SutSpec()
+    seed_base: int = 0
+    alpha: float = 0.01
+    power: float = 0.8
+    support_tolerance: float = DEFAULT_SUPPORT_TOLERANCE
+    profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    profile: str | None = field(default=None, compare=False)
+    file_hash: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def positions(self) -> int:
+        """Tokens tested per request (the preflight probe samples this many)."""
+        return self.sequence_length
+
+    @property
+    def num_batches(self) -> int:
+        return self.sequences_per_group // self.batch_size
+
+    def max_tokens(self, group: GroupSpec) -> int:
+        """Tokens each request generates: the tested ones plus K of headroom for a speculative
+        group, so that no round's drafts are cut short by the length limit."""
+        return self.sequence_length + (self.num_speculative_tokens if group.is_speculative else 0)
+
+    def group(self, name: str) -> SequenceGroup:
+        return next(g for g in self.groups if g.name == name)
+
+    def groups_of(self, test: SequenceTest) -> tuple[str, ...]:
+        return test.groups or tuple(g.name for g in self.groups)
+
+    def to_dict(self) -> dict[str, Any]:
+        return plain_form(self)
+
+    @property
+    def hash(self) -> str:
+        return self.file_hash or canonical_hash(self.to_dict())
+
+
+def _parse_group(raw: Any, file: str, where: str) -> SequenceGroup:
+    raw = read_mapping(raw, file, where)
+    check_keys(raw, SequenceGroup, file, where)
+    group = SequenceGroup(name=read_name(raw["name"], file, f"{where}.name"),
+                          mode=read_name(raw["mode"], file, f"{where}.mode"),
+                          draft_loops=read_draft_loops(raw, file, where),
+                          draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS))
+    if group.draft != OWN_DRAFT and not group.is_speculative:
+        fail(file, f"{where}.draft", "a draft override needs a speculative mode", group.draft)
+    return group
+
+
+def _parse_test(raw: Any, file: str, where: str, groups: tuple[SequenceGroup, ...]) -> SequenceTest:
+    raw = read_mapping(raw, file, where)
+    check_keys(raw, SequenceTest, file, where)
+    listed = raw.get("groups", [])
+    if not isinstance(listed, list):
+        fail(file, f"{where}.groups", "expected a list of group names", listed)
+    names = tuple(g.name for g in groups)
+    return SequenceTest(kind=read_str(raw["kind"], file, f"{where}.kind", TEST_KINDS),
+                        role=read_str(raw["role"], file, f"{where}.role", ROLES),
+                        groups=tuple(read_str(n, file, f"{where}.groups", names) for n in listed))
+
+
+def _parse_tests(raw: Any, file: str, groups: tuple[SequenceGroup, ...]) -> tuple[SequenceTest, ...]:
+    if not isinstance(raw, list) or not raw:
+        fail(file, "tests", "expected a non-empty list", raw)
+    tests = tuple(_parse_test(t, file, f"tests[{i}]", groups) for i, t in enumerate(raw))
+    if not any(t.role in GATING_ROLES for t in tests):
+        fail(file, "tests", f"needs at least one test of role {' or '.join(GATING_ROLES)}", [t.role for t in tests])
+    seen = [(t.kind, t.groups) for t in tests]
+    for ident in seen:
+        if seen.count(ident) > 1:
+            fail(file, "tests", "duplicate test (same kind and groups)", ident[0])
+    return tests
+
+
+def _parse_prompts(raw: Any, file: str) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw:
+        fail(file, "prompts", "expected a non-empty list of prompt texts", raw)
+    return tuple(read_str(p, file, f"prompts[{i}]") for i, p in enumerate(raw))
+
+
+def check_layout(protocol: SequenceProtocol, file: str) -> None:
+    """The request layout the tests pair over: even batches, whole batches, two batches per prompt."""
+    where = f"profile {protocol.profile}: " if protocol.profile else ""
+    if protocol.batch_size % 2:
+        fail(file, "batch_size", f"{where}must be even (adjacent slots are paired)", protocol.batch_size)
+    if protocol.sequences_per_group % protocol.batch_size:
+        fail(file, "sequences_per_group", f"{where}must be a multiple of batch_size ({protocol.batch_size})",
+             protocol.sequences_per_group)
+    if protocol.num_batches < 2 * len(protocol.prompts):
+        fail(file, "sequences_per_group", f"{where}needs at least 2 batches per prompt ({2 * len(protocol.prompts)} "
+             f"x batch_size {protocol.batch_size})", protocol.sequences_per_group)
+    if not MIN_SEQUENCE_LENGTH <= protocol.sequence_length <= MAX_SEQUENCE_LENGTH:
+        fail(file, "sequence_length", f"{where}must lie in [{MIN_SEQUENCE_LENGTH}, {MAX_SEQUENCE_LENGTH}]",
+             protocol.sequence_length)
+
+
+def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProtocol:
+    """Parse a YAML mapping with `kind: sequence`; ProtocolError naming file, key and value. Every
+    profile is resolved and its layout checked here, so a bad profile fails `specval validate`."""
+    raw = read_mapping(raw, file, "")
+    check_keys(raw, SequenceProtocol, file, "")
+    if raw.get("kind") != SEQUENCE_KIND:
+        fail(file, "kind", f"expected {SEQUENCE_KIND!r}", raw.get("kind"))
+    groups = parse_groups(raw["groups"], file, _parse_group)
+    protocol = SequenceProtocol(
+        kind=SEQUENCE_KIND,
+        name=read_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        sut=parse_sut(raw.get("sut", {}), file),
+        prompts=_parse_prompts(raw["prompts"], file),
+        sampling=parse_sampling(raw["sampling"], file),
+        num_speculative_tokens=read_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
+        sequence_length=read_int(raw["sequence_length"], file, "sequence_length", minimum=1),
+        groups=groups,
+        sequences_per_group=read_int(raw["sequences_per_group"], file, "sequences_per_group", minimum=1),
+        batch_size=read_int(raw["batch_size"], file, "batch_size", minimum=1),
+        tests=_parse_tests(raw["tests"], file, groups),
+        seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
+        alpha=read_unit(raw.get("alpha", 0.01), file, "alpha"),
+        power=read_unit(raw.get("power", 0.8), file, "power"),
+        support_tolerance=read_float(raw.get("support_tolerance", DEFAULT_SUPPORT_TOLERANCE), file,
+                                     "support_tolerance"),
+        profiles=parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS),
+    )
+    if protocol.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+        fail(file, "num_speculative_tokens", f"at most {MAX_SPECULATIVE_TOKENS}", protocol.num_speculative_tokens)
+    if not protocol.support_tolerance >= 0.0:
+        fail(file, "support_tolerance", "must be >= 0", raw.get("support_tolerance"))
+    for profile in (None, *dict(protocol.profiles)):
+        check_layout(resolve(protocol, profile), file)
+    return protocol
+
+
+def resolve(protocol: SequenceProtocol, profile: str | None) -> SequenceProtocol:
+    """Apply a profile's overrides (`specval.protocol.sections.resolve`)."""
+    return resolve_profile(protocol, profile)
+
+
+def load_sequence_protocol(path: str | Path) -> SequenceProtocol:
+    return parse_sequence_protocol(read_yaml(path), str(path))

@@ -1,0 +1,107 @@
+"""Reference: every committed token's place in the target's law given its actual prefix.
+
+For each sequence, one call `SUT.target_logits_along(prompt, tokens)` gives the target logits of
+every position; the float64 transform of the distribution kind (`specval.distribution.reference`,
+with the SUT's declared filter semantics) turns them into the law p_i of token i given the prompt
+and tokens 1..i-1. What the tests need of p_i is kept per token (`samples/<group>-reference.parquet`):
+
+- `mass` p_i(x_i), `lower_rank` and `lower_index` F_i(x_i^-) in rank and in token-id order
+  (`specval.stats.sequence.pit_parts`): the randomized PIT of the token in either order;
+- `self_match` sum_x p_i(x)^2: the chance that an independent request with the same prefix draws
+  the same token (the t1 equal-rate test of paired requests, which share the prompt);
+- `status`: IN_SUPPORT, BOUNDARY (p_i(x_i) = 0, but a boost of `support_tolerance` to the token's
+  logit would keep it: float rounding between the SUT's logits and this replay, not evidence) or
+  OUT_OF_SUPPORT (outside the support even so: a bug, failed at once).
+
+Guarantee: the parts are a deterministic function of the logits the SUT returned, the tokens, the
+sampling parameters and the semantics; `specval verify` recomputes every statistic from them.
+They are written like sample chunks (`samples/<group>-reference.parquet`, sha256 recorded in
+chunks.json as written), so a resumed run keeps the groups already replayed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from specval import bundle as bundles
+from specval.distribution.reference import transform
+from specval.semantics import FilterSemantics
+from specval.sequence.protocol import SequenceProtocol
+from specval.stats.sequence import pit_parts
+from specval.sut import SUT
+
+REFERENCE_SUFFIX = "-reference.parquet"
+IN_SUPPORT, BOUNDARY, OUT_OF_SUPPORT = 0, 1, 2
+PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
+
+
+def support_status(logits: np.ndarray, tokens: np.ndarray, mass: np.ndarray, protocol: SequenceProtocol,
+                   semantics: FilterSemantics) -> np.ndarray:
+    """int8[L]: IN_SUPPORT where mass > 0; for a token of mass 0, BOUNDARY iff the law of its row
+    with the token's logit raised by `support_tolerance` gives it mass > 0, else OUT_OF_SUPPORT.
+    Raising one token's logit only helps it survive top-k (its rank improves) and top-p (its
+    probability grows), under every semantics, so BOUNDARY means "kept by a logit within the
+    tolerance", the float32 rounding a replay may differ by."""
+    status = np.where(mass > 0, IN_SUPPORT, OUT_OF_SUPPORT).astype(np.int8)
+    for row in np.flatnonzero(mass <= 0):
+        boosted = np.asarray(logits[row], dtype=np.float64).copy()
+        boosted[tokens[row]] += protocol.support_tolerance
+        if transform(boosted, protocol.sampling, semantics)[tokens[row]] > 0:
+            status[row] = BOUNDARY
+    return status
+
+
+def sequence_parts(logits: np.ndarray, tokens: np.ndarray, protocol: SequenceProtocol,
+                   semantics: FilterSemantics) -> dict[str, np.ndarray]:
+    """The reference parts (PART_COLUMNS) of one sequence's tokens int64[L] from its logits f32[L, V]."""
+    probs = transform(logits, protocol.sampling, semantics)
+    lower_rank, mass = pit_parts(probs, tokens, "rank")
+    lower_index, _ = pit_parts(probs, tokens, "index")
+    return {"mass": mass, "lower_rank": lower_rank, "lower_index": lower_index,
+            "self_match": (probs * probs).sum(axis=1),
+            "status": support_status(logits, tokens, mass, protocol, semantics)}
+
+
+def _file(bundle: Path, group: str) -> Path:
+    return bundle / bundles.SAMPLES_DIR / f"{group}{REFERENCE_SUFFIX}"
+
+
+def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame,
+                semantics: FilterSemantics) -> pd.DataFrame:
+    """The parts of every token of one group's main batches (samples sorted by batch, slot, index)."""
+    length, vocab = protocol.sequence_length, sut.vocab_size
+    tokens = samples["token"].to_numpy().reshape(-1, length)
+    prompts = samples["prompt"].to_numpy()[::length]
+    parts = {name: [] for name in PART_COLUMNS}
+    for row, prompt in zip(tokens, prompts):
+        if row.min() < 0 or row.max() >= vocab:  # the out-of-range check fails the run; nothing to replay
+            logits = np.zeros((length, vocab), dtype=np.float32)
+            row = np.clip(row, 0, vocab - 1)
+        else:
+            logits = np.asarray(sut.target_logits_along(prompt_ids[int(prompt)], row.tolist()), dtype=np.float32)
+        if logits.shape != (length, vocab):
+            raise ValueError(f"target_logits_along returned shape {logits.shape}, expected {(length, vocab)}")
+        for name, values in sequence_parts(logits, row, protocol, semantics).items():
+            parts[name].append(values)
+    table = samples[["batch", "slot", "index"]].copy()
+    for name, values in parts.items():
+        table[name] = np.concatenate(values)
+    return table
+
+
+def build(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], bundle: Path,
+          samples: dict[str, pd.DataFrame], semantics: FilterSemantics) -> None:
+    """Write samples/<group>-reference.parquet for every group that lacks it (resumable, hash recorded)."""
+    for group, frame in samples.items():
+        path = _file(bundle, group)
+        if not path.exists():
+            table = build_group(sut, protocol, prompt_ids, frame, semantics)
+            bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
+
+
+def load(bundle: Path, group: str) -> pd.DataFrame:
+    return pd.read_parquet(_file(bundle, group)).sort_values(["batch", "slot", "index"],
+                                                               kind="stable").reset_index(drop=True)

@@ -1,0 +1,171 @@
+"""Run a sequence protocol: claim seeds, collect whole sequences, replay the target, decide, seal.
+
+    protocol -> seed range per group (ledger) -> batches of sequences (SUT) -> re-run -> target
+             logits along every sequence (SUT) -> reference parts -> criteria -> Holm -> verdict
+             -> report -> manifest -> SHA256SUMS
+
+Refusals, failures and interrupts behave as in `specval.distribution.runner.run`: nothing is claimed
+before the protocol, its registration, the output directory and the adapter's capabilities
+(`draft_overrides` for groups that replace the draft) are checked; an adapter exception is
+`SUTRaised` (the bundle is kept and `--resume` continues at the first missing batch or reference).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from specval import bundle as bundles
+from specval import lifecycle, seeds
+from specval.execution import guard_bundle
+from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded
+from specval.protocol import check_registered
+from specval.sequence import collect, reference, verdict
+from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, parse_sequence_protocol, resolve
+from specval.sequence.report import render, render_files
+from specval.stats import montecarlo
+from specval.sut import SutFactory, capabilities_of, open_sut
+
+MC_STREAM_KEY = "monte_carlo_stream"  # summary.json: the stream of the PIT uniforms and Monte Carlo nulls
+
+
+def load_bundle_protocol(path: Path) -> tuple[SequenceProtocol, list[seeds.SeedRange]]:
+    """The resolved protocol and seed ranges a sequence bundle was (or is being) run with."""
+    protocol, plan = bundles.load_plan_protocol(path, parse_sequence_protocol, load_sequence_protocol)
+    ranges = [seeds.SeedRange(plan.protocol, path.name, g, start, stop) for g, start, stop in plan.ranges]
+    return resolve(protocol, plan.profile), ranges
+
+
+def _open(protocol: SequenceProtocol, protocol_file: Path, sut_factory: SutFactory | None) -> GuardedSUT:
+    sut = open_guarded(sut_factory or open_sut, protocol)
+    try:
+        sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
+        check_capabilities(protocol, sut, protocol_file)
+    except BaseException:
+        sut.close()
+        raise
+    return sut
+
+
+def _start(protocol_file: Path, base: SequenceProtocol, protocol: SequenceProtocol, output: Path,
+           seed_offset: int | None, registration: str, exploratory: bool, semantics) -> tuple[Path, list]:
+    path, ranges = lifecycle.claim_bundle(output, protocol.name, [g.name for g in protocol.groups],
+                                          protocol.sequences_per_group, protocol.seed_base, seed_offset)
+    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
+                           tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
+                           exploratory=exploratory, semantics=tuple(sorted(semantics.to_dict().items())))
+    lifecycle.record_plan(path, protocol_file, base, plan)
+    return path, ranges
+
+
+def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool) -> int:
+    prompt_ids = [list(sut.encode(text)) for text in protocol.prompts]
+    drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+    samples = {g.name: collect.load_group(path, protocol, g.name)[0] for g in protocol.groups}
+    reference.build(sut, protocol, prompt_ids, path, samples, capabilities_of(sut).semantics)
+    return drawn
+
+
+def group_data(path: Path, protocol: SequenceProtocol) -> dict[str, verdict.GroupSequences]:
+    out = {}
+    for group in protocol.groups:
+        main, rerun = collect.load_group(path, protocol, group.name)
+        out[group.name] = verdict.group_sequences(main, rerun, reference.load(path, group.name),
+                                                  protocol.sequence_length)
+    return out
+
+
+def _group_facts(protocol: SequenceProtocol, data: verdict.GroupSequences, seed_range: seeds.SeedRange) -> dict:
+    group = protocol.group(seed_range.group)
+    position, _ = verdict.round_positions(data.sources, protocol.num_speculative_tokens)
+    keys, counts = np.unique(position, return_counts=True)
+    accepted = int((data.sources == "accepted").sum())
+    drafted_rounds = int(np.isin(data.sources, ("correction", "bonus")).sum())
+    return {"mode": group.mode, "draft_loops": group.draft_loops, "draft": group.draft,
+            "seed_start": seed_range.start, "seed_stop": seed_range.stop, "sequences": int(data.tokens.shape[0]),
+            "tokens": int(data.tokens.size), "round_positions": {str(k): int(c) for k, c in zip(keys, counts)},
+            "acceptance_rate": (accepted / (accepted + drafted_rounds)) if accepted + drafted_rounds else None}
+
+
+def summarise(path: Path, protocol: SequenceProtocol, ranges: list, stream: str = montecarlo.CURRENT_STREAM) -> dict:
+    """The summary computed from the bundle's samples and reference parts alone, its randomized PITs
+    and Monte Carlo nulls drawn from `stream` (recorded as `monte_carlo_stream`)."""
+    data = group_data(path, protocol)
+    starts = {r.group: r.start for r in ranges}
+    decided = verdict.evaluate(protocol, data, starts, stream)
+    registration = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
+    groups = {r.group: _group_facts(protocol, data[r.group], r) for r in ranges}
+    return json.loads(json.dumps({
+        "kind": "sequence", "verdict": decided["verdict"], "reason": decided["reason"], "tests": decided["tests"],
+        "families": decided["families"], "registration": registration, "groups": groups,
+        MC_STREAM_KEY: stream,
+        "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
+                     "alpha": protocol.alpha, "power": protocol.power, "prompts": list(protocol.prompts),
+                     "sequence_length": protocol.sequence_length,
+                     "num_speculative_tokens": protocol.num_speculative_tokens,
+                     "batch_size": protocol.batch_size, "family_sizes": verdict.family_sizes(protocol)}}))
+
+
+def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
+        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
+        sut_factory: SutFactory | None = None, command: list[str] | None = None,
+        announce: Callable[[Path], None] | None = None, parsed: SequenceProtocol | None = None) -> tuple[Path, dict]:
+    """Run (or resume) a sequence protocol and write a sealed bundle; returns (bundle, summary)."""
+    started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
+    if resume is None:
+        base = parsed if parsed is not None else load_sequence_protocol(protocol_file)
+        state = check_registered(base, protocol_file, exploratory)
+        protocol = resolve(base, profile)
+    else:
+        bundles.check_resumable(Path(resume))
+        protocol, ranges = load_bundle_protocol(Path(resume))
+    check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
+    sut = _open(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
+    try:
+        if resume is None:
+            path, ranges = _start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
+                                  capabilities_of(sut).semantics)
+        else:
+            path = Path(resume)
+        if announce:
+            announce(path)
+        session = bundles.begin_session(path, command)
+        with guard_bundle(path, session):
+            t0 = time.perf_counter()
+            drawn = _collect_and_replay(sut, protocol, ranges, path, progress)
+            collect_s = time.perf_counter() - t0
+            device = {**bundles.device_facts(), "sut": sut.describe()}
+    finally:
+        sut.close()
+    summary = summarise(path, protocol, ranges)
+    bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+    bundles.end_session(path, session, drawn, summary["verdict"])
+    lifecycle.write_manifest(path, protocol, ranges, device,
+                             lifecycle.run_timing(started, clock, collect_s, drawn * protocol.sequence_length), command)
+    finish(path)
+    return path, summary
+
+
+def finish(path: Path) -> None:
+    """Render report.md / report.html and seal the bundle."""
+    render(path)
+    lifecycle.seal(path)
+
+
+def verify(path: Path) -> list[str]:
+    """Every difference between the bundle and its seals, its summary recomputed from the stored
+    samples and reference parts, and its reports re-rendered."""
+    return bundles.verify_bundle(path, _recompute_bundle, render_files)
+
+
+def _recompute_bundle(path: Path) -> dict:
+    protocol, ranges = load_bundle_protocol(path)
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    stream = summary.get(MC_STREAM_KEY, montecarlo.CURRENT_STREAM) if isinstance(summary, dict) else \
+        montecarlo.CURRENT_STREAM
+    return summarise(path, protocol, ranges, stream)

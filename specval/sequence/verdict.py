@@ -1,0 +1,313 @@
+"""Verdict of a sequence protocol: the criteria of every group, Holm within each role, MDEs.
+
+Per group (the tests of the protocol name which groups), from the samples and the reference parts
+alone (so `specval verify` recomputes it bit for bit):
+
+| criterion | statistic | sees |
+| --- | --- | --- |
+| `support.<g>` (control, always) | tokens outside the target's support (beyond `support_tolerance`) | any token the target can never emit |
+| `pit_pooled.<g>` (pit) | uniformity X^2 of all randomized PITs, rank order | every token's law, pooled |
+| `pit_position.<g>` (pit) | the same, one bucket per (round position 1..K+1, quarter of the sequence) | one wrong draft position, the bonus, later rounds |
+| `pit_path.<g>` (pit) | PITs in token-id order, one bucket per (round position, previous round's length) | reused or overlapping uniforms between rounds |
+| `serial.<g>` (serial) | binned dependence of U_i and U_{i+l}, l = 1..K+1, id order | frozen or overlapping RNG offsets |
+| `equal_t1_adjacent.<g>`, `equal_t1_cross.<g>` (independence) | count of equal first tokens of paired requests, exact Poisson-binomial | shared or antithetic streams between requests |
+| `association_adjacent.<g>`, `association_cross.<g>` (independence) | rank correlation and binned X^2 of paired PITs, every token | correlated streams at any position |
+| `identical.<g>` (independence) | adjacent pairs with identical whole sequences | a stream shared outright |
+| `reproducible.<g>` (reproducibility, deterministic) | re-run seeds whose tokens changed with their slot and batch | batch-dependent sampling |
+
+Pairs: "adjacent" = slots 2i and 2i + 1 of one batch; "cross" = slot s of batches b and b + P (P
+prompts; b in the first P batches of each block of 2P, so pairs are disjoint). Each p-valued
+criterion is an exact-size test (exact discrete law or sequential Monte Carlo null); Holm within
+each role keeps the family-wise false-fail rate <= alpha; the run verdict is the distribution kind's
+(`specval.distribution.verdict.run_verdict`): PASS iff every control and primary criterion passes.
+The randomized PITs' uniforms V and the Monte Carlo nulls come from `criterion_rng` streams keyed
+by the protocol hash, the group, the criterion and the group's first seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from specval.distribution.verdict import FAIL, INCONCLUSIVE, PASS, decide
+from specval.sequence import reference
+from specval.sequence.protocol import SequenceProtocol
+from specval.stats import independence, sequence, sequence_power
+from specval.stats.montecarlo import CURRENT_STREAM, criterion_rng
+from specval.stats.power import NOTHING_DETECTABLE
+
+QUARTERS = 4  # sequence-index buckets of pit_position: early to late tokens
+ENDS_ROUND = ("correction", "bonus", "plain")  # sources that close a round ("accepted" continues it)
+P_VALUED = {"pit": ("pit_pooled", "pit_position", "pit_path"), "serial": ("serial",),
+            "independence": ("equal_t1_adjacent", "equal_t1_cross", "association_adjacent", "association_cross",
+                             "identical")}
+DETERMINISTIC = {"reproducibility": ("reproducible",)}
+CRITERIA = P_VALUED | DETERMINISTIC
+__all__ = ["CRITERIA", "FAIL", "INCONCLUSIVE", "PASS", "GroupSequences", "evaluate", "family_sizes",
+           "round_positions"]
+
+
+@dataclass(frozen=True)
+class GroupSequences:
+    """One group's tokens and reference parts as [N, L] arrays in (batch, slot) row order."""
+
+    tokens: np.ndarray
+    sources: np.ndarray
+    batch: np.ndarray  # int64[N]
+    slot: np.ndarray  # int64[N]
+    parts: dict[str, np.ndarray]  # reference.PART_COLUMNS -> [N, L]
+    rerun_tokens: np.ndarray  # [R, L] re-run tokens, rows in seed order
+    rerun_expected: np.ndarray  # [R, L] the first run's tokens of the same seeds
+
+
+def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFrame, length: int) -> GroupSequences:
+    """Reshape one group's long tables (sorted by batch, slot, index) into [N, L] arrays."""
+    shape = (-1, length)
+    seeds = samples["seed"].to_numpy()[::length]
+    rerun_seeds = rerun["seed"].to_numpy()[::length]
+    rerun_order = np.argsort(rerun_seeds)
+    first = np.searchsorted(seeds, rerun_seeds[rerun_order]) if np.all(np.diff(seeds) > 0) else None
+    tokens = samples["token"].to_numpy().reshape(shape)
+    return GroupSequences(
+        tokens=tokens, sources=samples["source"].to_numpy().reshape(shape),
+        batch=samples["batch"].to_numpy()[::length], slot=samples["slot"].to_numpy()[::length],
+        parts={name: parts[name].to_numpy().reshape(shape) for name in reference.PART_COLUMNS},
+        rerun_tokens=rerun["token"].to_numpy().reshape(shape)[rerun_order],
+        rerun_expected=tokens[first] if first is not None else np.full((len(rerun_order), length), -1))
+
+
+# ---------------------------------------------------------------- round structure
+
+
+def round_positions(sources: np.ndarray, num_speculative_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(position, previous) int64[N, L]: each token's position 1..K+1 in its round and the length of
+    the round before it (0 in the first round). A round is a run of "accepted" tokens closed by a
+    correction, a bonus or a plain token; positions past K + 1 (a SUT reporting more than K accepted
+    drafts in a row) are clipped to K + 1. Both depend on the past only (predictable buckets)."""
+    top = num_speculative_tokens + 1
+    ends = np.isin(sources, ENDS_ROUND)
+    position = np.empty(sources.shape, dtype=np.int64)
+    previous = np.empty(sources.shape, dtype=np.int64)
+    counter = np.ones(sources.shape[0], dtype=np.int64)
+    last = np.zeros(sources.shape[0], dtype=np.int64)
+    for i in range(sources.shape[1]):
+        position[:, i], previous[:, i] = np.minimum(counter, top), np.minimum(last, top)
+        last = np.where(ends[:, i], counter, last)
+        counter = np.where(ends[:, i], 1, counter + 1)
+    return position, previous
+
+
+def pits(data: GroupSequences, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(rank-order U, id-order U) [N, L]: one uniform V per token, shared by both orders."""
+    v = rng.random(data.tokens.size).reshape(data.tokens.shape)
+    mass = data.parts["mass"]
+    clip = sequence.TOP_OF_UNIT
+    return (np.minimum(data.parts["lower_rank"] + v * mass, clip), np.minimum(data.parts["lower_index"] + v * mass, clip))
+
+
+# ---------------------------------------------------------------- pairs
+
+
+def adjacent_pairs(data: GroupSequences) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (a, b): slots 2i and 2i + 1 of one batch."""
+    even = np.flatnonzero(data.slot % 2 == 0)
+    partner = {(int(b), int(s)): r for r, (b, s) in enumerate(zip(data.batch, data.slot))}
+    b_rows = np.array([partner[(int(data.batch[r]), int(data.slot[r]) + 1)] for r in even], dtype=np.int64)
+    return even, b_rows
+
+
+def cross_pairs(data: GroupSequences, num_prompts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (a, b): slot s of batch b and of batch b + P, for b with (b // P) even and b + P
+    present (disjoint pairs of batches of the same prompt)."""
+    partner = {(int(b), int(s)): r for r, (b, s) in enumerate(zip(data.batch, data.slot))}
+    a_rows = [r for r, b in enumerate(data.batch) if (b // num_prompts) % 2 == 0
+              and (int(b) + num_prompts, int(data.slot[r])) in partner]
+    b_rows = [partner[(int(data.batch[r]) + num_prompts, int(data.slot[r]))] for r in a_rows]
+    return np.asarray(a_rows, dtype=np.int64), np.asarray(b_rows, dtype=np.int64)
+
+
+# ---------------------------------------------------------------- criteria
+
+
+def _row(kind: str, role: str, group: str, statistic: float, p_value: float | None, n: int, mde: float | None,
+         label: str, details: dict | None = None) -> dict[str, Any]:
+    return {"kind": kind, "role": role, "group": group, "statistic": float(statistic), "p_value": p_value,
+            "p_adjusted": None, "alpha": None, "mde_tv": None if mde is None or mde == NOTHING_DETECTABLE else mde,
+            "mde_label": label, "effective_n": int(n), "verdict": None, "reason": "", **(details or {})}
+
+
+def _deterministic(kind: str, group: str, failures: int, what: str, n: int, details: dict | None = None) -> dict:
+    row = _row(kind, "control", group, failures, None, n, None, "", details)
+    row["verdict"], row["reason"] = (FAIL if failures else PASS), f"{failures} {what}"
+    return row
+
+
+def support_criterion(group: str, data: GroupSequences) -> dict:
+    status = data.parts["status"]
+    out = int((status == reference.OUT_OF_SUPPORT).sum())
+    boundary = int((status == reference.BOUNDARY).sum())
+    return _deterministic("support", group, out, f"token(s) outside the target's support ({boundary} within "
+                          "the support tolerance, not counted)", status.size, {"boundary_tokens": boundary})
+
+
+def reproducible_criterion(group: str, data: GroupSequences) -> dict:
+    changed = int((data.rerun_tokens != data.rerun_expected).any(axis=1).sum())
+    return _deterministic("reproducible", group, changed, f"of {len(data.rerun_tokens)} re-run seed(s) changed "
+                          "tokens in another slot and batch", len(data.rerun_tokens))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every p-valued criterion of one group reads."""
+
+    protocol: SequenceProtocol
+    group: str
+    data: GroupSequences
+    u_rank: np.ndarray
+    u_index: np.ndarray
+    position: np.ndarray
+    previous: np.ndarray
+    level: float  # Holm's first step of the criterion's role: alpha / m
+    rng: Callable[[str], np.random.Generator]
+
+
+def _pit(ctx: Context, name: str, u: np.ndarray, buckets: np.ndarray | None, max_buckets: int) -> tuple:
+    result = sequence.pit_uniformity(u.reshape(-1), None if buckets is None else buckets.reshape(-1),
+                                     level=ctx.level, rng=ctx.rng(name))
+    mde = sequence_power.pit_uniformity_mde(result.n, [ctx.level], num_buckets=max(len(result.bucket_keys), 1),
+                                            power=ctx.protocol.power)
+    return result.statistic, result.p_value, result.n, mde, "mean binned PIT TV over buckets", \
+        {"bucket_keys": result.bucket_keys, "bucket_sizes": result.bucket_sizes}
+
+
+def pit_pooled(ctx: Context) -> tuple:
+    return _pit(ctx, "pit_pooled", ctx.u_rank, None, 1)
+
+
+def pit_position(ctx: Context) -> tuple:
+    length = ctx.u_rank.shape[1]
+    quarter = (np.arange(length) * QUARTERS // length)[None, :]
+    return _pit(ctx, "pit_position", ctx.u_rank, ctx.position * QUARTERS + quarter, 0)
+
+
+def pit_path(ctx: Context) -> tuple:
+    return _pit(ctx, "pit_path", ctx.u_index, ctx.position * (ctx.protocol.num_speculative_tokens + 2) + ctx.previous,
+                0)
+
+
+def serial(ctx: Context) -> tuple:
+    max_lag = ctx.protocol.num_speculative_tokens + 1
+    result = sequence.serial_dependence(list(ctx.u_index), max_lag, level=ctx.level, rng=ctx.rng("serial"))
+    pairs = result.lag_pairs[0] if result.lag_pairs else 0
+    mde = sequence_power.serial_dependence_mde(pairs, [ctx.level], max_lag=max_lag, power=ctx.protocol.power)
+    return result.statistic, result.p_value, result.n, mde, "TV of one lag's pair-bin law from independence", \
+        {"lag_statistics": result.lag_statistics}
+
+
+def _equal_t1(ctx: Context, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
+    a, b = rows
+    pi = ctx.data.parts["self_match"][a, 0]  # same prompt, empty prefix: one law p, P(equal) = sum p^2
+    count = int((ctx.data.tokens[a, 0] == ctx.data.tokens[b, 0]).sum())
+    p_value = independence.discrete_pvalue(independence.poisson_binomial_pmf(pi), count, "two-sided")
+    mde = max(sequence_power.equal_rate_mde(pi, [ctx.level / 2], alternative=alt, power=ctx.protocol.power)
+              for alt in ("greater", "less"))
+    expected = float(pi.sum())
+    return count, p_value, len(a), mde, "relative change of P(t1 equal)", \
+        {"expected": expected, "ratio": count / expected if expected > 0 else None}
+
+
+def equal_t1_adjacent(ctx: Context) -> tuple:
+    return _equal_t1(ctx, adjacent_pairs(ctx.data))
+
+
+def equal_t1_cross(ctx: Context) -> tuple:
+    return _equal_t1(ctx, cross_pairs(ctx.data, len(ctx.protocol.prompts)))
+
+
+def _association(ctx: Context, name: str, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
+    a, b = rows
+    result = independence.pit_association(ctx.u_index[a].reshape(-1), ctx.u_index[b].reshape(-1), level=ctx.level,
+                                           rng=ctx.rng(name))
+    mde = sequence_power.association_rho_mde(result.n, [ctx.level], power=ctx.protocol.power)
+    return abs(result.rho), result.p_value, result.n, mde, "|Spearman rho| of paired PITs", \
+        {"rho": result.rho, "chi2": result.chi2}
+
+
+def association_adjacent(ctx: Context) -> tuple:
+    return _association(ctx, "association_adjacent", adjacent_pairs(ctx.data))
+
+
+def association_cross(ctx: Context) -> tuple:
+    return _association(ctx, "association_cross", cross_pairs(ctx.data, len(ctx.protocol.prompts)))
+
+
+def identical(ctx: Context) -> tuple:
+    a, b = adjacent_pairs(ctx.data)
+    match = np.array([independence.sequence_match_probability(m) for m in ctx.data.parts["mass"][a]])
+    result = independence.identical_sequences(list(ctx.data.tokens[a]), list(ctx.data.tokens[b]), match)
+    mde = sequence_power.identical_pairs_mde(match, [ctx.level], power=ctx.protocol.power)
+    return result.count, result.p_value, result.n_pairs, mde, "fraction of pairs sharing a stream", \
+        {"expected": result.expected, "identical_pairs": result.identical_pairs[:10]}
+
+
+P_VALUED_FUNCTIONS = {"pit_pooled": pit_pooled, "pit_position": pit_position, "pit_path": pit_path,
+                      "serial": serial, "equal_t1_adjacent": equal_t1_adjacent, "equal_t1_cross": equal_t1_cross,
+                      "association_adjacent": association_adjacent, "association_cross": association_cross,
+                      "identical": identical}
+
+
+# ---------------------------------------------------------------- the family
+
+
+def planned_criteria(protocol: SequenceProtocol) -> list[tuple[str, str, str]]:
+    """(criterion name, role, group) of every criterion the tests ask for, support checks first."""
+    out = [(f"support.{g.name}", "control", g.name) for g in protocol.groups]
+    for test in protocol.tests:
+        for group in protocol.groups_of(test):
+            out += [(f"{name}.{group}", test.role, group) for name in CRITERIA[test.kind]]
+    return out
+
+
+def family_sizes(protocol: SequenceProtocol) -> dict[str, int]:
+    """Holm's m per role: the p-valued criteria, fixed by the protocol before any data."""
+    sizes: dict[str, int] = {}
+    for name, role, _ in planned_criteria(protocol):
+        if name.split(".")[0] in P_VALUED_FUNCTIONS:
+            sizes[role] = sizes.get(role, 0) + 1
+    return sizes
+
+
+def evaluate(protocol: SequenceProtocol, data: dict[str, GroupSequences], seed_starts: dict[str, int],
+             stream: str = CURRENT_STREAM) -> dict:
+    """Every criterion, Holm per role and the run verdict: {"tests", "families", "verdict", "reason"};
+    the PIT uniforms and Monte Carlo nulls are drawn from `stream` (`montecarlo.STREAMS`)."""
+    sizes, tests = family_sizes(protocol), {}
+    contexts: dict[str, Context] = {}
+    for name, role, group in planned_criteria(protocol):
+        kind = name.split(".")[0]
+        if kind == "support":
+            tests[name] = support_criterion(group, data[group])
+        elif kind == "reproducible":
+            tests[name] = reproducible_criterion(group, data[group]) | {"role": role}
+        else:
+            ctx = contexts.get(f"{group}/{role}") or _context(protocol, group, data[group], role, sizes,
+                                                              seed_starts[group], stream)
+            contexts[f"{group}/{role}"] = ctx
+            statistic, p_value, n, mde, label, details = P_VALUED_FUNCTIONS[kind](ctx)
+            tests[name] = _row(kind, role, group, statistic, p_value, n, mde, label, details)
+    families, verdict, reason = decide(tests, protocol)
+    return {"tests": tests, "families": families, "verdict": verdict, "reason": reason}
+
+
+def _context(protocol: SequenceProtocol, group: str, data: GroupSequences, role: str, sizes: dict[str, int],
+             seed_start: int, stream: str) -> Context:
+    def rng(name: str) -> np.random.Generator:
+        return criterion_rng(protocol.hash, group, name, str(seed_start), stream=stream)
+
+    u_rank, u_index = pits(data, rng("pit-uniforms"))
+    position, previous = round_positions(data.sources, protocol.num_speculative_tokens)
+    return Context(protocol, group, data, u_rank, u_index, position, previous,
+                   protocol.alpha / max(sizes.get(role, 1), 1), rng)

@@ -1,0 +1,72 @@
+"""The sequence kind end to end on ChainSUT (an exact speculative sampler over a Markov chain).
+
+False-fail rate: the correct-sampler run FAILs with probability <= alpha = 0.01 (Holm over every
+p-valued criterion; each is an exact-size test). The mutant runs are fixed-seed runs of bugs whose
+deviations lie far above the MDEs of the criteria named (p-values at the Monte Carlo floor).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specval.protocol import ProtocolError
+from specval.sequence import runner
+from tests.fixtures.sequence_protocol import write_sequence_protocol
+
+SMALL = {"groups": [{"name": "sync", "mode": "sync"}],
+         "tests": [{"kind": "pit", "role": "primary"}, {"kind": "independence", "role": "primary"},
+                   {"kind": "reproducibility", "role": "control"}]}
+
+
+@pytest.fixture(scope="module")
+def correct_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sequence")
+    path, summary = runner.run(write_sequence_protocol(root), None, root / "out", exploratory=True, progress=False)
+    return path, summary
+
+
+def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
+    path, summary = correct_run
+    assert summary["verdict"] == "PASS", summary["reason"]
+    names = set(summary["tests"])
+    for group in ("nospec", "sync", "adversarial"):
+        assert {f"pit_pooled.{group}", f"pit_position.{group}", f"pit_path.{group}", f"serial.{group}",
+                f"support.{group}", f"reproducible.{group}"} <= names
+    assert {"equal_t1_adjacent.sync", "association_cross.sync", "identical.sync"} <= names
+    assert summary["groups"]["sync"]["round_positions"]["4"] > 0  # the bonus position is tested
+    assert runner.verify(path) == []
+
+
+def test_verify_recomputes_the_verdict_from_the_stored_samples(correct_run, tmp_path):
+    path, _ = correct_run
+    summary = json.loads((path / "summary.json").read_text())
+    summary["tests"]["pit_pooled.sync"]["p_value"] = 0.5
+    copy = tmp_path / path.name
+    import shutil
+
+    shutil.copytree(path, copy)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    problems = runner.verify(copy)
+    assert any("pit_pooled.sync" in p for p in problems) and any("summary.json" in p for p in problems)
+
+
+def test_a_draft_override_needs_the_adapter_capability(tmp_path):
+    file = write_sequence_protocol(tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT"},
+                                   groups=[{"name": "sync", "mode": "sync", "draft": "noisy"}])
+    with pytest.raises(ProtocolError, match="draft_overrides"):
+        runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
+    assert not (tmp_path / "out" / "ledger.json").exists()  # refused before any seed is claimed
+
+
+@pytest.mark.parametrize("mutant, killer", [
+    ("wrong_bonus_row", "pit_position.sync"),
+    ("reuse_accept", "pit_path.sync"),
+    ("correlated_streams", "association_adjacent.sync"),
+])
+def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer):
+    file = write_sequence_protocol(tmp_path, name=f"chain_{mutant}", **SMALL,
+                                   sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
+    _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
+    assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
