@@ -15,6 +15,8 @@ entry) and the command exits 2 (input) or 3 (the system under test raised or bro
 
 `GuardedSUT` wraps an adapter for the whole run, so that an exception from the adapter is told
 apart from one of the harness: every adapter call that raises becomes `SUTRaised`, naming the call.
+`SystemExit` raised by adapter code (`sys.exit` in a method, in the constructor or while its module
+is imported) is a failure of the system under test too, never the harness's exit status.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from specval.sut import OWN_DRAFT, SOURCES, SUT, SampleBatch, SUTError, capabili
 
 PROBE_ROWS = 2  # rows of the accept_single probe
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
+# what adapter code may raise that is its own failure (exit 3): any Exception, and SystemExit (an
+# adapter calling sys.exit must not end specval with the adapter's status); KeyboardInterrupt is the user's
+ADAPTER_FAULTS = (Exception, SystemExit)
 
 
 class SUTRaised(Exception):
@@ -56,7 +61,8 @@ class GuardedSUT:
     """Delegates to an adapter; an exception raised by any adapter call becomes SUTRaised.
 
     SUTError from `check_groups` passes through unchanged: it is the adapter refusing the
-    protocol's configuration, an input error. KeyboardInterrupt and SystemExit pass through."""
+    protocol's configuration, an input error. SystemExit becomes SUTRaised too; KeyboardInterrupt
+    passes through."""
 
     def __init__(self, sut: SUT):
         self._sut = sut
@@ -66,7 +72,7 @@ class GuardedSUT:
             value = getattr(self._sut, name)
         except AttributeError:
             raise  # the adapter has no such attribute: hasattr() must keep working
-        except Exception as err:  # a property of the adapter raised (e.g. vocab_size)
+        except ADAPTER_FAULTS as err:  # a property of the adapter raised (e.g. vocab_size)
             raise sut_raised(name, err) from err
         if not callable(value) or isinstance(value, type):
             return value
@@ -77,7 +83,7 @@ def _guard_call(name: str, method: Callable) -> Callable:
     def call(*args, **kwargs):
         try:
             return method(*args, **kwargs)
-        except Exception as err:
+        except ADAPTER_FAULTS as err:
             if isinstance(err, SUTError) and name in PASS_THROUGH:
                 raise
             raise sut_raised(name, err) from err
@@ -85,13 +91,14 @@ def _guard_call(name: str, method: Callable) -> Callable:
 
 
 def open_guarded(factory: Callable[..., SUT], protocol: Protocol) -> GuardedSUT:
-    """Construct the adapter; SUTError (a refused configuration) passes, anything else is SUTRaised."""
+    """Import and construct the adapter; SUTError (a refused configuration, an adapter that cannot
+    be imported) passes, anything else (SystemExit included) is SUTRaised."""
     try:
         return GuardedSUT(factory(protocol.sut, protocol.num_speculative_tokens))
     except SUTError:
         raise
-    except Exception as err:
-        raise sut_raised("the adapter's constructor", err) from err
+    except ADAPTER_FAULTS as err:
+        raise sut_raised("the adapter's import or constructor", err) from err
 
 
 # ---------------------------------------------------------------- writable paths

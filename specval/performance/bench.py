@@ -36,7 +36,7 @@ from specval.performance.summary import COLUMNS, PAIR, ScheduledRun, schedule, s
 from specval.execution import guard_bundle
 from specval.performance.protocol import (ARM_KEYS, PerformanceProtocol, load_performance_protocol,
                                           parse_performance_protocol, resolve)
-from specval.preflight import SUTRaised, check_writable_dir, sut_raised
+from specval.preflight import ADAPTER_FAULTS, SUTRaised, check_writable_dir, sut_raised
 from specval.protocol import ProtocolError, check_registered
 
 TIMINGS_FILE = f"{bundles.SAMPLES_DIR}/timings.csv"
@@ -75,7 +75,7 @@ def build_engines(protocol: PerformanceProtocol) -> dict:
     except ValueError as err:  # e.g. draft_loops >= the model's loops: checked against the model
         close_engines(llms)
         raise ProtocolError(f"{protocol.name}: the engine refuses an arm: {err}") from err
-    except Exception as err:
+    except ADAPTER_FAULTS as err:  # SystemExit of engine code included
         close_engines(llms)
         raise sut_raised("building the engines", err) from err
     return llms
@@ -131,7 +131,7 @@ def time_run(protocol: PerformanceProtocol, llm, index: int, run: ScheduledRun) 
         outputs = llm.generate(prompts, params)
         _synchronize(protocol)
         elapsed = time.perf_counter_ns() - start
-    except Exception as err:
+    except ADAPTER_FAULTS as err:  # SystemExit of engine code included
         raise sut_raised(f"generate ({run.phase} {run.pair}, arm {run.arm})", err) from err
     short = [o.finish_reason for o in outputs if len(o.token_ids) != protocol.max_tokens]
     if short:

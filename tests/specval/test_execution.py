@@ -11,6 +11,7 @@ adapters are exact samplers on fixed seeds, and the faults are planted at fixed 
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -72,22 +73,24 @@ def test_adapter_calling_sys_exit_on_import_exits_3_not_0(cli, tmp_path):
     result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.exits_on_import:ExitingOnImportSUT")),
                   "--quiet")
     assert result.exit_code == 3, result.output
-    assert "SystemExit" in _one_error_line(result.output)
-    assert _nothing_claimed(tmp_path / "results")
+    line = _one_error_line(result.output)
+    assert "SystemExit: 0" in line and "import or constructor" in line and "no seed was claimed" in line
+    assert _nothing_claimed(tmp_path / "results") and list((tmp_path / "results").glob("probe-error-*.log"))
 
 
 def test_adapter_calling_sys_exit_in_the_probe_exits_3(cli, tmp_path):
     result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:ExitingSUT")), "--quiet")
-    assert result.exit_code == 3 and "SystemExit" in _one_error_line(result.output)
+    assert result.exit_code == 3 and "failed in sample: SystemExit: 0; no seed was claimed" in _one_error_line(result.output)
     assert _nothing_claimed(tmp_path / "results")
 
 
 def test_adapter_calling_sys_exit_mid_run_exits_3_and_keeps_an_error_bundle(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("FAULT_EXIT_AT_CALL", "4")  # 2 probe calls, then the 2nd chunk of collection
     result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:ExitingSUT")), "--quiet")
-    assert result.exit_code == 3 and "SystemExit" in _one_error_line(result.output)
+    assert result.exit_code == 3 and "SystemExit: 0" in _one_error_line(result.output)
     bundle = _bundle_of(result.output)
-    assert bundle.is_dir() and not (bundle / "summary.json").exists() and not (bundle / "SHA256SUMS").exists()
+    assert "SystemExit: 0" in (bundle / "error.log").read_text() and not (bundle / "summary.json").exists()
+    assert json.loads((bundle / "sessions.json").read_text())[-1]["outcome"] == "error"
 
 
 # ---------------------------------------------------------------- 4: INCONCLUSIVE
