@@ -5,7 +5,7 @@
 #   bash scripts/test_vllm.sh            set up .venv-vllm and models/vllm, the adapter's tests, then
 #                                        `specval run protocols/t2_vllm.yaml --profile smoke`
 #   bash scripts/test_vllm.sh --tests    the same without the smoke run
-# Exit status: that of the failing step (the smoke run's: 0 PASS, 1 FAIL/INCONCLUSIVE, 3 vLLM raised).
+# Exit status: that of the failing step (the smoke run's: 0 PASS, 1 FAIL, 3 vLLM raised, 4 INCONCLUSIVE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
