@@ -55,7 +55,8 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 class ToySUT(SUT):
     capabilities = Capabilities(modes=("nospec", "sync"), accept_single=True, draft_kind="temperature",
-                                sampling=("temperature",), mutants=MUTANTS)
+                                sampling=("temperature",), mutants=MUTANTS,
+                                draft_overrides=("noisy", "adversarial", "temperature"))
 
     def __init__(self, spec, num_speculative_tokens):
         super().__init__(spec, num_speculative_tokens)
@@ -65,6 +66,7 @@ class ToySUT(SUT):
         rng = np.random.default_rng(WEIGHTS_SEED)
         self.target = 2.0 * rng.standard_normal((VOCAB, VOCAB))
         self.draft = self.target + rng.standard_normal((VOCAB, VOCAB))
+        self.noise = rng.standard_normal((VOCAB, VOCAB))  # the `noisy` draft override's perturbation
 
     @property
     def vocab_size(self) -> int:
@@ -87,8 +89,25 @@ class ToySUT(SUT):
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self.target[token_ids[-1]].astype(np.float32)
 
+    def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+        """Row i: the target logits after prompt + tokens[:i], all rows in one indexing (a bigram
+        model reads only the last token; a transformer would run one forward pass here)."""
+        last = np.asarray([prompt_ids[-1], *token_ids[:-1]], dtype=np.int64)
+        return self.target[last].astype(np.float32)
+
     def draft_logits(self, group, token_ids: list[int]) -> np.ndarray:
-        return self.draft[token_ids[-1]].astype(np.float32)
+        """The group's draft: its own table, or the override a sequence protocol's group names
+        (`group.draft`): noisy (own + fixed noise), adversarial (minus the target), temperature
+        (the target at twice the temperature). The committed law must not change with any of them."""
+        last = token_ids[-1]
+        draft = getattr(group, "draft", "own")
+        if draft == "noisy":
+            return (self.draft[last] + 2.0 * self.noise[last]).astype(np.float32)
+        if draft == "adversarial":
+            return (-self.target[last]).astype(np.float32)
+        if draft == "temperature":
+            return (self.target[last] / 2.0).astype(np.float32)
+        return self.draft[last].astype(np.float32)
 
     def _accepts(self, u, q_x, p_x):
         """Accept iff u * q(x) < p(x); elementwise on arrays (one entry per row) as on scalars."""
@@ -130,18 +149,19 @@ class ToySUT(SUT):
                 tokens.append(_inverse_cdf(_softmax(self.target_logits(context), temperature), rng.random()))
                 sources.append("plain")
                 continue
-            new, kinds, num_accepted = self._round(context, temperature, rng.random(2 * self.num_speculative_tokens + 1))
+            new, kinds, num_accepted = self._round(group, context, temperature,
+                                                   rng.random(2 * self.num_speculative_tokens + 1))
             tokens, sources = tokens + new, sources + kinds
             rounds, drafted, accepted = rounds + 1, drafted + self.num_speculative_tokens, accepted + num_accepted
         return tokens[:max_tokens], sources[:max_tokens], rounds, drafted, accepted
 
-    def _round(self, context, temperature, u):
+    def _round(self, group, context, temperature, u):
         """One block: draft K, accept while u_acc * q(x) < p(x), then the correction or the bonus."""
         k = self.num_speculative_tokens
         new = []
         for j in range(k):
             p = _softmax(self.target_logits(context + new), temperature)
-            q = _softmax(self.draft_logits(None, context + new), temperature)
+            q = _softmax(self.draft_logits(group, context + new), temperature)
             x = _inverse_cdf(q, u[j])
             if not self._accepts(u[k + j], q[x], p[x]):
                 return new + [_inverse_cdf(self._residual(p, q), u[2 * k])], ["accepted"] * j + ["correction"], j

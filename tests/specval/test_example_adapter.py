@@ -43,6 +43,20 @@ def test_minimal_adapter_example_passes_and_verifies(example):
     assert runner.invoke(main, ["verify", str(bundle)]).exit_code == 0
 
 
+def test_minimal_adapter_sequence_protocol_passes_with_every_draft_and_verifies(example):
+    """The example's whole-sequence protocol (target_logits_along and the three draft overrides of
+    the toy adapter): PASS at its smoke size, frozen, and the bundle verifies. False-fail rate <= 0.01
+    over seed choices (one gating family per role at alpha 0.01, Holm)."""
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(example / "sequence.yaml"), "--profile", "smoke", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "PASS: all 40 control and primary criteria passed" in result.output, result.output
+    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert {g["draft"] for g in summary["groups"].values()} == {"own", "noisy", "adversarial", "temperature"}
+    assert runner.invoke(main, ["verify", str(bundle)]).exit_code == 0
+
+
 def test_minimal_adapter_refuses_top_k_before_any_seed(example):
     raw = yaml.safe_load((example / "protocol.yaml").read_text())
     raw["sampling"]["top_k"] = 4
