@@ -742,6 +742,8 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
     from specval.distribution import plan as planning
 
     try:
+        if protocol_file and _print_sequence_plan(protocol_file, profile):
+            return
         protocol = protocols.resolve(protocols.load_protocol(protocol_file), profile) if protocol_file else None
         if protocol is not None and tv is None and num_samples is None:
             _print_protocol_plan(protocol, planning.protocol_plan(protocol, vocab_size))
@@ -767,6 +769,25 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
     click.echo(f"n = {n} over {bins} cells at alpha {alpha:g}: deviations of TV >= {result.mde_gof:.4g} "
                f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
                f"have been detected with power >= {power:g}")
+
+
+def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
+    """Print the plan of a sequence protocol and return True; False for a protocol of another kind."""
+    from specval.kinds import read_protocol_file
+    from specval.sequence.plan import protocol_plan
+    from specval.sequence.protocol import SEQUENCE_KIND, resolve
+
+    loaded = read_protocol_file(protocol_file)
+    if loaded.kind.name != SEQUENCE_KIND:
+        return False
+    protocol = resolve(loaded.load(), profile)
+    click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.sequences_per_group} sequences of "
+               f"{protocol.sequence_length} tokens per group, alpha {protocol.alpha:g}, power {protocol.power:g}")
+    for row in protocol_plan(protocol):
+        mde = f">= {row.mde:.4g}" if row.mde is not None else ""
+        click.echo(f"  {row.criterion} ({row.role}, m = {row.family_size}, level {row.level:.3g}, n = {row.n}): "
+                   f"{row.label} {mde}".rstrip())
+    return True
 
 
 def _print_protocol_plan(protocol, rows) -> None:

@@ -39,6 +39,21 @@ def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
     assert runner.verify(path) == []
 
 
+def test_the_plan_prints_the_mdes_the_run_reaches(correct_run):
+    """Planned MDEs use the layout alone: equal to the run's where the sizes are fixed (pooled PIT,
+    serial, association), an upper bound where the run observes fewer buckets."""
+    from specval.sequence.plan import protocol_plan
+    from specval.sequence.runner import load_bundle_protocol
+
+    path, summary = correct_run
+    planned = {row.criterion: row for row in protocol_plan(load_bundle_protocol(path)[0])}
+    for name in ("pit_pooled.sync", "serial.sync", "association_adjacent.sync", "association_cross.sync"):
+        assert planned[name].mde == pytest.approx(summary["tests"][name]["mde_tv"], rel=1e-9), name
+        assert planned[name].n == summary["tests"][name]["effective_n"] or name.startswith("serial")
+    assert planned["pit_position.sync"].mde >= summary["tests"]["pit_position.sync"]["mde_tv"]
+    assert planned["identical.sync"].mde is None  # needs the target's laws: printed by the run
+
+
 def test_verify_recomputes_the_verdict_from_the_stored_samples(correct_run, tmp_path):
     path, _ = correct_run
     summary = json.loads((path / "summary.json").read_text())
