@@ -75,13 +75,16 @@ def test_a_draft_override_needs_the_adapter_capability(tmp_path):
     assert not (tmp_path / "out" / "ledger.json").exists()  # refused before any seed is claimed
 
 
-@pytest.mark.parametrize("mutant, killer", [
-    ("wrong_bonus_row", "pit_position.sync"),
-    ("reuse_accept", "pit_path.sync"),
-    ("correlated_streams", "association_adjacent.sync"),
+# Sizes per bug: the position and path bugs are killed at half the default 160 sequences (a tenth of
+# the tokens the default takes); the cross-request bug needs the default's 80 adjacent pairs.
+@pytest.mark.parametrize("mutant, killer, sequences", [
+    ("wrong_bonus_row", "pit_position.sync", 80),
+    ("reuse_accept", "pit_path.sync", 80),
+    ("correlated_streams", "association_adjacent.sync", 160),
 ])
-def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer):
+def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, sequences):
     file = write_sequence_protocol(tmp_path, name=f"chain_{mutant}", **SMALL,
+                                   sequences_per_group=sequences, batch_size=sequences // 4,
                                    sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
