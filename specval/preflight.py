@@ -160,6 +160,8 @@ def needs(protocol: Protocol) -> list[Need]:
             for field, value in protocol.sampling.semantics]
     out += [Need("draft_overrides", g.draft, ("groups", i, "draft")) for i, g in enumerate(protocol.groups)
             if getattr(g, "draft", OWN_DRAFT) != OWN_DRAFT]
+    out += [Need("mixed_sampling", "companions", ("groups", i, "companions")) for i, g in enumerate(protocol.groups)
+            if getattr(g, "companions", ())]
     mutant = dict(protocol.sut.options).get("mutant")
     if mutant is not None:
         out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))
@@ -169,8 +171,8 @@ def needs(protocol: Protocol) -> list[Need]:
 
 
 def _has(capabilities, need: Need) -> bool:
-    if need.capability == "accept_single":
-        return bool(capabilities.accept_single)
+    if need.capability in ("accept_single", "mixed_sampling"):
+        return bool(getattr(capabilities, need.capability, False))
     if need.capability == "semantics":
         field, _, value = need.value.partition("=")
         return getattr(capabilities.semantics, field) == value
@@ -181,7 +183,7 @@ def _has(capabilities, need: Need) -> bool:
 
 def _declared(capabilities, need: Need) -> Any:
     """What the adapter declares for the capability `need` asks about (for the error message)."""
-    if need.capability == "accept_single":
+    if need.capability in ("accept_single", "mixed_sampling"):
         return "False"
     if need.capability == "semantics":
         field = need.value.partition("=")[0]

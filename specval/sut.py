@@ -20,7 +20,7 @@ import importlib
 import platform
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -81,6 +81,8 @@ class Capabilities:
       runs when a group of a sequence protocol names one in `draft` (`group.draft`): "noisy" (its
       own draft logits plus Gaussian noise), "adversarial" (q ranks tokens against the target),
       "temperature" (the target at a higher temperature). The committed law must not change.
+    - `mixed_sampling`: True iff the adapter implements `SUT.sample_mixed` (one call, each request
+      with its own sampling parameters, greedy included); sequence groups with `companions` need it.
     """
 
     modes: tuple[str, ...] = MODES
@@ -90,6 +92,7 @@ class Capabilities:
     mutants: tuple[PlantedMutant, ...] = ()
     semantics: FilterSemantics = DEFAULT_SEMANTICS
     draft_overrides: tuple[str, ...] = ()
+    mixed_sampling: bool = False
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS),
@@ -165,6 +168,15 @@ class SUT(abc.ABC):
         `num_tokens` of them (the counts cover the whole request). The N requests of one call run
         together, row r in batch slot r (sequence protocols pair rows of one call). `group.draft`
         (a sequence protocol's group; absent elsewhere, meaning "own") names the draft to run."""
+
+    def sample_mixed(self, group: GroupSpec, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
+                     seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        """`sample` with one sampling per request: row r uses `samplings[r]` (temperature 0 means
+        greedy: the argmax of the raw logits) and seed `seeds[r]`, all rows in one call, row r in
+        slot r. The guarantee is `sample`'s: each row is a pure function of its own request, so a
+        row's tokens equal those `sample` gives the same request in a batch of its own. Adapters
+        declaring `Capabilities(mixed_sampling=True)` implement it."""
+        raise SUTError(f"{type(self).__name__} does not provide sample_mixed")
 
     @abc.abstractmethod
     def target_logits(self, token_ids: list[int]) -> np.ndarray:

@@ -48,7 +48,7 @@ class EngineSUT(SUT):
 
     capabilities = Capabilities(mutants=tuple(PlantedMutant(m.name, m.breaks, m.equivalent, m.visible_at)
                                               for m in ALL_MUTANTS if m.layer == ENGINE_LAYER),
-                                draft_overrides=DRAFT_OVERRIDES[1:])
+                                draft_overrides=DRAFT_OVERRIDES[1:], mixed_sampling=True)
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 
@@ -100,13 +100,27 @@ class EngineSUT(SUT):
 
     def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
                seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
-        from engine import SamplingParams
-
         llm = self._group_llm(group)
         if llm.engine.config.collection == "batched":
             return self._sample_batched(group, llm, prompt_ids, sampling, seeds, num_tokens, max_tokens)
-        params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 seed=int(s), max_tokens=max_tokens, ignore_eos=True) for s in seeds]
+        return self._generate(group, llm, prompt_ids, [sampling] * len(seeds), seeds, num_tokens, max_tokens)
+
+    def sample_mixed(self, group: GroupSpec, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
+                     seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        """One `LLM.generate` call with each request's own `SamplingParams` (temperature 0: greedy).
+        The batched collection runs one sampling per call, so a group using it is refused."""
+        llm = self._group_llm(group)
+        if llm.engine.config.collection == "batched":
+            raise SUTError(f"group {group.name!r}: collection 'batched' runs one sampling per call; "
+                           "companions need the default collection")
+        return self._generate(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
+
+    def _generate(self, group: GroupSpec, llm, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
+                  seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+        from engine import SamplingParams
+
+        params = [SamplingParams(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                                 seed=int(s), max_tokens=max_tokens, ignore_eos=True) for sp, s in zip(samplings, seeds)]
         outs = llm.generate([list(prompt_ids)] * len(params), params)
         bad = [o.finish_reason for o in outs if len(o.token_ids) != max_tokens]
         if bad:

@@ -3,12 +3,15 @@
 Layout (`specval.sequence.protocol`): group g's seeds [start, start + N) run in batches of B
 requests; batch b holds seeds start + bB .. start + (b + 1)B - 1 in slots 0..B-1, after prompt
 b mod P. Each batch is one `sample` call, written as `samples/<group>-b<b>.parquet` in long form
-(one row per committed token: batch, slot, seed, prompt, index, token, source) through
-`bundle.write_chunk`, so a killed run resumes at the first missing batch.
+(one row per committed token: batch, slot, seed, prompt, index, token, source, companion) through
+`bundle.write_chunk`, so a killed run resumes at the first missing batch. A group with companions
+runs each batch as one `sample_mixed` call of 2B requests: the tested ones in slots 0..B-1, then
+one companion per tested request (`companion` True; `specval.sequence.protocol` gives their
+sampling and seeds).
 
 The re-run (`samples/<group>-rerun.parquet`) samples the first `RERUN_SEEDS` seeds of batch 0 again,
-in reverse order, as a batch of their own: every seed sits in another slot, next to other
-neighbours, in a smaller batch. Under the adapter contract (`sample` is a pure function of the
+in reverse order, as a batch of their own (without companions): every seed sits in another slot,
+next to other neighbours, in a smaller batch. Under the adapter contract (`sample` is a pure function of the
 request, whatever the batch) its tokens equal the first run's, bit for bit.
 """
 
@@ -26,13 +29,13 @@ from tqdm import tqdm
 
 from specval import bundle as bundles
 from specval.seeds import SeedRange
-from specval.sequence.protocol import SequenceProtocol
+from specval.sequence.protocol import COMPANION_SEED_BIT, SequenceProtocol
 from specval.sut import SUT, SampleBatch
 
 SAMPLES_DIR = bundles.SAMPLES_DIR
 RERUN_SEEDS = 8  # seeds of batch 0 sampled again in another arrangement
 RERUN = "rerun"
-COLUMNS = ("batch", "slot", "seed", "prompt", "index", "token", "source")
+COLUMNS = ("batch", "slot", "seed", "prompt", "index", "token", "source", "companion")
 
 
 @dataclass(frozen=True)
@@ -63,27 +66,44 @@ def plan_batches(protocol: SequenceProtocol, ranges: Sequence[SeedRange]) -> lis
     return out
 
 
-def frame(batch: Batch, result: SampleBatch) -> pd.DataFrame:
-    """The long-form table of one batch's tokens."""
+def frame(batch: Batch, result: SampleBatch, seeds: np.ndarray | None = None) -> pd.DataFrame:
+    """The long-form table of one batch's tokens (`seeds`: every row's seed, companions included;
+    default the batch's own seeds). Rows past the batch's own seeds are companions."""
     rows, length = result.tokens.shape
+    seeds = np.asarray(batch.seeds if seeds is None else seeds, dtype=np.int64)
     return pd.DataFrame({
         "batch": np.full(rows * length, batch.index, dtype=np.int64),
         "slot": np.repeat(np.arange(rows, dtype=np.int64), length),
-        "seed": np.repeat(np.asarray(batch.seeds, dtype=np.int64), length),
+        "seed": np.repeat(seeds, length),
         "prompt": np.full(rows * length, batch.prompt, dtype=np.int64),
         "index": np.tile(np.arange(length, dtype=np.int64), rows),
         "token": result.tokens.reshape(-1).astype(np.int64),
         "source": result.sources.reshape(-1).astype(str),
+        "companion": np.repeat(np.arange(rows) >= len(batch.seeds), length),
     })
 
 
+def companion_seeds(seeds: Sequence[int]) -> np.ndarray:
+    """The companions' seeds: each tested seed with COMPANION_SEED_BIT set (outside every claimed range)."""
+    return np.asarray(seeds, dtype=np.int64) | COMPANION_SEED_BIT
+
+
 def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], batch: Batch) -> pd.DataFrame:
+    """One batch: a `sample` call, or a `sample_mixed` call with the companions after the tested
+    requests when the group has companions (never for the re-run)."""
     group = protocol.group(batch.group)
     seeds = np.asarray(batch.seeds, dtype=np.int64)
-    result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, protocol.sequence_length,
-                        protocol.max_tokens(group))
-    result.validate(len(seeds), protocol.sequence_length)
-    return frame(batch, result)
+    length, max_tokens = protocol.sequence_length, protocol.max_tokens(group)
+    if not group.companions or batch.index < 0:
+        result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, length, max_tokens)
+        result.validate(len(seeds), length)
+        return frame(batch, result)
+    seeds = np.concatenate([seeds, companion_seeds(seeds)])
+    samplings = [protocol.sampling] * len(batch.seeds) + [group.companions[j % len(group.companions)]
+                                                          for j in range(len(batch.seeds))]
+    result = sut.sample_mixed(group, prompt_ids[batch.prompt], samplings, seeds, length, max_tokens)
+    result.validate(len(seeds), length)
+    return frame(batch, result, seeds)
 
 
 def collect(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], ranges: Sequence[SeedRange],
@@ -104,17 +124,32 @@ def collect(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], r
     return drawn
 
 
-def load_group(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(main batches, re-run) of one group, sorted by (batch, slot, index); ValueError when a
-    batch is missing or holds other than batch_size x sequence_length tokens."""
+def _tested(table: pd.DataFrame) -> pd.Series:
+    """Rows of tested requests (bundles written before companions existed have no such column)."""
+    return ~table["companion"] if "companion" in table else pd.Series(True, index=table.index)
+
+
+def load_tables(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[pd.DataFrame, pd.DataFrame,
+                                                                                 pd.DataFrame]:
+    """(main batches, companions, re-run) of one group, each sorted by (batch, slot, index);
+    ValueError when a batch is missing or holds other than the planned tokens."""
     files = sorted((bundle / SAMPLES_DIR).glob(f"{group}-b*.parquet"))
     if len(files) != protocol.num_batches:
         raise ValueError(f"samples of group {group!r}: {len(files)} batch files, expected {protocol.num_batches}")
-    main = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
+    table = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
+    tested = _tested(table)
+    main, companions = table[tested], table[~tested]
     expected = protocol.sequences_per_group * protocol.sequence_length
-    if len(main) != expected:
-        raise ValueError(f"samples of group {group!r}: {len(main)} tokens, expected {expected}")
+    has_companions = bool(protocol.group(group).companions)
+    if len(main) != expected or len(companions) != (expected if has_companions else 0):
+        raise ValueError(f"samples of group {group!r}: {len(main)} tested and {len(companions)} companion tokens, "
+                         f"expected {expected} and {expected if has_companions else 0}")
     rerun = pd.read_parquet(bundle / SAMPLES_DIR / f"{group}-{RERUN}.parquet")
     order = ["batch", "slot", "index"]
-    return (main.sort_values(order, kind="stable").reset_index(drop=True),
-            rerun.sort_values(order, kind="stable").reset_index(drop=True))
+    return tuple(t.sort_values(order, kind="stable").reset_index(drop=True) for t in (main, companions, rerun))
+
+
+def load_group(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(main batches, re-run) of one group, sorted by (batch, slot, index) (see `load_tables`)."""
+    main, _, rerun = load_tables(bundle, protocol, group)
+    return main, rerun

@@ -5,12 +5,17 @@ prompts) from each group and tests every token against the target's conditional 
 ACTUAL prefix (`specval.sequence.reference`), every round position 1..K+1 (the bonus included),
 serial dependence within a sequence and independence between requests of one batch
 (`specval.sequence.verdict`). Groups may replace the draft (`draft`: own, noisy, adversarial,
-temperature) to show that the committed law does not depend on the draft.
+temperature) to show that the committed law does not depend on the draft, and may share every
+batch with companion requests of other sampling parameters (`companions`: greedy rows or rows of
+another temperature, top-k or top-p) to show that a request's law does not depend on its neighbours.
 
 Layout of the requests, fixed by the protocol: a group's requests run in calls ("batches") of
 `batch_size` requests that the SUT runs together, batch b after prompt b mod P (P prompts), row r
 in slot r. Pairs for the independence tests are (a) adjacent slots 2i, 2i + 1 of one batch and
-(b) one slot of batches b and b + P (the same prompt, another batch).
+(b) one slot of batches b and b + P (the same prompt, another batch). A group with companions runs
+2 x batch_size requests per call: the tested ones in slots 0..B-1 and one companion per tested
+request in slots B..2B-1, companion j with sampling `companions[j mod C]` and seed
+COMPANION_SEED_BIT | (its tested partner's seed), a seed outside every claimed range.
 
 Guarantees (as for the other kinds): unknown keys and bad values raise ProtocolError naming the
 file, the key and the value; `hash` is the canonical sha256 of the parsed file; profiles do not
@@ -27,7 +32,7 @@ from specval.protocol.canonical import canonical_hash, plain_form
 from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
                                       read_name, read_str, read_unit)
 from specval.protocol.schema import GATING_ROLES, ROLES
-from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
+from specval.protocol.sections import (MIN_TEMPERATURE, GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
                                        parse_sampling, parse_sut)
 from specval.protocol.sections import resolve as resolve_profile
 from specval.protocol.strict_yaml import read_yaml
@@ -42,14 +47,20 @@ MAX_SEQUENCE_LENGTH = 1024
 MIN_SEQUENCE_LENGTH = 2  # serial dependence needs pairs within a sequence
 PROFILE_KEYS = ("sequences_per_group", "batch_size", "sequence_length")
 DEFAULT_SUPPORT_TOLERANCE = 1e-4  # logits: a token is out of support only if a boost of this many keeps it out
+COMPANION_SEED_BIT = 1 << 62  # companion seeds: the partner's seed with this bit set (claimed ranges stay below)
+MAX_COMPANION_SAMPLINGS = 8
+COMPANION_KEYS = ("temperature", "top_k", "top_p")
 
 
 @dataclass(frozen=True)
 class SequenceGroup(GroupSpec):
-    """A group of a sequence protocol: an engine mode, its draft depth and the draft it runs
-    (`own`: the SUT's own draft; any other needs the adapter's `draft_overrides` capability)."""
+    """A group of a sequence protocol: an engine mode, its draft depth, the draft it runs (`own`:
+    the SUT's own draft; any other needs the adapter's `draft_overrides` capability) and the
+    sampling of the companion requests sharing its batches (empty: none; any needs the adapter's
+    `mixed_sampling` capability; temperature 0 is a greedy companion)."""
 
     draft: str = OWN_DRAFT
+    companions: tuple[SamplingSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,40 @@ class SequenceProtocol:
         return test.groups or tuple(g.name for g in self.groups)
 
     def to_dict(self) -> dict[str, Any]:
-        return plain_form(self)
+        """Plain form; a group's `companions` only when it has some, so protocols without them hash
+        as before the key existed."""
+        out = plain_form(self)
+        for group, spec in zip(out["groups"], self.groups):
+            group.pop("companions")
+            if spec.companions:
+                group["companions"] = [c.to_dict() for c in spec.companions]
+        return out
 
     @property
     def hash(self) -> str:
         return self.file_hash or canonical_hash(self.to_dict())
+
+
+def _parse_companion(raw: Any, file: str, where: str) -> SamplingSpec:
+    """One companion sampling: temperature 0 (greedy) or >= MIN_TEMPERATURE, top_k >= -1, top_p in (0, 1]."""
+    raw = read_mapping(raw, file, where)
+    unknown = sorted(set(raw) - set(COMPANION_KEYS))
+    if unknown:
+        fail(file, f"{where}.{unknown[0]}", f"unknown key; expected one of {list(COMPANION_KEYS)}", raw[unknown[0]])
+    if "temperature" not in raw:
+        fail(file, f"{where}.temperature", "required (0 for a greedy companion)", None)
+    temperature = read_float(raw["temperature"], file, f"{where}.temperature")
+    if temperature != 0.0 and not temperature >= MIN_TEMPERATURE:
+        fail(file, f"{where}.temperature", f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g}", raw["temperature"])
+    return SamplingSpec(temperature=temperature,
+                        top_k=read_int(raw.get("top_k", -1), file, f"{where}.top_k", minimum=-1),
+                        top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True))
+
+
+def _parse_companions(raw: Any, file: str, where: str) -> tuple[SamplingSpec, ...]:
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_COMPANION_SAMPLINGS:
+        fail(file, where, f"expected a list of 1..{MAX_COMPANION_SAMPLINGS} samplings", raw)
+    return tuple(_parse_companion(c, file, f"{where}[{i}]") for i, c in enumerate(raw))
 
 
 def _parse_group(raw: Any, file: str, where: str) -> SequenceGroup:
@@ -123,7 +163,9 @@ def _parse_group(raw: Any, file: str, where: str) -> SequenceGroup:
     group = SequenceGroup(name=read_name(raw["name"], file, f"{where}.name"),
                           mode=read_name(raw["mode"], file, f"{where}.mode"),
                           draft_loops=read_draft_loops(raw, file, where),
-                          draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS))
+                          draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS),
+                          companions=_parse_companions(raw["companions"], file, f"{where}.companions")
+                          if "companions" in raw else ())
     if group.draft != OWN_DRAFT and not group.is_speculative:
         fail(file, f"{where}.draft", "a draft override needs a speculative mode", group.draft)
     return group

@@ -13,6 +13,11 @@ and tokens 1..i-1. What the tests need of p_i is kept per token (`samples/<group
   logit would keep it: float rounding between the SUT's logits and this replay, not evidence) or
   OUT_OF_SUPPORT (outside the support even so: a bug, failed at once).
 
+A group with companions (`specval.sequence.collect`) also gets `samples/<group>-companions.parquet`:
+the `status` of every companion token under the companion's own sampling (a greedy companion's
+token is IN_SUPPORT iff its logit is the row's maximum, BOUNDARY iff within `support_tolerance` of
+it): the neighbours a request shares its batch with must themselves be served right.
+
 Guarantee: the parts are a deterministic function of the logits the SUT returned, the tokens, the
 sampling parameters and the semantics; `specval verify` recomputes every statistic from them.
 They are written like sample chunks (`samples/<group>-reference.parquet`, sha256 recorded in
@@ -28,6 +33,7 @@ import pandas as pd
 
 from specval import bundle as bundles
 from specval.distribution.reference import transform
+from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats.sequence import pit_parts
@@ -35,23 +41,42 @@ from specval.sut import SUT
 
 REFERENCE_SUFFIX = "-reference.parquet"
 IN_SUPPORT, BOUNDARY, OUT_OF_SUPPORT = 0, 1, 2
+COMPANIONS_SUFFIX = "-companions.parquet"
 PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
 
 
-def support_status(logits: np.ndarray, tokens: np.ndarray, mass: np.ndarray, protocol: SequenceProtocol,
-                   semantics: FilterSemantics) -> np.ndarray:
+def support_status(logits: np.ndarray, tokens: np.ndarray, mass: np.ndarray, sampling: SamplingSpec,
+                   tolerance: float, semantics: FilterSemantics) -> np.ndarray:
     """int8[L]: IN_SUPPORT where mass > 0; for a token of mass 0, BOUNDARY iff the law of its row
-    with the token's logit raised by `support_tolerance` gives it mass > 0, else OUT_OF_SUPPORT.
+    with the token's logit raised by `tolerance` gives it mass > 0, else OUT_OF_SUPPORT.
     Raising one token's logit only helps it survive top-k (its rank improves) and top-p (its
     probability grows), under every semantics, so BOUNDARY means "kept by a logit within the
     tolerance", the float32 rounding a replay may differ by."""
     status = np.where(mass > 0, IN_SUPPORT, OUT_OF_SUPPORT).astype(np.int8)
     for row in np.flatnonzero(mass <= 0):
         boosted = np.asarray(logits[row], dtype=np.float64).copy()
-        boosted[tokens[row]] += protocol.support_tolerance
-        if transform(boosted, protocol.sampling, semantics)[tokens[row]] > 0:
+        boosted[tokens[row]] += tolerance
+        if transform(boosted, sampling, semantics)[tokens[row]] > 0:
             status[row] = BOUNDARY
     return status
+
+
+def greedy_status(logits: np.ndarray, tokens: np.ndarray, tolerance: float) -> np.ndarray:
+    """int8[L]: IN_SUPPORT where the token's logit is its row's maximum (a tie counts: which of
+    tied logits is the argmax is the engine's choice), BOUNDARY where it is within `tolerance` of
+    it, else OUT_OF_SUPPORT."""
+    wide = np.asarray(logits, dtype=np.float64)
+    gap = wide.max(axis=1) - np.take_along_axis(wide, tokens[:, None], axis=1)[:, 0]
+    return np.where(gap <= 0, IN_SUPPORT, np.where(gap <= tolerance, BOUNDARY, OUT_OF_SUPPORT)).astype(np.int8)
+
+
+def companion_status(logits: np.ndarray, tokens: np.ndarray, sampling: SamplingSpec, tolerance: float,
+                     semantics: FilterSemantics) -> np.ndarray:
+    """The status of a companion's tokens under its own sampling (greedy when temperature is 0)."""
+    if sampling.temperature == 0.0:
+        return greedy_status(logits, tokens, tolerance)
+    mass = np.take_along_axis(transform(logits, sampling, semantics), tokens[:, None], axis=1)[:, 0]
+    return support_status(logits, tokens, mass, sampling, tolerance, semantics)
 
 
 def sequence_parts(logits: np.ndarray, tokens: np.ndarray, protocol: SequenceProtocol,
@@ -62,28 +87,35 @@ def sequence_parts(logits: np.ndarray, tokens: np.ndarray, protocol: SequencePro
     lower_index, _ = pit_parts(probs, tokens, "index")
     return {"mass": mass, "lower_rank": lower_rank, "lower_index": lower_index,
             "self_match": (probs * probs).sum(axis=1),
-            "status": support_status(logits, tokens, mass, protocol, semantics)}
+            "status": support_status(logits, tokens, mass, protocol.sampling, protocol.support_tolerance, semantics)}
 
 
-def _file(bundle: Path, group: str) -> Path:
-    return bundle / bundles.SAMPLES_DIR / f"{group}{REFERENCE_SUFFIX}"
+def _file(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> Path:
+    return bundle / bundles.SAMPLES_DIR / f"{group}{suffix}"
+
+
+def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame):
+    """(row index, tokens int64[L], logits f32[L, V]) of every sequence of `samples` (sorted by batch,
+    slot, index); a sequence holding an out-of-range token gets zero logits and clipped tokens (its
+    tokens fail the support check; nothing to replay)."""
+    length, vocab = protocol.sequence_length, sut.vocab_size
+    tokens = samples["token"].to_numpy().reshape(-1, length)
+    prompts = samples["prompt"].to_numpy()[::length]
+    for r, (row, prompt) in enumerate(zip(tokens, prompts)):
+        if row.min() < 0 or row.max() >= vocab:
+            yield r, np.clip(row, 0, vocab - 1), np.zeros((length, vocab), dtype=np.float32)
+            continue
+        logits = np.asarray(sut.target_logits_along(prompt_ids[int(prompt)], row.tolist()), dtype=np.float32)
+        if logits.shape != (length, vocab):
+            raise ValueError(f"target_logits_along returned shape {logits.shape}, expected {(length, vocab)}")
+        yield r, row, logits
 
 
 def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame,
                 semantics: FilterSemantics) -> pd.DataFrame:
     """The parts of every token of one group's main batches (samples sorted by batch, slot, index)."""
-    length, vocab = protocol.sequence_length, sut.vocab_size
-    tokens = samples["token"].to_numpy().reshape(-1, length)
-    prompts = samples["prompt"].to_numpy()[::length]
     parts = {name: [] for name in PART_COLUMNS}
-    for row, prompt in zip(tokens, prompts):
-        if row.min() < 0 or row.max() >= vocab:  # the out-of-range check fails the run; nothing to replay
-            logits = np.zeros((length, vocab), dtype=np.float32)
-            row = np.clip(row, 0, vocab - 1)
-        else:
-            logits = np.asarray(sut.target_logits_along(prompt_ids[int(prompt)], row.tolist()), dtype=np.float32)
-        if logits.shape != (length, vocab):
-            raise ValueError(f"target_logits_along returned shape {logits.shape}, expected {(length, vocab)}")
+    for _, row, logits in _replays(sut, protocol, prompt_ids, samples):
         for name, values in sequence_parts(logits, row, protocol, semantics).items():
             parts[name].append(values)
     table = samples[["batch", "slot", "index"]].copy()
@@ -92,16 +124,38 @@ def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]
     return table
 
 
+def build_companions(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], companions: pd.DataFrame,
+                     group: str, semantics: FilterSemantics) -> pd.DataFrame:
+    """The `status` of every companion token (companions sorted by batch, slot, index): companion
+    slot B + j uses `companions[j mod C]` of its group."""
+    spec, batch_size = protocol.group(group), protocol.batch_size
+    slots = companions["slot"].to_numpy()[::protocol.sequence_length]
+    status = [companion_status(logits, row, spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)],
+                               protocol.support_tolerance, semantics)
+              for r, row, logits in _replays(sut, protocol, prompt_ids, companions)]
+    table = companions[["batch", "slot", "index"]].copy()
+    table["status"] = np.concatenate(status) if status else np.zeros(0, dtype=np.int8)
+    return table
+
+
 def build(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], bundle: Path,
-          samples: dict[str, pd.DataFrame], semantics: FilterSemantics) -> None:
-    """Write samples/<group>-reference.parquet for every group that lacks it (resumable, hash recorded)."""
+          samples: dict[str, pd.DataFrame], semantics: FilterSemantics,
+          companions: dict[str, pd.DataFrame] | None = None) -> None:
+    """Write samples/<group>-reference.parquet for every group that lacks it, and
+    samples/<group>-companions.parquet for every group in `companions` that lacks it (resumable,
+    hashes recorded)."""
     for group, frame in samples.items():
         path = _file(bundle, group)
         if not path.exists():
             table = build_group(sut, protocol, prompt_ids, frame, semantics)
             bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
+    for group, frame in (companions or {}).items():
+        path = _file(bundle, group, COMPANIONS_SUFFIX)
+        if not path.exists():
+            table = build_companions(sut, protocol, prompt_ids, frame, group, semantics)
+            bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
 
 
-def load(bundle: Path, group: str) -> pd.DataFrame:
-    return pd.read_parquet(_file(bundle, group)).sort_values(["batch", "slot", "index"],
-                                                               kind="stable").reset_index(drop=True)
+def load(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> pd.DataFrame:
+    return pd.read_parquet(_file(bundle, group, suffix)).sort_values(["batch", "slot", "index"],
+                                                                       kind="stable").reset_index(drop=True)

@@ -66,17 +66,20 @@ def _start(protocol_file: Path, base: SequenceProtocol, protocol: SequenceProtoc
 def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool) -> int:
     prompt_ids = [list(sut.encode(text)) for text in protocol.prompts]
     drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
-    samples = {g.name: collect.load_group(path, protocol, g.name)[0] for g in protocol.groups}
-    reference.build(sut, protocol, prompt_ids, path, samples, capabilities_of(sut).semantics)
+    tables = {g.name: collect.load_tables(path, protocol, g.name) for g in protocol.groups}
+    reference.build(sut, protocol, prompt_ids, path, {g: t[0] for g, t in tables.items()},
+                    capabilities_of(sut).semantics,
+                    {g.name: tables[g.name][1] for g in protocol.groups if g.companions})
     return drawn
 
 
 def group_data(path: Path, protocol: SequenceProtocol) -> dict[str, verdict.GroupSequences]:
     out = {}
     for group in protocol.groups:
-        main, rerun = collect.load_group(path, protocol, group.name)
+        main, _, rerun = collect.load_tables(path, protocol, group.name)
+        companions = reference.load(path, group.name, reference.COMPANIONS_SUFFIX) if group.companions else None
         out[group.name] = verdict.group_sequences(main, rerun, reference.load(path, group.name),
-                                                  protocol.sequence_length)
+                                                  protocol.sequence_length, companions)
     return out
 
 
@@ -87,6 +90,7 @@ def _group_facts(protocol: SequenceProtocol, data: verdict.GroupSequences, seed_
     accepted = int((data.sources == "accepted").sum())
     drafted_rounds = int(np.isin(data.sources, ("correction", "bonus")).sum())
     return {"mode": group.mode, "draft_loops": group.draft_loops, "draft": group.draft,
+            "companions": [c.to_dict() for c in group.companions],
             "seed_start": seed_range.start, "seed_stop": seed_range.stop, "sequences": int(data.tokens.shape[0]),
             "tokens": int(data.tokens.size), "round_positions": {str(k): int(c) for k, c in zip(keys, counts)},
             "acceptance_rate": (accepted / (accepted + drafted_rounds)) if accepted + drafted_rounds else None}

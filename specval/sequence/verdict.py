@@ -14,6 +14,11 @@ alone (so `specval verify` recomputes it bit for bit):
 | `association_adjacent.<g>`, `association_cross.<g>` (independence) | rank correlation and binned X^2 of paired PITs, every token | correlated streams at any position |
 | `identical.<g>` (independence) | adjacent pairs with identical whole sequences | a stream shared outright |
 | `reproducible.<g>` (reproducibility, deterministic) | re-run seeds whose tokens changed with their slot and batch | batch-dependent sampling |
+| `companions.<g>` (control, groups with companions) | companion tokens outside their own law's support (greedy: not the argmax) | neighbours served with the tested rows' parameters |
+
+A group with companions shares every batch with requests of other sampling parameters (greedy among
+them); its tested requests go through every criterion above, so a law that changes with the
+neighbours FAILs them, and its re-run (a batch without companions) must reproduce them bit for bit.
 
 Pairs: "adjacent" = slots 2i and 2i + 1 of one batch; "cross" = slot s of batches b and b + P (P
 prompts; b in the first P batches of each block of 2P, so pairs are disjoint). Each p-valued
@@ -61,10 +66,13 @@ class GroupSequences:
     parts: dict[str, np.ndarray]  # reference.PART_COLUMNS -> [N, L]
     rerun_tokens: np.ndarray  # [R, L] re-run tokens, rows in seed order
     rerun_expected: np.ndarray  # [R, L] the first run's tokens of the same seeds
+    companion_status: np.ndarray | None = None  # [C, L] reference status of companion tokens; None: no companions
 
 
-def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFrame, length: int) -> GroupSequences:
-    """Reshape one group's long tables (sorted by batch, slot, index) into [N, L] arrays."""
+def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFrame, length: int,
+                    companions: pd.DataFrame | None = None) -> GroupSequences:
+    """Reshape one group's long tables (sorted by batch, slot, index) into [N, L] arrays;
+    `companions`: the companion status table of a group with companions."""
     shape = (-1, length)
     seeds = samples["seed"].to_numpy()[::length]
     rerun_seeds = rerun["seed"].to_numpy()[::length]
@@ -76,7 +84,8 @@ def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFr
         batch=samples["batch"].to_numpy()[::length], slot=samples["slot"].to_numpy()[::length],
         parts={name: parts[name].to_numpy().reshape(shape) for name in reference.PART_COLUMNS},
         rerun_tokens=rerun["token"].to_numpy().reshape(shape)[rerun_order],
-        rerun_expected=tokens[first] if first is not None else np.full((len(rerun_order), length), -1))
+        rerun_expected=tokens[first] if first is not None else np.full((len(rerun_order), length), -1),
+        companion_status=None if companions is None else companions["status"].to_numpy().reshape(shape))
 
 
 # ---------------------------------------------------------------- round structure
@@ -151,6 +160,15 @@ def support_criterion(group: str, data: GroupSequences) -> dict:
     boundary = int((status == reference.BOUNDARY).sum())
     return _deterministic("support", group, out, f"token(s) outside the target's support ({boundary} within "
                           "the support tolerance, not counted)", status.size, {"boundary_tokens": boundary})
+
+
+def companions_criterion(group: str, data: GroupSequences) -> dict:
+    status = data.companion_status
+    out = int((status == reference.OUT_OF_SUPPORT).sum())
+    boundary = int((status == reference.BOUNDARY).sum())
+    return _deterministic("companions", group, out, f"companion token(s) outside their own law's support "
+                          f"({boundary} within the support tolerance, not counted)", status.size,
+                          {"boundary_tokens": boundary})
 
 
 def reproducible_criterion(group: str, data: GroupSequences) -> dict:
@@ -265,6 +283,7 @@ P_VALUED_FUNCTIONS = {"pit_pooled": pit_pooled, "pit_position": pit_position, "p
 def planned_criteria(protocol: SequenceProtocol) -> list[tuple[str, str, str]]:
     """(criterion name, role, group) of every criterion the tests ask for, support checks first."""
     out = [(f"support.{g.name}", "control", g.name) for g in protocol.groups]
+    out += [(f"companions.{g.name}", "control", g.name) for g in protocol.groups if g.companions]
     for test in protocol.tests:
         for group in protocol.groups_of(test):
             out += [(f"{name}.{group}", test.role, group) for name in CRITERIA[test.kind]]
@@ -290,6 +309,8 @@ def evaluate(protocol: SequenceProtocol, data: dict[str, GroupSequences], seed_s
         kind = name.split(".")[0]
         if kind == "support":
             tests[name] = support_criterion(group, data[group])
+        elif kind == "companions":
+            tests[name] = companions_criterion(group, data[group])
         elif kind == "reproducible":
             tests[name] = reproducible_criterion(group, data[group]) | {"role": role}
         else:

@@ -31,11 +31,13 @@ def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
     path, summary = correct_run
     assert summary["verdict"] == "PASS", summary["reason"]
     names = set(summary["tests"])
-    for group in ("nospec", "sync", "adversarial"):
+    for group in ("nospec", "sync", "adversarial", "mixed"):
         assert {f"pit_pooled.{group}", f"pit_position.{group}", f"pit_path.{group}", f"serial.{group}",
                 f"support.{group}", f"reproducible.{group}"} <= names
     assert {"equal_t1_adjacent.sync", "association_cross.sync", "identical.sync"} <= names
     assert summary["groups"]["sync"]["round_positions"]["4"] > 0  # the bonus position is tested
+    assert summary["tests"]["companions.mixed"]["verdict"] == "PASS"
+    assert summary["tests"]["companions.mixed"]["effective_n"] == 160 * 32  # one companion per tested request
     assert runner.verify(path) == []
 
 
@@ -88,3 +90,31 @@ def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, seq
                                    sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
+
+
+MIXED = {"groups": [{"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}, {"temperature": 0.5}]}],
+         "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
+         "sequences_per_group": 80, "batch_size": 20}
+
+
+@pytest.mark.parametrize("mutant, killer", [
+    ("mixed_leak", "pit_pooled.mixed"),  # the tested rows take a companion's temperature
+    ("greedy_ignored", "companions.mixed"),  # greedy companions are sampled
+])
+def test_a_law_that_depends_on_the_batch_mix_fails(tmp_path, mutant, killer):
+    """mixed_leak: tested rows at temperature 0.5 instead of 1 (TV far above the pooled MDE at 2,560
+    tokens; p at the Monte Carlo floor); its re-run, a batch without companions, differs too.
+    greedy_ignored: a companion that should take the argmax samples: deterministic."""
+    file = write_sequence_protocol(tmp_path, name=f"chain_{mutant}", **MIXED,
+                                   sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
+    _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
+    assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
+    if mutant == "mixed_leak":
+        assert summary["tests"]["reproducible.mixed"]["verdict"] == "FAIL"
+
+
+def test_companions_need_the_adapter_capability(tmp_path):
+    file = write_sequence_protocol(tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT"}, **MIXED)
+    with pytest.raises(ProtocolError, match="mixed_sampling"):
+        runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
+    assert not (tmp_path / "out" / "ledger.json").exists()  # refused before any seed is claimed
