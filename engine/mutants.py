@@ -15,7 +15,8 @@ collision: the seed ledger must refuse the run before any sampling).
 
 Two registries: `MUTANTS` are the bugs today's protocols can see (the first tokens after one
 prompt, one request at a time); `SEQUENCE_MUTANTS` (`needs` = NEEDS_SEQUENCE or NEEDS_PAIRS)
-act only late in a sequence, past round position 2, or across requests of one batch, so a
+act only late in a sequence, past round position 2, across requests of one batch, or in batches
+mixing greedy and random requests (`needs` = NEEDS_MIXED), so a
 harness lists them only once it has whole-sequence / paired-request protocols. `get` and
 `sampling_ops` know both; `ALL_MUTANTS` is their union.
 """
@@ -37,6 +38,7 @@ ENGINE_LAYER, HARNESS_LAYER = "engine", "harness"
 NEEDS_PREFIX = "prefix"  # seen in the first tokens after one prompt (today's protocols)
 NEEDS_SEQUENCE = "sequence"  # seen only late in a sequence (every token / round position gated)
 NEEDS_PAIRS = "pairs"  # seen only jointly across requests of one batch (each request's law exact)
+NEEDS_MIXED = "mixed"  # seen only when one batch mixes greedy and random requests
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,20 @@ def _stale_context(layout: RowLayout, rows: SamplingRows) -> RowLayout:
     return dataclasses.replace(layout, attend_mask=layout.attend_mask & visible)
 
 
+def _all_greedy_if_any(rows: SamplingRows) -> SamplingRows:
+    """Every row's temperature 0 when the step holds a greedy row (on the device, no sync)."""
+    return dataclasses.replace(rows, temperature=torch.where(rows.is_greedy.any(), 0.0, rows.temperature))
+
+
+def _greedy_step_probabilities(logits, rows, backend):
+    return probabilities(logits, _all_greedy_if_any(rows), backend)
+
+
+def _greedy_step_draft_probabilities(logits, rows, backend):
+    q = _greedy_step_probabilities(logits, rows, backend)
+    return q, q
+
+
 def _with(**ops) -> SamplingOps:
     return dataclasses.replace(DEFAULT_OPS, **ops)
 
@@ -356,6 +372,11 @@ SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
            f"see a stale context: the keys of generated tokens {STALE_AFTER + 1}.. except the row's own "
            "input are skipped (speculative modes)", f"token {STALE_AFTER + 3}+",
            ops=_with(verify_context=_stale_context, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
+    Mutant("greedy_step", "a step holding any greedy request samples every request greedily (an "
+           "all-greedy shortcut tested with any instead of all; every runner)",
+           "requests sharing a step with a greedy one",
+           ops=_with(probabilities=_greedy_step_probabilities, verify_probabilities=_greedy_step_probabilities,
+                     draft_probabilities=_greedy_step_draft_probabilities), needs=NEEDS_MIXED),
 )
 ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS
 MUTANT_NAMES = tuple(m.name for m in ALL_MUTANTS)

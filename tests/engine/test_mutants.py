@@ -204,9 +204,10 @@ def test_sequence_mutants_are_apart_from_the_prefix_registry():
     # today's adapter lists MUTANTS only (specval.engine_sut); the sequence ones are named by `needs`
     names = {m.name for m in mutants.SEQUENCE_MUTANTS}
     assert names == {"correlated_streams", "wrong_row_late_draft", "frozen_offset", "offset_overlap",
-                     "stale_context"}
+                     "stale_context", "greedy_step"}
     assert not names & {m.name for m in mutants.MUTANTS}
-    assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {mutants.NEEDS_SEQUENCE, mutants.NEEDS_PAIRS}
+    assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {mutants.NEEDS_SEQUENCE, mutants.NEEDS_PAIRS,
+                                                           mutants.NEEDS_MIXED}
     assert all(m.needs == mutants.NEEDS_PREFIX for m in mutants.MUTANTS)
     assert all(m.breaks and m.visible_at and m.ops is not DEFAULT_OPS for m in mutants.SEQUENCE_MUTANTS)
     assert mutants.get(mutants.WRONG_BONUS_ROW).visible_at.startswith("t_{K+1}")
@@ -242,6 +243,21 @@ def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
     assert len(changed) >= len(SEQ_SEEDS) // 2, firsts
     for b, i in changed:
         assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
+
+
+@pytest.mark.parametrize("mode", ["nospec", "sync", "async"])
+def test_greedy_step_acts_only_on_steps_holding_a_greedy_request(mode):
+    """Deterministic. Without a greedy neighbour the mutant's tokens are the correct engine's; next
+    to one, the random requests turn greedy: their tokens equal a greedy request's."""
+    seeds = range(4)
+    random = [SamplingParams(temperature=1.0, seed=s, max_tokens=SEQ_TOKENS, ignore_eos=True) for s in seeds]
+    greedy = SamplingParams(temperature=0.0, seed=99, max_tokens=SEQ_TOKENS, ignore_eos=True)
+    alone = [o.token_ids for o in _llm(mode, "greedy_step").generate([SEQ_PROMPT] * 4, random)]
+    assert alone == [o.token_ids for o in _llm(mode).generate([SEQ_PROMPT] * 4, random)]
+    mixed = [o.token_ids for o in _llm(mode, "greedy_step").generate([SEQ_PROMPT] * 5, random + [greedy])]
+    assert mixed[:4] == [mixed[4]] * 4 and mixed[:4] != alone
+    right = [o.token_ids for o in _llm(mode).generate([SEQ_PROMPT] * 5, random + [greedy])]
+    assert right[:4] == alone and right[4] == mixed[4]
 
 
 @pytest.mark.parametrize("name", ["frozen_offset", "offset_overlap", "stale_context", "wrong_row_late_draft"])
