@@ -12,6 +12,7 @@ A command reads a protocol file once and dispatches on its kind through `specval
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import json
 import os
@@ -28,8 +29,10 @@ from specval import execution
 from specval import protocol as protocols
 from specval import seeds
 from specval import signing
-from specval.kinds import DISTRIBUTION_KIND, KINDS, OTHER_KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
+from specval.kinds import (DISTRIBUTION_KIND, KINDS, OTHER_KINDS, RUN_KINDS, SUITE_KIND, Kind, ProtocolFile,
+                           bundle_kind, read_protocol_file)
 from specval.performance.protocol import PERFORMANCE_KIND
+from specval.suite import is_suite_directory as suite_directory
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
 EXIT_ENVIRONMENT = execution.EXIT_ENVIRONMENT
@@ -172,6 +175,12 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
         _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
                      f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
     given = None if protocol_file is None else (read or _read(protocol_file))  # the file is read once
+    if _kind(given).name == SUITE_KIND:
+        for name in ("seed_offset", "junit", "devices"):
+            if _given(ctx, name):
+                raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a suite (each member's JUnit "
+                                       "file is written into the suite's directory)")
+        _run_suite(given, protocol_file, profile, output, exploratory, quiet, signer)
     if _kind(given).name == PERFORMANCE_KIND:
         for name in ("seed_offset", "junit"):
             if _given(ctx, name):
@@ -269,17 +278,18 @@ def _serve(shards) -> int:
 
 
 def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume, exploratory, seed_offset, junit,
-              quiet, signer=None, shards=None) -> None:
+              quiet, signer=None, shards=None, announced: list[Path] | None = None) -> None:
     """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) through the Python
     API's `specval.api.run_protocol_file` (its kind's runner: distribution or quality, the same run()
-    contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits."""
+    contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits.
+    `announced` (a suite's member run) receives the bundle's path once it exists."""
     from specval import api
     from specval.preflight import SUTRaised, check_writable_file
     from specval.report.junit import write_junit
     from specval.sut import SUTError
 
     extra = {} if shards is None else {"shards": shards}
-    announced: list[Path] = []
+    announced = [] if announced is None else announced
     try:
         if junit:
             check_writable_file(junit, "--junit")
@@ -312,6 +322,68 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
             _fail_with(EXIT_ENVIRONMENT, f"error: environment: --junit {junit}: cannot write "
                        f"({execution.describe_os_error(err)}); the verdict above stands")
     sys.exit(execution.verdict_exit(result.verdict))
+
+
+def _suite_members(spec, suite_file: Path, profile: str | None, exploratory: bool) -> list[tuple[Path, ProtocolFile,
+                                                                                                 object]]:
+    """Every member of a suite, read, registration-checked and resolved with `profile` (ProtocolError
+    naming the member file: nothing has run yet)."""
+    members = []
+    for path in spec.member_paths(suite_file):
+        if not path.is_file():
+            raise protocols.ProtocolError(f"{suite_file}: members: {path} does not exist")
+        given = _read(path)
+        if given.kind.name not in RUN_KINDS:
+            raise protocols.ProtocolError(f"{suite_file}: members: {path} is of kind {given.kind.name}; a suite lists "
+                                          f"protocols of kinds {', '.join(RUN_KINDS)}")
+        protocol = given.load()
+        protocols.check_registered(protocol, path, exploratory)
+        members.append((path, given, protocols.resolve(protocol, profile)))
+    return members
+
+
+def _run_suite(given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool,
+               signer) -> None:
+    """Run every member of the suite `given` in order (`specval.suite`), print one line per member
+    and the suite's verdict, write the suite record; exit with the most severe member status."""
+    from specval import suite as suites
+    from specval.preflight import check_writable_dir
+
+    started = dt.datetime.now(dt.timezone.utc).isoformat()
+    try:
+        spec = given.load()
+        state = protocols.check_registered(spec, suite_file, exploratory)
+        members = _suite_members(spec, suite_file, profile, exploratory)
+        check_writable_dir(Path(output), "--output")
+    except protocols.ProtocolError as err:
+        _input_error(err)
+    try:
+        directory = suites.new_directory(output, spec.name)
+    except OSError as err:
+        _fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; nothing ran")
+    results = []
+    for index, (path, member, protocol) in enumerate(members, start=1):
+        click.echo(f"== suite {spec.name}: member {index}/{len(members)}: {path}")
+        announced: list[Path] = []
+        try:
+            _run_here(member, path, profile, output, None, exploratory, None, directory / f"{protocol.name}.junit.xml",
+                      quiet, signer, announced=announced)
+            code = EXIT_PASS  # _run_here always exits; kept for clarity
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else int(done.code is not None)
+        results.append(suites.MemberResult(str(path), protocol.name, protocol.hash, code,
+                                           announced[0] if announced else None))
+        if code == execution.EXIT_INTERRUPTED:
+            break
+    data = suites.record(directory, spec, suite_file, profile, state, results, started)
+    click.echo(f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
+               f"profile {profile or 'as written'}):")
+    for member in data["members"]:
+        click.echo(f"  {member['verdict']:<12} exit {member['exit']}  {member['file']}  {member['bundle'] or '-'}")
+    final = results[-1].exit if results and results[-1].exit == execution.EXIT_INTERRUPTED else data["exit"]
+    click.echo(f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
+               f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}")
+    sys.exit(final)
 
 
 def _recording(announced: list[Path], announce: Callable[[Path], None]) -> Callable[[Path], None]:
@@ -480,6 +552,11 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
     signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
     that it ran exactly that frozen protocol. Exit 0 verifies, 1 differs, 2 bad input."""
     key, pinned = _public_key(key_file), _pinned_hash(protocol_file, protocol_hash)
+    if suite_directory(bundle):
+        if pinned:
+            raise click.UsageError("--protocol and --protocol-hash pin one bundle's protocol; a suite records "
+                                   "each member's hash, checked against its bundle")
+        _verify_suite(bundle, key)
     problems = _bundle_kind(bundle).verify(bundle)
     signature = signing.check_signature(bundle, key)
     problems += [*signature.problems, *(bundles.check_pinned(bundle, pinned) if pinned else [])]
@@ -494,6 +571,22 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
         sys.exit(EXIT_FAIL)
     pinned_line = f"; ran the pinned frozen protocol {pinned[:12]}" if pinned else ""
     click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line})")
+
+
+def _verify_suite(directory: Path, key) -> None:
+    """Verify a suite's record and every member bundle (`specval.suite.verify`), each member's
+    signature against `key` (None: the key it embeds, if signed); exit 0 or 1."""
+    from specval import suite as suites
+
+    problems = suites.verify(directory, lambda path: _bundle_kind(path).verify(path)
+                             + list(signing.check_signature(path, key).problems))
+    for problem in problems:
+        click.echo(f"DIFFERS {problem}")
+    if problems:
+        click.echo(f"FAIL: suite {directory} does not verify ({len(problems)} difference(s))")
+        sys.exit(EXIT_FAIL)
+    click.echo(f"OK: suite {directory} verifies (every member bundle, and the verdicts and hashes it records)")
+    sys.exit(EXIT_PASS)
 
 
 @main.command()

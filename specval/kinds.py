@@ -23,6 +23,7 @@ from specval.performance.protocol import PERFORMANCE_KIND, parse_performance_fil
 from specval.protocol import parse_protocol, read_yaml
 from specval.quality.protocol import QUALITY_KIND, parse_quality_protocol
 from specval.sequence.protocol import SEQUENCE_KIND, parse_sequence_protocol
+from specval.suite import SUITE_KIND, parse_suite
 
 DISTRIBUTION_KIND = "distribution"  # the default schema: no top-level `kind`
 
@@ -57,7 +58,10 @@ KINDS = {
     SEQUENCE_KIND: Kind(SEQUENCE_KIND, parse_sequence_protocol, "specval.sequence.runner", "run"),
     PERFORMANCE_KIND: Kind(PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench",
                            resumable=False),
+    # a list of member protocols, each run into its own bundle; the CLI runs it (specval.suite)
+    SUITE_KIND: Kind(SUITE_KIND, parse_suite, "specval.suite", "run", resumable=False),
 }
+RUN_KINDS = (DISTRIBUTION_KIND, QUALITY_KIND, SEQUENCE_KIND)  # kinds a suite may list (one verdict bundle each)
 OTHER_KINDS = tuple(name for name in KINDS if name != DISTRIBUTION_KIND)
 
 
@@ -98,5 +102,5 @@ def bundle_kind(bundle: Path) -> Kind:
     return kind_named(raw)
 
 
-__all__ = ["DISTRIBUTION_KIND", "KINDS", "Kind", "OTHER_KINDS", "ProtocolFile", "bundle_kind", "kind_named",
+__all__ = ["DISTRIBUTION_KIND", "KINDS", "RUN_KINDS", "SUITE_KIND", "Kind", "OTHER_KINDS", "ProtocolFile", "bundle_kind", "kind_named",
            "read_protocol_file"]
