@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Union
 
 from specval import bundle as bundles
+from specval import lifecycle
+from specval import protocol as protocols
+from specval import signing
 from specval.bundle import BundleError
 from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
@@ -190,12 +194,19 @@ def _count(value: Any) -> int | None:
 
 @dataclass(frozen=True)
 class Verification:
-    """What `verify` found: `differences` (empty iff the bundle verifies) and the code note (the
-    bundle was made by another code version than the one verifying it; None when the same)."""
+    """What `verify` found: `differences` (empty iff the bundle verifies: checksums, recomputed
+    verdicts, the signature and the pinned protocol), the code note (the bundle was made by
+    another code version than the one verifying it; None when the same), `signature`, the line
+    that says who signed it or that nobody did ("unsigned: internal consistency only"), `pinned`,
+    the frozen protocol hash it was checked against (None: none pinned), and `notes`, every
+    informational line (code version, an older bundle format)."""
 
     bundle: Path
     differences: tuple[str, ...]
     note: str | None
+    signature: str = signing.UNSIGNED_LINE
+    pinned: str | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -255,7 +266,10 @@ def run(protocol: str | os.PathLike, *, profile: str | None = None, sut: SutArg 
 def resume(bundle: str | os.PathLike, *, sut: SutArg = None, junit: str | os.PathLike | None = None,
            progress: bool = False, announce: Callable[[Path], None] | None = None) -> Result:
     """Continue a killed, interrupted or failed run in its own bundle (`specval run --resume`),
-    with the protocol, profile, seed ranges and registration recorded in it."""
+    with the protocol, profile, seed ranges and registration recorded in it. A bundle whose run
+    recorded its verdict before an environment fault is only completed (report, manifest, seal:
+    `lifecycle.complete`), without the system under test, and only if its verdict recomputes
+    from its raw samples unchanged."""
     path = Path(bundle)
     kind = bundle_kind(path)
     if not kind.resumable:
@@ -280,23 +294,68 @@ def run_protocol_file(source: ProtocolFile | None, protocol_file: Path | None, p
     options = dict(resume=resume, seed_offset=seed_offset, sut_factory=sut_factory, **extra)
     if kind.name == PERFORMANCE_KIND:
         options = {}
-    path, summary = kind.runner()(protocol_file, profile, output, exploratory=exploratory, progress=progress,
-                                  announce=announce, command=command,
-                                  parsed=None if source is None else source.load(), **options)
+    if resume is not None and bundles.recorded_verdict(resume):  # finish what a fault left: never collect
+        path, summary = resume, lifecycle.complete(resume, kind.recompute, kind.finish, command, announce)
+    else:
+        path, summary = kind.runner()(protocol_file, profile, output, exploratory=exploratory, progress=progress,
+                                      announce=announce, command=command,
+                                      parsed=None if source is None else source.load(), **options)
     if junit is not None:
         junits.write_junit(summary, Path(junit), path)
     return Result.from_summary(path, summary)
 
 
-def verify(bundle: str | os.PathLike) -> Verification:
-    """Re-hash every file of the bundle and recompute every verdict from its raw files (as `specval
-    verify`); BundleError naming the path unless it is a bundle."""
+def verify(bundle: str | os.PathLike, *, key: str | os.PathLike | None = None,
+           protocol: str | os.PathLike | None = None, protocol_hash: str | None = None) -> Verification:
+    """Re-hash every file of the bundle, recompute every verdict from its raw files, check its
+    signature and, when asked, the protocol it ran: what `specval verify` checks and prints.
+
+    `key`: the signer's ed25519 public key file (PEM): a difference unless the bundle is signed by
+    it and unchanged since; None: a signed bundle is checked against the key it embeds (proving
+    integrity since signing, not whose key it is) and an unsigned one verifies with the line
+    "unsigned: internal consistency only". `protocol` (a protocol file, frozen in the lock beside
+    it) or `protocol_hash` (a SHA-256 in hex): a difference unless the bundle ran exactly that
+    frozen protocol. Bad input raises before the bundle is read, in this order:
+    signing.SigningError for a key file that is not an ed25519 public key, ValueError for both
+    `protocol` and `protocol_hash`, ProtocolError for a protocol that cannot be pinned,
+    BundleError unless `bundle` is a bundle."""
     path = Path(bundle)
+    public_key = None if key is None else signing.load_public_key(Path(key))
+    pinned = pinned_hash(protocol, protocol_hash)
     differences = bundle_kind(path).verify(path)
-    return Verification(path, tuple(differences), bundles.code_note(path) or None)
+    signature = signing.check_signature(path, public_key)
+    differences += [*signature.problems, *(bundles.check_pinned(path, pinned) if pinned else [])]
+    code_note = bundles.code_note(path)
+    notes = tuple(note for note in (code_note, bundles.format_note(path)) if note)
+    return Verification(path, tuple(differences), code_note or None, signature.line, pinned, notes)
+
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def pinned_hash(protocol: str | os.PathLike | None, protocol_hash: str | None,
+                flags: tuple[str, str] = ("--protocol", "--protocol-hash")) -> str | None:
+    """The protocol hash a verification pins (None: none): `protocol_hash` (lower-cased), or the
+    hash of `protocol`, which must be frozen in the lock beside it. ProtocolError naming the
+    value (by `flags`, the names the caller gave them) otherwise."""
+    if protocol is not None and protocol_hash is not None:
+        raise ValueError(f"give {flags[0]} or {flags[1]}, not both")
+    if protocol_hash is not None:
+        if not SHA256_HEX.fullmatch(protocol_hash.lower()):
+            raise ProtocolError(f"{flags[1]} {protocol_hash!r}: not a SHA-256 in hex (64 digits)")
+        return protocol_hash.lower()
+    if protocol is None:
+        return None
+    file = Path(protocol)
+    loaded = read_protocol_file(file).load()
+    state = protocols.registration(loaded, file)
+    if state != protocols.FROZEN:
+        raise ProtocolError(f"{flags[0]} {file}: protocol {loaded.name!r} is {state} in "
+                            f"{protocols.lock_path(file)}; only a frozen protocol can be pinned")
+    return loaded.hash
 
 
 __all__ = ["Criterion", "DEFAULT_OUTPUT", "ENVIRONMENT_ERRORS", "EnvironmentFailed", "INPUT_ERRORS", "LedgerError",
            "BundleError", "ProtocolError", "Result", "RunFailed",
-           "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError", "Verification", "criteria_of", "resume",
-           "run", "run_protocol_file", "sut_factory", "verify"]
+           "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError", "Verification", "criteria_of", "pinned_hash",
+           "resume", "run", "run_protocol_file", "sut_factory", "verify"]

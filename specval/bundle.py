@@ -24,11 +24,16 @@ While a process works on the bundle it holds `.specval.lock` (its pid, host and 
 `lifecycle.seal` removes it after writing SHA256SUMS.
 
 Guarantees:
-- A bundle is sealed once SHA256SUMS exists; `check_resumable` refuses to re-open it, or one whose
-  SHA256SUMS was removed after a seal (manifest.json or a report present), or whose sessions record
-  a finished run, or whose chunk records do not chain, or whose written sample chunks differ from
-  the hashes recorded when they were written, or that holds anything but regular files and
-  directories, or that another process holds (`lock_bundle`, naming the holder).
+- A bundle is sealed once SHA256SUMS exists (written atomically); `check_resumable` refuses to
+  re-open it, or one whose run recorded its verdict (`recorded_verdict`: summary.json, the manifest
+  or a report present, or a session that ended with a verdict), or whose chunk records do not
+  chain, or whose written sample chunks differ from the hashes recorded when they were written, or
+  that holds anything but regular files and directories, or that another process holds
+  (`lock_bundle`, naming the holder).
+- An unsealed bundle whose run recorded its verdict can only be completed (`check_completable`,
+  then `lifecycle.complete`): refused unless its chunk records are complete and chain, every
+  session that ended with a verdict ended with summary.json's, on files (`verdict_files`)
+  unchanged since.
 - `verify_bundle` reports a difference if any byte of any file changed, if a file was added or
   removed, if an entry is a symbolic link, a FIFO, a device or a directory holding no file of
   SHA256SUMS (and then reads nothing more: no link is followed out of the bundle), if the chunk
@@ -85,6 +90,7 @@ BUNDLE_FORMAT = 4
 VERIFIABLE_FORMATS = (2, 3, 4)  # 2 and 3: chunks.json a {file: sha256} map, not chained
 CHAINED_FORMAT = 4  # the first format whose chunk records chain
 LEGACY_FORMAT = 1  # bundles whose run.json records no format
+SEALED_FILES = (MANIFEST_FILE, *REPORT_FILES)  # written only after the run's verdict, just before the seal
 FINISHED_OUTCOMES = ("PASS", "FAIL", "INCONCLUSIVE")  # a session that ended with one of them finished the run
 PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
             "click", "pyyaml", "tqdm", "cryptography")
@@ -92,6 +98,13 @@ PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow",
 
 class BundleError(ValueError):
     """A bundle is missing a file or holds one that cannot be read."""
+
+
+# what reading a corrupt bundle file can raise (BundleError is a ValueError; a JSON value of the
+# wrong shape gives KeyError, TypeError, IndexError or AttributeError further on), and with the
+# operating system's refusals (OSError) what any read of a bundle can raise
+SHAPE_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError)
+READ_ERRORS = (*SHAPE_ERRORS, OSError)
 
 
 @dataclass(frozen=True)
@@ -286,9 +299,11 @@ def sha256_file(path: Path) -> str:
 
 
 def write_sums(bundle: Path) -> None:
-    """SHA256SUMS over every regular file but itself and the lock file of the sealing process."""
-    lines = [f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle, (*UNLISTED_FILES, LOCK_FILE))]
-    (bundle / SUMS_FILE).write_text("".join(lines))
+    """SHA256SUMS over every regular file but itself and the lock file of the sealing process,
+    written atomically: a fault while sealing (disk full) leaves no SHA256SUMS, never a partial
+    one, so the bundle still completes (`check_completable`)."""
+    text = "".join(f"{sha256_file(bundle / name)}  {name}\n" for name in _files(bundle, (*UNLISTED_FILES, LOCK_FILE)))
+    atomic_write(bundle / SUMS_FILE, lambda tmp: tmp.write_text(text))
 
 
 def read_sums(bundle: Path) -> dict[str, str]:
@@ -467,14 +482,29 @@ def begin_session(path: Path, command: list[str] | None = None) -> int:
     return len(sessions) - 1
 
 
+VERDICT_FILES_KEY = "verdict_files"  # a session that recorded a verdict: {file: sha256} it was decided from
+
+
+def verdict_files(path: Path) -> dict[str, str]:
+    """{file: sha256} of every regular file of the bundle but the session records, the lock, temp
+    files, the seals and what is written after the verdict (manifest, reports): what a session that ends with a verdict records (`end_session`)."""
+    skipped = (SESSIONS_FILE, LOCK_FILE, *UNLISTED_FILES, *SEALED_FILES)
+    return {name: sha256_file(path / name) for name in _files(path, skipped)
+            if not TEMP_NAME.match(name.rsplit("/", 1)[-1])}
+
+
 def end_session(path: Path, index: int, samples_drawn: int | None, outcome: str) -> None:
     """Fill in the end of session `index`: finish time, samples it drew (None: not counted, the
-    session failed or was interrupted), outcome (the verdict, "error" or "interrupted")."""
+    session failed or was interrupted), outcome (the verdict, "error" or "interrupted"). A
+    session that ends with a verdict also records `verdict_files`, the hash of every file its
+    verdict came from, which a resume that completes the bundle checks (`check_completable`)."""
     sessions = read_sessions(path)
     if not 0 <= index < len(sessions) or sessions[index]["finished"] is not None:
         raise BundleError(f"{path / SESSIONS_FILE}: no open session {index}")
     drawn = None if samples_drawn is None else int(samples_drawn)
     sessions[index].update(finished=_now(), samples_drawn=drawn, outcome=outcome)
+    if outcome in FINISHED_OUTCOMES:
+        sessions[index][VERDICT_FILES_KEY] = verdict_files(path)
     write_json(path / SESSIONS_FILE, sessions)
 
 
@@ -677,9 +707,6 @@ def release_bundle(path: Path) -> None:
 # ---------------------------------------------------------------- resume
 
 
-SEALED_FILES = (MANIFEST_FILE, *REPORT_FILES)  # written only after the run's verdict, just before the seal
-
-
 def _finished_session(path: Path) -> str | None:
     """Why the bundle's sessions say its run finished (None: no session ended with a verdict)."""
     for number, session in enumerate(read_sessions(path)):
@@ -690,14 +717,16 @@ def _finished_session(path: Path) -> str | None:
 
 
 def _refuse_reopen(path: Path) -> None:
-    """BundleError unless the bundle is unsealed, unfinished, of this format, with regular files
-    only and chunk records that chain and match the written chunks."""
+    """BundleError unless the bundle is unsealed, undecided (no summary, manifest, report or
+    session that records a verdict), of this format, with regular files only and chunk records
+    that chain and match the written chunks."""
     never = "a finished bundle is never re-opened, start a new run"
     if (path / SUMS_FILE).exists() or (path / SUMS_FILE).is_symlink():
         raise BundleError(f"{path}: sealed ({SUMS_FILE} present); a sealed bundle is never re-opened, start a new run")
-    sealed = [name for name in SEALED_FILES if os.path.lexists(path / name)]
-    if sealed:
-        raise BundleError(f"{path}: {SUMS_FILE} is missing but {sealed[0]} is present: the bundle was sealed; {never}")
+    decided = [name for name in (SUMMARY_FILE, *SEALED_FILES) if os.path.lexists(path / name)]
+    if decided:
+        raise BundleError(f"{path}: {decided[0]} is present: the run recorded its verdict and is never collected "
+                          "into again; `specval run --resume` only completes it (lifecycle.complete)")
     entries = check_entries(path, None)
     if entries:
         raise BundleError(f"{path}: refusing to resume: {'; '.join(entries)}")
@@ -712,6 +741,91 @@ def _refuse_reopen(path: Path) -> None:
     if problems:
         raise BundleError(f"{path}: refusing to resume, its written samples do not match their recorded "
                           f"hashes: {'; '.join(problems)}")
+
+
+def recorded_verdict(path: Path) -> bool:
+    """True iff the bundle's run reached a verdict: summary.json, manifest.json or a report is
+    present, or a session ended with a verdict. Such a bundle is never collected into again; an
+    unsealed one only completes (`check_completable`, `lifecycle.complete`)."""
+    if any(os.path.lexists(path / name) for name in (SUMMARY_FILE, *SEALED_FILES)):
+        return True
+    try:
+        return _finished_session(path) is not None
+    except READ_ERRORS:
+        return False  # an unreadable sessions.json: the resume's own checks name it
+
+
+def _refuse_completion(path: Path) -> None:
+    """BundleError unless the unsealed bundle, whose run recorded a verdict, holds regular files
+    only, is of this format, has complete chunk records that chain, a summary.json whose verdict
+    every finished session recorded, each on files unchanged since (`verdict_files`), and, if
+    manifest.json exists, the chain heads it names."""
+    never = "refusing to complete it"
+    entries = check_entries(path, None)
+    if entries:
+        raise BundleError(f"{path}: {never}: {'; '.join(entries)}")
+    plan = RunPlan.from_dict(read_typed(path / RUN_FILE, dict))
+    if plan.bundle_format != BUNDLE_FORMAT:
+        raise BundleError(f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval completes "
+                          f"format {BUNDLE_FORMAT} only")
+    problems = [p for stage in _stages(path) for p in check_chunks(stage, complete=True)]
+    if problems:
+        raise BundleError(f"{path}: {never}, its samples do not match their chained records: {'; '.join(problems)}")
+    sessions = read_sessions(path)
+    if not os.path.lexists(path / SUMMARY_FILE):
+        finished = _finished_session(path)
+        raise BundleError(f"{path}: {finished or 'the run recorded a verdict'} but {SUMMARY_FILE} is missing; {never}")
+    verdict = read_typed(path / SUMMARY_FILE, dict).get("verdict")
+    if verdict not in FINISHED_OUTCOMES:
+        raise BundleError(f"{path / SUMMARY_FILE}: verdict {verdict!r} is not one of {', '.join(FINISHED_OUTCOMES)}")
+    for number, session in enumerate(sessions):
+        _check_finished_session(path, number, session, verdict)
+    if os.path.lexists(path / MANIFEST_FILE) and read_typed(path / MANIFEST_FILE, dict).get("chunk_heads") != \
+            chunk_heads(path):
+        raise BundleError(f"{path / MANIFEST_FILE}: chunk_heads differ from the heads of the chunk records; {never}")
+
+
+def _check_finished_session(path: Path, number: int, session: Any, verdict: str) -> None:
+    """BundleError if session `number` ended with another verdict than `verdict`, or recorded
+    files (`verdict_files`) that changed since."""
+    if not isinstance(session, dict):
+        raise BundleError(f"{path / SESSIONS_FILE}: session {number} is not a JSON object")
+    outcome = session.get("outcome")
+    if outcome in FINISHED_OUTCOMES and outcome != verdict:
+        raise BundleError(f"{path}: session {number} ended {outcome} but {SUMMARY_FILE} says {verdict}; "
+                          "a recorded verdict never changes")
+    recorded = session.get(VERDICT_FILES_KEY) or {}
+    if not isinstance(recorded, dict):
+        raise BundleError(f"{path / SESSIONS_FILE}: session {number}: {VERDICT_FILES_KEY} is not a JSON object")
+    for name, digest in sorted(recorded.items()):
+        here = sha256_file(path / name) if os.path.lexists(path / name) else None
+        if here != digest:
+            state = "missing" if here is None else "changed"
+            raise BundleError(f"{path}: {name} {state} since session {number} recorded its verdict {outcome}; "
+                              "refusing to complete it")
+
+
+def check_completable(path: Path) -> None:
+    """Refuse (BundleError naming the bundle and what is wrong, in one line) to complete anything
+    but an unsealed, unsigned bundle of this format whose run recorded a verdict
+    (`recorded_verdict`), that no other process holds, with regular files only, complete chunk
+    records that chain, and a summary.json that every finished session agrees with, on files
+    unchanged since. Whether the summary follows from the raw samples is checked next, by the
+    kind's recomputation (`lifecycle.complete`). From here to the seal this process holds the
+    bundle's lock; a refusal gives it up."""
+    if not (path / RUN_FILE).is_file():
+        raise BundleError(f"{path}: not a bundle ({RUN_FILE} missing)")
+    for seal in (SUMS_FILE, SIGNATURE_FILE):
+        if os.path.lexists(path / seal):
+            raise BundleError(f"{path}: sealed ({seal} present); a sealed bundle is never re-opened, start a new run")
+    lock_bundle(path)
+    try:
+        _refuse_completion(path)
+    except BaseException as err:
+        release_bundle(path)
+        if isinstance(err, SHAPE_ERRORS) and not isinstance(err, BundleError):
+            raise BundleError(f"{path}: refusing to complete it: a record of the wrong shape ({err!r})") from err
+        raise  # BundleError as it is; an OSError stays one (the environment: exit 5)
 
 
 def check_resumable(path: Path) -> None:
@@ -735,9 +849,6 @@ def check_resumable(path: Path) -> None:
 # ---------------------------------------------------------------- verification
 
 
-# what reading a corrupt bundle file can raise (BundleError is a ValueError; a JSON value of the
-# wrong shape gives KeyError, TypeError, IndexError or AttributeError further on)
-READ_ERRORS = (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError)
 
 
 def check_format(path: Path) -> list[str]:

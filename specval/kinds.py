@@ -1,8 +1,8 @@
 """Kinds: the one table of protocol kinds the CLI dispatches through.
 
 A protocol file's top-level `kind` selects its kind (none: a distribution protocol). Each kind
-names how its file is parsed (`parse`, from the YAML read once) and the module whose `verify(bundle)`
-and `finish(bundle)` handle its bundles and whose `run_function` runs it (imported on first use,
+names how its file is parsed (`parse`, from the YAML read once) and the module whose `verify(bundle)`,
+`finish(bundle)` and `_recompute_bundle(bundle)` handle its bundles and whose `run_function` runs it (imported on first use,
 so reading this table imports no run module). A bundle's kind is that of the protocol.json it
 recorded.
 
@@ -34,7 +34,7 @@ class Kind:
 
     name: str
     parse: Callable[[Any, str], Any]  # (parsed YAML, file name) -> protocol dataclass
-    module_name: str  # has verify(bundle) and finish(bundle), and `run_function`
+    module_name: str  # has verify(bundle), finish(bundle), _recompute_bundle(bundle) and `run_function`
     run_function: str  # the module's function that runs a protocol file of this kind
     resumable: bool = True  # `specval run --resume` continues its bundles
 
@@ -50,6 +50,11 @@ class Kind:
     def finish(self, bundle: Path) -> None:
         """Re-render the bundle's report and re-seal it."""
         self.module().finish(bundle)
+
+    def recompute(self, bundle: Path) -> dict:
+        """The bundle's summary recomputed from its raw files alone (what verify compares with
+        summary.json; a resume that completes a bundle checks the same)."""
+        return self.module()._recompute_bundle(bundle)
 
 
 KINDS = {

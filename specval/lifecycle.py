@@ -17,12 +17,14 @@ import dataclasses
 import datetime as dt
 import hashlib
 import importlib.util
+import os
 import shutil
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
 
 from specval import bundle as bundles
 from specval import seeds
@@ -53,7 +55,8 @@ def new_bundle(output: Path, name: str) -> Path:
 def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: int,
                  offset: int | None) -> tuple[Path, list[seeds.SeedRange]]:
     """Claim the next seed ranges of protocol `name` and create its bundle, under the ledger lock
-    (the bundle is created only once the ranges are known to be free)."""
+    (the bundle is created only once the ranges are known to be free; if the ledger then cannot
+    be written, the new directory is removed and nothing is claimed)."""
     output.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
 
@@ -61,18 +64,35 @@ def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: in
         made.append(new_bundle(output, name))
         return made[0].name
 
-    ranges = seeds.claim_next(output, name, groups, size, base, offset, create)
+    try:
+        ranges = seeds.claim_next(output, name, groups, size, base, offset, create)
+    except BaseException:
+        if made:  # the ledger refused the claim (disk full): the directory holds only its lock file
+            _discard(made[0])
+        raise
     return made[0], ranges
+
+
+def _discard(path: Path) -> None:
+    """Remove a bundle directory that never recorded its plan (no sample exists in it)."""
+    bundles.release_bundle(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def record_plan(path: Path, protocol_file: Path, written: Any, plan: bundles.RunPlan) -> None:
     """The bundle's record of what runs: the protocol file as given (protocol.yaml), the protocol
     as written in plain form (protocol.json, `written.to_dict()`) and the plan (run.json), with
-    the frozen lock it started from (`lock_record`)."""
-    shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
-    bundles.write_json(path / bundles.PROTOCOL_JSON, written.to_dict())
-    plan = dataclasses.replace(plan, lock=lock_record(protocol_file, written.name))
-    bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
+    the frozen lock it started from (`lock_record`). run.json is written last: a bundle holding it
+    holds its whole plan. An OSError on the way (disk full) removes the bundle directory, which
+    holds no sample yet, and propagates: its seed ranges stay claimed in the ledger, unused."""
+    try:
+        shutil.copyfile(protocol_file, path / bundles.PROTOCOL_YAML)
+        bundles.write_json(path / bundles.PROTOCOL_JSON, written.to_dict())
+        plan = dataclasses.replace(plan, lock=lock_record(protocol_file, written.name))
+        bundles.write_json(path / bundles.RUN_FILE, plan.to_dict())
+    except OSError:
+        _discard(path)  # no plan, no sample: nothing to resume; its seeds stay claimed (never reused)
+        raise
 
 
 def lock_record(protocol_file: Path, name: str) -> tuple[tuple[str, str | None], ...]:
@@ -165,3 +185,85 @@ def seal(path: Path) -> None:
     bundles.remove_stale_temps(path)
     bundles.write_sums(path)
     bundles.release_bundle(path)
+
+
+# ---------------------------------------------------------------- completion
+
+STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage (as the distribution runner names it)
+UNRECORDED = ("not recorded: the run that collected this bundle stopped on an environment fault after its "
+              "verdict and before its manifest; a later session completed it without the system under test")
+
+
+def complete(path: Path, recompute: Callable[[Path], dict], finish: Callable[[Path], None],
+             command: list[str] | None = None, announce: Callable[[Path], None] | None = None) -> dict:
+    """Finish a bundle whose run recorded its verdict but was never sealed (an environment fault
+    while writing the report, the manifest or SHA256SUMS): returns its summary, now sealed.
+
+    Guarantee: nothing is collected and no verdict changes. The bundle must pass
+    `bundle.check_completable` (regular files, format, chained and complete chunk records, every
+    finished session agreeing with summary.json on unchanged files), and summary.json must equal
+    `recompute(path)` (the kind's recomputation from the raw samples) value for value; otherwise
+    BundleError naming the first difference, and nothing is written. Then: a session left open by
+    the fault is closed as "error", this process's session is recorded (0 samples, the verdict),
+    manifest.json is written (an existing one keeps its device and timing; a missing one records
+    them as `UNRECORDED`), and `finish(path)` renders the report and seals. An OSError on the way
+    leaves the bundle unsealed: it completes again."""
+    bundles.check_completable(path)
+    try:
+        summary = _checked_summary(path, recompute)
+        if announce:
+            announce(path)
+        _close_sessions(path, summary["verdict"], command)
+        _complete_manifest(path, command)
+        finish(path)
+    except BaseException:
+        bundles.release_bundle(path)
+        raise
+    return summary
+
+
+def _checked_summary(path: Path, recompute: Callable[[Path], dict]) -> dict:
+    """summary.json, after checking that it equals its recomputation from the raw samples."""
+    stored = bundles.read_typed(path / bundles.SUMMARY_FILE, dict)
+    try:
+        differences = bundles.diff(stored, recompute(path))
+    except bundles.SHAPE_ERRORS as err:  # an OSError is the environment's: it propagates
+        raise bundles.BundleError(f"{path}: cannot recompute the summary ({err}); refusing to complete it") from err
+    if differences:
+        raise bundles.BundleError(f"{path}: {bundles.SUMMARY_FILE} differs from its recomputation from the raw "
+                                  f"samples ({len(differences)} value(s), first: {differences[0]}); refusing to "
+                                  "complete it")
+    return stored
+
+
+def _close_sessions(path: Path, verdict: str, command: list[str] | None) -> None:
+    """Close every session the fault left open as "error", then record this one: 0 samples drawn,
+    outcome the recorded verdict."""
+    for number, session in enumerate(bundles.read_sessions(path)):
+        if session.get("finished") is None:
+            bundles.end_session(path, number, None, "error")
+    bundles.end_session(path, bundles.begin_session(path, command), 0, verdict)
+
+
+def _complete_manifest(path: Path, command: list[str] | None) -> None:
+    """manifest.json with this bundle's sessions and chain heads: an existing one keeps the rest
+    (the device, timing and code of the run that decided); a missing one is rebuilt from run.json
+    and protocol.json, its device and timing `UNRECORDED`."""
+    if os.path.lexists(path / bundles.MANIFEST_FILE):
+        manifest = bundles.read_typed(path / bundles.MANIFEST_FILE, dict)
+        manifest.update(sessions=bundles.read_sessions(path), chunk_heads=bundles.chunk_heads(path))
+        bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
+        return
+    plan = bundles.RunPlan.from_dict(bundles.read_typed(path / bundles.RUN_FILE, dict))
+    sut = bundles.read_typed(path / bundles.PROTOCOL_JSON, dict).get("sut")
+    adapter = sut.get("adapter") if isinstance(sut, dict) else None
+    protocol = SimpleNamespace(name=plan.protocol, hash=plan.protocol_hash, profile=plan.profile,
+                               sut=SimpleNamespace(adapter=adapter) if adapter else None)
+    ranges = [seeds.SeedRange(plan.protocol, path.name, g, a, b) for g, a, b in plan.ranges]
+    stage2 = [seeds.SeedRange(plan.protocol, path.name + STAGE2_RUN_SUFFIX, g, a, b) for g, a, b in plan.stage2_ranges]
+    sessions = bundles.read_sessions(path)
+    drawn = sum(s.get("samples_drawn") or 0 for s in sessions)
+    timing = {"started": sessions[0]["started"] if sessions else None,
+              "finished": dt.datetime.now(dt.timezone.utc).isoformat(), "wall_s": None, "collect_s": None,
+              "samples_drawn": drawn, "samples_per_s": None, "timing": UNRECORDED}
+    write_manifest(path, protocol, ranges, {"unrecorded": UNRECORDED}, timing, command, stage2)

@@ -103,8 +103,8 @@ def _relabel_primary_as_secondary(bundle: Path) -> str:
 
 def test_1a_relabelled_criteria_cannot_be_resealed_by_resume(copy):
     _relabel_primary_as_secondary(copy)
-    (copy / bundles.SUMS_FILE).unlink()
-    _refused(_resume(copy), "SHA256SUMS is missing but manifest.json is present: the bundle was sealed")
+    (copy / bundles.SUMS_FILE).unlink()  # a resume would complete it, but re-checks the chain first
+    _refused(_resume(copy), "refusing to complete it", "chunks.json: record 0", "does not chain", "the plan in run.json")
     _strip_seal(copy)  # every trace of the seal gone: the chain still starts from the old protocol hash
     _refused(_resume(copy), "chunks.json: record 0", "does not chain", "the plan in run.json")
 
@@ -171,8 +171,8 @@ def test_1c_and_4_an_exploratory_run_relabelled_frozen_is_not_resumed_and_fails_
     bundles.write_json(path / bundles.RUN_FILE, {**run, "registration": "frozen", "exploratory": False})
     forged = Path(shutil.copytree(path, tmp_path / "forged"))
 
-    (path / bundles.SUMS_FILE).unlink()  # 1c through --resume: refused while any trace of the seal is left
-    _refused(_resume(path), "the bundle was sealed")
+    (path / bundles.SUMS_FILE).unlink()  # 1c through --resume: completing it re-checks the chain first
+    _refused(_resume(path), "refusing to complete it", "chunks.json: record 0", "does not chain")
     _strip_seal(path)  # every trace gone: the chain still starts from the exploratory plan
     _refused(_resume(path), "chunks.json: record 0", "does not chain", "the plan in run.json")
 
