@@ -16,7 +16,6 @@ import datetime as dt
 import errno
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Callable
@@ -499,43 +498,19 @@ def _signer(key_file: Path | None):
 
 
 def _sign_sealed(bundle: Path, signer) -> None:
-    """Sign the sealed BUNDLE with `signer` (None: nothing to do); exit 2 in one line if it cannot be."""
+    """Sign the sealed BUNDLE with `signer` (None: nothing to do). One line if it cannot be: exit 5
+    when the operating system refused the write (disk full, permissions), 2 when the bundle is not
+    sealed and intact; either way it stays sealed and unsigned."""
     if signer is None:
         return
+    unsigned = f"the bundle {bundle} is sealed and unsigned; sign it with: specval sign {bundle} --key KEY"
     try:
         key = signing.sign_bundle(bundle, signer)
-    except bundles.READ_ERRORS as err:  # SigningError and BundleError are ValueErrors
-        _input_error(f"{bundle}: cannot sign ({err}); it stays sealed and unsigned: specval sign {bundle} --key KEY")
+    except OSError as err:
+        _fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; {unsigned}")
+    except bundles.SHAPE_ERRORS as err:  # SigningError and BundleError are ValueErrors
+        _input_error(f"{bundle}: cannot sign ({err}); {unsigned}")
     click.echo(f"signed: {bundle / signing.SIGNATURE_FILE} (key {key})")
-
-
-def _pinned_hash(protocol_file: Path | None, protocol_hash: str | None) -> str | None:
-    """The protocol hash verify pins (None: none); exit 2 unless --protocol names a protocol frozen
-    in its lock, or --protocol-hash is a SHA-256 in hex."""
-    if protocol_file is not None and protocol_hash is not None:
-        raise click.UsageError("give --protocol or --protocol-hash, not both")
-    if protocol_hash is not None:
-        if not re.fullmatch(r"[0-9a-f]{64}", protocol_hash.lower()):
-            _input_error(f"--protocol-hash {protocol_hash!r}: not a SHA-256 in hex (64 digits)")
-        return protocol_hash.lower()
-    if protocol_file is None:
-        return None
-    try:
-        protocol = _load(protocol_file)
-        state = protocols.registration(protocol, protocol_file)
-    except protocols.ProtocolError as err:
-        _input_error(err)
-    if state != protocols.FROZEN:
-        _input_error(f"--protocol {protocol_file}: protocol {protocol.name!r} is {state} in "
-                     f"{protocols.lock_path(protocol_file)}; only a frozen protocol can be pinned")
-    return protocol.hash
-
-
-def _public_key(key_file: Path | None):
-    try:
-        return None if key_file is None else signing.load_public_key(key_file)
-    except signing.SigningError as err:
-        _input_error(err)
 
 
 @main.command()
@@ -550,27 +525,38 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
     bundle: the ratios, the interval and the verdict from its recorded timings); check its
     signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
-    that it ran exactly that frozen protocol. Exit 0 verifies, 1 differs, 2 bad input."""
-    key, pinned = _public_key(key_file), _pinned_hash(protocol_file, protocol_hash)
+    that it ran exactly that frozen protocol (`specval.api.verify`, the same checks).
+    Exit 0 verifies, 1 differs, 2 bad input."""
+    from specval import api
+
+    if protocol_file is not None and protocol_hash is not None:
+        raise click.UsageError("give --protocol or --protocol-hash, not both")
     if suite_directory(bundle):
-        if pinned:
+        if protocol_file is not None or protocol_hash is not None:
             raise click.UsageError("--protocol and --protocol-hash pin one bundle's protocol; a suite records "
                                    "each member's hash, checked against its bundle")
-        _verify_suite(bundle, key)
-    problems = _bundle_kind(bundle).verify(bundle)
-    signature = signing.check_signature(bundle, key)
-    problems += [*signature.problems, *(bundles.check_pinned(bundle, pinned) if pinned else [])]
-    for note in (bundles.code_note(bundle), bundles.format_note(bundle)):
-        if note:
-            click.echo(note)
-    click.echo(signature.line)
-    for problem in problems:
+        _verify_suite(bundle, _public_key(key_file))
+    try:
+        found = api.verify(bundle, key=key_file, protocol=protocol_file, protocol_hash=protocol_hash)
+    except (signing.SigningError, protocols.ProtocolError, bundles.BundleError) as err:
+        _input_error(err)
+    for line in (*found.notes, found.signature):
+        click.echo(line)
+    for problem in found.differences:
         click.echo(f"DIFFERS {problem}")
-    if problems:
-        click.echo(f"FAIL: {bundle} does not verify ({len(problems)} difference(s))")
+    if not found.ok:
+        click.echo(f"FAIL: {bundle} does not verify ({len(found.differences)} difference(s))")
         sys.exit(EXIT_FAIL)
-    pinned_line = f"; ran the pinned frozen protocol {pinned[:12]}" if pinned else ""
+    pinned_line = f"; ran the pinned frozen protocol {found.pinned[:12]}" if found.pinned else ""
     click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line})")
+
+
+def _public_key(key_file: Path | None):
+    """The public key of --key (None: none given); exit 2 naming the file if it is not one."""
+    try:
+        return None if key_file is None else signing.load_public_key(key_file)
+    except signing.SigningError as err:
+        _input_error(err)
 
 
 def _verify_suite(directory: Path, key) -> None:
@@ -595,7 +581,8 @@ def _verify_suite(directory: Path, key) -> None:
               help="The ed25519 private key (PEM, as `specval keygen` writes).")
 def sign(bundle, key_file) -> None:
     """Sign the sealed BUNDLE (signature.dsse.json; an earlier signature is replaced) once it
-    verifies. Exit 0 signed, 2 a bad key or a bundle that does not verify."""
+    verifies. Exit 0 signed, 2 a bad key or a bundle that does not verify, 5 the operating system
+    refused the signature's write (disk full, permissions)."""
     signer = _signer(key_file)
     problems = _bundle_kind(bundle).verify(bundle)
     if problems:
@@ -611,8 +598,11 @@ def keygen(key_file) -> None:
     (mode 0600: keep it as a CI secret), and KEY_FILE.pub, the public key to publish."""
     try:
         public, key = signing.generate_key_pair(key_file)
-    except (signing.SigningError, OSError) as err:
+    except signing.SigningError as err:
         _input_error(f"{key_file}: cannot write the key pair ({err})")
+    except OSError as err:  # the operating system refused the write: an environment error, not input
+        _fail_with(EXIT_ENVIRONMENT, f"error: environment: {key_file}: cannot write the key pair "
+                   f"({execution.describe_os_error(err)})")
     click.echo(f"private key: {key_file} (keep it secret)")
     click.echo(f"public key: {public} (publish it)")
     click.echo(f"key id: {key}")

@@ -164,3 +164,27 @@ def test_a_bad_key_is_refused_before_anything_is_claimed(tmp_path, keys):
     assert not (tmp_path / "results").exists()
     result = _cli("verify", tmp_path, "--key", keys["team"])  # a private key where the public one belongs
     assert result.exit_code == 2 and "not a PEM public key" in result.output
+
+
+def test_the_api_checks_signatures_and_pins_as_specval_verify_does(copy, keys):
+    """`specval.api.verify` is the path `specval verify` takes: the same key checks, lines and pins."""
+    from specval import api
+
+    team, found = _key_id(keys, "team"), api.verify(copy)
+    assert found.ok and found.signature.startswith(f"signed by key {team} (the key embedded in the bundle")
+    assert api.verify(copy, key=keys["team.pub"]).signature == f"signed by key {team} (the --key given)"
+    forged = api.verify(copy, key=keys["forger.pub"])
+    assert not forged.ok and f"signed by key {team}, not by the --key given" in forged.differences[0]
+    pinned = api.verify(copy, protocol_hash="0" * 64)
+    assert not pinned.ok and pinned.pinned == "0" * 64 and "not the pinned" in pinned.differences[-1]
+    with pytest.raises(signing.SigningError, match="not a PEM public key"):
+        api.verify(copy, key=keys["team"])
+    with pytest.raises(api.ProtocolError, match="not a SHA-256 in hex"):
+        api.verify(copy, protocol_hash="xyz")
+    (copy / "report.md").write_text("# edited\n")  # a byte changed after signing: the signature and the re-render
+    changed = api.verify(copy, key=keys["team.pub"])
+    assert "report.md: changed after signing" in changed.differences and not changed.ok
+    (copy / signing.SIGNATURE_FILE).unlink()
+    unsigned = api.verify(copy)
+    assert unsigned.signature == "unsigned: internal consistency only"
+    assert "signature.dsse.json is missing: --key needs a signed bundle" in api.verify(copy, key=keys["team.pub"]).differences
