@@ -243,16 +243,21 @@ def _entries(directory: Path, prefix: str = "") -> Iterator[tuple[str, int]]:
             yield from _entries(Path(entry.path), f"{name}/")
 
 
+LAYOUT_DIRS = frozenset({SAMPLES_DIR, STAGE2_DIR, f"{STAGE2_DIR}/{SAMPLES_DIR}"})  # every directory a bundle has
+
+
 def check_entries(bundle: Path, listed: set[str] | None) -> list[str]:
     """Every entry of the bundle that is neither a regular file nor a directory (symbolic links,
-    FIFOs, devices, sockets) and, when `listed` (the files of SHA256SUMS) is given, every
-    directory holding none of them. Reads no file."""
+    FIFOs, devices, sockets) and every directory that is not one of LAYOUT_DIRS or, when `listed`
+    (the files of SHA256SUMS) is given, that holds none of them. Reads no file."""
     holders = {"/".join(name.split("/")[:depth]) for name in listed or () for depth in range(1, name.count("/") + 1)}
     problems = []
     for name, mode in _entries(bundle):
         if stat.S_ISDIR(mode):
             if listed is not None and name not in holders:
                 problems.append(f"{name}/: a directory holding no file of {SUMS_FILE}")
+            elif name not in LAYOUT_DIRS:
+                problems.append(f"{name}/: a directory outside the bundle layout")
         elif not stat.S_ISREG(mode):
             problems.append(f"{name}: {entry_kind(mode)}; a bundle holds regular files only (nothing is followed)")
     return problems

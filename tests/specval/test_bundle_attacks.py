@@ -263,9 +263,22 @@ def test_2_verify_refuses_entries_that_are_not_regular_files_of_the_manifest(cop
     assert f"DIFFERS {line}" in _verify(copy).output
 
 
-def test_2_resume_refuses_a_bundle_holding_a_fifo(killed):
-    os.mkfifo(killed / "samples" / "pipe")
-    _refused(_resume(killed), "refusing to resume: samples/pipe: a FIFO")
+RESUME_PLANTS = {  # attack 2 on an unsealed bundle: what a resume must refuse before touching it
+    "FIFO": (lambda b: os.mkfifo(b / "samples" / "pipe"), "samples/pipe: a FIFO"),
+    "link to /etc": (lambda b: os.symlink("/etc", b / "etc"), "etc: a symbolic link"),
+    "link to /dev/null": (lambda b: os.symlink("/dev/null", b / "samples" / "null"), "samples/null: a symbolic link"),
+    "empty directory": (lambda b: (b / "empty").mkdir(), "empty/: a directory outside the bundle layout"),
+}
+
+
+def test_2_resume_refuses_a_bundle_holding_any_entry_but_its_files(killed):
+    """One killed bundle, each entry planted in turn: exit 2, one line naming it, nothing followed."""
+    for name, (make, line) in RESUME_PLANTS.items():
+        make(killed)
+        _refused(_resume(killed), f"refusing to resume: {line}")
+        entry = killed / line.split(":")[0].rstrip("/")
+        entry.rmdir() if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    assert _resume(killed).exit_code == 0  # the entries gone, it resumes
 
 
 def test_entry_kind_names_devices_and_sockets():
