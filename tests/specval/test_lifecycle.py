@@ -225,3 +225,22 @@ def test_completion_refuses_a_signed_bundle(copy):
     _refused(copy, f"sealed ({signing.SIGNATURE_FILE} present)", "never re-opened")
     (copy / signing.SIGNATURE_FILE).unlink()
     assert _cli("run", "--resume", copy, "--quiet").exit_code == 0
+
+
+def test_a_sequence_bundle_stranded_after_its_verdict_completes_the_same_way(tmp_path, monkeypatch):
+    """The completion is the lifecycle's, not a kind's: a sequence run (ChainSUT, 80 sequences per
+    group) whose manifest write failed completes and verifies."""
+    from tests.fixtures.sequence_protocol import write_sequence_protocol
+
+    protocol = write_sequence_protocol(tmp_path, groups=[{"name": "nospec", "mode": "nospec"},
+                                                         {"name": "sync", "mode": "sync"}],
+                                       tests=[{"kind": "pit", "role": "primary"},
+                                              {"kind": "reproducibility", "role": "control"}],
+                                       sequences_per_group=80, batch_size=20)
+    with monkeypatch.context() as patch:
+        _fail_writing(patch, bundles.MANIFEST_FILE)
+        _one_line(_cli("run", protocol, "--output", tmp_path / "results", "--exploratory", "--quiet"), 5)
+    (path,) = (tmp_path / "results").glob("chain_seq-*")
+    resumed = _cli("run", "--resume", path, "--quiet")
+    assert resumed.exit_code == 0 and "EXPLORATORY PASS" in resumed.output, resumed.output
+    assert _cli("verify", path).exit_code == 0
