@@ -112,8 +112,12 @@ def test_quality_samples_are_hashed_as_written_and_a_sealed_bundle_is_not_resume
         quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
     (path / "SHA256SUMS").unlink()  # the laundering door: unseal, tamper, resume to re-seal
     bundles.write_json(path / "samples" / "sync.json", [])
-    with pytest.raises(bundles.BundleError, match="SHA256SUMS is missing but manifest.json is present"):
+    with pytest.raises(bundles.BundleError, match="the run recorded its verdict and is never collected into again"):
         quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
+    from specval import api  # `--resume` of a decided bundle only completes it: the chain refuses the edit
+
+    with pytest.raises(bundles.BundleError, match="refusing to complete it.*samples/sync.json: sha256 differs"):
+        api.resume(path)  # no system under test is needed to complete a bundle
 
 
 def test_planted_regression_fails(tmp_path):
