@@ -248,6 +248,20 @@ class TransformersSUT(SUT):
             logits = self.model(input_ids=ids, use_cache=False).logits[0, -1]
         return logits.float().cpu().numpy()
 
+    def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+        """f32[len(token_ids), V]: one cache-free forward over prompt + tokens; row i is the logits at
+        the position before token i (full depth, the same model call as `target_logits`, so the
+        rows equal its values up to the rounding of a longer attention sum)."""
+        import torch
+
+        if not token_ids:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        ids = torch.tensor([list(prompt_ids) + list(token_ids)], dtype=torch.int64, device=self.model.device)
+        first = len(prompt_ids) - 1
+        with torch.no_grad():
+            logits = self.model(input_ids=ids, use_cache=False).logits[0, first:first + len(token_ids)]
+        return logits.float().cpu().numpy()
+
     def describe(self) -> dict[str, Any]:
         import torch
 

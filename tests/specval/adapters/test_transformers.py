@@ -174,6 +174,18 @@ def test_target_logits_are_the_logits_generate_samples_from(sut, prompt_ids):
         assert np.abs(actual - expected).max() <= LOGIT_TOL
 
 
+def test_target_logits_along_equals_one_call_per_prefix(sut, prompt_ids):
+    """Deterministic. Each row of the one-forward replay against `target_logits` of its prefix:
+    the same fp32 model over at most prompt + 6 positions, causal masking, so the rows differ only
+    by summation order (LOGIT_TOL, as above). A row shifted by one position would differ by whole
+    logits (the next-token law of another prefix)."""
+    tokens = [int(t) for t in sut.sample(NOSPEC, prompt_ids, FULL, np.array([5]), 6, 6).tokens[0]]
+    along = sut.target_logits_along(prompt_ids, tokens)
+    assert along.shape == (6, sut.vocab_size) and along.dtype == np.float32
+    for i in range(6):
+        assert np.abs(along[i] - sut.target_logits(prompt_ids + tokens[:i])).max() <= LOGIT_TOL, i
+
+
 @pytest.mark.parametrize("sampling", [TRUNCATED, FULL, SHIPPED], ids=["t0.8_k20_p0.9", "t1", "t1_k20_p0.95"])
 def test_transformers_processors_give_the_harness_reference(sut, prompt_ids, sampling):
     """TV between transformers' processed distribution and the harness's reference, by enumeration,
