@@ -46,7 +46,7 @@ from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.figure_pool import FigurePool
 
-DEFAULT_BUNDLE = Path("reports/t2_cuda_batched-20261201T012929Z")
+DEFAULT_BUNDLE = Path("reports/t2_cuda_batched-20261205T164638Z")
 REGENERATED = (bundles.SUMMARY_FILE, bundles.MANIFEST_FILE, "report.md", "report.html", bundles.SUMS_FILE)
 COMPARED = (bundles.SUMMARY_FILE, "report.md", "report.html")
 
