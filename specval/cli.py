@@ -477,7 +477,8 @@ def _print_bench(summary: dict, path: Path) -> None:
               help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench(protocol_file, profile, output, exploratory, quiet) -> None:
-    """Time the two engine configurations of a performance protocol (kind: performance) in ABBA order.
+    """Time the two arms of a performance protocol (kind: performance) in ABBA order: two engine
+    configurations, or two groups of another adapter.
 
     Exit status: 0 PASS, 1 FAIL, 2 input or usage error, 3 the engine raised or exited, 4 INCONCLUSIVE,
     5 environment error (disk full, permissions...), 130 interrupted. `specval run` on a performance

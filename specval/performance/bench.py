@@ -4,13 +4,23 @@
              -> pairs in ABBA order, each run timed -> timings table -> ratios, median, interval
              -> verdict -> report -> manifest -> SHA256SUMS
 
-A run submits the protocol's `concurrency` requests at once to one arm's `engine.LLM.generate`
-(request j: prompt j mod len(prompts), `max_tokens` tokens, `ignore_eos`, seed from
-`bench_summary.seed_start`) and is timed with `time.perf_counter_ns` (a monotonic clock), with
+On the engine adapter (`sut.adapter: engine`), a run submits the protocol's `concurrency` requests
+at once to one arm's `engine.LLM.generate` (request j: prompt j mod len(prompts), `max_tokens`
+tokens, `ignore_eos`, seed from `bench_summary.seed_start`). Both arms share one model (weights
+loaded once), each has its own engine (KV cache, runner, CUDA Graphs).
+
+On any other adapter (`specval.sut.SUT`, resolved by name as `specval run` resolves it), both arms
+are groups of one adapter instance, opened on the protocol's device and checked before any bundle
+exists (the arms' modes and sampling against its `Capabilities`, `check_groups`, every prompt
+encoded, the model loaded through `vocab_size`); a run is `SUT.sample(group, prompt, sampling,
+seeds, max_tokens, max_tokens)` for the run's requests, one call per prompt in prompt order (request
+j: prompt j mod len(prompts), the same seeds as on the engine), each batch checked against the
+adapter contract. The adapter counts no CUDA Graphs (0 before and after every run).
+
+Either way a run is timed with `clock_ns` (`time.perf_counter_ns`, a monotonic clock), with
 `torch.cuda.synchronize` before the start and before the stop on CUDA, so queued device work is
-inside the run that queued it. Both arms share one model (weights loaded once), each has its own
-engine (KV cache, runner, CUDA Graphs). The timings table is written once, complete, after the
-last run, and its sha256 recorded in chunks.json (`bundle.write_chunk`).
+inside the run that queued it. The timings table is written once, complete, after the last run,
+and its sha256 recorded in chunks.json (`bundle.write_chunk`).
 
 Layout: the distribution bundle's (`specval.bundle`) with `samples/timings.csv` as the only raw
 file and no reference or quadrature. Seeds are not claimed in the ledger: a bench makes no
@@ -21,11 +31,13 @@ error.log) and a new run starts from scratch, since timings of two sessions are 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -36,11 +48,12 @@ from specval.performance.summary import COLUMNS, PAIR, ScheduledRun, schedule, s
 from specval.execution import guard_bundle
 from specval.performance.protocol import (ARM_KEYS, PerformanceProtocol, load_performance_protocol,
                                           parse_performance_protocol, resolve)
-from specval.preflight import ADAPTER_FAULTS, SUTRaised, check_writable_dir, sut_raised
-from specval.protocol import ProtocolError, check_registered
+from specval.preflight import ADAPTER_FAULTS, GuardedSUT, SUTRaised, check_writable_dir, sut_raised
+from specval.protocol import GroupSpec, ProtocolError, check_registered
 
 TIMINGS_FILE = f"{bundles.SAMPLES_DIR}/timings.csv"
 SEED_GROUP = "pairs"  # run.json's one range: the request seeds of every pair (both arms)
+clock_ns = time.perf_counter_ns  # the clock of every timed run (module-level, so a test can plant one)
 
 
 # ---------------------------------------------------------------- engines
@@ -63,8 +76,11 @@ def engine_config(protocol: PerformanceProtocol, key: str):
 
 
 def build_engines(protocol: PerformanceProtocol) -> dict:
-    """arm key -> engine.LLM; both share the first one's model and tokenizer. Configurations are
+    """arm key -> engine.LLM (both share the first one's model and tokenizer), or, for another
+    adapter than the engine, arm key -> AdapterArm (`build_adapter_arms`). Configurations are
     checked first (ProtocolError); anything the engine raises while building is SUTRaised."""
+    if not protocol.on_engine:
+        return build_adapter_arms(protocol)
     from specval.adapters import engine as adapter
 
     configs = {key: engine_config(protocol, key) for key in ARM_KEYS}
@@ -82,21 +98,141 @@ def build_engines(protocol: PerformanceProtocol) -> dict:
 
 
 def close_engines(llms: dict) -> None:
+    """Close every engine, and an adapter shared by both arms once."""
+    closed: list = []
     for llm in llms.values():
-        llm.close()
+        target = llm.sut if isinstance(llm, AdapterArm) else llm
+        if not any(target is done for done in closed):
+            closed.append(target)
+            target.close()
 
 
 def graph_shapes(llm) -> int:
-    """Round shapes captured as CUDA Graphs so far by the engine's runner (0 without graphs)."""
+    """Round shapes captured as CUDA Graphs so far by the engine's runner (0 without graphs, and for
+    an adapter arm, which counts none)."""
+    if isinstance(llm, AdapterArm):
+        return 0
     graphs = getattr(llm.engine.runner, "graphs", None)
     return 0 if graphs is None else len(graphs._rounds)  # noqa: SLF001 - the count is not exposed otherwise
 
 
 def graph_status(llm) -> str:
+    if isinstance(llm, AdapterArm):
+        return f"not counted (adapter {llm.adapter!r} reports no CUDA Graph captures)"
     graphs = getattr(llm.engine.runner, "graphs", None)
     if graphs is None:
         return "no CUDA Graphs (eager runner, CPU, or enforce_eager)"
     return graphs.disabled_reason or f"{graph_shapes(llm)} round shape(s) captured"
+
+
+# ---------------------------------------------------------------- arms of another adapter
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterArm:
+    """One arm of a bench of another adapter than the engine: a group of the adapter both arms share,
+    and every prompt of the protocol encoded by it (index j mod len(prompts) for request j)."""
+
+    sut: Any  # preflight.GuardedSUT: whatever the adapter raises is SUTRaised, naming the call
+    group: GroupSpec
+    prompt_ids: tuple[tuple[int, ...], ...]
+    adapter: str
+
+
+def _needs(protocol: PerformanceProtocol) -> list[tuple[str, str, str]]:
+    """(capability, value, protocol key) of everything the arms ask of the adapter: their modes and
+    the sampling parameters each arm sets (as `preflight.needs` for a distribution protocol)."""
+    out = []
+    for key in ARM_KEYS:
+        arm, sampling = protocol.arm(key), protocol.arm_sampling(key)
+        where = f"{key}.sampling" if arm.sampling is not None else "sampling"
+        out.append(("modes", arm.mode, f"{key}.mode"))
+        if sampling.temperature != 1.0:
+            out.append(("sampling", "temperature", f"{where}.temperature"))
+        if sampling.top_k not in (0, -1):
+            out.append(("sampling", "top_k", f"{where}.top_k"))
+        if sampling.top_p < 1.0:
+            out.append(("sampling", "top_p", f"{where}.top_p"))
+    return out
+
+
+def check_capabilities(protocol: PerformanceProtocol, sut: Any) -> None:
+    """ProtocolError naming the protocol, the key and the capability when the arms ask the adapter
+    for a mode or a sampling parameter its `Capabilities` do not declare."""
+    from specval.sut import capabilities_of
+
+    capabilities = capabilities_of(sut)
+    for capability, value, key in _needs(protocol):
+        declared = getattr(capabilities, capability)
+        if value not in declared:
+            raise ProtocolError(f"{protocol.name}: {key}: adapter {protocol.sut.adapter!r} does not support "
+                                f"{value!r} (its capabilities.{capability}: {list(declared)})")
+
+
+def build_adapter_arms(protocol: PerformanceProtocol) -> dict:
+    """arm key -> AdapterArm over one adapter opened on the protocol's device. Refused (ProtocolError,
+    nothing written) when the adapter cannot be resolved or refuses the configuration (SUTError of
+    its constructor or `check_groups`), or lacks a capability the arms need; SUTRaised when it
+    raises otherwise (import, constructor, encoding the prompts, loading the model)."""
+    from specval.sut import SUTError, open_sut
+
+    spec = dataclasses.replace(protocol.sut, device=protocol.device)
+    try:
+        sut = GuardedSUT(open_sut(spec, protocol.num_speculative_tokens))
+    except SUTError as err:
+        raise ProtocolError(f"{protocol.name}: sut: {err}") from err
+    except ADAPTER_FAULTS as err:  # SystemExit of adapter code included
+        raise sut_raised("the adapter's import or constructor", err) from err
+    try:
+        check_capabilities(protocol, sut)
+        sut.check_groups(tuple(protocol.arm(key).group for key in ARM_KEYS))
+        prompt_ids = tuple(tuple(int(t) for t in sut.encode(prompt)) for prompt in protocol.prompts)
+        if not int(sut.vocab_size) > 0:  # loads the model (adapters load lazily) before any timed run
+            raise SUTRaised("vocab_size", f"{sut.vocab_size!r} is not a positive vocabulary size")
+    except SUTError as err:
+        sut.close()
+        raise ProtocolError(f"{protocol.name}: sut: {err}") from err
+    except BaseException:
+        sut.close()
+        raise
+    return {key: AdapterArm(sut, protocol.arm(key).group, prompt_ids, protocol.sut.adapter) for key in ARM_KEYS}
+
+
+def _adapter_calls(protocol: PerformanceProtocol, run: ScheduledRun) -> list[tuple[int, np.ndarray]]:
+    """(prompt index, int64 seeds) of each `SUT.sample` call of a run: request j (seed first + j) has
+    prompt j mod len(prompts); one call per prompt that has requests, in prompt order."""
+    seeds = seed_start(protocol, run) + np.arange(protocol.concurrency, dtype=np.int64)
+    count = len(protocol.prompts)
+    return [(p, seeds[p::count]) for p in range(min(count, protocol.concurrency))]
+
+
+def time_adapter_run(protocol: PerformanceProtocol, arm: AdapterArm, index: int, run: ScheduledRun) -> dict:
+    """One row of the timings table from `SUT.sample` calls; SUTRaised if the adapter raises or a
+    batch breaks the contract (shape, sources)."""
+    from specval.sut import SUTError
+
+    call = f"sample ({run.phase} {run.pair}, arm {run.arm})"
+    calls, sampling = _adapter_calls(protocol, run), protocol.arm_sampling(run.arm)
+    try:
+        _synchronize(protocol)
+        start = clock_ns()
+        batches = [arm.sut.sample(arm.group, list(arm.prompt_ids[p]), sampling, seeds, protocol.max_tokens,
+                                  protocol.max_tokens) for p, seeds in calls]
+        _synchronize(protocol)
+        elapsed = clock_ns() - start
+    except SUTRaised as err:
+        raise SUTRaised(call, err.message, err.details) from err
+    try:
+        for (_, seeds), batch in zip(calls, batches):
+            batch.validate(len(seeds), protocol.max_tokens)
+    except (SUTError, AttributeError) as err:
+        raise SUTRaised(call, f"the adapter broke the contract of SUT.sample: {err}") from err
+    total = {name: sum(int(np.sum(getattr(b, name))) for b in batches)
+             for name in ("num_rounds", "num_draft_tokens", "num_accepted_tokens")}
+    return {"run": index, "phase": run.phase, "pair": run.pair, "arm": run.arm,
+            "seed_start": seed_start(protocol, run), "num_requests": sum(len(s) for _, s in calls),
+            "num_tokens": sum(b.tokens.size for b in batches), **total, "elapsed_ns": elapsed,
+            "graphs_before": 0, "graphs_after": 0}
 
 
 # ---------------------------------------------------------------- one timed run
@@ -123,14 +259,16 @@ def _synchronize(protocol: PerformanceProtocol) -> None:
 def time_run(protocol: PerformanceProtocol, llm, index: int, run: ScheduledRun) -> dict:
     """One row of the timings table: the run's counts and its wall time in integer nanoseconds.
     SUTRaised if the engine raises or a request ends before max_tokens."""
+    if isinstance(llm, AdapterArm):
+        return time_adapter_run(protocol, llm, index, run)
     prompts, params = _requests(protocol, run)
     before = graph_shapes(llm)
     try:
         _synchronize(protocol)
-        start = time.perf_counter_ns()
+        start = clock_ns()
         outputs = llm.generate(prompts, params)
         _synchronize(protocol)
-        elapsed = time.perf_counter_ns() - start
+        elapsed = clock_ns() - start
     except ADAPTER_FAULTS as err:  # SystemExit of engine code included
         raise sut_raised(f"generate ({run.phase} {run.pair}, arm {run.arm})", err) from err
     short = [o.finish_reason for o in outputs if len(o.token_ids) != protocol.max_tokens]
@@ -221,6 +359,7 @@ def bench(protocol_file: Path, profile: str | None, output: Path, *, exploratory
             table = time_schedule(protocol, llms, progress)
             bench_s = time.perf_counter() - t0
             engines = {key: {"name": protocol.arm(key).name, "graphs": graph_status(llms[key])} for key in ARM_KEYS}
+            described = _described(llms)
     finally:
         close_engines(llms)
     (path / bundles.SAMPLES_DIR).mkdir(exist_ok=True)
@@ -229,10 +368,16 @@ def bench(protocol_file: Path, profile: str | None, output: Path, *, exploratory
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
     timed = int((table["phase"] == PAIR).sum())
     bundles.end_session(path, session, timed, summary["verdict"])
-    _write_manifest(path, protocol, {**bundles.device_facts(), "engines": engines}, started, clock, bench_s,
-                    command)
+    _write_manifest(path, protocol, {**bundles.device_facts(), "engines": engines, **described}, started, clock,
+                    bench_s, command)
     finish(path)
     return path, summary
+
+
+def _described(llms: dict) -> dict:
+    """{"sut": the adapter's `describe()`} for a bench of another adapter than the engine, else {}."""
+    arms = [arm for arm in llms.values() if isinstance(arm, AdapterArm)]
+    return {"sut": arms[0].sut.describe()} if arms else {}
 
 
 def _write_manifest(path: Path, protocol: PerformanceProtocol, device: dict, started: str, clock: float,

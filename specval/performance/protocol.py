@@ -1,11 +1,21 @@
 """Performance protocol: the pre-registered YAML of a paired speed comparison (top-level `kind: performance`).
 
-Two engine configurations, arm `a` (the reference) and arm `b` (the candidate), run the same
-workload (`concurrency` requests of `max_tokens` tokens each, submitted at once, `ignore_eos`) in
-ABBA order; the statistic of one pair is the ratio b / a of either
+Two configurations of one system under test, arm `a` (the reference) and arm `b` (the candidate),
+run the same workload (`concurrency` requests of `max_tokens` tokens each, EOS ignored, the same
+request seeds in both arms of a pair) in ABBA order; the statistic of one pair is the ratio b / a of
 
-- `throughput`: generated tokens per second of wall time (higher is better), or
-- `latency`: wall seconds of the whole workload, submission to last completion (lower is better).
+- `throughput`: generated tokens per second of wall time (higher is better),
+- `latency`: wall seconds of the whole workload, submission to last completion (lower is better), or
+- `time_per_token`: wall seconds of the workload per generated token (lower is better; every run
+  generates the same number of tokens, so its ratio equals latency's, reported per token).
+
+`sut.adapter` names the system under test. `engine` (the default) is this package's engine: an arm
+is an `engine.EngineConfig` (mode, draft_loops, enforce_eager, rounds_in_flight, sampling) and a
+run submits the `concurrency` requests at once to its `LLM.generate`. Any other adapter (an entry
+point such as `transformers`, or `module:Class`) is a `specval.sut.SUT`: an arm is a group of the
+adapter (name, mode, draft_loops, sampling), both arms share one adapter, and a run is `SUT.sample`
+of the run's seeds (one call per prompt); `enforce_eager` and `rounds_in_flight` are the engine's
+only and refused elsewhere, as is greedy sampling (temperature 0), which `SUT.sample` does not offer.
 
 `hypothesis` and `margin` fix the threshold the median ratio is judged against before any timing:
 
@@ -30,15 +40,17 @@ from specval.protocol import ProtocolError, line_of, read_yaml
 from specval.protocol.canonical import canonical_hash, plain_form
 from specval.protocol.readers import (check_keys, fail, read_bool, read_draft_loops, read_float, read_int,
                                       read_mapping, read_name, read_str, read_unit)
-from specval.protocol.sections import SamplingSpec, SutSpec, parse_profiles, parse_sut
+from specval.protocol.sections import (MIN_TEMPERATURE, GroupSpec, SamplingSpec, SutSpec, parse_profiles,
+                                       parse_sut)
 from specval.protocol.sections import resolve as protocol_resolve
 from specval.stats.median import min_count
 
 PERFORMANCE_KIND = "performance"
-STATISTICS = ("throughput", "latency")
+STATISTICS = ("throughput", "latency", "time_per_token")
 HYPOTHESES = ("noninferiority", "superiority")
 ARM_KEYS = ("a", "b")
-ENGINE_ADAPTER = "engine"  # timings are taken inside this package's own engine
+ENGINE_ADAPTER = "engine"  # this package's engine, timed through engine.LLM.generate
+ENGINE_ONLY_ARM_KEYS = ("enforce_eager", "rounds_in_flight")  # engine options no other adapter has
 MODES = ("nospec", "sync", "async")
 ROUNDS_IN_FLIGHT = (1, 2)
 PROFILE_INT_KEYS = ("pairs", "warmup_rounds", "concurrency", "max_tokens")
@@ -56,6 +68,11 @@ class ArmSpec:
     enforce_eager: bool = False
     rounds_in_flight: int = 2
     sampling: SamplingSpec | None = None
+
+    @property
+    def group(self) -> GroupSpec:
+        """The arm as a group of an adapter (`SUT.sample`'s first argument)."""
+        return GroupSpec(name=self.name, mode=self.mode, draft_loops=self.draft_loops)
 
 
 @dataclass(frozen=True)
@@ -87,8 +104,13 @@ class PerformanceProtocol:
     file_hash: str | None = field(default=None, compare=False, repr=False)
 
     @property
+    def on_engine(self) -> bool:
+        """True when the arms are configurations of this package's engine (`sut.adapter: engine`)."""
+        return self.sut.adapter == ENGINE_ADAPTER
+
+    @property
     def higher_is_better(self) -> bool:
-        """Throughput ratios pass above the threshold, latency ratios below it."""
+        """Throughput ratios pass above the threshold, latency and time-per-token ratios below it."""
         return self.statistic == "throughput"
 
     @property
@@ -109,6 +131,9 @@ class PerformanceProtocol:
         for key in ARM_KEYS:
             sampling = self.arm(key).sampling
             out[key]["sampling"] = None if sampling is None else sampling.to_dict()
+            if not self.on_engine:  # engine options, refused for other adapters: not part of their form
+                for name in ENGINE_ONLY_ARM_KEYS:
+                    out[key].pop(name)
         return out
 
     @property
@@ -134,21 +159,36 @@ def _parse_sampling(raw: Any, file: str, where: str) -> SamplingSpec:
                         top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True))
 
 
-def _parse_arm(raw: Any, file: str, where: str) -> ArmSpec:
+def _parse_arm(raw: Any, file: str, where: str, adapter: str) -> ArmSpec:
     raw = read_mapping(raw, file, where)
     check_keys(raw, ArmSpec, file, where)
     draft_loops = read_draft_loops(raw, file, where)
     mode = read_str(raw["mode"], file, f"{where}.mode", MODES)
+    if adapter != ENGINE_ADAPTER:
+        for key in ENGINE_ONLY_ARM_KEYS:
+            if key in raw:
+                fail(file, f"{where}.{key}", f"an option of the engine adapter only (this protocol times "
+                                             f"adapter {adapter!r}; put adapter options under sut.options)", raw[key])
     rounds = read_int(raw.get("rounds_in_flight", 2), file, f"{where}.rounds_in_flight", minimum=1)
     if rounds not in ROUNDS_IN_FLIGHT:
         fail(file, f"{where}.rounds_in_flight", f"must be one of {list(ROUNDS_IN_FLIGHT)}", rounds)
     if rounds != 2 and mode != "async":
         fail(file, f"{where}.rounds_in_flight", "applies to mode async only", rounds)
     sampling = raw.get("sampling")
+    if sampling is not None:
+        sampling = _parse_sampling(sampling, file, f"{where}.sampling")
+        _check_adapter_sampling(sampling, adapter, file, f"{where}.sampling")
     return ArmSpec(name=read_name(raw["name"], file, f"{where}.name"), mode=mode, draft_loops=draft_loops,
                    enforce_eager=read_bool(raw.get("enforce_eager", False), file, f"{where}.enforce_eager"),
-                   rounds_in_flight=rounds,
-                   sampling=None if sampling is None else _parse_sampling(sampling, file, f"{where}.sampling"))
+                   rounds_in_flight=rounds, sampling=sampling)
+
+
+def _check_adapter_sampling(sampling: SamplingSpec, adapter: str, file: str, where: str) -> None:
+    """Greedy decoding (temperature 0) is the engine adapter's only: `SUT.sample` always draws."""
+    if adapter != ENGINE_ADAPTER and sampling.temperature < MIN_TEMPERATURE:
+        fail(file, f"{where}.temperature", f"must be >= {MIN_TEMPERATURE:g} for adapter {adapter!r} (SUT.sample "
+                                           "draws; greedy decoding is timed on the engine adapter only)",
+             sampling.temperature)
 
 
 def _parse_prompts(raw: Any, file: str) -> tuple[str, ...]:
@@ -163,9 +203,9 @@ def _parse_sut(raw: Any, file: str) -> SutSpec:
         fail(file, "sut.device", "a performance protocol names its device at the top level (`device`), "
                                   "where a profile can change it", raw["device"])
     spec = parse_sut(raw, file)
-    if spec.adapter != ENGINE_ADAPTER:
-        fail(file, "sut.adapter", f"performance protocols time this package's engine only ({ENGINE_ADAPTER!r})",
-              spec.adapter)
+    if not spec.adapter.strip():
+        fail(file, "sut.adapter", "expected 'engine', an entry point name of group specval.sut or "
+                                  "'module:Class'", spec.adapter)
     return spec
 
 
@@ -197,15 +237,18 @@ def parse_performance_protocol(raw: Any, file: str = "<protocol>") -> Performanc
     margin = read_float(raw["margin"], file, "margin")
     if not (0.0 <= margin < 1.0 if hypothesis == "superiority" else 0.0 < margin < 1.0):
         fail(file, "margin", "must lie in (0, 1) for noninferiority, [0, 1) for superiority", raw["margin"])
+    sut = _parse_sut(raw.get("sut", {}), file)
+    sampling = _parse_sampling(raw["sampling"], file, "sampling")
+    _check_adapter_sampling(sampling, sut.adapter, file, "sampling")
     protocol = PerformanceProtocol(
         kind=PERFORMANCE_KIND, name=read_name(raw["name"], file, "name"), description=str(raw.get("description", "")),
-        device=read_str(raw["device"], file, "device"), sut=_parse_sut(raw.get("sut", {}), file),
+        device=read_str(raw["device"], file, "device"), sut=sut,
         prompts=_parse_prompts(raw["prompts"], file),
         concurrency=read_int(raw["concurrency"], file, "concurrency", minimum=1),
         max_tokens=read_int(raw["max_tokens"], file, "max_tokens", minimum=1),
-        sampling=_parse_sampling(raw["sampling"], file, "sampling"),
+        sampling=sampling,
         num_speculative_tokens=read_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
-        a=_parse_arm(raw["a"], file, "a"), b=_parse_arm(raw["b"], file, "b"),
+        a=_parse_arm(raw["a"], file, "a", sut.adapter), b=_parse_arm(raw["b"], file, "b", sut.adapter),
         statistic=read_str(raw["statistic"], file, "statistic", STATISTICS), hypothesis=hypothesis, margin=margin,
         confidence=read_unit(raw.get("confidence", 0.95), file, "confidence"),
         pairs=read_int(raw["pairs"], file, "pairs", minimum=1),

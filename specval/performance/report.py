@@ -48,7 +48,8 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
     graphs = "; ".join(f"{key}: {e['graphs']}" for key, e in sorted(engines.items())) or "-"
     return [f"protocol hash {proto['hash']} (profile: {proto['profile']})",
             f"workload: {proto['concurrency']} concurrent request(s) x {proto['max_tokens']} tokens "
-            f"({proto['num_prompts']} prompt(s)), {proto['model']} {proto['dtype']} on {proto['device']}, "
+            f"({proto['num_prompts']} prompt(s)), {_adapter(proto)}{proto['model']} {proto['dtype']} "
+            f"on {proto['device']}, "
             f"K = {proto['num_speculative_tokens']}",
             f"statistic: {proto['statistic']} ratio b / a, {proto['statistic_meaning']}",
             f"pre-registered: {proto['hypothesis']}, margin {proto['margin']:g}: PASS iff the interval lies {side} "
@@ -58,6 +59,11 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
             f"{fmt(order['median_ratio_ba'])}",
             f"CUDA Graphs: {graphs}; timed runs that captured graphs: {summary['timed_runs_capturing_graphs']}",
             f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
+
+
+def _adapter(proto: dict) -> str:
+    """"adapter NAME: " for a bench of another adapter than the engine (engine reports read as before)."""
+    return f"adapter {proto['adapter']}: " if "adapter" in proto else ""
 
 
 def _sections(summary: dict, manifest: dict) -> list[Section]:

@@ -38,6 +38,7 @@ COLUMNS = ("run", "phase", "pair", "arm", "seed_start", "num_requests", "num_tok
 STATISTIC_MEANING = {
     "throughput": "generated tokens per second of wall time (higher is better)",
     "latency": "wall seconds of the whole workload, submission to last completion (lower is better)",
+    "time_per_token": "wall seconds of the workload per generated token (lower is better)",
 }
 
 
@@ -88,10 +89,13 @@ def check_schedule(protocol: PerformanceProtocol, table: pd.DataFrame) -> None:
 
 
 def run_values(protocol: PerformanceProtocol, table: pd.DataFrame) -> np.ndarray:
-    """float64[rows]: the protocol's statistic of every run (tokens / s, or s)."""
+    """float64[rows]: the protocol's statistic of every run (tokens / s, s, or s per token)."""
     seconds = table["elapsed_ns"].to_numpy(dtype=np.float64) / NS_PER_S
+    tokens = table["num_tokens"].to_numpy(dtype=np.float64)
     if protocol.statistic == "throughput":
-        return table["num_tokens"].to_numpy(dtype=np.float64) / seconds
+        return tokens / seconds
+    if protocol.statistic == "time_per_token":
+        return seconds / tokens
     return seconds
 
 
@@ -125,8 +129,10 @@ def _arm_facts(protocol: PerformanceProtocol, table: pd.DataFrame, key: str) -> 
     values = run_values(protocol, timed)
     drafts, accepted = int(timed["num_draft_tokens"].sum()), int(timed["num_accepted_tokens"].sum())
     sampling = protocol.arm_sampling(key)
-    return {"name": arm.name, "mode": arm.mode, "draft_loops": arm.draft_loops, "enforce_eager": arm.enforce_eager,
-            "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None,
+    engine = protocol.on_engine  # enforce_eager and rounds_in_flight are engine options (None elsewhere)
+    return {"name": arm.name, "mode": arm.mode, "draft_loops": arm.draft_loops,
+            "enforce_eager": arm.enforce_eager if engine else None,
+            "rounds_in_flight": arm.rounds_in_flight if engine and arm.mode == "async" else None,
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "runs": len(timed), "median": float(np.median(values)), "min": float(values.min()), "max": float(values.max()),
             "acceptance_rate": accepted / drafts if drafts else None,
@@ -148,6 +154,7 @@ def summarise(protocol: PerformanceProtocol, table: pd.DataFrame, registration: 
     timed = table[table["phase"] == PAIR]
     captured = int((timed["graphs_after"] != timed["graphs_before"]).sum())
     outcome, reason = verdict(interval, protocol)
+    facts = _protocol_facts(protocol)
     if captured:
         outcome, reason = INCONCLUSIVE, (f"{captured} timed run(s) captured CUDA Graphs, so their timings include "
                                          "the capture (more warm-up rounds are needed); no verdict")
@@ -157,13 +164,21 @@ def summarise(protocol: PerformanceProtocol, table: pd.DataFrame, registration: 
             "pairs": [{"pair": int(r.pair), "order": r.order, "a": float(r.a), "b": float(r.b),
                        "ratio": float(r.ratio)} for r in pairs.itertuples(index=False)],
             "arms": {key: _arm_facts(protocol, table, key) for key in ARM_KEYS},
-            "order_effect": _order_effect(pairs), "timed_runs_capturing_graphs": captured,
-            "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
-                         "device": protocol.device, "statistic": protocol.statistic,
-                         "statistic_meaning": STATISTIC_MEANING[protocol.statistic],
-                         "hypothesis": protocol.hypothesis, "margin": protocol.margin,
-                         "confidence": protocol.confidence, "pairs": protocol.pairs,
-                         "warmup_rounds": protocol.warmup_rounds, "concurrency": protocol.concurrency,
-                         "max_tokens": protocol.max_tokens, "num_prompts": len(protocol.prompts),
-                         "num_speculative_tokens": protocol.num_speculative_tokens, "model": protocol.sut.model,
-                         "dtype": protocol.sut.dtype}}
+            "order_effect": _order_effect(pairs), "timed_runs_capturing_graphs": captured, "protocol": facts}
+
+
+def _protocol_facts(protocol: PerformanceProtocol) -> dict:
+    """The summary's `protocol` block; `adapter` only for adapters other than the engine, so that the
+    summary of an engine bench is what it was before other adapters could be timed."""
+    facts = {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
+             "device": protocol.device, "statistic": protocol.statistic,
+             "statistic_meaning": STATISTIC_MEANING[protocol.statistic],
+             "hypothesis": protocol.hypothesis, "margin": protocol.margin,
+             "confidence": protocol.confidence, "pairs": protocol.pairs,
+             "warmup_rounds": protocol.warmup_rounds, "concurrency": protocol.concurrency,
+             "max_tokens": protocol.max_tokens, "num_prompts": len(protocol.prompts),
+             "num_speculative_tokens": protocol.num_speculative_tokens, "model": protocol.sut.model,
+             "dtype": protocol.sut.dtype}
+    if not protocol.on_engine:
+        facts["adapter"] = protocol.sut.adapter
+    return facts

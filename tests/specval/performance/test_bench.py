@@ -73,7 +73,7 @@ def test_shipped_protocols_load_frozen_with_a_cpu_ci_profile():
     ({"profiles": {"ci": {"pairs": 3}}}, "profiles.ci.pairs", "3"),
     ({"profiles": {"ci": {"pears": 8}}}, "profiles.ci.pears", "'pears'"),
     ({"sut": {"device": "cpu"}}, "sut.device", "'cpu'"),
-    ({"sut": {"adapter": "transformers"}}, "sut.adapter", "'transformers'"),
+    ({"a": {"name": "sync", "mode": "sync", "enforce_eager": "no"}}, "a.enforce_eager", "'no'"),
     ({"margin": 0.0}, "margin", "0.0"),
     ({"statistic": "speed"}, "statistic", "'speed'"),
     ({"b": {"name": "sync", "mode": "async"}}, "b.name", "'sync'"),
