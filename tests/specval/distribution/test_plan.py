@@ -92,7 +92,7 @@ def test_protocol_plan_without_top_k_needs_and_uses_the_vocabulary_size(tmp_path
     assert "t1_gof.sync (control" in out.output and "df <= 63)" in out.output  # 64 cells bound t1
 
 
-@pytest.mark.parametrize("protocol", ["protocols/performance/perf_async_vs_sync_c1.yaml",
+@pytest.mark.parametrize("protocol", ["protocols/performance/perf_async_vs_serial_graphs_c1.yaml",
                                       "protocols/quality_arith.yaml"])
 def test_a_command_of_statistical_protocols_names_the_kind_it_refuses(protocol):
     out = CliRunner().invoke(main, ["plan", "--protocol", str(REPO / protocol)])

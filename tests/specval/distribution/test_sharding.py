@@ -148,7 +148,7 @@ def test_devices_inside_torchrun_is_a_usage_error(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "--devices launches torchrun" in result.output
 
 
-@pytest.mark.parametrize("shipped", ["quality_arith.yaml", "performance/perf_async_vs_sync_c1.yaml"])
+@pytest.mark.parametrize("shipped", ["quality_arith.yaml", "performance/perf_async_vs_serial_graphs_c1.yaml"])
 def test_other_protocol_kinds_are_refused_across_processes(monkeypatch, shipped):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

@@ -53,17 +53,55 @@ def write(tmp_path: Path, raw: dict, frozen: bool = True) -> Path:
 # ---------------------------------------------------------------- protocol
 
 
-def test_shipped_protocols_load_frozen_with_a_cpu_ci_profile():
+ENGINE_SHIPPED = ["perf_async_vs_serial_graphs_c1", "perf_async_vs_serial_graphs_c4", "perf_async_vs_serial_graphs_c64",
+                  "perf_graphs_vs_eager_async_c4", "perf_random_vs_greedy_async", "perf_spec_vs_nospec_eager_c4"]
+ADAPTER_SHIPPED = ["perf_transformers_assisted_vs_plain"]
+# the one factor an engine protocol's arms differ in -> what its name must say
+FACTOR_WORDS = {"rounds_in_flight": "async_vs_serial", "graphs": "graphs_vs_eager", "sampling": "random_vs_greedy",
+                "speculation": "spec_vs_nospec"}
+
+
+def test_shipped_protocols_load_frozen():
     files = sorted(SHIPPED.glob("*.yaml"))
-    assert [f.stem for f in files] == ["perf_async_vs_sync_c1", "perf_async_vs_sync_c4", "perf_random_vs_greedy_async"]
+    assert [f.stem for f in files] == sorted(ENGINE_SHIPPED + ADAPTER_SHIPPED)
     for file in files:
         protocol = load_performance_protocol(file)
         assert registration(protocol, file) == "frozen"
-        assert protocol.device == "cuda" and protocol.warmup_rounds >= 1
-        ci = benching.resolve(protocol, "ci")
-        assert ci.device == "cpu" and ci.pairs >= 6 and ci.max_tokens <= 4 and ci.hash == protocol.hash
+        assert protocol.on_engine == (file.stem in ENGINE_SHIPPED)
+    for name in ENGINE_SHIPPED:
+        protocol = load_performance_protocol(SHIPPED / f"{name}.yaml")
+        assert protocol.device == "cuda" and protocol.warmup_rounds >= 1 and protocol.pairs >= 30
     greedy = load_performance_protocol(SHIPPED / "perf_random_vs_greedy_async.yaml")
     assert greedy.arm_sampling("a").temperature == 0.0 and greedy.arm_sampling("b").temperature == 1.0
+    ci = benching.resolve(greedy, "ci")
+    assert ci.device == "cpu" and ci.pairs >= 6 and ci.max_tokens <= 4 and ci.hash == greedy.hash
+
+
+def _factors(protocol, key: str) -> dict:
+    """What an engine arm runs, each factor once: speculation (nospec or not, with its mode and
+    draft depth), overlapped rounds, CUDA Graphs (async only: sync and nospec always run eager), sampling."""
+    arm = protocol.arm(key)
+    speculative = arm.mode != "nospec"
+    return {"speculation": (arm.mode, arm.draft_loops if speculative else None),
+            "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None,
+            "graphs": arm.mode == "async" and not arm.enforce_eager, "sampling": protocol.arm_sampling(key)}
+
+
+@pytest.mark.parametrize("name", ENGINE_SHIPPED)
+def test_each_shipped_engine_protocol_varies_one_factor_and_its_name_says_which(name):
+    protocol = load_performance_protocol(SHIPPED / f"{name}.yaml")
+    a, b = _factors(protocol, "a"), _factors(protocol, "b")
+    differing = [factor for factor in a if a[factor] != b[factor]]
+    assert len(differing) == 1, (name, differing)
+    assert FACTOR_WORDS[differing[0]] in name, (name, differing)
+
+
+def test_the_transformers_protocol_has_a_small_cpu_ci_profile():
+    protocol = load_performance_protocol(SHIPPED / "perf_transformers_assisted_vs_plain.yaml")
+    assert protocol.sut.adapter == "transformers" and protocol.device == "cpu"
+    assert (protocol.a.mode, protocol.b.mode) == ("nospec", "sync") and protocol.threshold == pytest.approx(1.3)
+    ci = benching.resolve(protocol, "ci")
+    assert ci.pairs == 6 and ci.concurrency == 1 and ci.max_tokens <= 16 and ci.hash == protocol.hash
 
 
 @pytest.mark.parametrize("changes, key, value", [
@@ -271,6 +309,22 @@ def test_bench_verify_tamper_end_to_end(tmp_path, one_thread):
     assert edited.exit_code == 1 and "summary.json: sha256 differs" in edited.output
 
 
+@pytest.mark.parametrize("name", ENGINE_SHIPPED)
+def test_each_shipped_engine_protocol_runs_on_the_cpu_at_a_tiny_size(tmp_path, one_thread, name):
+    # The GPU protocols' arms through the whole bench on the CPU (no CUDA Graphs there, so the
+    # timings mean nothing): every arm configuration is one the engine accepts and runs to a
+    # verifiable bundle. A copy with tiny sizes, frozen under another name.
+    raw = yaml.safe_load((SHIPPED / f"{name}.yaml").read_text())
+    raw.update(name=f"{name}_cpu", device="cpu", pairs=6, warmup_rounds=1, max_tokens=2,
+               concurrency=min(raw["concurrency"], 2), profiles={})
+    result = _bench(["bench", str(write(tmp_path, raw)), "--output", str(tmp_path / "out"), "--quiet"])
+    path = _bundle(tmp_path / "out")
+    summary = json.loads((path / bundles.SUMMARY_FILE).read_text())
+    assert result.exit_code == {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}[summary["verdict"]], result.output
+    assert [summary["arms"][key]["mode"] for key in "ab"] == [raw["a"]["mode"], raw["b"]["mode"]]
+    assert _bench(["verify", str(path)]).exit_code == 0
+
+
 def test_run_sign_signs_a_performance_bundle_through_the_same_path(tmp_path, one_thread):
     from specval import signing
 
@@ -349,8 +403,8 @@ def test_engine_failure_and_interrupt_keep_the_bundle_unsealed(tmp_path, monkeyp
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_warmup_captures_every_graph_before_timing(tmp_path):
     # The shipped c4 protocol at a small size on CUDA: the warm-up round must capture every round
-    # shape the timed runs replay (no timed run captures one), and the async arm must replay graphs.
-    raw = yaml.safe_load((SHIPPED / "perf_async_vs_sync_c4.yaml").read_text())
+    # shape the timed runs replay (no timed run captures one), and both arms must replay graphs.
+    raw = yaml.safe_load((SHIPPED / "perf_async_vs_serial_graphs_c4.yaml").read_text())
     raw.update(name="perf_cuda_small", pairs=6, warmup_rounds=1, max_tokens=16, profiles={})
     result = _bench(["bench", str(write(tmp_path, raw)), "--output", str(tmp_path / "out"), "--quiet"])
     path = _bundle(tmp_path / "out")
@@ -358,5 +412,5 @@ def test_cuda_warmup_captures_every_graph_before_timing(tmp_path):
     assert result.exit_code == {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}[summary["verdict"]], result.output
     assert summary["timed_runs_capturing_graphs"] == 0
     engines = json.loads((path / bundles.MANIFEST_FILE).read_text())["device"]["engines"]
-    assert engines["b"]["graphs"].endswith("captured"), engines
+    assert engines["a"]["graphs"].endswith("captured") and engines["b"]["graphs"].endswith("captured"), engines
     assert _bench(["verify", str(path)]).exit_code == 0

@@ -276,7 +276,7 @@ def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_pa
     assert outcomes[2] > FUZZ_EXAMPLES // 2  # most mutations break the protocol: the fuzz reaches the refusals
 
 
-FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_vs_sync_c1.yaml"]
+FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_vs_serial_graphs_c1.yaml"]
 
 
 SMOKE_PENDING = ("t2_transformers", "t2_transformers_t1")  # given smoke profiles with their adapter's rework
