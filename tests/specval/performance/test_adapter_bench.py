@@ -9,16 +9,15 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from click.testing import CliRunner
 from tests.fixtures import clocked_sut
+from tests.fixtures.perf_protocols import invoke as _invoke
+from tests.fixtures.perf_protocols import write
 
 from specval import bundle as bundles
-from specval.cli import main
 from specval.performance import bench as benching
 from specval.performance.protocol import load_performance_protocol, parse_performance_protocol
 from specval.performance.summary import FAIL, PASS, schedule, seed_start
-from specval.protocol import ProtocolError, freeze
+from specval.protocol import ProtocolError
 
 ADAPTER = "tests.fixtures.clocked_sut:ClockedSUT"
 
@@ -36,14 +35,6 @@ def adapter_dict(**changes) -> dict:
     return raw
 
 
-def write(tmp_path: Path, raw: dict, frozen: bool = True) -> Path:
-    path = tmp_path / f"{raw['name']}.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    if frozen:
-        freeze(path, load_performance_protocol)
-    return path
-
-
 @pytest.fixture
 def clocked(monkeypatch):
     """The fixture adapter's planted clock as the bench's clock, and its call record emptied."""
@@ -51,12 +42,6 @@ def clocked(monkeypatch):
     monkeypatch.setattr(benching, "clock_ns", clocked_sut.now)
     yield clocked_sut
     clocked_sut.reset()
-
-
-def _invoke(args: list[str]):
-    result = CliRunner().invoke(main, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    return result
 
 
 def _bench(tmp_path: Path, raw: dict):

@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 from scipy import stats
 from tests.fixtures.forge import reseal
+from tests.fixtures.perf_protocols import invoke as _bench
+from tests.fixtures.perf_protocols import write
 
 from specval.performance import bench as benching
 from specval import bundle as bundles
 from specval.performance.summary import COLUMNS, FAIL, INCONCLUSIVE, PASS, schedule, seed_start, summarise, verdict
-from specval.cli import main
 from specval.performance.protocol import load_performance_protocol, parse_performance_protocol
-from specval.protocol import ProtocolError, freeze, registration
+from specval.protocol import ProtocolError, registration
 from specval.stats.median import MedianInterval, median_interval
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,14 +40,6 @@ def protocol_dict(**changes) -> dict:
            "pairs": 6, "warmup_rounds": 1, "profiles": {"ci": {"pairs": 7}}}
     raw.update(changes)
     return raw
-
-
-def write(tmp_path: Path, raw: dict, frozen: bool = True) -> Path:
-    path = tmp_path / f"{raw['name']}.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    if frozen:
-        freeze(path, load_performance_protocol)
-    return path
 
 
 # ---------------------------------------------------------------- protocol
@@ -260,12 +252,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def _bench(args: list[str]):
-    result = CliRunner().invoke(main, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    return result
 
 
 def _bundle(output: Path) -> Path:
