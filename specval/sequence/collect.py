@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from specval import bundle as bundles
 from specval.seeds import SeedRange
+from specval.sequence.contract import check_batch
 from specval.sequence.protocol import COMPANION_SEED_BIT, SequenceProtocol
 from specval.sut import SUT, SampleBatch
 
@@ -46,11 +47,17 @@ class Batch:
     index: int
     seeds: tuple[int, ...]
     prompt: int
+    probe: bool = False  # the adapter probe's batch (`specval.sequence.runner.probe`): never written
 
     @property
     def file_name(self) -> str:
         label = RERUN if self.index < 0 else f"b{self.index:05d}"
         return f"{self.group}-{label}.parquet"
+
+    def call(self, method: str) -> str:
+        """How an error names the adapter call that sampled this batch."""
+        which = "probe" if self.probe else "re-run" if self.index < 0 else f"batch {self.index}"
+        return f"{method} ({which}, group {self.group!r})"
 
 
 def plan_batches(protocol: SequenceProtocol, ranges: Sequence[SeedRange]) -> list[Batch]:
@@ -90,20 +97,19 @@ def companion_seeds(seeds: Sequence[int]) -> np.ndarray:
 
 def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], batch: Batch) -> pd.DataFrame:
     """One batch: a `sample` call, or a `sample_mixed` call with the companions after the tested
-    requests when the group has companions (never for the re-run)."""
+    requests when the group has companions (never for the re-run). What the adapter returns is
+    checked (`contract.check_batch`): SUTRaised naming the call otherwise."""
     group = protocol.group(batch.group)
     seeds = np.asarray(batch.seeds, dtype=np.int64)
-    length, max_tokens = protocol.sequence_length, protocol.max_tokens(group)
+    length, max_tokens, vocab = protocol.sequence_length, protocol.max_tokens(group), int(sut.vocab_size)
     if not group.companions or batch.index < 0:
         result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, length, max_tokens)
-        result.validate(len(seeds), length)
-        return frame(batch, result)
+        return frame(batch, check_batch(batch.call("sample"), result, len(seeds), length, vocab))
     seeds = np.concatenate([seeds, companion_seeds(seeds)])
     samplings = [protocol.sampling] * len(batch.seeds) + [group.companions[j % len(group.companions)]
                                                           for j in range(len(batch.seeds))]
     result = sut.sample_mixed(group, prompt_ids[batch.prompt], samplings, seeds, length, max_tokens)
-    result.validate(len(seeds), length)
-    return frame(batch, result, seeds)
+    return frame(batch, check_batch(batch.call("sample_mixed"), result, len(seeds), length, vocab), seeds)
 
 
 def collect(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], ranges: Sequence[SeedRange],

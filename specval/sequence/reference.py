@@ -35,6 +35,7 @@ from specval import bundle as bundles
 from specval.distribution.reference import transform
 from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
+from specval.sequence.contract import check_logits_along
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats.sequence import pit_parts
 from specval.sut import SUT
@@ -94,28 +95,37 @@ def _file(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> Path:
     return bundle / bundles.SAMPLES_DIR / f"{group}{suffix}"
 
 
-def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame):
+def replay(sut: SUT, prompt_ids: list[int], tokens: np.ndarray, call: str) -> np.ndarray:
+    """The target's logits f32[L, V] along one sequence's tokens int64[L] (one `target_logits_along`
+    call), checked (`contract.check_logits_along`: SUTRaised naming `call` otherwise)."""
+    return check_logits_along(call, sut.target_logits_along(list(prompt_ids), tokens.tolist()), len(tokens),
+                              int(sut.vocab_size))
+
+
+def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame, label: str):
     """(row index, tokens int64[L], logits f32[L, V]) of every sequence of `samples` (sorted by batch,
-    slot, index); a sequence holding an out-of-range token gets zero logits and clipped tokens (its
-    tokens fail the support check; nothing to replay)."""
+    slot, index); `label` names them in an error ("group 'g'"). A sequence holding a token outside
+    [0, V) (collected before the contract checked batches) is not replayed: its tokens are clipped
+    and its logits are 0 but -inf at the clipped token of each such position, so exactly those
+    tokens are OUT_OF_SUPPORT."""
     length, vocab = protocol.sequence_length, sut.vocab_size
     tokens = samples["token"].to_numpy().reshape(-1, length)
     prompts = samples["prompt"].to_numpy()[::length]
     for r, (row, prompt) in enumerate(zip(tokens, prompts)):
-        if row.min() < 0 or row.max() >= vocab:
-            yield r, np.clip(row, 0, vocab - 1), np.zeros((length, vocab), dtype=np.float32)
+        outside = (row < 0) | (row >= vocab)
+        if outside.any():
+            clipped, logits = np.clip(row, 0, vocab - 1), np.zeros((length, vocab), dtype=np.float32)
+            logits[np.flatnonzero(outside), clipped[outside]] = -np.inf
+            yield r, clipped, logits
             continue
-        logits = np.asarray(sut.target_logits_along(prompt_ids[int(prompt)], row.tolist()), dtype=np.float32)
-        if logits.shape != (length, vocab):
-            raise ValueError(f"target_logits_along returned shape {logits.shape}, expected {(length, vocab)}")
-        yield r, row, logits
+        yield r, row, replay(sut, prompt_ids[int(prompt)], row, f"target_logits_along ({label}, sequence {r})")
 
 
 def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame,
-                semantics: FilterSemantics) -> pd.DataFrame:
+                semantics: FilterSemantics, group: str = "") -> pd.DataFrame:
     """The parts of every token of one group's main batches (samples sorted by batch, slot, index)."""
     parts = {name: [] for name in PART_COLUMNS}
-    for _, row, logits in _replays(sut, protocol, prompt_ids, samples):
+    for _, row, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
         for name, values in sequence_parts(logits, row, protocol, semantics).items():
             parts[name].append(values)
     table = samples[["batch", "slot", "index"]].copy()
@@ -132,7 +142,7 @@ def build_companions(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list
     slots = companions["slot"].to_numpy()[::protocol.sequence_length]
     status = [companion_status(logits, row, spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)],
                                protocol.support_tolerance, semantics)
-              for r, row, logits in _replays(sut, protocol, prompt_ids, companions)]
+              for r, row, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions")]
     table = companions[["batch", "slot", "index"]].copy()
     table["status"] = np.concatenate(status) if status else np.zeros(0, dtype=np.int8)
     return table
@@ -147,7 +157,7 @@ def build(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], bun
     for group, frame in samples.items():
         path = _file(bundle, group)
         if not path.exists():
-            table = build_group(sut, protocol, prompt_ids, frame, semantics)
+            table = build_group(sut, protocol, prompt_ids, frame, semantics, group)
             bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
     for group, frame in (companions or {}).items():
         path = _file(bundle, group, COMPANIONS_SUFFIX)

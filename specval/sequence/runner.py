@@ -5,26 +5,33 @@
              -> report -> manifest -> SHA256SUMS
 
 Refusals, failures and interrupts behave as in `specval.distribution.runner.run`: nothing is claimed
-before the protocol, its registration, the output directory and the adapter's capabilities
-(`draft_overrides` for groups that replace the draft) are checked; an adapter exception is
-`SUTRaised` (the bundle is kept and `--resume` continues at the first missing batch or reference).
+before the protocol, its registration, the output directory, the adapter's capabilities
+(`draft_overrides` for groups that replace the draft, `mixed_sampling` for companions) and a probe
+of every adapter call the run makes (`probe`) are checked; a resume is refused when the adapter
+declares other filter semantics than the bundle recorded. Every batch and every replay is checked
+against the adapter contract (`specval.sequence.contract`); an adapter exception or breach is
+`SUTRaised` (the bundle is kept and `--resume` continues at the first missing batch or reference),
+up to and including summary.json (`execution.guard_bundle`). The bundle's lock is given up on every
+way out of `run`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from specval import bundle as bundles
 from specval import lifecycle, seeds
-from specval.execution import guard_bundle
-from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded
-from specval.protocol import check_registered
+from specval.distribution.runner import check_resumed_semantics
+from specval.execution import EnvironmentFailed, RunInterrupted, guard_bundle
+from specval.preflight import GuardedSUT, SUTRaised, check_capabilities, check_writable_dir, open_guarded
+from specval.protocol import ProtocolError, check_registered
 from specval.sequence import collect, reference, verdict
 from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, parse_sequence_protocol, resolve
 from specval.sequence.report import render, render_files
@@ -42,14 +49,56 @@ def load_bundle_protocol(path: Path) -> tuple[SequenceProtocol, list[seeds.SeedR
 
 
 def _open(protocol: SequenceProtocol, protocol_file: Path, sut_factory: SutFactory | None) -> GuardedSUT:
+    """The adapter, checked before any seed is claimed: groups it refuses and capabilities it lacks are
+    input errors (SUTError / ProtocolError); a probe catches a broken adapter (SUTRaised)."""
     sut = open_guarded(sut_factory or open_sut, protocol)
     try:
         sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
         check_capabilities(protocol, sut, protocol_file)
+        probe(sut, protocol, protocol_file)
     except BaseException:
-        sut.close()
+        _close_quietly(sut)
         raise
     return sut
+
+
+def _close_quietly(sut: GuardedSUT) -> None:
+    """Close the adapter on the way out of a run that is failing already: its own error is the one told."""
+    try:
+        sut.close()
+    except SUTRaised:
+        pass
+
+
+def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> None:
+    """Exercise every adapter call the run makes, checked as the run checks them
+    (`specval.sequence.contract`), on the reserved probe seeds (`seeds.PROBE_SEEDS`, outside every
+    run's ranges): `vocab_size`, `encode` of every prompt, one batch per group after the first
+    prompt (`sample_mixed` with its companions for a group that has them) and `target_logits_along`
+    of its first sequence. ProtocolError (exit 2) for an adapter without `target_logits_along`;
+    SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
+    if not callable(getattr(sut, "target_logits_along", None)):
+        raise ProtocolError(f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
+                            f"{protocol.sut.adapter!r} does not provide")
+    vocab = sut.vocab_size
+    if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 2:
+        raise SUTRaised("vocab_size", f"is {vocab!r}, expected an integer >= 2")
+    prompt_ids = [_encoded(sut, text, int(vocab)) for text in protocol.prompts]
+    for group in protocol.groups:
+        batch = collect.Batch(group.name, 0, seeds.PROBE_SEEDS, 0, probe=True)
+        table = collect.sample_batch(sut, protocol, prompt_ids, batch)
+        first = table["token"].to_numpy()[:protocol.sequence_length]
+        reference.replay(sut, prompt_ids[0], first, f"target_logits_along (probe, group {group.name!r})")
+
+
+def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:
+    ids = sut.encode(text)
+    array = np.asarray(ids)
+    if array.ndim != 1 or not len(array) or not np.issubdtype(array.dtype, np.integer) or array.min() < 0 \
+            or array.max() >= vocab:
+        raise SUTRaised("encode", f"returned {ids!r:.80} for prompt {text!r:.40}, expected a non-empty list of "
+                                  f"token ids in [0, {vocab})")
+    return [int(i) for i in array]
 
 
 def _start(protocol_file: Path, base: SequenceProtocol, protocol: SequenceProtocol, output: Path,
@@ -64,7 +113,7 @@ def _start(protocol_file: Path, base: SequenceProtocol, protocol: SequenceProtoc
 
 
 def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool) -> int:
-    prompt_ids = [list(sut.encode(text)) for text in protocol.prompts]
+    prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
     drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
     tables = {g.name: collect.load_tables(path, protocol, g.name) for g in protocol.groups}
     reference.build(sut, protocol, prompt_ids, path, {g: t[0] for g, t in tables.items()},
@@ -119,40 +168,86 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
         sut_factory: SutFactory | None = None, command: list[str] | None = None,
         announce: Callable[[Path], None] | None = None, parsed: SequenceProtocol | None = None) -> tuple[Path, dict]:
-    """Run (or resume) a sequence protocol and write a sealed bundle; returns (bundle, summary)."""
+    """Run (or resume) a sequence protocol and write a sealed bundle; returns (bundle, summary).
+
+    Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
+    without `exploratory`, an unwritable output root, groups or capabilities the adapter lacks, a
+    failed probe (`probe`); a resume whose adapter declares other filter semantics than run.json
+    recorded. Once the bundle exists, everything up to summary.json runs under
+    `execution.guard_bundle` (an adapter exception or breach of the contract is RunFailed, an OSError
+    EnvironmentFailed, an interrupt RunInterrupted: the bundle is kept, unsealed, for `--resume`);
+    after summary.json, an OSError is EnvironmentFailed and an interrupt RunInterrupted too (a resume
+    completes the bundle, `lifecycle.complete`). Whichever way the run ends, this process gives up
+    the bundle's lock."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
-    if resume is None:
+    path = None if resume is None else Path(resume)
+    if path is None:
         base = parsed if parsed is not None else load_sequence_protocol(protocol_file)
         state = check_registered(base, protocol_file, exploratory)
         protocol = resolve(base, profile)
     else:
-        bundles.check_resumable(Path(resume))
-        protocol, ranges = load_bundle_protocol(Path(resume))
-    check_writable_dir(Path(output if resume is None else resume), "--output" if resume is None else "--resume")
-    sut = _open(protocol, Path(protocol_file or Path(resume) / bundles.PROTOCOL_YAML), sut_factory)
+        bundles.check_resumable(path)  # refuse sealed or tampered bundles; from here this process holds the lock
     try:
-        if resume is None:
-            path, ranges = _start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
-                                  capabilities_of(sut).semantics)
-        else:
-            path = Path(resume)
-        if announce:
-            announce(path)
-        session = bundles.begin_session(path, command)
+        if path is not None:
+            protocol, ranges = load_bundle_protocol(path)
+        check_writable_dir(Path(output if path is None else path), "--output" if path is None else "--resume")
+        sut = _open(protocol, Path(protocol_file or path / bundles.PROTOCOL_YAML), sut_factory)
+        try:
+            semantics = capabilities_of(sut).semantics
+            if path is None:
+                path, ranges = _start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
+                                      semantics)
+            else:
+                check_resumed_semantics(path, semantics)
+            if announce:
+                announce(path)
+            session = bundles.begin_session(path, command)
+        except BaseException:
+            _close_quietly(sut)
+            raise
         with guard_bundle(path, session):
-            t0 = time.perf_counter()
-            drawn = _collect_and_replay(sut, protocol, ranges, path, progress)
-            collect_s = time.perf_counter() - t0
-            device = {**bundles.device_facts(), "sut": sut.describe()}
-    finally:
-        sut.close()
+            summary, drawn, collect_s, device = _decide(sut, protocol, ranges, path, progress)
+        with _after_verdict(path):
+            bundles.end_session(path, session, drawn, summary["verdict"])
+            lifecycle.write_manifest(path, protocol, ranges, device,
+                                     lifecycle.run_timing(started, clock, collect_s,
+                                                          drawn * protocol.sequence_length), command)
+            finish(path)
+    except BaseException:
+        if path is not None:
+            bundles.release_bundle(path)  # a later --resume, in this process or another, takes it
+        raise
+    return path, summary
+
+
+def _decide(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path,
+            progress: bool) -> tuple[dict, int, float, dict]:
+    """Collect, replay, close the adapter, then decide and write summary.json: (summary, sequences
+    drawn, seconds collecting, device facts)."""
+    try:
+        t0 = time.perf_counter()
+        drawn = _collect_and_replay(sut, protocol, ranges, path, progress)
+        collect_s = time.perf_counter() - t0
+        device = {**bundles.device_facts(), "sut": sut.describe()}
+    except BaseException:
+        _close_quietly(sut)
+        raise
+    sut.close()
     summary = summarise(path, protocol, ranges)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    bundles.end_session(path, session, drawn, summary["verdict"])
-    lifecycle.write_manifest(path, protocol, ranges, device,
-                             lifecycle.run_timing(started, clock, collect_s, drawn * protocol.sequence_length), command)
-    finish(path)
-    return path, summary
+    return summary, drawn, collect_s, device
+
+
+@contextlib.contextmanager
+def _after_verdict(path: Path) -> Iterator[None]:
+    """Between summary.json and the seal: an OSError is EnvironmentFailed and an interrupt
+    RunInterrupted, naming the bundle (its verdict is recorded: a resume completes it)."""
+    try:
+        yield
+    except OSError as err:
+        raise EnvironmentFailed(path, err) from err
+    except KeyboardInterrupt as err:
+        raise RunInterrupted(path) from err
 
 
 def finish(path: Path) -> None:

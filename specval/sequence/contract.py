@@ -1,0 +1,71 @@
+"""Contract: what a sequence run accepts from the adapter, checked on every call the run makes.
+
+Every `sample` / `sample_mixed` batch (the probe's, each collected batch, each re-run) and every
+`target_logits_along` answer is checked before it is written or used; a breach is `SUTRaised`
+(exit 3, the bundle kept for `--resume`) naming the adapter call, the field and the value or shape
+seen, never a traceback and never a verdict:
+
+- a batch is a `specval.sut.SampleBatch`; `tokens` and `sources` are [rows, sequence_length],
+  `num_rounds`, `num_draft_tokens`, `num_accepted_tokens` are [rows]; tokens and counts have an
+  integer dtype; every token lies in [0, vocab_size) (a token outside it cannot be replayed, so
+  no criterion could judge it); every source is one of `specval.sut.SOURCES`;
+- `target_logits_along` returns float[sequence_length, vocab_size] with no NaN and no +inf, and
+  at least one finite logit per row (-inf masks a token; a row of them is no law).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specval.preflight import SUTRaised
+from specval.sut import SOURCES, SampleBatch
+
+COUNT_FIELDS = ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
+
+
+def _first_bad(mask: np.ndarray, values: np.ndarray, axes: tuple[str, str] = ("row", "position")) -> str:
+    """"row r, position i: value" of the first True entry of `mask` (2-D) in `values`."""
+    r, i = (int(x) for x in np.argwhere(mask)[0])
+    value = values[r, i]
+    return f"{axes[0]} {r}, {axes[1]} {i}: {value.item() if isinstance(value, np.generic) else value!r}"
+
+
+def check_batch(call: str, batch: Any, rows: int, length: int, vocab: int) -> SampleBatch:
+    """`batch`, after checking it as the module doc says (SUTRaised(`call`, ...) otherwise)."""
+    if not isinstance(batch, SampleBatch):
+        raise SUTRaised(call, f"returned {type(batch).__name__}, expected specval.sut.SampleBatch")
+    for name, shape in (("tokens", (rows, length)), ("sources", (rows, length)), *((f, (rows,)) for f in COUNT_FIELDS)):
+        array = np.asarray(getattr(batch, name))
+        if array.shape != shape:
+            raise SUTRaised(call, f"{name} has shape {array.shape}, expected {shape}")
+        if name != "sources" and not np.issubdtype(array.dtype, np.integer):
+            raise SUTRaised(call, f"{name} has dtype {array.dtype}, expected an integer dtype")
+    tokens = np.asarray(batch.tokens)
+    outside = (tokens < 0) | (tokens >= vocab)
+    if outside.any():
+        raise SUTRaised(call, f"tokens holds {int(outside.sum())} token id(s) outside [0, {vocab}), first at "
+                              f"{_first_bad(outside, tokens)}")
+    sources = np.asarray(batch.sources)
+    unknown = ~np.isin(sources.astype(str), SOURCES)
+    if unknown.any():
+        raise SUTRaised(call, f"sources holds {int(unknown.sum())} unknown value(s), first at "
+                              f"{_first_bad(unknown, sources)}; expected one of {SOURCES}")
+    return batch
+
+
+def check_logits_along(call: str, logits: Any, length: int, vocab: int) -> np.ndarray:
+    """The logits as float32[length, vocab], after checking them as the module doc says."""
+    array = np.asarray(logits)
+    if array.shape != (length, vocab) or not np.issubdtype(array.dtype, np.floating):
+        raise SUTRaised(call, f"returned {array.dtype}{list(array.shape)}, expected float[{length}, {vocab}]")
+    array = array.astype(np.float32)  # what the reference uses: a logit beyond float32 is +inf here
+    for what, mask in (("NaN", np.isnan(array)), ("+inf", np.isposinf(array))):
+        if mask.any():
+            raise SUTRaised(call, f"returned {int(mask.sum())} {what} logit(s), first at "
+                                  f"{_first_bad(mask, array, ('position', 'token'))}")
+    empty = ~np.isfinite(array).any(axis=1)
+    if empty.any():
+        raise SUTRaised(call, f"returned no finite logit at position {int(np.flatnonzero(empty)[0])} (all -inf)")
+    return array
