@@ -110,3 +110,39 @@ def test_ls_marks_exploratory_bundles(cli, tmp_path):
     lines = _run(cli, "ls").output.splitlines()
     assert [line.split("  ")[0] for line in lines] == ["PASS", "EXPLORATORY FAIL", "EXPLORATORY INCOMPLETE"]
     assert all(line.endswith(f"results/{name}") for line, name in zip(lines, ("a-1", "b-1", "c-1")))
+
+
+MISSING_PACKAGE_SCRIPT = """
+import sys
+sys.modules[{name!r}] = None  # `import {name}` now raises ModuleNotFoundError, as in a venv without it
+sys.argv = ["specval", "--version"]
+from specval.__main__ import entry
+entry()
+"""
+
+
+@pytest.mark.parametrize("name", ["cryptography", "click"])
+def test_a_missing_dependency_is_one_line_and_exit_5(name):
+    """The console script's guard: a third-party package missing from the environment (seen: a GPU
+    machine without `cryptography`) is an environment error naming it, not an import traceback."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", MISSING_PACKAGE_SCRIPT.format(name=name)], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 5, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"'{name}'" in lines[0]
+
+
+def test_the_guard_re_raises_a_missing_specval_module():
+    """A module of specval itself missing is a bug: the guard must not dress it up as exit 5."""
+    import subprocess
+    import sys
+
+    script = MISSING_PACKAGE_SCRIPT.format(name="specval.cli")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
