@@ -18,7 +18,7 @@ from specval.protocol.registration import (CHANGED, FROZEN, LOCK_FILE_NAME, NOT_
                                            lock_path, read_lock, registration)
 from specval.protocol.schema import (GATING_ROLES, MAX_ALPHA, MAX_POSITIONS, MAX_POWER, MAX_STAGES, MIN_ALPHA, MIN_POWER,
                                      MULTIPLICITY_METHODS, ONE_STAGE, ROLES, TEST_KINDS, ConfirmationSpec, Protocol,
-                                     TestSpec, load_protocol, parse_protocol)
+                                     SequentialSpec, TestSpec, load_protocol, parse_protocol)
 from specval.protocol.sections import (NOSPEC_MODE, PROFILE_KEYS, AnyProtocol, GroupSpec, SamplingSpec, SutSpec,
                                        resolve)
 from specval.protocol.strict_yaml import line_of, read_yaml
@@ -26,7 +26,7 @@ from specval.protocol.strict_yaml import line_of, read_yaml
 __all__ = [
     "AnyProtocol", "CHANGED", "ConfirmationSpec", "FROZEN", "GATING_ROLES", "GroupSpec", "LOCK_FILE_NAME",
     "MAX_ALPHA", "MAX_INT", "MAX_POSITIONS", "MAX_POWER", "MAX_STAGES", "MIN_ALPHA", "MIN_POWER", "MULTIPLICITY_METHODS", "NAME_PATTERN", "NOSPEC_MODE", "NOT_FROZEN", "ONE_STAGE",
-    "PROFILE_KEYS", "Protocol", "ProtocolError", "ROLES", "SamplingSpec", "SutSpec", "TEST_KINDS", "TestSpec",
+    "PROFILE_KEYS", "Protocol", "ProtocolError", "ROLES", "SamplingSpec", "SequentialSpec", "SutSpec", "TEST_KINDS", "TestSpec",
     "canonical_hash", "check_registered", "freeze", "line_of", "load_protocol", "lock_path", "parse_protocol",
     "plain_form", "read_lock", "read_yaml", "registration", "resolve",
 ]

@@ -12,6 +12,8 @@ alpha and the multiplicity correction. Guarantees:
 - `confirmation` (one stage by default) is left out of the canonical form at its default, so a
   one-stage protocol hashes exactly as before the key existed; a two-stage block enters the hash.
   Likewise `sampling.semantics` (pinned filter semantics) enters the canonical form only when set.
+- `sequential` (pre-registered looks, `SequentialSpec`) enters the canonical form only when present,
+  so a protocol without looks keeps its hash.
 - Profiles (`ci`, `full`) override a fixed set of scale keys inside one file; `resolve` applies one.
 - Every number is range-checked as it is read, against what the run can test: a protocol whose
   levels need more Monte Carlo draws than a run can make, whose power does not exceed its level,
@@ -34,6 +36,7 @@ from specval.protocol.readers import (check_keys, fail, read_bool, read_bounded,
 from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
                                        parse_sampling, parse_sut)
 from specval.protocol.strict_yaml import read_yaml
+from specval.stats.sequential import MAX_LOOKS, MIN_LOOKS, POCOCK, SPENDINGS, check_fractions, look_sizes, spend
 
 TEST_KINDS = ("gof", "homogeneity", "quadrature")
 ROLES = ("control", "primary", "secondary")
@@ -88,6 +91,17 @@ ONE_STAGE = ConfirmationSpec()
 
 
 @dataclass(frozen=True)
+class SequentialSpec:
+    """Pre-registered sequential looks: after each fraction of `looks` (strictly increasing, the
+    last 1.0) of the planned samples per group, the gating criteria are decided at that look's
+    share of alpha (`spending`, `specval.stats.sequential.spend`); the run stops with FAIL at the
+    first look that crosses and PASSes only at the last."""
+
+    looks: tuple[float, ...]
+    spending: str = POCOCK
+
+
+@dataclass(frozen=True)
 class Protocol:
     """A parsed protocol; `profile` is set once a profile has been applied by `resolve`."""
 
@@ -112,6 +126,7 @@ class Protocol:
     chunk_size: int = 1000
     batch_size: int = 1000
     confirmation: ConfirmationSpec = ONE_STAGE
+    sequential: SequentialSpec | None = None
     profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     profile: str | None = field(default=None, compare=False)
     file_hash: str | None = field(default=None, compare=False, repr=False)  # set by `resolve`
@@ -133,6 +148,8 @@ class Protocol:
         out = plain_form(self)
         if self.confirmation == ONE_STAGE:
             out.pop("confirmation")  # keeps the hash of every one-stage protocol as it was
+        if self.sequential is None:
+            out.pop("sequential")  # keeps the hash of every protocol without looks as it was
         return out
 
     @property
@@ -212,6 +229,24 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
     return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
 
 
+def _parse_sequential(raw: Any, file: str) -> SequentialSpec | None:
+    if raw is None:
+        return None
+    raw = read_mapping(raw, file, "sequential")
+    check_keys(raw, SequentialSpec, file, "sequential")
+    looks = raw["looks"]
+    if not isinstance(looks, list) or not MIN_LOOKS <= len(looks) <= MAX_LOOKS:
+        fail(file, "sequential.looks", f"expected a list of {MIN_LOOKS} to {MAX_LOOKS} fractions of the planned "
+             "samples (one look is the fixed-size design: leave `sequential` out)", looks)
+    fractions = tuple(read_unit(f, file, f"sequential.looks[{i}]", upper_closed=True) for i, f in enumerate(looks))
+    try:
+        check_fractions(fractions)
+    except ValueError as err:
+        fail(file, "sequential.looks", str(err).removeprefix("looks: ").split(", got")[0], looks)
+    spending = read_str(raw.get("spending", POCOCK), file, "sequential.spending", SPENDINGS)
+    return SequentialSpec(looks=fractions, spending=spending)
+
+
 def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
     """Parse a YAML mapping into a Protocol; raises ProtocolError naming file, key and value."""
     raw = read_mapping(raw, file, "")
@@ -246,11 +281,13 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         chunk_size=read_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
         batch_size=read_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
         confirmation=_parse_confirmation(raw.get("confirmation", {}), file),
+        sequential=_parse_sequential(raw.get("sequential"), file),
         profiles=parse_profiles(raw.get("profiles", {}), file),
     )
     if not protocol.min_expected > 0.0:
         fail(file, "min_expected", "must be > 0", raw.get("min_expected"))
     _check_testable(protocol, file)
+    _check_looks(protocol, file)
     return protocol
 
 
@@ -261,14 +298,41 @@ def _read_alpha(value: Any, file: str, key: str) -> float:
 def _check_testable(protocol: Protocol, file: str) -> None:
     """ProtocolError unless every profile's sample size can fill MIN_CELLS cells of expected count
     >= min_expected (fewer samples pool every table into one cell: nothing could be tested)."""
-    sizes = [("samples_per_group", protocol.samples_per_group)]
-    sizes += [(f"profiles.{name}.samples_per_group", dict(overrides)["samples_per_group"])
-              for name, overrides in protocol.profiles if "samples_per_group" in dict(overrides)]
-    for key, size in sizes:
+    for key, size in _profile_sizes(protocol):
         if size < MIN_CELLS * protocol.min_expected:
             fail(file, "min_expected", f"{MIN_CELLS} cells of this expected count need more samples than {key} "
                  f"({size}): every table would pool into one cell and nothing could be tested",
                  protocol.min_expected)
+
+
+def _profile_sizes(protocol: Protocol) -> list[tuple[str, int]]:
+    """(key, samples per group) of the protocol and of every profile that sets its own."""
+    sizes = [("samples_per_group", protocol.samples_per_group)]
+    return sizes + [(f"profiles.{name}.samples_per_group", dict(overrides)["samples_per_group"])
+                    for name, overrides in protocol.profiles if "samples_per_group" in dict(overrides)]
+
+
+def _check_looks(protocol: Protocol, file: str) -> None:
+    """ProtocolError unless every look of every profile sees more samples than the one before, and
+    every look's level (alpha and alpha_stage2 spent) is one a Monte Carlo p-value resolves."""
+    if protocol.sequential is None:
+        return
+    looks = protocol.sequential.looks
+    for key, size in _profile_sizes(protocol):
+        try:
+            first = look_sizes(size, looks)[0]
+        except ValueError as err:
+            fail(file, "sequential.looks", f"{key} = {size} is too small for these looks ({err})", list(looks))
+        if first < MIN_CELLS * protocol.min_expected:
+            fail(file, "sequential.looks", f"the first look sees {first} of {key} = {size} samples per group, too "
+                 f"few to fill {MIN_CELLS} cells of expected count {protocol.min_expected:g}", list(looks))
+    alphas = [("alpha", protocol.alpha)] + ([("confirmation.alpha_stage2", protocol.alpha_stage2)]
+                                            if protocol.confirmation.is_two_stage else [])
+    for key, alpha in alphas:
+        smallest = min(spend(alpha, looks, protocol.sequential.spending).levels)
+        if smallest < MIN_ALPHA:
+            fail(file, "sequential.spending", f"spends {key} = {alpha:g} down to a look level of {smallest:.3g}, below "
+                 f"{MIN_ALPHA:g} (the Monte Carlo draws a level needs are bounded)", protocol.sequential.spending)
 
 
 def load_protocol(path: str | Path) -> Protocol:

@@ -52,6 +52,17 @@ BAD_FIELDS = [
     (["alpha"], 1.0, ["alpha", "[1e-06, 0.2]", "1.0"]),
     (["alpha"], 1e-300, ["alpha", "Monte Carlo draws", "1e-300"]),
     (["confirmation"], {"stages": 2, "alpha_stage2": 1e-300}, ["confirmation.alpha_stage2", "1e-300"]),
+    (["sequential"], [0.5, 1.0], ["sequential", "mapping", "[0.5, 1.0]"]),
+    (["sequential"], {"looks": [1.0]}, ["sequential.looks", "fixed-size design", "[1.0]"]),
+    (["sequential"], {"looks": [0.5, 0.25, 1.0]}, ["sequential.looks", "increase strictly", "[0.5, 0.25, 1.0]"]),
+    (["sequential"], {"looks": [0.25, 0.5]}, ["sequential.looks", "last look must be at 1.0", "[0.25, 0.5]"]),
+    (["sequential"], {"looks": [0.5, "all"]}, ["sequential.looks[1]", "number", "'all'"]),
+    (["sequential"], {"looks": [0.5, 1.5]}, ["sequential.looks[1]", "(0, 1]", "1.5"]),
+    (["sequential"], {"looks": [0.5, 1.0], "spending": "obrien"}, ["sequential.spending", "'pocock'", "'obrien'"]),
+    (["sequential"], {"looks": [0.5, 1.0], "spend": "pocock"}, ["sequential.spend", "unknown key", "'spending'"]),
+    (["sequential"], {"spending": "pocock"}, ["sequential.looks", "missing required key"]),
+    (["sequential"], {"looks": [0.001, 1.0]}, ["sequential.looks", "first look sees 2 of", "[0.001, 1.0]"]),
+    (["sequential"], {"looks": [0.9995, 1.0]}, ["sequential.looks", "repeat a size", "[0.9995, 1.0]"]),
     (["power"], 0.0, ["power", "[0.5, 0.9999]"]),
     (["power"], 0.3, ["power", "minimum detectable effect"]),
     (["sampling", "temperature"], 1e-300, ["sampling.temperature", ">= 1e-05", "greedy", "1e-300"]),
@@ -296,3 +307,29 @@ def test_every_shipped_cpu_protocol_has_a_smoke_profile_below_ci(file):
         return
     assert "smoke" in dict(protocol.profiles), f"{file.name} has no smoke profile"
     assert resolve(protocol, "smoke").samples_per_group < resolve(protocol, "ci").samples_per_group
+
+
+def test_look_levels_below_what_monte_carlo_resolves_are_refused(tmp_path):
+    raw = fake_protocol_dict(alpha=1e-5, sequential={"looks": [0.05, 1.0], "spending": "linear"})
+    file = write_protocol(tmp_path, raw)
+    with pytest.raises(ProtocolError) as err:
+        load_protocol(file)
+    for word in (str(file), "sequential.spending", "alpha = 1e-05", "5e-07", "below 1e-06", "'linear'"):
+        assert word in str(err.value), str(err.value)
+
+
+def test_sequential_enters_the_hash_only_when_present(tmp_path):
+    """Deterministic: a protocol without looks hashes as before the key existed (its canonical form
+    has no `sequential`); looks and spending each change the hash."""
+    plain = load_protocol(write_protocol(tmp_path, fake_protocol_dict(), "a.yaml"))
+    assert "sequential" not in plain.to_dict() and plain.sequential is None
+    looks = {"looks": [0.25, 0.5, 1.0]}
+    pocock = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential=looks), "b.yaml"))
+    explicit = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "pocock"}),
+                                            "c.yaml"))
+    linear = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "linear"}),
+                                          "d.yaml"))
+    assert pocock.sequential == protocols.SequentialSpec((0.25, 0.5, 1.0), "pocock")
+    assert pocock.to_dict()["sequential"] == {"looks": [0.25, 0.5, 1.0], "spending": "pocock"}
+    assert len({plain.hash, pocock.hash, linear.hash}) == 3 and explicit.hash == pocock.hash
+    assert resolve(pocock, "ci").sequential == pocock.sequential and resolve(pocock, "ci").hash == pocock.hash
