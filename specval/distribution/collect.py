@@ -117,13 +117,33 @@ def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequenc
     return total - done
 
 
-def load_samples(bundle: Path, ranges: Sequence[SeedRange]) -> pd.DataFrame:
-    """All samples sorted by (group, seed); ValueError on missing, duplicated or foreign seeds."""
+def collected_size(bundle: Path, ranges: Sequence[SeedRange]) -> int:
+    """The number of seeds collected from the start of every range, by the chunk files' names
+    (`Chunk.file_name`); ValueError unless every range holds the same number (a stage whose
+    collection stopped at a look)."""
+    stops = {r.group: r.start for r in ranges}
+    for file in (bundle / SAMPLES_DIR).glob("*.parquet"):
+        group, _, stop = file.stem.rsplit("-", 2)
+        if group in stops:
+            stops[group] = max(stops[group], int(stop))
+    sizes = {r.group: stops[r.group] - r.start for r in ranges}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"{bundle / SAMPLES_DIR}: groups were collected to different sizes {sizes}")
+    return next(iter(sizes.values()))
+
+
+def load_samples(bundle: Path, ranges: Sequence[SeedRange], exact: bool = True) -> pd.DataFrame:
+    """All samples sorted by (group, seed); ValueError on missing, duplicated or foreign seeds.
+    `exact=False`: rows of a range's group at or beyond its stop are left out first (the samples
+    of an earlier look of a stage collected further)."""
     files = sorted((bundle / SAMPLES_DIR).glob("*.parquet"))
     if not files:
         raise ValueError(f"{bundle / SAMPLES_DIR}: no sample chunks")
     # one arrow table converted once: the same frame as concatenating pd.read_parquet of each chunk
     frame = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
+    if not exact:
+        stops = frame["group"].map({r.group: r.stop for r in ranges}).to_numpy(dtype=np.float64, na_value=np.inf)
+        frame = frame[frame["seed"].to_numpy() < stops].reset_index(drop=True)
     groups, rows = pd.factorize(frame["group"])  # never iterate the column in Python (800k rows ~1.5 s)
     for r in ranges:
         found = np.flatnonzero(rows == r.group)

@@ -8,6 +8,10 @@ A two-stage protocol whose first stage FAILs on p-valued criteria only claims a 
 ranges (same groups and sizes) from the same ledger, so they are disjoint from every range of the
 protocol, records them in run.json before sampling, and collects them into `stage2/`.
 
+A protocol with sequential looks (`sequential`) collects and decides each stage look by look
+(`specval.distribution.looks`): it stops with FAIL at the first look that crosses its level, and
+the bundle then holds the samples up to that look only.
+
 `run` refuses before any sampling: a confirmatory protocol whose hash differs from the frozen one,
 seed ranges that overlap the ledger, groups the SUT does not support. `resume` continues a
 killed run in its own bundle with the seed ranges recorded in run.json. `verify` re-hashes a
@@ -30,19 +34,21 @@ import pandas as pd
 
 from specval import bundle as bundles
 from specval import lifecycle, report, seeds
-from specval.distribution import collect, sharding
+from specval.distribution import collect, looks, sharding
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
 from specval.protocol import (FROZEN, Protocol, ProtocolError, check_registered, load_protocol,
                               parse_protocol, resolve)
-from specval.distribution.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
+from specval.distribution.reference import (Reference, build_reference, draft_law, needed_prefixes, point_mass,
+                                            transform)
 from specval.report.figure_pool import FigurePool, worker_count
 from specval.stats import montecarlo, quadrature
 from specval.stats.quadrature import adversarial_pairs
 from specval.semantics import FilterSemantics
 from specval.stopwatch import Stopwatch
 from specval.sut import DRAFT_GREEDY, SUT, SutFactory, capabilities_of, open_sut
-from specval.distribution.verdict import STOP_POINT, applicable_groups, confirm, evaluate, needs_second_stage
+from specval.distribution.verdict import (FAIL, STOP_POINT, applicable_groups, confirm, confirms, evaluate,
+                                          gating_failures, needs_second_stage)
 
 ADVERSARIAL_VOCAB = 16  # vocabulary of the synthetic adversarial (p, q) pairs
 ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, not of the run
@@ -275,6 +281,9 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], fir
     stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), and
     `second_samples`: the stage-2 samples, when the caller has just read them from these files.
     The Monte Carlo draws come from the stream the bundle recorded (`recorded_stream`)."""
+    if protocol.sequential is not None:
+        return _with_plan(path, summarise_looks(path, protocol, ranges, _read_look, _recorded_stage2).summary,
+                          recorded_stream(path))
     laws, stream = bundles.read_json(path / bundles.QUADRATURE_FILE), recorded_stream(path)
     first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws, stream=stream), None
     if needs_second_stage(protocol, first):
@@ -284,7 +293,12 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], fir
                                       "records no stage-2 seed ranges")
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
         second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws, second_samples, stream)
-    summary = confirm(protocol, first, second)
+    return _with_plan(path, confirm(protocol, first, second), stream)
+
+
+def _with_plan(path: Path, summary: dict, stream: str) -> dict:
+    """The summary with what run.json records (registration, semantics) and its Monte Carlo stream,
+    as plain JSON values."""
     plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
     summary["registration"] = plan.registration_block()
     if plan.semantics:  # bundles made before semantics were recorded keep their summary as it was
@@ -292,6 +306,149 @@ def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], fir
     if stream != montecarlo.LEGACY_STREAM:  # legacy bundles keep their summary as it was
         summary[MC_STREAM_KEY] = stream
     return json.loads(json.dumps(summary))
+
+
+# ---------------------------------------------------------------- sequential looks
+
+Advance = Callable[[Path, list[seeds.SeedRange], looks.Look], pd.DataFrame]
+"""(stage directory, the stage's ranges, look) -> the stage's samples of the look's first seeds, with
+the stage's reference.json covering them: collected by a run (`Collector`), read by verify (`_read_look`)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Looked:
+    """What `summarise_looks` made of a bundle: its summary (looks, stop and confirmation in it) and
+    the stage-1 samples up to the look stage 1 stopped at (for the report)."""
+
+    summary: dict
+    samples: pd.DataFrame
+
+
+def _walk_stage(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], alpha: float,
+                context: tuple[dict, str, float | None], advance: Advance,
+                stops: Callable[[dict], bool]) -> tuple[looks.Walked, pd.DataFrame]:
+    """One stage (`directory`: the bundle or stage2/) walked look by look (`looks.walk`), each look
+    evaluated from the stage's files; `context`: the quadrature laws, the Monte Carlo stream, the
+    second stage's final level (None: one stage). BundleError when the stage holds samples beyond
+    the look it stopped at."""
+    laws, stream, final2 = context
+    held: dict[str, pd.DataFrame] = {}
+
+    def reach(look: looks.Look) -> None:
+        held["samples"] = advance(directory, ranges, look)
+
+    def evaluate(look: looks.Look) -> dict:
+        return _stage_summary(directory, looks.look_protocol(protocol, look, final2),
+                              looks.prefix(ranges, look.samples_per_group), laws, held["samples"], stream)
+
+    walked = looks.walk(looks.schedule(protocol, alpha), reach, evaluate, stops, gating_failures)
+    collected = collect.collected_size(directory, ranges)
+    if collected != walked.look.samples_per_group:
+        raise bundles.BundleError(f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group, but the looks "
+                                  f"stop at look {walked.look.index + 1} ({walked.look.samples_per_group})")
+    return walked, held["samples"]
+
+
+def summarise_looks(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], advance: Advance,
+                    stage2: Callable[[Path, Protocol], list[seeds.SeedRange]]) -> Looked:
+    """The summary of a sequential protocol's bundle: stage 1 look by look (stopping at its first
+    FAIL), then, when it FAILed on p-valued criteria only and the protocol has two stages, stage 2
+    look by look on `stage2(path, protocol)`'s ranges (stopping at the first look that confirms a
+    stage-1 failure), combined by `confirm`. The summary's `sequential` (and stage 2's) say where
+    each stage stopped; `protocol` keeps the protocol's alpha and planned size."""
+    two = protocol.confirmation.is_two_stage
+    final2 = looks.final_level(protocol, protocol.alpha_stage2) if two else None
+    context = (bundles.read_json(path / bundles.QUADRATURE_FILE), recorded_stream(path), final2)
+    first, samples = _walk_stage(path, protocol, ranges, protocol.alpha, context, advance,
+                                 lambda s: s["verdict"] == FAIL)
+    second = None
+    if needs_second_stage(protocol, first.summary):
+        second, _ = _walk_stage(path / bundles.STAGE2_DIR, protocol, stage2(path, protocol), protocol.alpha_stage2,
+                                context, advance, lambda s: confirms(first.summary, s))
+    summary = confirm(protocol, first.summary, second.summary if second else None)
+    summary["protocol"] = {**summary["protocol"], "alpha": protocol.alpha,
+                           "samples_per_group": protocol.samples_per_group}
+    summary["sequential"] = looks.block(protocol, protocol.alpha, first)
+    summary["reason"] += f" (sequential: {looks.stop_text(summary['sequential'])})"
+    if second is not None:
+        block = looks.block(protocol, protocol.alpha_stage2, second)
+        summary["confirmation"]["stage2"]["sequential"] = block
+        summary["reason"] += f" (stage 2 sequential: {looks.stop_text(block)})"
+    return Looked(summary, samples)
+
+
+def _read_look(directory: Path, ranges: list[seeds.SeedRange], look: looks.Look) -> pd.DataFrame:
+    """verify's `Advance`: the stage's samples of the look's first seeds, from the chunks present."""
+    collected = collect.collected_size(directory, ranges)
+    if look.samples_per_group > collected:
+        raise bundles.BundleError(f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group end before "
+                                  f"look {look.index + 1} ({look.samples_per_group}), and no earlier look stopped")
+    return collect.load_samples(directory, looks.prefix(ranges, look.samples_per_group), exact=False)
+
+
+def _recorded_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
+    recorded = stage2_ranges(path)
+    if not recorded:
+        raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} records no "
+                                  "stage-2 seed ranges")
+    return recorded
+
+
+class Collector:
+    """A run's `Advance`: collects the missing chunks up to the look (chunks cut at every look's
+    size, `looks.segments`), then extends the stage's reference.json with the laws of the prefixes
+    new since the previous look (earlier laws are kept, not replayed: each prefix has one law).
+    Counts the samples drawn and the seconds spent collecting, per stage directory."""
+
+    def __init__(self, sut: SUT, protocol: Protocol, progress: bool, sampler: collect.ChunkSampler | None,
+                 watch: Stopwatch) -> None:
+        self.sut, self.protocol, self.progress, self.sampler, self.watch = sut, protocol, progress, sampler, watch
+        self.prompt_ids = sut.encode(protocol.prompt)
+        self.drawn: dict[Path, int] = {}
+        self.seconds: dict[Path, float] = {}
+        self._laws: dict[Path, dict] = {}
+
+    def __call__(self, directory: Path, ranges: list[seeds.SeedRange], look: looks.Look) -> pd.DataFrame:
+        done = looks.schedule(self.protocol, self.protocol.alpha)[: look.index + 1]
+        start = time.perf_counter()
+        drawn = collect.collect(self.sut, self.protocol, self.prompt_ids, looks.segments(ranges, done), directory,
+                                self.progress, self.sampler)
+        self.seconds[directory] = self.seconds.get(directory, 0.0) + time.perf_counter() - start
+        self.drawn[directory] = self.drawn.get(directory, 0) + drawn
+        with self.watch.step("load_s"):
+            samples = collect.load_samples(directory, looks.prefix(ranges, look.samples_per_group))
+        with self.watch.step("reference_s"):
+            self._extend_reference(directory, samples)
+        return samples
+
+    def _extend_reference(self, directory: Path, samples: pd.DataFrame) -> None:
+        known = self._laws.setdefault(directory, {})
+        tokens = token_matrix(samples, self.protocol.positions)
+        new = [p for p in needed_prefixes(tokens, self.sut.vocab_size) if p not in known]
+        fresh = build_reference(self.sut.target_logits, self.prompt_ids, new, self.protocol.sampling,
+                                self.sut.vocab_size, capabilities_of(self.sut).semantics)
+        known.update(fresh.dists)
+        reference = Reference(self.sut.vocab_size, tuple(self.prompt_ids), dict(known))
+        bundles.write_json(directory / bundles.REFERENCE_FILE, reference.to_dict())
+
+
+def analyse_looks(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT, progress: bool = False,
+                  sampler: collect.ChunkSampler | None = None,
+                  watch: Stopwatch | None = None) -> tuple[Analysis, int, float]:
+    """Collect and decide a sequential protocol's bundle look by look (`summarise_looks` with a
+    `Collector`), write summary.json: (analysis, stage-1 samples drawn now, seconds collecting them).
+    The quadrature sweeps come first: a broken accept kernel FAILs at the first look."""
+    watch = watch or Stopwatch()
+    with watch.step("quadrature_s"):
+        bundles.write_json(path / bundles.QUADRATURE_FILE, quadrature_laws(sut, protocol, sut.encode(protocol.prompt)))
+    collector = Collector(sut, protocol, progress, sampler, watch)
+    looked = summarise_looks(path, protocol, ranges, collector, claim_stage2)
+    with watch.step("summary_s"):
+        summary = _with_plan(path, looked.summary, recorded_stream(path))
+        bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+    second = path / bundles.STAGE2_DIR
+    analysis = Analysis(summary, looked.samples, collector.drawn.get(second, 0), collector.seconds.get(second, 0.0))
+    return analysis, collector.drawn.get(path, 0), collector.seconds.get(path, 0.0)
 
 
 # ---------------------------------------------------------------- the run
@@ -365,9 +522,12 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
                 prompt_ids = sut.encode(protocol.prompt)
                 device = bundles.device_facts()  # the device, not the samples: setup, before the clock of collection
                 t0 = time.perf_counter()
-                drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
-                t1 = time.perf_counter()
-                analysis = analyse(path, protocol, ranges, sut, progress, sampler, pool, watch)
+                if protocol.sequential is None:
+                    drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler)
+                    collect_s = time.perf_counter() - t0
+                    analysis = analyse(path, protocol, ranges, sut, progress, sampler, pool, watch)
+                else:
+                    analysis, drawn, collect_s = analyse_looks(path, protocol, ranges, sut, progress, sampler, watch)
                 device["sut"] = sut.describe()
                 t2 = time.perf_counter()
                 with watch.step("figures_submit_s"):
@@ -379,9 +539,10 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             pngs = pending() if pending else report.figures(path, analysis.summary, analysis.samples)
         if pool:
             pool.release()  # the workers exit while the bundle is sealed; leaving the block joins them
-        phases = {"setup_s": t0 - clock, "collect_s": t1 - t0, "analysis_s": t2 - t1 - analysis.collect_stage2_s,
+        phases = {"setup_s": t0 - clock, "collect_s": collect_s,
+                  "analysis_s": t2 - t0 - collect_s - analysis.collect_stage2_s,
                   "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
-        timing = lifecycle.run_timing(started, clock, t1 - t0, drawn, phases)
+        timing = lifecycle.run_timing(started, clock, collect_s, drawn, phases)
         if protocol.confirmation.is_two_stage:
             timing["stage2_samples_drawn"] = analysis.drawn_stage2
             timing["collect_stage2_s"] = analysis.collect_stage2_s

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from specval.distribution import looks
 from specval.distribution.collect import COUNT_COLUMNS
 from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.distribution.reference import Reference
@@ -144,9 +145,12 @@ def family_sizes(protocol: Protocol) -> dict[str, int]:
 
 def decision_levels(protocol: Protocol, role: str) -> list[float]:
     """Per stage, the level a criterion of `role` is decided at in the worst case: Holm's first step
-    alpha / m, times the Monte Carlo resolution factor; two entries for a two-stage protocol."""
+    alpha / m, times the Monte Carlo resolution factor; two entries for a two-stage protocol. With
+    sequential looks, each stage's alpha is its last look's share (`looks.final_level`): the
+    level a PASS is decided at."""
     m = max(family_sizes(protocol)[role], 1)
     alphas = [protocol.alpha] + ([protocol.alpha_stage2] if protocol.confirmation.is_two_stage else [])
+    alphas = [looks.final_level(protocol, alpha) for alpha in alphas]
     return [a / m * DECISION_LEVEL_FACTOR for a in alphas]
 
 
@@ -587,6 +591,17 @@ def needs_second_stage(protocol: Protocol, first: Mapping) -> bool:
     """True iff the protocol has two stages and stage 1 FAILed on p-valued gating criteria only."""
     return (protocol.confirmation.is_two_stage and first["verdict"] == FAIL
             and not deterministic_failures(first["tests"]))
+
+
+def confirms(first: Mapping, second: Mapping) -> bool:
+    """True iff stage 2's summary `second` FAILs the run that stage 1's `first` FAILed (the rule of
+    `confirm`): the stop rule of a second stage with sequential looks."""
+    return _two_stage_verdict(first["tests"], second["tests"])[0] == FAIL
+
+
+def gating_failures(summary: Mapping) -> list[str]:
+    """The gating criteria that FAIL in one stage's summary."""
+    return _gating_failures(summary["tests"])
 
 
 def _gating_failures(tests: Mapping[str, dict]) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -18,9 +19,14 @@ from specval.report.markdown import md_table, render_markdown, verdict_text
 from specval.seeds import SeedRange
 
 
-def bundle_samples(path: Path, manifest: dict) -> pd.DataFrame:
-    """The stage-1 samples of the bundle at `path`, by the seed ranges its manifest records."""
+def bundle_samples(path: Path, manifest: dict, summary: dict | None = None) -> pd.DataFrame:
+    """The stage-1 samples of the bundle at `path`, by the seed ranges its manifest records; a run
+    that stopped at a sequential look (`summary["sequential"]`) holds each range's first
+    `samples_per_group_at_stop` seeds only."""
     ranges = [SeedRange(s["protocol"], s["run"], s["group"], s["start"], s["stop"]) for s in manifest["seeds"]]
+    looked = (summary or {}).get("sequential")
+    if looked:
+        ranges = [dataclasses.replace(r, stop=r.start + looked["samples_per_group_at_stop"]) for r in ranges]
     return load_samples(path, ranges)
 
 
@@ -77,7 +83,7 @@ def render_files(path: Path, pngs: dict[str, bytes] | None = None,
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     if pngs is None:
-        pngs = render_figures(path, summary, bundle_samples(path, manifest))
+        pngs = render_figures(path, summary, bundle_samples(path, manifest, summary))
     return {"report.md": render_markdown(summary, manifest, pngs).encode(),
             "report.html": render_html(summary, manifest, pngs).encode()}
 

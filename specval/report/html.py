@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import html
 
-from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, SESSION_HEADER, confirmation_lines, criteria_rows,
-                                     fmt, group_rows, patch_text, provenance, semantics_text, session_rows,
-                                     verdict_text)
+from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, LOOK_HEADER, SESSION_HEADER, look_rows,
+                                     confirmation_lines, criteria_rows, fmt, group_rows, patch_text, provenance,
+                                     semantics_text, sequential_blocks, sequential_lines, session_rows, verdict_text)
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
          "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
@@ -55,6 +55,17 @@ def _confirmation(summary: dict) -> str:
     return "".join(out)
 
 
+def _sequential(summary: dict) -> str:
+    """The sequential section: its lines as paragraphs, the looks as an HTML table."""
+    lines = sequential_lines(summary)
+    if not lines:
+        return ""
+    rows = [row for stage, block in sequential_blocks(summary) for row in look_rows(stage, block)]
+    paragraphs = "".join(f"<p>{html.escape(line.removeprefix('- '))}</p>" for line in lines[2:]
+                         if line and not line.startswith("|"))
+    return f"<h2>Sequential looks</h2>{paragraphs}{html_table(LOOK_HEADER, rows)}"
+
+
 def _semantics(summary: dict) -> str:
     text = semantics_text(summary)
     return "" if text is None else f"<p>{html.escape(text)}</p>"
@@ -81,6 +92,6 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
             f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
             f"with power &ge; {proto['power']}.</p>"
             f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
-            f"{_confirmation(summary)}"
+            f"{_confirmation(summary)}{_sequential(summary)}"
             f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}"
             f"<h2>Figures</h2>{images}</body></html>\n")

@@ -47,8 +47,11 @@ def _case_properties(test: dict, bundle: Path | None) -> list[tuple[str, object]
 
 def _suite_properties(summary: dict, bundle: Path | None) -> list[tuple[str, object]]:
     proto, registration = summary["protocol"], summary.get("registration") or {}
+    looked = summary.get("sequential") or {}
     return [("protocol", proto["name"]), ("protocol_hash", proto.get("hash")), ("profile", proto.get("profile")),
-            ("verdict", summary["verdict"]), ("exploratory", registration.get("exploratory")), ("bundle", bundle)]
+            ("verdict", summary["verdict"]), ("exploratory", registration.get("exploratory")),
+            ("stopped_at_look", looked.get("stopped_at_look")), ("looks", looked.get("num_looks")),
+            ("samples_per_group", looked.get("samples_per_group_at_stop")), ("bundle", bundle)]
 
 
 def inconclusive(summary: dict) -> set[str]:
@@ -63,7 +66,8 @@ def write_junit(summary: dict, path: Path, bundle: Path | None = None) -> None:
     does not gate. The suite carries
     the protocol, its hash, profile, verdict, exploratory flag and `bundle` as <properties>; each case
     its statistic, p-value, Holm p, MDE (TV) and its label, sample size (samples tested), planned n and
-    `bundle` (those the criterion has)."""
+    `bundle` (those the criterion has). A run with sequential looks adds to the suite the look it
+    stopped at, the number of looks and the samples per group it had collected then."""
     tests, failed, errors = summary["tests"], failing(summary), inconclusive(summary)
     suite = ET.Element("testsuite", name=f"specval.{summary['protocol']['name']}", tests=str(len(tests)),
                        failures=str(len(failed)), errors=str(len(errors)),

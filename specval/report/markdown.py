@@ -76,6 +76,48 @@ def confirmation_lines(summary: dict) -> list[str]:
     return lines + [""]
 
 
+LOOK_HEADER = ["stage", "look", "fraction", "samples per group", "level", "verdict", "failing gating criteria"]
+
+
+def look_rows(stage: str, block: dict) -> list[list[str]]:
+    return [[stage, str(r["look"]), fmt(r["fraction"]), str(r["samples_per_group"]), fmt(r["level"], 3),
+             r["verdict"], ", ".join(r["failing"]) or "-"] for r in block["records"]]
+
+
+def sequential_blocks(summary: dict) -> list[tuple[str, dict]]:
+    """(stage, `sequential` entry) of each stage that ran with looks (empty: a fixed-size protocol)."""
+    first = summary.get("sequential")
+    if not first:
+        return []
+    second = ((summary.get("confirmation") or {}).get("stage2") or {}).get("sequential")
+    return [("1", first)] + ([("2", second)] if second else [])
+
+
+def sequential_lines(summary: dict) -> list[str]:
+    """The sequential section: rule, boundary, where each stage stopped, one row per look taken
+    (empty for a protocol without looks)."""
+    blocks = sequential_blocks(summary)
+    if not blocks:
+        return []
+    first = blocks[0][1]
+    lines = ["## Sequential looks", "", f"Rule (pre-registered): {first['rule']}.", ""]
+    for stage, block in blocks:
+        looks = ", ".join(f"{fmt(f)} ({n})" for f, n in zip(block["looks"], block["samples_per_group"]))
+        lines += [f"- stage {stage}: {block['spending']} spending of alpha {block['alpha']} over "
+                  f"{block['num_looks']} looks at {looks} samples per group, levels "
+                  f"{', '.join(fmt(v, 3) for v in block['levels'])}; {sequential_text(block)}"]
+    rows = [row for stage, block in blocks for row in look_rows(stage, block)]
+    return lines + ["", md_table(LOOK_HEADER, rows), ""]
+
+
+def sequential_text(block: dict) -> str:
+    """Where a stage with looks stopped, in words."""
+    if block["stopped_early"]:
+        return (f"stopped with FAIL at look {block['stopped_at_look']} of {block['num_looks']}, after "
+                f"{block['samples_per_group_at_stop']} of {block['samples_per_group'][-1]} planned samples per group")
+    return f"ran all {block['num_looks']} looks ({block['samples_per_group_at_stop']} samples per group)"
+
+
 SESSION_HEADER = ["session", "command", "started", "finished", "samples drawn", "outcome", "code"]
 
 
@@ -146,6 +188,7 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         f">= {proto['power']} at the run's sample size.", "",
         "## Groups", "", md_table(GROUP_HEADER, group_rows(summary)), "",
         *confirmation_lines(summary),
+        *sequential_lines(summary),
         "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest)), "",
         "## Figures", "",
     ]
