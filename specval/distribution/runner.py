@@ -398,7 +398,8 @@ class Collector:
     """A run's `Advance`: collects the missing chunks up to the look (chunks cut at every look's
     size, `looks.segments`), then extends the stage's reference.json with the laws of the prefixes
     new since the previous look (earlier laws are kept, not replayed: each prefix has one law).
-    Counts the samples drawn and the seconds spent collecting, per stage directory."""
+    A resumed run may find chunks of a later look already written (it was killed inside that look):
+    each look reads only its own first seeds. Counts the samples drawn and the seconds spent collecting, per stage directory."""
 
     def __init__(self, sut: SUT, protocol: Protocol, progress: bool, sampler: collect.ChunkSampler | None,
                  watch: Stopwatch) -> None:
@@ -416,7 +417,7 @@ class Collector:
         self.seconds[directory] = self.seconds.get(directory, 0.0) + time.perf_counter() - start
         self.drawn[directory] = self.drawn.get(directory, 0) + drawn
         with self.watch.step("load_s"):
-            samples = collect.load_samples(directory, looks.prefix(ranges, look.samples_per_group))
+            samples = collect.load_samples(directory, looks.prefix(ranges, look.samples_per_group), exact=False)
         with self.watch.step("reference_s"):
             self._extend_reference(directory, samples)
         return samples
