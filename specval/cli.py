@@ -875,7 +875,13 @@ def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
 
 
 def _print_protocol_plan(protocol, rows) -> None:
+    from specval.distribution import looks
+
     stages = "two-stage confirmation" if protocol.confirmation.is_two_stage else "one stage"
+    if protocol.sequential is not None:
+        sizes = looks.schedule(protocol, protocol.alpha)
+        stages += (f", {protocol.sequential.spending} looks at {', '.join(str(x.samples_per_group) for x in sizes)} "
+                   f"samples per group (levels below: the last look's)")
     click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
                f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}")
     for row in rows:
