@@ -320,9 +320,12 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
     cell |= _cost(path)
     failed = _gating_failures(summary)
     killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
-    mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(_killing_position(killing))]
+    # a run that stopped at an early sequential look may FAIL a positional criterion whose table is
+    # too small for an MDE (out-of-support samples): its position still names where the bug showed
+    position = _killing_position([n for n in failed if re.match(r"t\d+_", n)] or killing)
+    mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(position)]
     return cell | {"killed": bool(failed), "verdict": summary["verdict"], "killed_by": sorted(failed),
-                   "p_values": failed, "bundle": str(path.relative_to(root.parent)), "tv": tv, "kill_position": _killing_position(killing),
+                   "p_values": failed, "bundle": str(path.relative_to(root.parent)), "tv": tv, "kill_position": position,
                    "mde": max(mdes) if mdes else None, "mde_t1": _min_mde(summary, "t1_gof.")}
 
 
