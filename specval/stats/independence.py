@@ -24,7 +24,8 @@ from scipy import signal
 from specval.stats import checks
 from specval.stats.montecarlo import McPValue, sequential_pvalue
 from specval.stats.results import StatResult
-from specval.stats.sequence import SERIAL_BINS, as_pit, in_chunks, independence_chi2, pair_tables, to_bins
+from specval.stats.sequence import (SERIAL_BINS, as_pit, in_chunks, independence_chi2, packed_digits, pair_counts,
+                                    to_bins, uniform_bins)
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 PMF_RTOL = 1e-7  # two-sided p-value: outcomes with pmf <= pmf(observed) * (1 + PMF_RTOL) count (scipy's rule)
@@ -186,7 +187,8 @@ def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_
     requests of pair i's slot (any positions, as long as the same rule pairs them); under H0 the
     requests are independent, so with the tokens interleaved a_1, b_1, a_2, b_2, ... every U is
     U(0, 1) given all earlier ones: the pairs are i.i.d. uniform on the unit square, EXACTLY.
-    Guarantee: P(p <= a) <= a under H0; deterministic in `rng` (rho's null first, then X^2's).
+    Guarantee: P(p <= a) <= a under H0; deterministic in `rng` (rho's null first, then X^2's; the
+    X^2 null's bins are packed digits under stream version 2, `integers` under version 1).
     Scaling: O(draws * n).
     """
     u_a, u_b = as_pit("u_a", u_a), as_pit("u_b", u_b)
@@ -196,15 +198,18 @@ def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_
     if n == 0:
         return PitAssociationResult(0.0, 1.0, 0.0, 0, 1.0, 1.0, 0, num_bins, None, None)
     rho = float(_rho(u_a, u_b))
-    chi2 = float(independence_chi2(pair_tables(to_bins(u_a, num_bins)[None], to_bins(u_b, num_bins)[None],
+    chi2 = float(independence_chi2(pair_counts(to_bins(u_a, num_bins)[None], to_bins(u_b, num_bins)[None],
                                                num_bins))[0])
 
     def draw_rho(gen: np.random.Generator, size: int) -> np.ndarray:
         return np.abs(_rho(gen.random((size, n)), gen.random((size, n))))
 
     def draw_chi2(gen: np.random.Generator, size: int) -> np.ndarray:
-        bins = gen.integers(0, num_bins, size=(2, size, n))
-        return independence_chi2(pair_tables(bins[0], bins[1], num_bins))
+        if packed_digits(gen):  # stream version 2: each null pair's rows a, b one after the other
+            bins = uniform_bins(gen, num_bins, (size, 2, n))
+            return independence_chi2(pair_counts(bins[:, 0], bins[:, 1], num_bins))
+        bins = gen.integers(0, num_bins, size=(2, size, n))  # version 1 and legacy: every row a, then every b
+        return independence_chi2(pair_counts(bins[0], bins[1], num_bins))
 
     mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng)
     mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng)

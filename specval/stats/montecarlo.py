@@ -20,9 +20,11 @@ Ties: T* within a relative `TIE_RTOL` of T counts as an exceedance, so that roun
 summation order can only make the p-value larger (conservative), never smaller.
 
 Streams: `criterion_rng` draws from `specval.stats.stream.Stream` (Philox raw words and this
-project's transforms: the same draws under every supported numpy and scipy). Bundles sealed
-before it existed drew from numpy's PCG64 Generator methods (`LEGACY_STREAM`), whose algorithms
-numpy may change between releases; a bundle records its stream in summary.json
+project's transforms: the same draws under every supported numpy and scipy), version 2
+(`CURRENT_STREAM`, `philox4x64-10/specval-2`: packed uniform digits for the sequence nulls) for
+new analyses, version 1 (`FIRST_STREAM`) for bundles that record it. Bundles sealed before the
+project's stream existed drew from numpy's PCG64 Generator methods (`LEGACY_STREAM`), whose
+algorithms numpy may change between releases; a bundle records its stream in summary.json
 (`monte_carlo_stream`; absent: the legacy one) and `specval verify` redraws with that one.
 """
 
@@ -38,7 +40,7 @@ from scipy import stats
 
 from specval.stats import checks
 from specval.stats.results import StatResult
-from specval.stats.stream import STREAM_NAME, Stream
+from specval.stats.stream import STREAM_NAME, STREAM_V1, VERSIONS, Stream
 
 EXCEEDANCES = 30  # h: stop at the h-th null statistic >= the observed one
 DECISION_LEVEL_FACTOR = 0.5  # MDEs are computed at level t * this (see the module docstring)
@@ -46,9 +48,10 @@ TIE_RTOL = 1e-9  # float64 sums of <= 1e6 terms differ by far less than 1e-9 rel
 FIRST_BATCH = 64  # batch sizes double from here, so the draw count overshoots by < 2x
 
 NullDraws = Callable[[np.random.Generator, int], np.ndarray]  # (rng, b) -> f64[b] null statistics
-CURRENT_STREAM = STREAM_NAME  # the stream of every new analysis
+CURRENT_STREAM = STREAM_NAME  # the stream of every new analysis (version 2)
+FIRST_STREAM = STREAM_V1  # version 1: bundles sealed before version 2 existed
 LEGACY_STREAM = "numpy-pcg64"  # bundles sealed before the stream was recorded: numpy's Generator methods
-STREAMS = (CURRENT_STREAM, LEGACY_STREAM)
+STREAMS = (CURRENT_STREAM, FIRST_STREAM, LEGACY_STREAM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ def decision_power(level: float) -> float:
 def criterion_rng(*keys: str, stream: str = CURRENT_STREAM) -> Stream | np.random.Generator:
     """The null draws of one criterion, keyed by sha256 of the keys (e.g. protocol hash, criterion,
     seed range), so that `specval verify` redraws the same null statistics bit for bit: a `Stream`
-    (its 128-bit key: the digest's first 16 bytes, little-endian), or for LEGACY_STREAM a PCG64
+    of the stream's version (its 128-bit key: the digest's first 16 bytes, little-endian), or for LEGACY_STREAM a PCG64
     Generator seeded by the same integer (the draws of bundles sealed before streams were recorded).
     Both offer `random`, `integers`, `multinomial` and `multivariate_hypergeometric`."""
     if stream not in STREAMS:
@@ -85,7 +88,7 @@ def criterion_rng(*keys: str, stream: str = CURRENT_STREAM) -> Stream | np.rando
     key = int.from_bytes(digest[:16], "little")
     if stream == LEGACY_STREAM:
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(key)))
-    return Stream(key)
+    return Stream(key, version=VERSIONS[stream])
 
 
 def sequential_pvalue(observed: float, draw: NullDraws, level: float, rng: np.random.Generator) -> McPValue:

@@ -24,6 +24,35 @@ inverse-CDF sampling works in id order, where a bias in the uniforms maps to a s
 V_i comes from a SPECIFIED stream (`montecarlo.criterion_rng`, or a documented
 `np.random.Generator(np.random.Philox(key))`), drawn in the array order of the tokens, so that
 `specval verify` redraws the same U bit for bit.
+
+Null draws, and why they are cheap. A rejected criterion draws its full Monte Carlo budget, B =
+ceil(30 / level) null statistics (24,000 at level 1.25e-3), each of N tokens, so the cost of one
+null statistic decides how fast a broken sampler FAILs. Measured on N = 12,800 (a smoke group) the
+first stream version spent ~0.96 ms per uniformity statistic (one Philox word, a float and a cdf
+search per token: `Stream.multinomial`) and ~2.2 ms per serial statistic (one word per token by
+`Stream.integers`, then a bincount of gathered pair codes per lag). Two exact changes, kept
+because they remove most of that without touching the tests' size or power
+(benchmarks/sequence_nulls.py prints the table):
+
+- Stream version 2 (`philox4x64-10/specval-2`, `Stream.uniform_digits`): uniform bins packed three
+  to a 10- or 7-bit field of a raw word (17.6 decimal or 26.4 base-5 digits a word where version 1
+  used one word a value; Philox words cost ~20 ns each here). The bins are still exactly i.i.d.
+  uniform (a field is accepted only below base**3), so the null law, the p-value's exact size, the
+  power and the MDEs are those of version 1; only the random numbers differ. The uniformity null
+  draws each bucket's n_g bins and counts them (multinomial(n_g, uniform) exactly); the serial and
+  association nulls use the bins themselves. Bundles that record version 1 redraw with
+  `multinomial` and `integers` as they were sealed (`_uniform_counts`, `uniform_bins`).
+- Pair tables counted on bit planes (`pair_counts`, `lag_tables`): one bitset per bin value,
+  a lag is a shift, a cell is the popcount of an AND, 64 tokens a word operation. The tables are
+  the same integers the gathered bincount gave, so every statistic and p-value of both versions is
+  unchanged bit for bit; only the time differs.
+
+Not done: a stopping rule that ends a clearly rejected criterion early. Any rule that stops after
+n0 draws with no exceedance spends 1 / (n0 + 1) of the level on that state, so for it to reject at
+t it needs n0 >= 1 / t - 1 draws (B / 30), and the spent mass raises every other state's p-value:
+keeping the rejection of k <= 29 exceedances at B draws (decision power 0.9996 at an exact p of
+t / 2, which the MDEs assume) leaves ~t**2 / 30 to spend, far below 1 / (n0 + 1) for any useful n0.
+A faster FAIL by stopping needs a change of the pre-registered decision rule and of the MDEs.
 """
 
 from __future__ import annotations
@@ -36,6 +65,7 @@ import numpy as np
 from specval.stats import checks
 from specval.stats.montecarlo import McPValue, NullDraws, sequential_pvalue
 from specval.stats.results import StatResult
+from specval.stats.stream import Stream
 
 ORDERS = ("rank", "index")
 PIT_BINS = 10  # equal-probability bins of U for the uniformity test (expected n / 10 per bin)
@@ -43,6 +73,8 @@ SERIAL_BINS = 5  # bins per axis of the lag tables: 5 x 5 cells, (5 - 1)^2 = 16 
 CHUNK_ELEMENTS = 1 << 22  # rows x vocabulary entries handled at once by pit_parts (32 MiB of f64)
 NULL_ELEMENTS = 1 << 22  # null uniforms drawn at once by the serial test (bounds its memory)
 TOP_OF_UNIT = np.nextafter(1.0, 0.0)  # U is clipped to [0, 1): rounding of lower + mass may reach 1
+WORD_BITS = 64
+_BYTE_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
 # ---------------------------------------------------------------- PIT parts
@@ -160,6 +192,29 @@ def _uniform_chi2(counts: np.ndarray, sizes: np.ndarray, num_bins: int) -> np.nd
     return (((counts - expected) ** 2) / expected).sum(axis=(-2, -1))
 
 
+def packed_digits(gen) -> bool:
+    """Whether `gen` draws uniform bins with `Stream.uniform_digits` (stream version >= 2); the
+    first version and the legacy numpy stream draw them with `multinomial` and `integers`."""
+    return isinstance(gen, Stream) and gen.version >= 2
+
+
+def uniform_bins(gen, num_bins: int, shape: tuple[int, ...]) -> np.ndarray:
+    """i.i.d. uniform bins in [0, num_bins) of `shape` (last axis: one null statistic's tokens):
+    packed digits (stream version 2) or `integers` (version 1, legacy), as the bundle's stream says."""
+    if packed_digits(gen):
+        return gen.uniform_digits(num_bins, shape)
+    return gen.integers(0, num_bins, size=shape)
+
+
+def _uniform_counts(gen, sizes: np.ndarray, num_bins: int, rows: int) -> np.ndarray:
+    """int64[rows, G, B]: per row, multinomial(sizes[g], uniform over B bins) for every bucket g. Stream
+    version 2: one row of sum(sizes) packed digits, bucket g's the next sizes[g] of them, counted;
+    version 1 and legacy: `multinomial(sizes, uniform, size=(rows, G))` as those bundles drew it."""
+    if not packed_digits(gen):
+        return gen.multinomial(sizes, np.full(num_bins, 1.0 / num_bins), size=(rows, sizes.size))
+    return gen.uniform_digit_counts(num_bins, sizes, rows)
+
+
 def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | None = None, *,
                    num_bins: int = PIT_BINS, level: float, rng: np.random.Generator) -> PitUniformityResult:
     """Exact-size test that the U of all committed tokens are U(0, 1) within each bucket.
@@ -175,7 +230,8 @@ def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | Non
     Holm first step); `rng` the criterion's Monte Carlo stream.
     Guarantee: P(p <= a) <= a under H0 for every a (multinomial(n_g, uniform) per bucket simulated
     exactly, Besag-Clifford sequential p-value); deterministic in `rng`.
-    Scaling: O(N + draws * G * B); draws ~ 30 (1 + ln(1 / (30 level))) ... ceil(30 / level).
+    Scaling: O(N + draws * N) (stream version 2: ~N / 17.6 words per draw; version 1: N words);
+    draws ~ 30 (1 + ln(1 / (30 level))) ... ceil(30 / level).
     """
     u = as_pit("u", u)
     num_bins = checks.count("num_bins", num_bins, minimum=1)
@@ -192,12 +248,11 @@ def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | Non
     if u.size == 0 or num_bins < 2:
         return PitUniformityResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
     statistic = float(_uniform_chi2(counts, sizes, num_bins))
-    uniform = np.full(num_bins, 1.0 / num_bins)
 
     def draw(gen: np.random.Generator, size: int) -> np.ndarray:
-        return _uniform_chi2(gen.multinomial(sizes, uniform, size=(size, keys.size)), sizes, num_bins)
+        return _uniform_chi2(_uniform_counts(gen, sizes, num_bins, size), sizes, num_bins)
 
-    mc = sequential_pvalue(statistic, draw, level, rng)
+    mc = sequential_pvalue(statistic, in_chunks(draw, u.size), level, rng)
     return PitUniformityResult(statistic, keys.size * (num_bins - 1), mc.p_value, mc, is_degenerate=False, **common)
 
 
@@ -228,10 +283,69 @@ def independence_chi2(tables: np.ndarray) -> np.ndarray:
 
 
 def pair_tables(bins_a: np.ndarray, bins_b: np.ndarray, num_bins: int) -> np.ndarray:
-    """Counts of (bins_a[r, i], bins_b[r, i]) pairs per row r: int64[R, B, B]."""
+    """Counts of (bins_a[r, i], bins_b[r, i]) pairs per row r: int64[R, B, B] (a bincount of pair
+    codes: the reference `pair_counts` and `lag_tables` are checked against)."""
     rows, width = bins_a.shape
     codes = (np.arange(rows)[:, None] * num_bins + bins_a) * num_bins + bins_b
     return np.bincount(codes.reshape(-1), minlength=rows * num_bins * num_bins).reshape(rows, num_bins, num_bins)
+
+
+def popcount(words: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 word: uint8 of the same shape (numpy's bitwise_count where it has one,
+    else a byte table: the same integers)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    return _BYTE_POPCOUNT[np.ascontiguousarray(words).view(np.uint8)].reshape(words.shape + (8,)).sum(
+        axis=-1, dtype=np.uint8)
+
+
+def bit_planes(bins: np.ndarray, num_bins: int) -> np.ndarray:
+    """uint64[R, B, W]: bit i of plane b of row r is set iff bins[r, i] == b (bit i is bit i % 64 of
+    word i // 64); W = N // 64 + 1 words, the bits past N are 0 (so a shift reads zeros there)."""
+    rows, width = bins.shape
+    planes = np.zeros((rows, num_bins, (width // WORD_BITS + 1) * 8), dtype=np.uint8)
+    for value in range(num_bins):
+        planes[:, value, :(width + 7) // 8] = np.packbits(bins == value, axis=-1, bitorder="little")
+    return planes.view("<u8").astype(np.uint64)
+
+
+def _shift_down(planes: np.ndarray, lag: int) -> np.ndarray:
+    """Bit i of the result is bit i + lag of `planes` (zeros past the end), on the last axis."""
+    skip, bits = divmod(lag, WORD_BITS)
+    out = np.zeros_like(planes)
+    source = planes[..., skip:]
+    count = source.shape[-1]
+    if bits == 0:
+        out[..., :count] = source
+    else:
+        out[..., :count] = source >> np.uint64(bits)
+        out[..., :count - 1] |= source[..., 1:] << np.uint64(WORD_BITS - bits)
+    return out
+
+
+def _plane_tables(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """int64[R, B, B]: cell (a, b) = set bits of first[r, a] & second[r, b], summed over words."""
+    return popcount(first[:, :, None, :] & second[:, None, :, :]).sum(axis=-1, dtype=np.int64)
+
+
+def pair_counts(bins_a: np.ndarray, bins_b: np.ndarray, num_bins: int) -> np.ndarray:
+    """`pair_tables` (the same integers) counted on bit planes: ~B^2 / 64 word operations a token."""
+    return _plane_tables(bit_planes(bins_a, num_bins), bit_planes(bins_b, num_bins))
+
+
+def lag_tables(bins: np.ndarray, starts: list[np.ndarray], num_bins: int) -> np.ndarray:
+    """int64[R, L, B, B]: lag l's table of (bins[r, i], bins[r, i + l]) over i in starts[l - 1],
+    = pair_tables(bins[:, first], bins[:, first + l]) (the same integers) on bit planes."""
+    rows, width = bins.shape
+    planes = bit_planes(bins, num_bins)
+    out = np.zeros((rows, len(starts), num_bins, num_bins), dtype=np.int64)
+    for column, first in enumerate(starts):
+        if first.size:
+            mask = np.zeros((1, width), dtype=bool)
+            mask[0, first] = True
+            valid = bit_planes(mask.astype(np.int8), 2)[:, 1:2]  # uint64[1, 1, W]: the positions i
+            out[:, column] = _plane_tables(planes & valid, _shift_down(planes, column + 1))
+    return out
 
 
 # ---------------------------------------------------------------- serial dependence
@@ -266,11 +380,12 @@ def _lag_starts(lengths: np.ndarray, max_lag: int) -> list[np.ndarray]:
 
 
 def _lag_chi2(bins: np.ndarray, starts: list[np.ndarray], num_bins: int) -> np.ndarray:
-    """f64[R, L]: each lag's independence X^2 for rows of flat bins[R, N]."""
+    """f64[R, L]: each lag's independence X^2 for rows of flat bins[R, N] (a lag with no pair: 0)."""
     out = np.zeros((bins.shape[0], len(starts)))
-    for column, (lag, first) in enumerate(zip(range(1, len(starts) + 1), starts)):
+    tables = lag_tables(bins, starts, num_bins)
+    for column, first in enumerate(starts):
         if first.size:
-            out[:, column] = independence_chi2(pair_tables(bins[:, first], bins[:, first + lag], num_bins))
+            out[:, column] = independence_chi2(tables[:, column])
     return out
 
 
@@ -286,7 +401,7 @@ def serial_dependence(u_by_sequence: Sequence[np.ndarray], max_lag: int, *, num_
     are independent; `level`, `rng` as in `pit_uniformity`.
     Guarantee: P(p <= a) <= a under H0 (the null simulates i.i.d. uniform bins with the same
     sequence lengths, pairs overlapping exactly as observed); deterministic in `rng`.
-    Scaling: O(draws * N * max_lag); memory O(NULL_ELEMENTS).
+    Scaling: O(draws * N * (1 + max_lag * B^2 / 64)); memory O(NULL_ELEMENTS * B^2 / 8).
     """
     sequences = [as_pit(f"u_by_sequence[{i}]", s) for i, s in enumerate(u_by_sequence)]
     max_lag = checks.count("max_lag", max_lag, minimum=1)
@@ -301,7 +416,7 @@ def serial_dependence(u_by_sequence: Sequence[np.ndarray], max_lag: int, *, num_
     if used == 0:
         return SerialDependenceResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
     def draw(gen: np.random.Generator, size: int) -> np.ndarray:
-        return _lag_chi2(gen.integers(0, num_bins, size=(size, flat.size)), starts, num_bins).sum(axis=1)
+        return _lag_chi2(uniform_bins(gen, num_bins, (size, flat.size)), starts, num_bins).sum(axis=1)
 
     statistic = float(lag_stats.sum())
     mc = sequential_pvalue(statistic, in_chunks(draw, flat.size), level, rng)

@@ -36,12 +36,14 @@ def test_reports_hold_the_evidence_the_docs_cite():
 
 
 def test_a_kept_bundle_draws_from_the_portable_stream():
-    """At least one kept bundle records the project's Monte Carlo stream, so the verification below
-    checks draws that must be bit-identical under any supported numpy and scipy (never skipped)."""
-    from specval.stats.stream import STREAM_NAME
+    """At least one kept bundle records a version of the project's Monte Carlo stream (version 1,
+    sealed before version 2 existed), so the verification below checks draws that must be
+    bit-identical under any supported numpy and scipy (never skipped), redrawn by that version."""
+    from specval.stats.montecarlo import FIRST_STREAM, STREAMS
+    from specval.stats.stream import VERSIONS
 
     streams = {json.loads((path / "summary.json").read_text()).get("monte_carlo_stream") for path in BUNDLES}
-    assert STREAM_NAME in streams
+    assert FIRST_STREAM in streams and FIRST_STREAM in STREAMS and set(VERSIONS) <= set(STREAMS)
 
 
 RANDOM_PACKAGES = ("numpy", "scipy")  # their random distributions are not stream-stable across versions

@@ -235,3 +235,23 @@ def test_serial_dependence_mde_is_met_by_the_least_favourable_lag_law():
         result = sq.serial_dependence(list(u), 1, num_bins=bins, level=level, rng=np.random.default_rng(rep))
         rejections += result.p_value <= level
     assert rejections / reps >= 0.72, rejections
+
+
+# ---------------------------------------------------------------- pair tables on bit planes
+
+
+def test_pair_tables_on_bit_planes_are_the_bincount_tables():
+    # Random bins (fixed seed), ragged sequences, lags below and past a 64-bit word, and a row
+    # width that is not a multiple of 64: every cell must equal the gathered bincount's.
+    data = np.random.default_rng(5)
+    bins = data.integers(0, 5, size=(3, 1000))
+    lengths = np.array([1, 64, 130, 5, 300, 500])
+    starts = sq._lag_starts(lengths, 70)
+    tables = sq.lag_tables(bins, starts, 5)
+    for lag, first in enumerate(starts, start=1):
+        assert np.array_equal(tables[:, lag - 1], sq.pair_tables(bins[:, first], bins[:, first + lag], 5))
+    other = data.integers(0, 5, size=(3, 1000))
+    assert np.array_equal(sq.pair_counts(bins, other, 5), sq.pair_tables(bins, other, 5))
+    words = data.integers(0, 2**63, size=100, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    by_table = sq._BYTE_POPCOUNT[words.view(np.uint8)].reshape(100, 8).sum(axis=1)
+    assert np.array_equal(sq.popcount(words).astype(np.int64), by_table)

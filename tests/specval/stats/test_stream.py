@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from specval.stats import montecarlo
+from specval.stats import stream as stream_module
 from specval.stats.independence import pit_association
 from specval.stats.sequence import pit_uniformity, serial_dependence
 from specval.stats.strata import stratified_gof, stratified_homogeneity
@@ -183,7 +184,18 @@ GOLDEN_P_VALUES = {  # (p-value, null draws): exact rationals k / L or (k + 1) /
 
 
 def test_golden_p_values_of_criteria():
-    assert _criteria(STREAM_NAME) == GOLDEN_P_VALUES
+    """Version 1's golden values (the stream of bundles sealed before version 2): unchanged."""
+    assert _criteria(montecarlo.FIRST_STREAM) == GOLDEN_P_VALUES
+
+
+GOLDEN_P_VALUES_V2 = GOLDEN_P_VALUES | {  # the sequence criteria draw packed digits; the others as version 1
+    "pit": (30 / 64, 64), "serial": (30 / 76, 76), "pair": (1.0, 102),
+}
+
+
+def test_golden_p_values_of_criteria_version_2():
+    assert STREAM_NAME == "philox4x64-10/specval-2" == montecarlo.CURRENT_STREAM
+    assert _criteria(STREAM_NAME) == GOLDEN_P_VALUES_V2
 
 
 def test_the_legacy_stream_is_numpy_pcg64_seeded_as_before():
@@ -195,3 +207,159 @@ def test_the_legacy_stream_is_numpy_pcg64_seeded_as_before():
     assert legacy.random(5).tolist() == old.random(5).tolist()
     with pytest.raises(ValueError, match="unknown Monte Carlo stream"):
         montecarlo.criterion_rng("x", stream="mt19937")
+
+
+# ---------------------------------------------------------------- the first stream, pinned before the second existed
+
+FIRST_STREAM = "philox4x64-10/specval-1"  # kept bundles record it (reports/README.md)
+PINNED_FIRST_STREAM = {  # (p-value, draws, exceedances) of the specval-1 stream, computed before specval-2 existed
+    "pit": (18 / 1501, 1500, 17), "serial": (14 / 1501, 1500, 13),
+    "pair_rho": (8 / 1501, 1500, 7), "pair_chi2": (11 / 1501, 1500, 10),
+}
+
+
+def _near_rejected(stream: str) -> dict[str, tuple[float, int, int]]:
+    """Three sequence criteria whose p-values sit between 1 / (B + 1) and h / B (B = 1500): every null
+    statistic near the observed one moves the exceedance count, so the pin holds the draws themselves."""
+    def rng(name):
+        return montecarlo.criterion_rng("pinned", name, stream=stream)
+
+    u = np.random.default_rng(2).random(3000) ** 1.1
+    pit = pit_uniformity(u, np.arange(3000) % 3, level=0.02, rng=rng("pit"))
+    x = np.random.default_rng(0).random(3001)
+    u = 0.9 * x[1:] + 0.1 * x[:-1]
+    serial = serial_dependence([u[:1000], u[1000:2200], u[2200:]], 3, level=0.02, rng=rng("serial"))
+    data = np.random.default_rng(3)
+    a = data.random(2000)
+    b = np.clip(0.94 * data.random(2000) + 0.06 * a, 0, 1)
+    pair = pit_association(a, b, level=0.04, rng=rng("pair"))
+    return {name: (mc.p_value, mc.draws, mc.exceedances)
+            for name, mc in (("pit", pit.mc), ("serial", serial.mc), ("pair_rho", pair.mc_rho),
+                             ("pair_chi2", pair.mc_chi2))}
+
+
+def test_the_first_stream_redraws_sequence_criteria_as_before():
+    """Bundles that record specval-1 redraw their sequence nulls with its algorithm, bit for bit."""
+    assert _near_rejected(FIRST_STREAM) == PINNED_FIRST_STREAM
+
+
+# ---------------------------------------------------------------- version 2: packed uniform digits
+
+
+def _digits_reference(key: int, base: int, rows: int, width: int) -> tuple[list[list[int]], int]:
+    """uniform_digits by its specification, a word and a field at a time: (rows of digits, words used)."""
+    digits = {10: 3, 5: 3}[base]
+    values = base**digits
+    bits = (values - 1).bit_length()
+    words, used, out = _words(key, 4 * rows * width), 0, []
+    for _ in range(rows):
+        row = []
+        while len(row) < width:
+            word = int(words[used])
+            used += 1
+            for j in range(64 // bits):
+                field = (word >> (bits * j)) & ((1 << bits) - 1)
+                if field < values and len(row) < width:
+                    row.extend(field // base**(digits - 1 - i) % base for i in range(digits))
+            row = row[:width] if len(row) >= width else row
+        out.append(row[:width])
+    return out, used
+
+
+@pytest.mark.parametrize("base,rows,width", [(10, 3, 50), (5, 4, 61), (10, 1, 1), (5, 2, 300)])
+def test_uniform_digits_follow_their_specification_and_consume_whole_words(base, rows, width):
+    expected, used = _digits_reference(KEY, base, rows, width)
+    stream = Stream(KEY, version=2)
+    assert stream.uniform_digits(base, (rows, width)).tolist() == expected
+    assert int(stream.raw(1)[0]) == int(_words(KEY, 1, skip=used)[0])  # the next word is the first unused one
+
+
+def test_uniform_digits_packing_is_the_densest_of_the_rule():
+    from specval.stats.stream import _packing
+
+    assert _packing(10)[:2] == (3, 10)  # 6 fields of 3 digits a word, 1000 / 1024 accepted: 17.6 digits a word
+    assert _packing(5)[:2] == (3, 7)  # 9 fields of 3 digits a word, 125 / 128 accepted: 26.4 digits a word
+    assert _packing(2)[:2] == (1, 1)  # a power of two: every bit a digit
+    with pytest.raises(ValueError, match="base"):
+        _packing(257)
+
+
+def test_uniform_digits_rows_do_not_depend_on_how_many_one_call_draws():
+    whole = Stream(KEY).uniform_digits(10, (7, 333))
+    stream = Stream(KEY)
+    parts = [stream.uniform_digits(10, (rows, 333)) for rows in (1, 4, 2)]
+    assert np.array_equal(np.concatenate(parts), whole)
+    mixed = Stream(KEY)  # other methods in between take the words that follow, in order
+    first, uniforms, rest = mixed.uniform_digits(10, (3, 333)), mixed.random(5), mixed.uniform_digits(10, (4, 333))
+    assert np.array_equal(first, whole[:3]) and not np.array_equal(rest, whole[3:])
+    assert uniforms.size == 5
+
+
+def test_uniform_digits_across_chunks(monkeypatch):
+    whole = Stream(KEY).uniform_digits(5, (40, 100))
+    monkeypatch.setattr(stream_module, "CHUNK_WORDS", 16)  # a few rows a chunk, and words drawn short
+    assert np.array_equal(Stream(KEY).uniform_digits(5, (40, 100)), whole)
+
+
+def test_uniform_digit_counts_count_the_digits_of_each_segment():
+    sizes = [5, 7, 1, 0, 11, 300, 2]
+    digits = Stream(KEY).uniform_digits(10, (9, sum(sizes)))
+    ends = np.cumsum([0] + sizes)
+    expected = [[np.bincount(row[a:b], minlength=10) for a, b in zip(ends[:-1], ends[1:])] for row in digits]
+    assert np.array_equal(Stream(KEY).uniform_digit_counts(10, sizes, 9), np.array(expected))
+
+
+def test_uniform_digits_are_uniform_and_independent():
+    # Deterministic (fixed key): 600,000 digits per base; their counts and the counts of adjacent
+    # pairs against uniform, chi-square p > 1e-4 (a correct transform fails w.p. 2e-4 per key).
+    for base in (10, 5):
+        values = Stream(KEY).uniform_digits(base, (60, 10_000)).astype(np.int64)
+        assert stats.chisquare(np.bincount(values.reshape(-1), minlength=base)).pvalue > 1e-4
+        pairs = values[:, :-1] * base + values[:, 1:]
+        assert stats.chisquare(np.bincount(pairs.reshape(-1), minlength=base * base)).pvalue > 1e-4
+
+
+def test_version_1_has_no_uniform_digits_and_versions_are_named():
+    with pytest.raises(ValueError, match="version 2"):
+        Stream(KEY, version=1).uniform_digits(10, (1, 5))
+    with pytest.raises(ValueError, match="version"):
+        Stream(KEY, version=3)
+    assert isinstance(montecarlo.criterion_rng("x", stream=montecarlo.FIRST_STREAM), Stream)
+    assert montecarlo.criterion_rng("x", stream=montecarlo.FIRST_STREAM).version == 1
+    assert montecarlo.criterion_rng("x").version == 2
+    # the transforms of version 1 draw the same values under version 2
+    for version in (1, 2):
+        stream = Stream(KEY, version=version)
+        assert stream.random(4).tolist() == GOLDEN_UNIFORMS
+
+
+GOLDEN_DIGITS = {10: [5, 8, 0, 3, 5, 1, 3, 7, 3, 2, 4, 6], 5: [2, 3, 3, 4, 4, 4, 3, 2, 0, 2, 1, 3]}
+
+
+def test_golden_digits():
+    assert {base: Stream(KEY).uniform_digits(base, 12).tolist() for base in (10, 5)} == GOLDEN_DIGITS
+
+
+# Size of the version-2 nulls: 1,000 replicates of each criterion on exact i.i.d. uniforms, each
+# keyed like a bundle's criterion; the rejections at 0.05 must have a Clopper-Pearson 99.9% interval
+# containing 0.05 or lying below it (a test of exact size fails w.p. <= 0.0005 per criterion; a
+# size of 0.075 fails it w.p. > 0.9). The same checks of version 1 and of numpy's generator are
+# tests/specval/stats/test_sequence.py and test_independence.py.
+SIZE_REPS, SIZE_ALPHA = 1000, 0.05
+
+
+def _assert_size(p_values) -> None:
+    rejections = int((np.asarray(p_values) <= SIZE_ALPHA).sum())
+    low = stats.beta.ppf(0.0005, rejections, len(p_values) - rejections + 1) if rejections else 0.0
+    assert low <= SIZE_ALPHA, f"{rejections} / {len(p_values)} rejections at {SIZE_ALPHA}"
+
+
+def test_version_2_sequence_nulls_have_exact_size():
+    u = np.random.default_rng(21).random((SIZE_REPS, 2, 160))
+    rng = montecarlo.criterion_rng
+    _assert_size([pit_uniformity(x[0], np.arange(160) % 5, level=SIZE_ALPHA, rng=rng("size", "pit", str(i))).p_value
+                  for i, x in enumerate(u)])
+    _assert_size([serial_dependence([x[0][:70], x[0][70:]], 4, level=SIZE_ALPHA,
+                                    rng=rng("size", "serial", str(i))).p_value for i, x in enumerate(u)])
+    _assert_size([pit_association(x[0], x[1], level=SIZE_ALPHA, rng=rng("size", "pair", str(i))).mc_chi2.p_value
+                  for i, x in enumerate(u)])
