@@ -5,14 +5,23 @@
 # kernels (ATEN_CPU_CAPABILITY=default), the summation orders and exp of a CPU without AVX, so
 # a test that only passes bit-exactly on this machine's kernels fails here too. With arguments
 # (a path, -k ...) only the first run is made, with those arguments.
+# Both runs spread the tests over one pytest-xdist worker per usable core (at most
+# MAX_TEST_WORKERS; SPECVAL_TEST_WORKERS overrides, 0 runs in this process), each worker with one
+# torch/OpenMP thread so that workers do not oversubscribe the cores. `--dist worksteal` keeps
+# both workers busy to the end: the suite's tests range from milliseconds to minutes.
 # Exit status: non-zero if either run fails (set -e stops at the first failing run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --real
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+MAX_TEST_WORKERS=4  # each worker holds its own model fixtures (SmolLM2: about 1 GiB)
+workers="${SPECVAL_TEST_WORKERS:-$(.venv/bin/python -c \
+  "import os; print(max(1, min($MAX_TEST_WORKERS, len(os.sched_getaffinity(0)))))")}"
+PYTEST=(.venv/bin/python -m pytest -q -n "$workers" --dist worksteal)
 NUMERICS_FOLDERS=(tests/engine/sampling tests/engine/models)
-.venv/bin/python -m pytest -q "$@"
+"${PYTEST[@]}" "$@"
 if [ "$#" -eq 0 ]; then
   echo "== ${NUMERICS_FOLDERS[*]} again with ATEN_CPU_CAPABILITY=default (portable CPU kernels)"
-  ATEN_CPU_CAPABILITY=default .venv/bin/python -m pytest -q "${NUMERICS_FOLDERS[@]}"
+  ATEN_CPU_CAPABILITY=default "${PYTEST[@]}" "${NUMERICS_FOLDERS[@]}"
 fi
