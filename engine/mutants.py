@@ -24,6 +24,7 @@ harness lists them only once it has whole-sequence / paired-request protocols. `
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -160,9 +161,9 @@ def _bonus_from_q(p, q, start, count, stop_target):
                        p[stop_target])
 
 
-def _row_before_from_position_3(rows, positions):
-    """p_{j-1} instead of p_j for round positions j >= 3 (positions 1 and 2 keep their rows)."""
-    return torch.where(positions >= LATE_POSITION, rows - 1, rows)
+def _row_before_from(first, rows, positions):
+    """p_{j-1} instead of p_j for round positions j >= `first` (earlier positions keep their rows)."""
+    return torch.where(positions >= first, rows - 1, rows)
 
 
 # ---------------------------------------------------------------- mutated distributions and draws
@@ -237,6 +238,7 @@ def _draw_argmax(probs, u, backend):
 # ---------------------------------------------------------------- mutated uniforms and context
 
 LATE_POSITION = 3  # wrong_row_late_draft: first round position verified against the wrong row
+DEEP_POSITION = 6  # wrong_row_deep_draft: the same from position 6, invisible to K < 6
 FROZEN_AFTER = 8  # frozen_offset: generated tokens after which the RNG offset stops advancing
 STALE_AFTER = 8  # stale_context: generated tokens the target still sees past its own input
 LARGEST_BELOW_ONE = 1.0 - 2.0**-53  # 1 - u stays a uniform of [0, 1)
@@ -359,7 +361,12 @@ SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
     Mutant("wrong_row_late_draft", "drafts at round position j >= 3 are verified against p_{j-1} "
            "(accept test and correction); positions 1-2 and the bonus use the right rows",
            "t3+ (round positions 3..K, K >= 3)",
-           ops=_accept(verify_row=_row_before_from_position_3), needs=NEEDS_SEQUENCE),
+           ops=_accept(verify_row=functools.partial(_row_before_from, LATE_POSITION)), needs=NEEDS_SEQUENCE),
+    Mutant("wrong_row_deep_draft", f"drafts at round position j >= {DEEP_POSITION} are verified against "
+           f"p_{{j-1}} (accept test and correction); earlier positions and the bonus use the right rows",
+           f"t{DEEP_POSITION}+ (round positions {DEEP_POSITION}..K, K >= {DEEP_POSITION}): no protocol "
+           f"with K < {DEEP_POSITION} can see it",
+           ops=_accept(verify_row=functools.partial(_row_before_from, DEEP_POSITION)), needs=NEEDS_SEQUENCE),
     Mutant("frozen_offset", f"the RNG offset stops advancing after {FROZEN_AFTER} generated tokens: every "
            f"later round reuses the block keyed at prompt + {FROZEN_AFTER} (every runner)",
            f"token {FROZEN_AFTER + 2}+ (rounds that start after {FROZEN_AFTER} generated tokens)",

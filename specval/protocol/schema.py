@@ -42,6 +42,8 @@ TEST_KINDS = ("gof", "homogeneity", "quadrature")
 ROLES = ("control", "primary", "secondary")
 GATING_ROLES = ("control", "primary")
 MULTIPLICITY_METHODS = ("holm",)
+# t1..t3 after the prompt: the exact reference of t_j is a marginal over V^(j-1) prefixes. Later tokens
+# and every round position 1..K+1 (K <= 8) are the sequence kind's (specval/sequence/protocol.py).
 MAX_POSITIONS = 3
 MAX_STAGES = 2
 # alpha (and alpha_stage2): a criterion rejected at level t costs 30 / t Monte Carlo null draws
@@ -256,7 +258,9 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
     check_keys(raw, Protocol, file, "")
     positions = read_int(raw["positions"], file, "positions", minimum=1)
     if positions > MAX_POSITIONS:
-        fail(file, "positions", f"at most {MAX_POSITIONS} positions are supported", positions)
+        fail(file, "positions", f"at most {MAX_POSITIONS} positions are supported (the exact reference of "
+                                f"t_j sums over V^(j-1) prefixes); a `kind: sequence` protocol tests every "
+                                f"token and round position 1..K+1", positions)
     groups = parse_groups(raw["groups"], file)
     protocol = Protocol(
         name=read_name(raw["name"], file, "name"),

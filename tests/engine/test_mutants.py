@@ -167,14 +167,16 @@ GOLDEN_SPECULATIVE = [  # the engine before these mutants existed: K = 4, draft_
 GOLDEN_NOSPEC_FIRST = [32, 62, 19, 10, 44, 23, 0, 46, 54, 11, 43, 21, 14, 38, 21, 32, 63, 39, 11, 42, 50, 61, 4, 14]
 
 
-def _llm(mode: str = "sync", mutant: str | None = None) -> LLM:
-    return LLM(EngineConfig(model_config=TINY_MODEL, mode=mode, num_speculative_tokens=4, draft_loops=1,
+def _llm(mode: str = "sync", mutant: str | None = None, k: int = 4, draft_loops: int = 1) -> LLM:
+    return LLM(EngineConfig(model_config=TINY_MODEL, mode=mode, num_speculative_tokens=k, draft_loops=draft_loops,
                             num_kv_blocks=1024, block_size=4, mutant=mutant))
 
 
-def _collect(mode: str = "sync", mutant: str | None = None, max_tokens: int = SEQ_TOKENS, seeds=SEQ_SEEDS):
+def _collect(mode: str = "sync", mutant: str | None = None, max_tokens: int = SEQ_TOKENS, seeds=SEQ_SEEDS,
+             k: int = 4, draft_loops: int = 1):
     params = SamplingParams(temperature=SHARP_TEMPERATURE, max_tokens=max_tokens, ignore_eos=True)
-    return BatchCollector(_llm(mode, mutant).engine).collect(SEQ_PROMPT, params, list(seeds), max_tokens)
+    return BatchCollector(_llm(mode, mutant, k, draft_loops).engine).collect(SEQ_PROMPT, params, list(seeds),
+                                                                              max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +205,8 @@ def test_the_correct_engine_keeps_its_tokens(mode):
 def test_sequence_mutants_are_apart_from_the_prefix_registry():
     # today's adapter lists MUTANTS only (specval.engine_sut); the sequence ones are named by `needs`
     names = {m.name for m in mutants.SEQUENCE_MUTANTS}
-    assert names == {"correlated_streams", "wrong_row_late_draft", "frozen_offset", "offset_overlap",
-                     "stale_context", "greedy_step"}
+    assert names == {"correlated_streams", "wrong_row_late_draft", "wrong_row_deep_draft", "frozen_offset",
+                     "offset_overlap", "stale_context", "greedy_step"}
     assert not names & {m.name for m in mutants.MUTANTS}
     assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {mutants.NEEDS_SEQUENCE, mutants.NEEDS_PAIRS,
                                                            mutants.NEEDS_MIXED}
@@ -243,6 +245,20 @@ def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
     assert len(changed) >= len(SEQ_SEEDS) // 2, firsts
     for b, i in changed:
         assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_wrong_row_deep_draft_is_invisible_below_k_6_and_acts_from_position_6(mode):
+    """Deterministic. At K = 4 no draft reaches round position 6: every token equals the correct
+    engine's. At K = 8, with the draft one loop short of the target (rounds run long), the tokens
+    first change at a draft of round position >= 6, and they do change."""
+    assert np.array_equal(_collect(mode, "wrong_row_deep_draft").tokens, _collect(mode).tokens)
+    deep = {"k": 8, "draft_loops": TINY_MODEL.num_loops - 1}
+    correct, mutated = _collect(mode, **deep), _collect(mode, "wrong_row_deep_draft", **deep)
+    changed = [(b, i) for b, i in enumerate(_first_differences(correct, mutated)) if i is not None]
+    assert changed
+    for b, i in changed:
+        assert correct.round_position[b, i] >= mutants.DEEP_POSITION, (b, i, correct.round_position[b, :i + 1])
 
 
 @pytest.mark.parametrize("mode", ["nospec", "sync", "async"])

@@ -42,7 +42,7 @@ BAD_FIELDS = [
     (["sampling", "top_p"], 1.5, ["sampling.top_p", "1.5"]),
     (["sampling", "topk"], 3, ["sampling.topk", "'top_k'"]),
     (["num_speculative_tokens"], 0, ["num_speculative_tokens", ">= 1"]),
-    (["positions"], 4, ["positions", "at most 3"]),
+    (["positions"], 4, ["positions", "at most 3", "kind: sequence"]),
     (["positions"], True, ["positions", "integer"]),
     (["groups"], [], ["groups", "non-empty list"]),
     (["groups", 1, "name"], "nospec", ["groups", "duplicate group name"]),

@@ -30,3 +30,21 @@ def test_seq_fp32_smoke_passes_every_criterion_and_verifies(tmp_path):
     assert summary["groups"]["async"]["round_positions"]["4"] > 0  # bonus tokens after K = 3 accepts
     verified = CliRunner().invoke(main, ["verify", str(bundle)])
     assert verified.exit_code == 0, verified.output
+
+
+def test_seq_fp32_k8_smoke_gates_every_round_position_up_to_the_bonus_after_eight_drafts(tmp_path):
+    """`specval run protocols/seq_fp32_k8.yaml --profile smoke` PASSes and verifies, and positions 1..9
+    each hold tokens in every group (at K = 8 the bonus is round position 9). False-fail rate as
+    above (<= alpha = 0.01, exact-size criteria under Holm); the seeds are a fresh ledger's first."""
+    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / "seq_fp32_k8.yaml"), "--profile", "smoke",
+                                       "--output", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["verdict"] == "PASS"
+    for group in ("sync", "async"):
+        positions = summary["groups"][group]["round_positions"]
+        assert sorted(positions, key=int) == [str(j) for j in range(1, 10)] and min(positions.values()) >= 100
+        assert summary["tests"][f"pit_position.{group}"]["verdict"] == "PASS"
+    verified = CliRunner().invoke(main, ["verify", str(bundle)])
+    assert verified.exit_code == 0, verified.output
