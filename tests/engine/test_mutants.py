@@ -167,16 +167,16 @@ GOLDEN_SPECULATIVE = [  # the engine before these mutants existed: K = 4, draft_
 GOLDEN_NOSPEC_FIRST = [32, 62, 19, 10, 44, 23, 0, 46, 54, 11, 43, 21, 14, 38, 21, 32, 63, 39, 11, 42, 50, 61, 4, 14]
 
 
-def _llm(mode: str = "sync", mutant: str | None = None, k: int = 4, draft_loops: int = 1) -> LLM:
+def _llm(mode: str = "sync", mutant: str | None = None, k: int = 4, draft_loops: int = 1, device: str = "cpu") -> LLM:
     return LLM(EngineConfig(model_config=TINY_MODEL, mode=mode, num_speculative_tokens=k, draft_loops=draft_loops,
-                            num_kv_blocks=1024, block_size=4, mutant=mutant))
+                            num_kv_blocks=1024, block_size=4, mutant=mutant, device=device))
 
 
 def _collect(mode: str = "sync", mutant: str | None = None, max_tokens: int = SEQ_TOKENS, seeds=SEQ_SEEDS,
-             k: int = 4, draft_loops: int = 1):
+             k: int = 4, draft_loops: int = 1, device: str = "cpu"):
     params = SamplingParams(temperature=SHARP_TEMPERATURE, max_tokens=max_tokens, ignore_eos=True)
-    return BatchCollector(_llm(mode, mutant, k, draft_loops).engine).collect(SEQ_PROMPT, params, list(seeds),
-                                                                              max_tokens)
+    engine = _llm(mode, mutant, k, draft_loops, device).engine
+    return BatchCollector(engine).collect(SEQ_PROMPT, params, list(seeds), max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -247,13 +247,17 @@ def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
         assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (the Triton accept kernel)")])])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_wrong_row_deep_draft_is_invisible_below_k_6_and_acts_from_position_6(mode):
+def test_wrong_row_deep_draft_is_invisible_below_k_6_and_acts_from_position_6(mode, device):
     """Deterministic. At K = 4 no draft reaches round position 6: every token equals the correct
     engine's. At K = 8, with the draft one loop short of the target (rounds run long), the tokens
-    first change at a draft of round position >= 6, and they do change."""
-    assert np.array_equal(_collect(mode, "wrong_row_deep_draft").tokens, _collect(mode).tokens)
-    deep = {"k": 8, "draft_loops": TINY_MODEL.num_loops - 1}
+    first change at a draft of round position >= 6, and they do change. On CUDA the rounds run the
+    Triton accept kernel, which must take the mutated rows the same way."""
+    on = {"device": device}
+    assert np.array_equal(_collect(mode, "wrong_row_deep_draft", **on).tokens, _collect(mode, **on).tokens)
+    deep = {"k": 8, "draft_loops": TINY_MODEL.num_loops - 1, **on}
     correct, mutated = _collect(mode, **deep), _collect(mode, "wrong_row_deep_draft", **deep)
     changed = [(b, i) for b, i in enumerate(_first_differences(correct, mutated)) if i is not None]
     assert changed
