@@ -8,13 +8,14 @@ evidence is the ci/full profiles of protocols/t2_transformers*.yaml (docs/real-m
 
 from __future__ import annotations
 
-import importlib.util
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+
+from tests.fixtures.real_model import require_smollm2
 
 from specval.distribution import runner
 from specval.distribution.collect import load_samples
@@ -90,15 +91,7 @@ def test_seeds_beyond_32_bits_are_refused_before_any_generation():
 
 @pytest.fixture(scope="module")
 def sut():
-    for module in ("transformers", "gguf"):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"'{module}' is not installed (pip install -e .[real,crosscheck])")
-    try:
-        from engine.models.gguf import smollm2_path
-
-        smollm2_path()
-    except ModuleNotFoundError as err:
-        pytest.skip(str(err))
+    require_smollm2("transformers")
     adapter = TransformersSUT(spec(), K)
     adapter.check_groups((NOSPEC, SYNC))
     yield adapter

