@@ -296,9 +296,9 @@ class LLM:
         """float32[len(token_ids), V] on the CPU: row i holds the full-depth (target) logits that
         predict token_ids[i] after prompt_ids + token_ids[:i].
 
-        Guarantee: one serial, cache-free forward pass (`DepthModel.replay`) over prompt_ids +
-        token_ids[:-1] on the engine's device: no sampling, no RNG, and the paged KV of running
-        requests is not touched. Row i equals what the engine's decode computes for that position
+        Guarantee: one serial, cache-free forward pass (`DepthModel.target_logits`: the last readout
+        of `DepthModel.replay`, bit for bit) over prompt_ids + token_ids[:-1] on the engine's
+        device: no sampling, no RNG, and the paged KV of running requests is not touched. Row i equals what the engine's decode computes for that position
         up to float summation order (the paged batched path and the dense serial path reduce in
         different orders; see tests/engine/test_api.py for the bound).
         ValueError for empty or out-of-vocabulary ids, and when prompt + token_ids exceeds
@@ -313,7 +313,7 @@ class LLM:
                              f"max_model_len={limit}")
         ids = torch.tensor(prompt + tokens[:-1], dtype=torch.int64, device=self.engine.device)
         with torch.inference_mode():
-            logits = self.engine.model.replay(ids, self.engine.model.num_depths).logits[-1]
+            logits = self.engine.model.target_logits(ids)
         return logits[len(prompt) - 1:].float().cpu()
 
     def _token_ids(self, token_ids: Sequence[int]) -> list[int]:

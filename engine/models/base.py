@@ -14,7 +14,8 @@ The runners only ever call the five members below, in this order for a batch of 
 
 so a draft reads out after `draft_depth` depths and the verify pass continues from the draft's
 hidden states at depth `draft_depth + 1`: every depth is computed once per position.
-`replay` is the serial, cache-free reference used by tests and by the harness.
+`replay` is the serial, cache-free reference used by tests; `target_logits` is its full-depth
+readout alone, which the harness reads along whole sequences (`engine.LLM.target_logits_along`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class DepthModel(Protocol):
 
     def replay(self, token_ids: torch.Tensor, num_depths: int) -> ReplayResult:
         """Serial cache-free evaluation of int64[T] through depths 1..num_depths."""
+
+    def target_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """float32[T, V]: `replay(token_ids, num_depths).logits[-1]` bit for bit, with one readout
+        (after the last depth) and no key/value copies."""
 
 
 class PagedKV(Protocol):

@@ -369,6 +369,16 @@ class LlamaDepthModel:
         shape = (num_depths, self.num_layers_per_depth) + tuple(keys.shape[1:])
         return ReplayResult(torch.stack(logits), keys.view(shape), values.view(shape))
 
+    @torch.no_grad()
+    def target_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """float32[T, V] after every layer (see DepthModel.target_logits): replay runs the same
+        layer steps in the same order, so its last readout is this one bit for bit."""
+        self.model._check_length(token_ids)
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+        hidden = self.model.run_layers(self.embed(token_ids), positions, 0, self.model.config.num_layers,
+                                       ContiguousAttention(self.model.config.num_layers))
+        return self.readout(hidden)
+
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= self.num_depths:
             raise ValueError(f"depth={depth!r} is invalid: expected 1..{self.num_depths}")

@@ -132,6 +132,18 @@ class LoopedModel(nn.Module):
         return ReplayResult(torch.stack(logits), torch.stack(keys).view(shape),
                             torch.stack(values).view(shape))
 
+    @torch.no_grad()
+    def target_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """float32[T, V] after every loop (see DepthModel.target_logits): replay's operations, in
+        its order and shapes, without its per-loop readouts and key/value copies."""
+        positions = torch.arange(token_ids.shape[0], device=token_ids.device)
+        hidden = self.embed(token_ids).unsqueeze(0)
+        for _ in range(self.num_depths):
+            for layer in self.layers:
+                q, k, v = layer.qkv_heads(hidden, positions)
+                hidden = layer.finish(hidden, causal_attention(q, k, v))
+        return self.readout(hidden[0])
+
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= self.num_depths:
             raise ValueError(f"depth={depth!r} is invalid: expected 1..{self.num_depths}")

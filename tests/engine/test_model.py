@@ -48,6 +48,17 @@ def test_random_weights_are_a_function_of_the_seed():
         a.replay(ids, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 2, 17])
+def test_target_logits_are_replays_last_readout_bit_for_bit(dtype, length):
+    """The same operations in the same order: equal bits, not merely close ones."""
+    model = LoopedModel.from_seed(TINY_MODEL).to(dtype)
+    ids = torch.randint(0, model.vocab_size, (length,), generator=torch.Generator().manual_seed(length))
+    expected = model.replay(ids, model.num_depths).logits[-1]
+    assert model.target_logits(ids).dtype == torch.float32
+    assert torch.equal(model.target_logits(ids), expected)
+
+
 @pytest.mark.parametrize("mode", ["nospec", "sync"])
 def test_bfloat16_engine_generates(mode):
     llm = tiny_llm(mode=mode, dtype="bfloat16")

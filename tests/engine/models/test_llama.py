@@ -185,6 +185,17 @@ def test_depth_adapter_on_paged_cache_matches_reference(model, layers_per_depth)
     assert replay.keys.shape == (1, layers_per_depth, 8, TINY.num_heads, TINY.head_dim)
 
 
+@pytest.mark.parametrize("layers_per_depth", [1, TINY.num_layers])
+def test_depth_adapter_target_logits_are_replays_last_readout_bit_for_bit(model, layers_per_depth):
+    """The same layer steps in the same order, one readout: equal bits, not merely close ones."""
+    from engine.models.llama import LlamaDepthModel
+
+    adapter, ids = LlamaDepthModel(model, layers_per_depth), tokens(11, seed=7)
+    assert torch.equal(adapter.target_logits(ids), adapter.replay(ids, adapter.num_depths).logits[-1])
+    with pytest.raises(ValueError, match="context_length"):
+        adapter.target_logits(tokens(TINY.context_length + 1))
+
+
 def test_depth_adapter_rejects_bad_grouping(model):
     from engine.models.llama import LlamaDepthModel
 
