@@ -928,6 +928,9 @@ def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume
     run = result["run"]
     click.echo(f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.4f} "
                f"[{run['rate_ci95'][0]:.4f}, {run['rate_ci95'][1]:.4f}] vs bound {run['bound']:.3g}")
+    for look in result.get("sequential", {}).get("looks", []):
+        click.echo(f"look {look['look']} ({look['samples_per_group']} per group, level {look['level']:.3g}): "
+                   f"{look['stopped']}/{result['replicates']} stopped here, {look['failures']} with FAIL")
     click.echo(f"calibration: {path}")
 
 

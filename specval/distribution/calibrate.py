@@ -17,6 +17,15 @@ Exact-sampler mode (`calibrate_exact`, `specval calibrate --exact`): no SUT samp
 drawn straight from the float64 reference of the whole support tree, as count trees, so the
 statistics alone are calibrated, in seconds per hundred replicates and in parallel processes.
 Reported per criterion, per family (the unit Holm controls at alpha) and per run.
+
+A protocol with sequential looks (`sequential`) has each replicate decided as a run decides its
+first stage (`looks.walk`): look k evaluates the replicate's first n_k samples per group at the
+look's level (Holm within each family), and the replicate stops at the first look that FAILs. A
+criterion (family, run) FAILs a replicate if it FAILs at any look taken, so the rates are the
+family-wise rates over looks that `specval.stats.sequential` bounds by alpha; the result adds, per
+look, how many replicates stopped there (`sequential.looks`). KS screens use the p-values of the
+first look (every replicate takes it). Protocols without looks are decided as before. Two-stage
+protocols are calibrated on their first stage alone, with or without looks.
 """
 
 from __future__ import annotations
@@ -32,14 +41,14 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from specval import bundle as bundles
-from specval.distribution import collect
+from specval.distribution import collect, looks
 from specval.distribution import runner
 from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.distribution.reference import Reference, build_reference
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
 from specval.sut import SOURCES, capabilities_of, open_sut
-from specval.distribution.verdict import FAIL, decide, evaluate, statistical_tests, supports_of
+from specval.distribution.verdict import FAIL, decide, evaluate, gating_failures, statistical_tests, supports_of
 
 CALIBRATION_FILE = "calibration.json"
 RATE_CI_ALPHA = 0.05  # the rate intervals are 95%
@@ -59,6 +68,59 @@ def _replicates(samples, ranges, replicates: int, size: int) -> list[tuple]:
     return [(parts.get(i, empty).reset_index(drop=True),
              {g: (start + i * size, start + (i + 1) * size) for g, start in starts.items()})
             for i in range(replicates)]
+
+
+def check_looks(protocol: Protocol, samples: int, protocol_file: Path | str) -> None:
+    """ValueError naming `--samples`, its value and the file when the protocol's looks would repeat a
+    size at `samples` per replicate (each look needs samples of its own)."""
+    if protocol.sequential is not None:
+        try:
+            looks.schedule(dataclasses.replace(protocol, samples_per_group=samples), protocol.alpha)
+        except ValueError as err:
+            raise ValueError(f"{protocol_file}: --samples {samples} is too small for sequential.looks "
+                             f"{list(protocol.sequential.looks)} ({err})") from None
+
+
+def decide_by_looks(protocol: Protocol, evaluate_look: Callable[[looks.Look], dict],
+                    advance: Callable[[looks.Look], None] = lambda look: None) -> dict:
+    """One replicate of a protocol with looks, decided as a run decides a stage (`looks.walk`):
+    `evaluate_look(look)` gives the look's summary (verdicts and p-values at the look's level). The
+    result has a summary's `verdict` and `tests` (a criterion FAILs if it FAILs at any look taken;
+    its p-value is the first look's) and `stopped_at_look` (1-based)."""
+    taken: list[dict] = []
+
+    def evaluate_(look: looks.Look) -> dict:
+        taken.append(evaluate_look(look))
+        return taken[-1]
+
+    schedule = looks.schedule(protocol, protocol.alpha)
+    walked = looks.walk(schedule, advance, evaluate_, lambda s: s["verdict"] == FAIL, gating_failures)
+    tests = {name: {"role": test["role"], "p_value": test["p_value"],
+                    "verdict": FAIL if any(s["tests"][name]["verdict"] == FAIL for s in taken)
+                    else walked.summary["tests"][name]["verdict"]}
+             for name, test in taken[0]["tests"].items()}
+    return {"verdict": walked.summary["verdict"], "tests": tests, "stopped_at_look": walked.look.index + 1}
+
+
+def look_counts(summaries: list[dict], protocol: Protocol) -> dict[str, Any]:
+    """The result's `sequential` entry: the rule, the look whose p-values the KS screens use, and per
+    look its size, level, how many replicates stopped there and how many of those FAILed (early
+    stops all FAIL; the last look takes the rest)."""
+    rows = []
+    for look in looks.schedule(protocol, protocol.alpha):
+        stopped = [s for s in summaries if s["stopped_at_look"] == look.index + 1]
+        rows.append({"look": look.index + 1, "fraction": look.fraction, "samples_per_group": look.samples_per_group,
+                     "level": look.level, "stopped": len(stopped),
+                     "failures": sum(s["verdict"] == FAIL for s in stopped)})
+    return {"rule": looks.RULE, "spending": protocol.sequential.spending, "ks_p_values_of_look": 1, "looks": rows}
+
+
+def _summarise_run(summaries: list[dict], protocol: Protocol) -> dict[str, Any]:
+    """`summarise`, and the stops per look of a protocol with looks (`protocol`: sized per replicate)."""
+    result = summarise(summaries, protocol.alpha)
+    if protocol.sequential is not None:
+        result["sequential"] = look_counts(summaries, protocol)
+    return result
 
 
 def summarise(summaries: list[dict], alpha: float) -> dict[str, Any]:
@@ -118,7 +180,23 @@ def _map(function: Callable, jobs: list, workers: int) -> list:
 def _evaluate_batch(args: tuple) -> list[dict]:
     """Evaluate a batch of SUT replicates (rows and spans each) of one protocol."""
     protocol, reference, laws, replicates = args
-    return [evaluate(protocol, rows, reference, laws, spans) for rows, spans in replicates]
+    if protocol.sequential is None:
+        return [evaluate(protocol, rows, reference, laws, spans) for rows, spans in replicates]
+    return [_evaluate_looks(protocol, reference, laws, rows, spans) for rows, spans in replicates]
+
+
+def _evaluate_looks(protocol: Protocol, reference: Reference, laws: dict, rows, spans: dict) -> dict:
+    """One SUT replicate walked look by look: look k evaluates the replicate's first n_k seeds of
+    every group (Monte Carlo keys from those seeds, as a run's look)."""
+    starts = rows["group"].map({g: a for g, (a, _) in spans.items()})
+
+    def evaluate_look(look: looks.Look) -> dict:
+        size = look.samples_per_group
+        head = rows[rows["seed"] < starts + size].reset_index(drop=True)
+        return evaluate(looks.look_protocol(protocol, look), head, reference, laws,
+                        {g: (a, a + size) for g, (a, _) in spans.items()})
+
+    return decide_by_looks(protocol, evaluate_look)
 
 
 def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
@@ -132,6 +210,7 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
     base, protocol, state = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
+    check_looks(protocol, samples, protocol_file)
     pooled = dataclasses.replace(protocol, samples_per_group=replicates * samples)
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
@@ -153,7 +232,7 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     jobs = [(one, reference, laws, slices[a : a + step]) for a in range(0, replicates, step)]
     summaries = [s for batch in _map(_evaluate_batch, jobs, workers) for s in batch]
     result = {"protocol": protocol.name, "hash": protocol.hash, "profile": profile, "samples_per_group": samples,
-              "mode": "sut", "workers": workers, **summarise(summaries, protocol.alpha)}
+              "mode": "sut", "workers": workers, **_summarise_run(summaries, one)}
     bundles.write_json(path / CALIBRATION_FILE, result)
     return path, result
 
@@ -192,8 +271,40 @@ def exact_counts(reference: Reference, positions: int, n: int, rng: np.random.Ge
 def _exact_replicate(protocol: Protocol, reference: Reference, samples: int, index: int) -> dict:
     """One replicate of the protocol's p-valued criteria on the exact sampler (single stage)."""
     rng = criterion_rng(protocol.hash, EXACT_STREAM, str(index))
+    if protocol.sequential is not None:
+        return _exact_looks(protocol, reference, samples, index, rng)
     trees = {g.name: exact_counts(reference, protocol.positions, samples, rng) for g in protocol.groups}
+    seed_keys = {g: f"{EXACT_STREAM}:{index}:{g}" for g in trees}
+    return _exact_tests(protocol, reference, trees, samples, seed_keys)
 
+
+def _exact_looks(protocol: Protocol, reference: Reference, samples: int, index: int,
+                 rng: np.random.Generator) -> dict:
+    """One exact replicate walked look by look: each look adds the count trees of its new samples
+    per group (independent multinomials: the law of the first n_k of n token sequences) and decides
+    them at its level, with Monte Carlo keys of the replicate and the look's size."""
+    sized = dataclasses.replace(protocol, samples_per_group=samples, file_hash=protocol.hash)
+    trees: dict[str, dict[tuple, np.ndarray]] = {g.name: {} for g in protocol.groups}
+    drawn = [0]  # samples per group drawn so far
+
+    def advance(look: looks.Look) -> None:
+        for group in trees:
+            fresh = exact_counts(reference, protocol.positions, look.samples_per_group - drawn[0], rng)
+            for prefix, counts in fresh.items():
+                trees[group][prefix] = trees[group].get(prefix, 0) + counts
+        drawn[0] = look.samples_per_group
+
+    def evaluate_look(look: looks.Look) -> dict:
+        keys = {g: f"{EXACT_STREAM}:{index}:{g}:{look.samples_per_group}" for g in trees}
+        return _exact_tests(looks.look_protocol(sized, look), reference, trees, look.samples_per_group, keys)
+
+    return decide_by_looks(sized, evaluate_look, advance)
+
+
+def _exact_tests(protocol: Protocol, reference: Reference, trees: dict[str, dict[tuple, np.ndarray]],
+                 samples: int, seed_keys: dict[str, str]) -> dict:
+    """The p-valued criteria of count trees of `samples` per group, Holm at the protocol's alpha:
+    a summary's `verdict` and `tests` (role, verdict, p-value)."""
     supports = supports_of(reference)
 
     def source(group: str, position: int, by_path: bool) -> list:
@@ -201,7 +312,6 @@ def _exact_replicate(protocol: Protocol, reference: Reference, samples: int, ind
         return [((prefix, plain) if by_path else prefix, prefix, counts[supports(prefix).tokens], 0)
                 for prefix, counts in trees[group].items() if len(prefix) == position - 1]
 
-    seed_keys = {g: f"{EXACT_STREAM}:{index}:{g}" for g in trees}
     tests = statistical_tests(protocol, source, {g: samples for g in trees}, supports, seed_keys, with_mde=False)
     _, verdict, _ = decide(tests, protocol)
     return {"verdict": verdict, "tests": {n: {k: t[k] for k in ("role", "verdict", "p_value")} for n, t in tests.items()}}
@@ -234,7 +344,7 @@ def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, s
             summaries += [s for batch in batches for s in batch]
             result = {"protocol": protocol.name, "hash": protocol.hash, "profile": protocol.profile, "mode": "exact",
                       "samples_per_group": samples, "planned_replicates": replicates,
-                      **summarise(summaries, protocol.alpha)}
+                      **_summarise_run(summaries, dataclasses.replace(protocol, samples_per_group=samples))}
             if checkpoint:
                 checkpoint(result)
     finally:
@@ -250,6 +360,7 @@ def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path,
     if replicates < 1 or samples < 1:
         raise ValueError(f"replicates and samples must be >= 1, got replicates={replicates!r}, samples={samples!r}")
     _, protocol, _ = runner.prepare(Path(protocol_file), profile, exploratory=True)  # A/A: any state
+    check_looks(protocol, samples, protocol_file)
     sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
     try:
         reference = support_reference(sut, protocol, sut.encode(protocol.prompt))

@@ -8,14 +8,20 @@ fixed (fresh ledger), so the outcome is deterministic.
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from specval.distribution import calibrate as calibration
+from specval.distribution import looks
 from specval.cli import main
-from specval.distribution.verdict import FAIL, PASS
+from specval.distribution.verdict import FAIL, PASS, evaluate
+from specval.stats.rates import rate_ci
+from specval.stats.sequential import POCOCK, Boundary
 
 REPLICATES, SAMPLES = 20, 300
 
@@ -114,3 +120,149 @@ def test_summarise_family_rate_is_any_criterion_of_the_role():
     none = {"a": (PASS, 0.5), "b": (PASS, 0.7)}
     result = calibration.summarise([_summary(both, FAIL), _summary(one, FAIL), _summary(none, PASS)], 0.01)
     assert result["families"]["primary"]["failures"] == 2 and result["families"]["primary"]["nominal"] == 0.01
+
+
+# ---------------------------------------------------------------- protocols with sequential looks
+
+LOOKS = [0.1, 0.25, 0.5, 1.0]
+LOOK_ALPHA = 0.2  # large on purpose: FAILs are frequent, so a few hundred replicates resolve the rate
+LOOK_SAMPLES = 500  # looks at 50, 125, 250, 500 per group, each decided at 0.2 / 4 = 0.05 (Pocock)
+LOOK_CI_ALPHA = 0.01  # 99% Clopper-Pearson intervals
+
+
+def _looks_protocol(tmp_path, alpha: float = LOOK_ALPHA):
+    """The t1 gof of both groups (one control family of 2 criteria) with looks at 10/25/50/100 %."""
+    raw = fake_protocol_dict(alpha=alpha, tests=[{"kind": "gof", "position": 1, "role": "control"}],
+                             sequential={"looks": LOOKS})
+    return write_protocol(tmp_path, raw)
+
+
+def _exact_with_looks(tmp_path, replicates: int) -> tuple[dict, str]:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["calibrate", str(_looks_protocol(tmp_path)), "--exact", "--replicates",
+                                       str(replicates), "--samples", str(LOOK_SAMPLES), "--output", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(next(out.glob("calibration-exact-*.json")).read_text()), result.output
+
+
+def test_exact_calibration_with_looks_keeps_alpha_over_the_looks(tmp_path):
+    """300 exact A/A replicates of a protocol with looks (alpha 0.2, Pocock over 10/25/50/100 % of
+    500 per group), each walked as a run walks its looks. Measured (these seeds: the protocol's hash
+    and the replicate index): run 43/300 = 0.143, stops per look 11/11/11/267, 9 s on one core.
+
+    Statistical assertions: the run's 99% interval reaches alpha or below (false-fail rate <= 0.005
+    if the rule keeps alpha; every look at the full alpha gives ~0.43, next test, and FAILs it), and
+    some replicate stops before the last look (none does with probability < 1e-15 at the measured
+    11% early-stop rate; a calibration that ignores the looks has no looks at all). The rest is
+    deterministic bookkeeping: every replicate stops at one look, early stops are FAILs, and the
+    family-wise rate over looks is the run's (one gating family)."""
+    data, output = _exact_with_looks(tmp_path, 300)
+    run, stops = data["run"], data["sequential"]["looks"]
+    low, _ = rate_ci(run["failures"], data["replicates"], LOOK_CI_ALPHA)
+    assert low <= LOOK_ALPHA, run
+    assert [s["samples_per_group"] for s in stops] == [50, 125, 250, 500]
+    assert [s["level"] for s in stops] == [LOOK_ALPHA / 4] * 4
+    assert sum(s["stopped"] for s in stops) == 300 and sum(s["stopped"] for s in stops[:-1]) > 0
+    assert all(s["failures"] == s["stopped"] for s in stops[:-1])
+    assert sum(s["failures"] for s in stops) == run["failures"] == data["families"]["control"]["failures"]
+    assert all(row["failures"] <= run["failures"] for row in data["criteria"].values())
+    assert f"look 1 ({stops[0]['samples_per_group']} per group, level 0.05): {stops[0]['stopped']}/300" in output
+
+
+def test_exact_calibration_sees_looks_taken_at_the_full_alpha(tmp_path, monkeypatch):
+    """The planted bug the previous test catches: every look decided at the full alpha (no spending).
+    Measured (these seeds): 65/150 = 0.43 FAIL, far above alpha = 0.2; the 99% interval's lower end
+    stays above alpha with probability > 1 - 1e-6 at a true rate of 0.43 (5 sd). A calibration that
+    ignored the looks would measure ~0.16 (one look at alpha) and fail this test."""
+    naive = lambda alpha, fractions, spending=POCOCK: Boundary(alpha, "none", tuple(fractions),  # noqa: E731
+                                                              (alpha,) * len(fractions))
+    monkeypatch.setattr(looks, "spend", naive)
+    data, _ = _exact_with_looks(tmp_path, 150)
+    low, _ = rate_ci(data["run"]["failures"], data["replicates"], LOOK_CI_ALPHA)
+    assert low > LOOK_ALPHA, data["run"]
+
+
+def test_sut_calibration_decides_each_look_on_the_first_seeds_at_its_level(tmp_path, monkeypatch):
+    """Deterministic: in SUT mode, look k of replicate i evaluates exactly the seeds
+    [start_g + i S, start_g + i S + n_k) of every group g, at the look's level, with those seeds as
+    its span (the run's Monte Carlo keys)."""
+    calls = []
+
+    def spy(protocol, rows, reference, laws, spans, *args):
+        seeds = {g: (int(r["seed"].min()), int(r["seed"].max()) + 1, len(r))
+                 for g, r in rows.groupby("group")}
+        calls.append((protocol.alpha, protocol.samples_per_group, seeds, spans))
+        return evaluate(protocol, rows, reference, laws, spans, *args)
+
+    monkeypatch.setattr(calibration, "evaluate", spy)
+    file = _looks_protocol(tmp_path, alpha=0.01)
+    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", "2", "--samples", "40", "--output",
+                                       str(tmp_path / "out"), "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert len(calls) == 8  # a correct SUT at alpha 0.01 walks all four looks of both replicates
+    sizes = [4, 10, 20, 40]
+    for call, (replicate, k) in zip(calls, [(i, k) for i in range(2) for k in range(4)]):
+        alpha, size, seeds, spans = call
+        assert (alpha, size) == (0.01 / 4, sizes[k])
+        for group, (first, stop, rows) in seeds.items():
+            start = spans[group][0]
+            assert (first, stop, rows) == (start, start + sizes[k], sizes[k]) == (start, spans[group][1], rows)
+            assert (start - calls[0][3][group][0]) == replicate * 40
+
+
+def test_sut_calibration_with_looks_stops_a_planted_bug_at_the_first_look(tmp_path):
+    """Deterministic: the accept-kernel bug FAILs the quadrature check (no randomness) at look 1, so
+    every replicate stops there, as the run does (tests/specval/distribution/test_looks.py)."""
+    raw_sut = {"adapter": "tests.fixtures.fake_sut:BuggyFakeSUT"}
+    file = write_protocol(tmp_path, fake_protocol_dict(sut=raw_sut, tests=fake_protocol_dict()["tests"][:2],
+                                                       sequential={"looks": LOOKS}))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", "3", "--samples", "100", "--output",
+                                       str(out), "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(next(out.glob("*/calibration.json")).read_text())
+    assert [(s["stopped"], s["failures"]) for s in data["sequential"]["looks"]] == [(3, 3), (0, 0), (0, 0), (0, 0)]
+    assert data["run"]["failures"] == 3 and data["criteria"]["quadrature.adversarial"]["failures"] == 3
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_too_few_samples_for_the_looks_is_one_line_naming_samples_and_file(tmp_path, exact):
+    """Deterministic: 3 samples per replicate give looks of 1, 1, 2, 3: an input error (exit 2) before
+    any seed is claimed."""
+    file = _looks_protocol(tmp_path)
+    args = ["calibrate", str(file), "--replicates", "2", "--samples", "3", "--output", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args + (["--exact"] if exact else []))
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "--samples 3" in lines[0] and str(file) in lines[0] and "sequential.looks" in lines[0]
+    assert not (tmp_path / "out" / "ledger.json").exists()
+
+
+# The calibration.json of a protocol without looks, computed by the code before looks were decided
+# (commit da21bed, alpha 0.2 so that some replicates FAIL): sha256 of its JSON with sorted keys.
+# Family and run FAIL counts beside it, to read a difference by.
+NO_LOOKS_GOLDEN = {
+    True: ("e69b475a79d879d13fbf6a67bee17c76b26592250bc934dcb7eef5a94ed60ddd",
+           {"control": 1, "primary": 2, "secondary": 1}, 3),
+    False: ("88a472b0e97db91300747973c726f2ae4f1e5b658caef3b64b1fe40242a95d77", {"control": 1, "primary": 3}, 3),
+}
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_protocol_without_looks_calibrates_as_before(tmp_path, exact):
+    """Deterministic (fixed seeds: the protocol's hash and a fresh ledger): the same calibration.json,
+    byte for byte up to key order, as before looks were decided; exact mode 8 x 300 on three families,
+    SUT mode 8 x 300 on the quadrature and t1/t2 gof."""
+    raw = fake_protocol_dict(alpha=0.2)
+    raw["tests"] = raw["tests"][1:] if exact else raw["tests"][:3]
+    out = tmp_path / "out"
+    args = ["calibrate", str(write_protocol(tmp_path, raw)), "--replicates", "8", "--samples", "300", "--output",
+            str(out), "--quiet"]
+    result = CliRunner().invoke(main, args + (["--exact"] if exact else []), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    data = json.loads(next(out.glob("calibration-exact-*.json" if exact else "*/calibration.json")).read_text())
+    digest, families, run = NO_LOOKS_GOLDEN[exact]
+    assert ({k: f["failures"] for k, f in data["families"].items()}, data["run"]["failures"]) == (families, run)
+    assert "sequential" not in data
+    assert hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest() == digest
