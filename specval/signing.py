@@ -28,19 +28,22 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 import specval
 from specval import bundle as bundles
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 SIGNATURE_FILE = bundles.SIGNATURE_FILE
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -67,13 +70,25 @@ class SignatureCheck:
 # ---------------------------------------------------------------- keys
 
 
+@functools.cache
+def _crypto() -> SimpleNamespace:
+    """cryptography's ed25519 names, imported on first use: a run that neither signs nor checks a
+    signature never imports the package (a missing one is then reported when it is needed)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    return SimpleNamespace(InvalidSignature=InvalidSignature, serialization=serialization,
+                           Ed25519PrivateKey=ed25519.Ed25519PrivateKey, Ed25519PublicKey=ed25519.Ed25519PublicKey)
+
+
 def key_id(public_key: Ed25519PublicKey) -> str:
     """SHA-256 of the raw 32-byte public key, in hex: the name a team publishes with its key."""
     return hashlib.sha256(_raw(public_key)).hexdigest()
 
 
 def _raw(public_key: Ed25519PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return public_key.public_bytes(_crypto().serialization.Encoding.Raw, _crypto().serialization.PublicFormat.Raw)
 
 
 def generate_key_pair(private_path: Path) -> tuple[Path, str]:
@@ -84,7 +99,8 @@ def generate_key_pair(private_path: Path) -> tuple[Path, str]:
     for path in (private_path, public_path):
         if os.path.lexists(path):
             raise SigningError(f"{path}: exists; a key file is never overwritten")
-    key = Ed25519PrivateKey.generate()
+    serialization = _crypto().serialization
+    key = _crypto().Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_KEY_MODE)
@@ -105,10 +121,10 @@ def _read_key_file(path: Path) -> bytes:
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """The ed25519 private key in the PEM file `path` (unencrypted PKCS#8, as `specval keygen` writes)."""
     try:
-        key = serialization.load_pem_private_key(_read_key_file(path), password=None)
+        key = _crypto().serialization.load_pem_private_key(_read_key_file(path), password=None)
     except (ValueError, TypeError) as err:
         raise SigningError(f"{path}: not an unencrypted PEM private key ({err})") from err
-    if not isinstance(key, Ed25519PrivateKey):
+    if not isinstance(key, _crypto().Ed25519PrivateKey):
         raise SigningError(f"{path}: a {type(key).__name__}, not an ed25519 private key")
     return key
 
@@ -116,10 +132,10 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 def load_public_key(path: Path) -> Ed25519PublicKey:
     """The ed25519 public key in the PEM file `path` (`specval keygen`'s `.pub`)."""
     try:
-        key = serialization.load_pem_public_key(_read_key_file(path))
+        key = _crypto().serialization.load_pem_public_key(_read_key_file(path))
     except (ValueError, TypeError) as err:
         raise SigningError(f"{path}: not a PEM public key ({err})") from err
-    if not isinstance(key, Ed25519PublicKey):
+    if not isinstance(key, _crypto().Ed25519PublicKey):
         raise SigningError(f"{path}: a {type(key).__name__}, not an ed25519 public key")
     return key
 
@@ -189,7 +205,7 @@ def _statement(bundle: Path, public_key: Ed25519PublicKey | None) -> tuple[dict,
         (signature,) = envelope["signatures"]
         sig = base64.b64decode(signature["sig"], validate=True)
         statement = json.loads(payload)
-        embedded = Ed25519PublicKey.from_public_bytes(
+        embedded = _crypto().Ed25519PublicKey.from_public_bytes(
             base64.b64decode(statement["predicate"]["signer"]["public_key"], validate=True))
     except (KeyError, TypeError, ValueError) as err:
         raise SigningError(f"{where} not a DSSE envelope of a specval statement with one signature ({err})") from err
@@ -200,7 +216,7 @@ def _statement(bundle: Path, public_key: Ed25519PublicKey | None) -> tuple[dict,
         raise SigningError(f"{where} signed by key {key_id(embedded)}, not by the --key given ({key_id(public_key)})")
     try:
         key.verify(sig, pae(PAYLOAD_TYPE, payload))
-    except InvalidSignature as err:
+    except _crypto().InvalidSignature as err:
         raise SigningError(f"{where} the signature does not verify under key {key_id(key)}") from err
     return statement, key
 

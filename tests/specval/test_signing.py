@@ -188,3 +188,19 @@ def test_the_api_checks_signatures_and_pins_as_specval_verify_does(copy, keys):
     unsigned = api.verify(copy)
     assert unsigned.signature == "unsigned: internal consistency only"
     assert "signature.dsse.json is missing: --key needs a signed bundle" in api.verify(copy, key=keys["team.pub"]).differences
+
+
+def test_running_and_verifying_unsigned_bundles_never_imports_cryptography(copy):
+    """cryptography is imported on the first signing call only: the CLI, the API and both runners
+    import without it, and an unsigned bundle verifies with the package made unimportable."""
+    import subprocess
+    import sys
+
+    (copy / signing.SIGNATURE_FILE).unlink()
+    code = ("import sys; from click.testing import CliRunner; "
+            "import specval.cli, specval.api, specval.sequence.runner, specval.distribution.runner; "
+            "loaded = 'cryptography' in sys.modules; sys.modules['cryptography'] = None; "
+            f"result = CliRunner().invoke(specval.cli.main, ['verify', {str(copy)!r}]); "
+            "print(loaded, result.exit_code, result.output.splitlines()[0])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False 0 unsigned: internal consistency only", result.stdout + result.stderr
