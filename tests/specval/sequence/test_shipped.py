@@ -1,6 +1,7 @@
-"""The shipped sequence protocols end to end at their smoke size: the bundled engine's, and the
-transformers one (SmolLM2-135M through transformers' generate), which skips with a reason
-without the real-model extras (`scripts/setup.sh --real`, which the README's test command runs).
+"""The shipped sequence protocols end to end at their smoke size: the bundled engine's on its looped
+model and on SmolLM2-135M, and the transformers one (SmolLM2-135M through transformers'
+generate); the SmolLM2 ones skip with a reason without the real-model extras
+(`scripts/setup.sh --real`, which the README's test command runs).
 
 `specval run protocols/seq_fp32.yaml --profile smoke` (7 groups x 200 sequences x 64 tokens,
 mixed-batch companions included) must PASS and verify. False-fail rate: <= alpha = 0.01 (Holm per
@@ -57,8 +58,19 @@ def test_seq_fp32_k8_smoke_gates_every_round_position_up_to_the_bonus_after_eigh
 def test_seq_transformers_smoke_passes_and_verifies(tmp_path):
     """The shipped smoke profile of seq_transformers (8 sequences of 16 tokens per group, batches of 2;
     ci and full run 64 tokens) PASSes and its bundle verifies. False-fail rate <= alpha = 0.01 as
-    above; fixed seeds (a fresh ledger's first ranges). seq_smollm2's smoke (the same size, five
-    groups on the engine) is not run here: 424 s on one CPU thread, beyond the suite's budget
-    (docs/harness.md, "Whole sequences")."""
+    above; fixed seeds (a fresh ledger's first ranges)."""
     require_smollm2("transformers")
     _smoke_passes_and_verifies("seq_transformers", tmp_path)
+
+
+def test_seq_smollm2_smoke_passes_and_verifies(tmp_path):
+    """The shipped smoke profile of seq_smollm2 (the engine on SmolLM2-135M: five groups, the
+    noisy draft and mixed batches included, 8 sequences of 16 tokens per group in batches of 2)
+    PASSes every criterion and its bundle verifies, and every speculative group commits tokens
+    after an accepted draft (round position >= 2: the early exit after 24 of 30 layers accepts
+    about one draft in four). False-fail rate <= alpha = 0.01 as above; fixed seeds."""
+    require_smollm2()
+    summary = _smoke_passes_and_verifies("seq_smollm2", tmp_path)
+    assert len(summary["tests"]) >= 41
+    for group in ("sync", "async", "async_noisy", "async_mixed"):
+        assert summary["groups"][group]["round_positions"].get("2", 0) > 0
