@@ -115,26 +115,30 @@ def test_ls_marks_exploratory_bundles(cli, tmp_path):
 MISSING_PACKAGE_SCRIPT = """
 import sys
 sys.modules[{name!r}] = None  # `import {name}` now raises ModuleNotFoundError, as in a venv without it
-sys.argv = ["specval", "--version"]
+sys.argv = ["specval", *{argv!r}]
 from specval.__main__ import entry
 entry()
 """
 
 
-@pytest.mark.parametrize("name", ["cryptography", "click"])
-def test_a_missing_dependency_is_one_line_and_exit_5(name):
+@pytest.mark.parametrize(("name", "argv"), [("click", ["--version"]), ("numpy", ["--version"]),
+                                            ("cryptography", ["keygen", "KEY"])])
+def test_a_missing_dependency_is_one_line_and_exit_5(name, argv, tmp_path):
     """The console script's guard: a third-party package missing from the environment (seen: a GPU
-    machine without `cryptography`) is an environment error naming it, not an import traceback."""
+    machine without `cryptography`) is an environment error naming it, not a traceback, whether
+    the command line imports it at start (click, numpy) or on first use (cryptography: keygen)."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", MISSING_PACKAGE_SCRIPT.format(name=name)], cwd=root,
+    argv = [str(tmp_path / "key") if arg == "KEY" else arg for arg in argv]
+    done = subprocess.run([sys.executable, "-c", MISSING_PACKAGE_SCRIPT.format(name=name, argv=argv)], cwd=root,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 5, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and f"'{name}'" in lines[0]
+    assert not (tmp_path / "key").exists()
 
 
 def test_the_guard_re_raises_a_missing_specval_module():
@@ -142,7 +146,7 @@ def test_the_guard_re_raises_a_missing_specval_module():
     import subprocess
     import sys
 
-    script = MISSING_PACKAGE_SCRIPT.format(name="specval.cli")
+    script = MISSING_PACKAGE_SCRIPT.format(name="specval.cli", argv=["--version"])
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr
