@@ -20,9 +20,10 @@ Ties: T* within a relative `TIE_RTOL` of T counts as an exceedance, so that roun
 summation order can only make the p-value larger (conservative), never smaller.
 
 Streams: `criterion_rng` draws from `specval.stats.stream.Stream` (Philox raw words and this
-project's transforms: the same draws under every supported numpy and scipy), version 2
-(`CURRENT_STREAM`, `philox4x64-10/specval-2`: packed uniform digits for the sequence nulls) for
-new analyses, version 1 (`FIRST_STREAM`) for bundles that record it. Bundles sealed before the
+project's transforms: the same draws under every supported numpy and scipy), version 3
+(`CURRENT_STREAM`, `philox4x64-10/specval-3`: packed uniform digits for the sequence nulls, and
+multinomial and hypergeometric tables in O(cells) by `specval.stats.variates`) for new analyses,
+version 2 (`SECOND_STREAM`) or 1 (`FIRST_STREAM`) for bundles that record it. Bundles sealed before the
 project's stream existed drew from numpy's PCG64 Generator methods (`LEGACY_STREAM`), whose
 algorithms numpy may change between releases; a bundle records its stream in summary.json
 (`monte_carlo_stream`; absent: the legacy one) and `specval verify` redraws with that one.
@@ -40,7 +41,7 @@ from scipy import stats
 
 from specval.stats import checks
 from specval.stats.results import StatResult
-from specval.stats.stream import STREAM_NAME, STREAM_V1, VERSIONS, Stream
+from specval.stats.stream import STREAM_NAME, STREAM_V1, STREAM_V2, VERSIONS, Stream
 
 EXCEEDANCES = 30  # h: stop at the h-th null statistic >= the observed one
 DECISION_LEVEL_FACTOR = 0.5  # MDEs are computed at level t * this (see the module docstring)
@@ -48,10 +49,11 @@ TIE_RTOL = 1e-9  # float64 sums of <= 1e6 terms differ by far less than 1e-9 rel
 FIRST_BATCH = 64  # batch sizes double from here, so the draw count overshoots by < 2x
 
 NullDraws = Callable[[np.random.Generator, int], np.ndarray]  # (rng, b) -> f64[b] null statistics
-CURRENT_STREAM = STREAM_NAME  # the stream of every new analysis (version 2)
+CURRENT_STREAM = STREAM_NAME  # the stream of every new analysis (version 3)
+SECOND_STREAM = STREAM_V2  # version 2: bundles sealed before version 3 existed
 FIRST_STREAM = STREAM_V1  # version 1: bundles sealed before version 2 existed
 LEGACY_STREAM = "numpy-pcg64"  # bundles sealed before the stream was recorded: numpy's Generator methods
-STREAMS = (CURRENT_STREAM, FIRST_STREAM, LEGACY_STREAM)
+STREAMS = (CURRENT_STREAM, SECOND_STREAM, FIRST_STREAM, LEGACY_STREAM)
 
 
 @dataclasses.dataclass(frozen=True)

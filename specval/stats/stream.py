@@ -27,17 +27,22 @@ operations whose results do not depend on the library version:
 Guarantee: the same key gives the same values on every platform and every numpy >= 1.17 (Philox
 and `random_raw`); the draws are exact (multinomial: the categorical law of the float64 cdf;
 integers: exactly uniform; hypergeometric: a uniform random subset, up to the tie rule).
-Scaling: one word per uniform, per candidate integer, per multinomial trial and per hypergeometric
-item: O(n) per multinomial cell (numpy's own is O(categories)); work is split into chunks of at
-most CHUNK_WORDS words, so memory stays bounded whatever the size.
+Scaling (versions 1 and 2): one word per uniform, per candidate integer, per multinomial trial and
+per hypergeometric item: O(n) per multinomial cell (numpy's own is O(categories)); work is split
+into chunks of at most CHUNK_WORDS words, so memory stays bounded whatever the size. Version 3
+draws a table in a few words per cell (2 per rejection round of each
+conditional variate) whatever n (`specval.stats.variates`).
 
 Versions. A stream is named by its version: `philox4x64-10/specval-1` (STREAM_V1) is everything
-above; `philox4x64-10/specval-2` (STREAM_V2, the current one) is the same plus one transform,
-`uniform_digits`, which the null samplers of the sequence statistics use in place of
-`multinomial(n, uniform)` and `integers(0, base)` (`specval.stats.sequence`). Every other method
-draws the same words and values in both versions, so a criterion that does not call
-`uniform_digits` redraws identically under either name; a bundle records its version and
-`specval verify` redraws with it (`montecarlo.criterion_rng`).
+above; `philox4x64-10/specval-2` (STREAM_V2) is the same plus one transform, `uniform_digits`,
+which the null samplers of the sequence statistics use in place of `multinomial(n, uniform)` and
+`integers(0, base)` (`specval.stats.sequence`); `philox4x64-10/specval-3` (STREAM_V3, the current
+one) is version 2 with other `multinomial` and `multivariate_hypergeometric` transforms: conditional
+binomials and hypergeometrics down a binary tree of the cells, each drawn by ratio of uniforms in
+IEEE float64 basic operations (`specval.stats.variates` specifies them), O(cells) per table
+instead of O(trials) or O(items). Every other method draws the same words and values in every
+version; a bundle records its version and `specval verify` redraws with it
+(`montecarlo.criterion_rng`).
 
 - `uniform_digits(base, size)` (version 2): uint8 values uniform on [0, base), 2 <= base <= 256,
   packed k to a field: k is the digits per field that maximises the expected digits per word,
@@ -62,10 +67,14 @@ from typing import Sequence
 
 import numpy as np
 
+from specval.stats import variates
+
 STREAM_V1 = "philox4x64-10/specval-1"  # bundles sealed before `uniform_digits` existed
 STREAM_V2 = "philox4x64-10/specval-2"  # adds `uniform_digits` (module docstring)
-STREAM_NAME = STREAM_V2  # the current version, recorded in a summary's `monte_carlo_stream`
-VERSIONS = {STREAM_V1: 1, STREAM_V2: 2}
+STREAM_V3 = "philox4x64-10/specval-3"  # tables by conditional binomials / hypergeometrics (module docstring)
+STREAM_NAME = STREAM_V3  # the current version, recorded in a summary's `monte_carlo_stream`
+VERSIONS = {STREAM_V1: 1, STREAM_V2: 2, STREAM_V3: 3}
+TREE_TABLES_FROM = 3  # the first version whose tables are drawn by `specval.stats.variates`
 MAX_PACKED = 1 << 16  # base**k of one field of `uniform_digits`, at most (its digit table's rows)
 CHUNK_WORDS = 1 << 22  # words (32 MiB) drawn at once, at most
 UNIT_SHIFT = 11  # 64 - 53: the top 53 bits of a word make a float64 uniform
@@ -144,6 +153,8 @@ class Stream:
         trials = np.broadcast_to(trials, shape).reshape(-1)
         if (trials < 0).any():
             raise ValueError("multinomial: n must be >= 0")
+        if self.version >= TREE_TABLES_FROM:
+            return variates.multinomial_table(self.raw, trials, pvals).reshape(shape + (pvals.size,))
         cdf = np.cumsum(pvals)
         last = int(np.flatnonzero(pvals > 0)[-1])
         counts = np.zeros((trials.size, pvals.size), dtype=np.int64)
@@ -165,6 +176,8 @@ class Stream:
             raise ValueError(f"multivariate_hypergeometric: need colors >= 0 and 0 <= nsample <= {total}")
         shape = _shape(size)
         rows = math.prod(shape)
+        if self.version >= TREE_TABLES_FROM:
+            return variates.hypergeometric_table(self.raw, colors, nsample, rows).reshape(shape + (colors.size,))
         ends = np.cumsum(colors)
         counts = np.empty((rows, colors.size), dtype=np.int64)
         per_chunk = max(1, CHUNK_WORDS // max(total, 1))

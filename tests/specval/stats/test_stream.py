@@ -82,16 +82,16 @@ def _multinomial_reference(key: int, trials: list[int], pvals: np.ndarray) -> li
 def test_multinomial_is_categorical_draws_in_cell_order():
     pvals = np.array([0.2, 0.0, 0.5, 0.3, 0.0])
     trials = np.array([7, 0, 30])
-    counts = Stream(KEY).multinomial(trials, pvals, size=(2, 3))
+    counts = Stream(KEY, version=2).multinomial(trials, pvals, size=(2, 3))
     assert counts.shape == (2, 3, 5) and counts.dtype == np.int64
     assert counts.reshape(6, 5).tolist() == _multinomial_reference(KEY, [7, 0, 30] * 2, pvals)
     assert (counts[..., [1, 4]] == 0).all() and (counts.sum(axis=-1) == trials).all()
-    assert Stream(KEY).multinomial(9, [1.0, 3.0]).tolist() == _multinomial_reference(KEY, [9], np.array([0.25, 0.75]))[0]
+    assert Stream(KEY, version=2).multinomial(9, [1.0, 3.0]).tolist() == _multinomial_reference(KEY, [9], np.array([0.25, 0.75]))[0]
 
 
 def test_multinomial_chunks_do_not_change_the_draws():
     trials = np.full(3, CHUNK_WORDS // 2 + 1)  # three chunks of one cell each
-    counts = Stream(KEY).multinomial(trials, [0.5, 0.5])
+    counts = Stream(KEY, version=2).multinomial(trials, [0.5, 0.5])
     words = _words(KEY, int(trials.sum()))
     below = (np.array([_unit(w) for w in words[:: 1 << 16]]) < 0.5).mean()  # a thinned look: it is a fair coin
     assert (counts.sum(axis=1) == trials).all() and 0.4 < below < 0.6
@@ -112,7 +112,7 @@ def _hypergeometric_reference(key: int, colors: list[int], nsample: int, rows: i
 
 @pytest.mark.parametrize("colors,nsample", [([5, 0, 7, 3], 6), ([1, 1], 2), ([4, 9], 0), ([30, 10, 60], 20)])
 def test_hypergeometric_takes_the_items_of_smallest_words(colors, nsample):
-    counts = Stream(KEY).multivariate_hypergeometric(np.array(colors), nsample, size=7, method="marginals")
+    counts = Stream(KEY, version=2).multivariate_hypergeometric(np.array(colors), nsample, size=7, method="marginals")
     assert counts.tolist() == _hypergeometric_reference(KEY, colors, nsample, 7)
 
 
@@ -123,15 +123,17 @@ def test_ties_at_the_cut_are_taken_in_item_order():
     assert _smallest(keys, 2).tolist() == [[False, True, True, False, False]]
 
 
-def test_the_laws_are_right():
+@pytest.mark.parametrize("version", [2, 3])
+def test_the_laws_are_right(version):
     """Chi-square checks of each transform's law at 2e5 draws, fixed keys; each at level 1e-4, so
-    with fresh keys the test fails with probability <= 3e-4 when the transforms are right.
-    A transform off by a TV of 0.01 fails with probability > 0.999 (noncentrality >= 4 n TV^2 = 80)."""
+    with fresh keys the test fails with probability <= 3e-4 per version when the transforms are
+    right. A transform off by a TV of 0.01 fails with probability > 0.999 (noncentrality >= 4 n
+    TV^2 = 80). Version 3's tables are checked further in test_variates.py."""
     n = 200_000
-    ints = np.bincount(Stream(1).integers(0, 7, size=n), minlength=7)
+    ints = np.bincount(Stream(1, version=version).integers(0, 7, size=n), minlength=7)
     pvals = np.array([0.1, 0.2, 0.3, 0.4])
-    multi = Stream(2).multinomial(n, pvals)
-    hyper = Stream(3).multivariate_hypergeometric(np.array([6, 3, 1]), 4, size=n // 10)
+    multi = Stream(2, version=version).multinomial(n, pvals)
+    hyper = Stream(3, version=version).multivariate_hypergeometric(np.array([6, 3, 1]), 4, size=n // 10)
     law = stats.multivariate_hypergeom.pmf
     cells = [(a, b, 4 - a - b) for a in range(5) for b in range(4) if 0 <= 4 - a - b <= 1]
     seen = {c: 0 for c in cells}
@@ -194,8 +196,18 @@ GOLDEN_P_VALUES_V2 = GOLDEN_P_VALUES | {  # the sequence criteria draw packed di
 
 
 def test_golden_p_values_of_criteria_version_2():
-    assert STREAM_NAME == "philox4x64-10/specval-2" == montecarlo.CURRENT_STREAM
-    assert _criteria(STREAM_NAME) == GOLDEN_P_VALUES_V2
+    assert montecarlo.SECOND_STREAM == "philox4x64-10/specval-2"
+    assert _criteria(montecarlo.SECOND_STREAM) == GOLDEN_P_VALUES_V2
+
+
+GOLDEN_P_VALUES_V3 = GOLDEN_P_VALUES_V2 | {  # the tables draw conditional variates; the rest as version 2
+    "gof": (30 / 107, 107), "homogeneity": (30 / 109, 109), "rejected_gof": (1 / 1501, 1500),
+}
+
+
+def test_golden_p_values_of_criteria_version_3():
+    assert STREAM_NAME == "philox4x64-10/specval-3" == montecarlo.CURRENT_STREAM
+    assert _criteria(STREAM_NAME) == GOLDEN_P_VALUES_V3
 
 
 def test_the_legacy_stream_is_numpy_pcg64_seeded_as_before():
@@ -323,12 +335,13 @@ def test_version_1_has_no_uniform_digits_and_versions_are_named():
     with pytest.raises(ValueError, match="version 2"):
         Stream(KEY, version=1).uniform_digits(10, (1, 5))
     with pytest.raises(ValueError, match="version"):
-        Stream(KEY, version=3)
+        Stream(KEY, version=4)
     assert isinstance(montecarlo.criterion_rng("x", stream=montecarlo.FIRST_STREAM), Stream)
     assert montecarlo.criterion_rng("x", stream=montecarlo.FIRST_STREAM).version == 1
-    assert montecarlo.criterion_rng("x").version == 2
-    # the transforms of version 1 draw the same values under version 2
-    for version in (1, 2):
+    assert montecarlo.criterion_rng("x", stream=montecarlo.SECOND_STREAM).version == 2
+    assert montecarlo.criterion_rng("x").version == 3
+    # the transforms of version 1 draw the same values under versions 2 and 3
+    for version in (1, 2, 3):
         stream = Stream(KEY, version=version)
         assert stream.random(4).tolist() == GOLDEN_UNIFORMS
 
