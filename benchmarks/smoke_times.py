@@ -5,8 +5,8 @@ in its own process and into its own fresh output root (so each draws a fresh led
 one after the other. Reported per protocol: the exit status and verdict line, the process wall
 seconds (interpreter start, imports, model load, collection, analysis, report) and the manifest's
 collection seconds. Protocols whose device is not the CPU are listed as skipped: they are refused
-without a GPU. A protocol that needs an optional package that is missing exits 5 and is reported
-as such.
+without a GPU. A protocol whose adapter needs a package that is not installed (t2_vllm without the
+`[vllm]` extra) exits 2 naming it, and is reported as such.
 
     python -m benchmarks.smoke_times --output results/smoke_times [--protocol protocols/t2_fp32.yaml ...]
 
@@ -34,30 +34,25 @@ def shipped_protocols() -> list[Path]:
     return sorted(p for p in (REPO / "protocols").rglob("*.yaml"))
 
 
-def device_of(path: Path) -> str:
-    """The protocol's `sut.device` ("cpu" when a suite or the key is absent)."""
-    raw = yaml.safe_load(path.read_text())
-    return str((raw.get("sut") or {}).get("device", "cpu"))
+def _raw(path: Path) -> dict:
+    return yaml.safe_load(path.read_text()) or {}
 
 
-def has_smoke(path: Path) -> bool:
-    return SMOKE in (yaml.safe_load(path.read_text()).get("profiles") or {})
-
-
-def skip_reason(path: Path) -> str | None:
-    """Why the protocol is not run here (None: it is run)."""
-    if yaml.safe_load(path.read_text()).get("kind") == "suite":
+def skip_reason(raw: dict) -> str | None:
+    """Why the protocol (its parsed YAML) is not run here (None: it is run)."""
+    if raw.get("kind") == "suite":
         return "skipped: a suite (its members are rows of their own)"
-    if device_of(path) != "cpu":
-        return f"skipped: device {device_of(path)}"
-    return None if has_smoke(path) else "skipped: no smoke profile"
+    device = str((raw.get("sut") or {}).get("device", "cpu"))
+    if device != "cpu":
+        return f"skipped: device {device}"
+    return None if SMOKE in (raw.get("profiles") or {}) else "skipped: no smoke profile"
 
 
-def run_smoke(path: Path, output: Path) -> dict:
+def run_smoke(path: Path, raw: dict, output: Path) -> dict:
     """`specval run path --profile smoke` into `output/<stem>`: exit status, last verdict line,
     process wall seconds and the bundle manifest's collection seconds (None without a bundle)."""
     root = output / path.stem
-    verb = "bench" if yaml.safe_load(path.read_text()).get("kind") == "performance" else "run"
+    verb = "bench" if raw.get("kind") == "performance" else "run"
     command = [sys.executable, "-m", "specval", verb, str(path), "--profile", SMOKE, "--output", str(root),
                "--quiet"]
     start = time.perf_counter()
@@ -90,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     results = []
     for path in paths:
-        why = skip_reason(path)
+        raw = _raw(path)
+        why = skip_reason(raw)
         if why is not None:
             result = {"protocol": str(path.relative_to(REPO)), "exit": "-", "verdict": why, "wall_s": None,
                       "collect_s": None}
         else:
-            result = run_smoke(path, args.output.resolve())
+            result = run_smoke(path, raw, args.output.resolve())
         results.append(result)
         print(row(result), flush=True)
     (args.output / "smoke_times.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -68,6 +68,7 @@ from typing import Sequence
 import numpy as np
 
 from specval.stats import variates
+from specval.stats.variates import UNIT_SCALE, UNIT_SHIFT  # the top 53 bits of a word make a float64 uniform
 
 STREAM_V1 = "philox4x64-10/specval-1"  # bundles sealed before `uniform_digits` existed
 STREAM_V2 = "philox4x64-10/specval-2"  # adds `uniform_digits` (module docstring)
@@ -77,8 +78,6 @@ VERSIONS = {STREAM_V1: 1, STREAM_V2: 2, STREAM_V3: 3}
 TREE_TABLES_FROM = 3  # the first version whose tables are drawn by `specval.stats.variates`
 MAX_PACKED = 1 << 16  # base**k of one field of `uniform_digits`, at most (its digit table's rows)
 CHUNK_WORDS = 1 << 22  # words (32 MiB) drawn at once, at most
-UNIT_SHIFT = 11  # 64 - 53: the top 53 bits of a word make a float64 uniform
-UNIT_SCALE = 2.0**-53
 MAX_INTEGER_RANGE = 2**32  # `integers` draws from one 32-bit half-word per candidate
 LOW_BITS = np.uint64(0xFFFFFFFF)
 Size = int | Sequence[int] | None

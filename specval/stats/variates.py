@@ -172,7 +172,7 @@ def ratio_of_uniforms(words: WordSource, mode: np.ndarray, mean: np.ndarray, var
     entry takes its first accepted candidate."""
     a = mean + 0.5
     h = D1 * np.sqrt(var + 0.5) + D2
-    out = mode.astype(np.int64).copy()
+    out = mode.astype(np.int64)  # a copy
     pending = np.arange(mode.size)
     while pending.size:
         tries = -(-ROUND_PAIRS // pending.size)
@@ -256,41 +256,37 @@ def _levels(num_cells: int) -> list[list[tuple[int, int, int]]]:
 Split = Callable[[np.ndarray, int], np.ndarray]  # (counts of the level's nodes [rows, nodes], level) -> left counts
 
 
-def _tree_counts(totals: np.ndarray, num_cells: int, split: Split) -> np.ndarray:
-    """int64[rows, num_cells]: each row's total sent down the tree by `split`, level by level."""
-    levels = _levels(num_cells)
-    counts = np.zeros((totals.size, num_cells), dtype=np.int64)
-    counts[:, 0] = totals  # a node's count sits in its first cell until it splits
-    for depth, level in enumerate(levels):
-        lo = np.array([node[0] for node in level])
-        mid = np.array([node[1] for node in level])
-        node_counts = counts[:, lo]
-        left = split(node_counts, depth).reshape(node_counts.shape)
-        counts[:, lo] = left
-        counts[:, mid] = node_counts - left
-    return counts
-
-
-def _row_groups(rows: int, num_cells: int):
+def _tree_table(totals: np.ndarray, num_cells: int, levels: list, split: Split) -> np.ndarray:
+    """int64[rows, num_cells]: each row's total sent down the tree (`levels`, from `_levels`) by
+    `split`, level by level, in groups of rows (module docstring)."""
+    out = np.empty((totals.size, num_cells), dtype=np.int64)
     per_group = max(1, ROW_GROUP_ENTRIES // max(num_cells, 1))
-    for start in range(0, rows, per_group):
-        yield slice(start, min(rows, start + per_group))
+    for start in range(0, totals.size, per_group):
+        counts = out[start:start + per_group]
+        counts[:] = 0
+        counts[:, 0] = totals[start:start + per_group]  # a node's count sits in its first cell until it splits
+        for depth, level in enumerate(levels):
+            lo = np.array([node[0] for node in level])
+            mid = np.array([node[1] for node in level])
+            node_counts = counts[:, lo]
+            left = split(node_counts, depth).reshape(node_counts.shape)
+            counts[:, lo] = left
+            counts[:, mid] = node_counts - left
+    return out
 
 
 def multinomial_table(words: WordSource, trials: np.ndarray, pvals: np.ndarray) -> np.ndarray:
     """int64[rows, C]: one multinomial(trials[r], pvals) per row, by conditional binomials down
     the tree (module docstring). pvals: float64[C] weights >= 0 with a positive sum."""
     weights = [float(w) for w in pvals]
-    left_share = [[_share(weights, lo, mid, hi) for lo, mid, hi in level] for level in _levels(len(weights))]
+    levels = _levels(len(weights))
+    left_share = [np.array([_share(weights, lo, mid, hi) for lo, mid, hi in level]) for level in levels]
 
     def split(node_counts: np.ndarray, depth: int) -> np.ndarray:
-        p = np.broadcast_to(np.array(left_share[depth]), node_counts.shape)
+        p = np.broadcast_to(left_share[depth], node_counts.shape)
         return binomial(words, node_counts.reshape(-1), p.reshape(-1))
 
-    out = np.empty((trials.size, len(weights)), dtype=np.int64)
-    for group in _row_groups(trials.size, len(weights)):
-        out[group] = _tree_counts(trials[group], len(weights), split)
-    return out
+    return _tree_table(trials, len(weights), levels, split)
 
 
 def _share(weights: list[float], lo: int, mid: int, hi: int) -> float:
@@ -304,14 +300,12 @@ def hypergeometric_table(words: WordSource, colors: np.ndarray, nsample: int, ro
     replacement, by conditional hypergeometrics down the tree (module docstring)."""
     colors = np.asarray(colors, dtype=np.int64)
     ends = np.concatenate([[0], np.cumsum(colors)])
-    sizes = [([int(ends[mid] - ends[lo]) for lo, mid, hi in level], [int(ends[hi] - ends[mid]) for lo, mid, hi in level])
-             for level in _levels(colors.size)]
+    levels = _levels(colors.size)
+    sizes = [(np.array([ends[mid] - ends[lo] for lo, mid, hi in level], dtype=np.int64),
+              np.array([ends[hi] - ends[mid] for lo, mid, hi in level], dtype=np.int64)) for level in levels]
 
     def split(node_counts: np.ndarray, depth: int) -> np.ndarray:
-        good, bad = (np.broadcast_to(np.array(x, dtype=np.int64), node_counts.shape).reshape(-1) for x in sizes[depth])
+        good, bad = (np.broadcast_to(x, node_counts.shape).reshape(-1) for x in sizes[depth])
         return hypergeometric(words, good, bad, node_counts.reshape(-1))
 
-    out = np.empty((rows, colors.size), dtype=np.int64)
-    for group in _row_groups(rows, colors.size):
-        out[group] = _tree_counts(np.full(group.stop - group.start, nsample, dtype=np.int64), colors.size, split)
-    return out
+    return _tree_table(np.full(rows, nsample, dtype=np.int64), colors.size, levels, split)
