@@ -15,6 +15,7 @@ independent loader (tests/engine/models/test_llama_reference.py) is the proof.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ SMOLLM2_DRAFT_DEPTH = 12  # draft after 24 layers: the only depth with useful ac
 ARCHITECTURE = "llama"
 # Block and float formats that gguf.quants dequantises and that tests round-trip.
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+PARSED_FILES = 2  # read_gguf: parses kept per process (the model file, and one more)
 
 # GGUF tensor name -> LayerWeights field, for "blk.{i}.{name}.weight".
 LAYER_TENSORS = {
@@ -89,14 +91,29 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: torch.device | str 
 
 
 def read_gguf(path: str | Path) -> GGUFContents:
-    """Open and parse a GGUF file (memory-mapped). Unreadable or corrupt -> GGUFError naming it."""
+    """Open and parse a GGUF file (memory-mapped). Unreadable or corrupt -> GGUFError naming it.
+
+    Parsing SmolLM2's file takes ~4 s on a 2-core CPU (the gguf package reads its 49,152-token
+    vocabulary field by field), and the model and its tokenizer both read it, so the last
+    PARSED_FILES files parsed are kept per process, keyed by path, size and modification time: a
+    file changed on disk is parsed again. Callers must treat the contents as read-only.
+    """
     path = Path(path)
     try:
-        from gguf import GGUFReader
+        from gguf import GGUFReader  # noqa: F401  (the error below names the missing package)
     except ImportError as error:
         raise ModuleNotFoundError(f"reading {path} needs the 'gguf' package (pip install gguf)") from error
     if not path.is_file():
         raise GGUFError(f"GGUF file {path} does not exist")
+    stat = path.stat()
+    return _parse_gguf(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=PARSED_FILES)
+def _parse_gguf(path: Path, size: int, mtime_ns: int) -> GGUFContents:
+    """The parse of `read_gguf`; `size` and `mtime_ns` are part of the cache key only."""
+    from gguf import GGUFReader
+
     try:
         reader = GGUFReader(path)
         metadata = {name: _field_value(field) for name, field in reader.fields.items()}

@@ -200,6 +200,26 @@ class ContiguousAttention:
         return 0 if self.keys[layer] is None else int(self.keys[layer].shape[0])
 
 
+FEW_ROWS = 8  # project(): up to this many rows, the CPU product runs with the weight untransposed
+
+
+def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x[T, in] @ weight[out, in]^T -> [T, out], contiguous; the same product as `F.linear(x, weight)`
+    up to float rounding (each entry is one length-`in` dot product, summed in the BLAS's order).
+
+    On the CPU with 2..FEW_ROWS rows it is computed as (weight @ x^T)^T: torch's CPU GEMM for a
+    few rows against a transposed weight matrix streams that matrix from DRAM at 6-10 GB/s, the
+    untransposed product at 27 GB/s for 2 rows, 17 for 5 and 12 for 8; from 10 rows on the
+    default is as fast or faster (2-core x86-64, 1,536 x 576 fp32 matrices;
+    `python -m benchmarks.cpu_matmul`). A served step of a small batch is a few rows. Elsewhere
+    (CUDA, one row, many rows) it is `x @ weight.T`, so GPU numerics are unchanged. Rows are not
+    batch-invariant either way: a row's value may depend on the number of rows (BLAS blocking).
+    """
+    if x.device.type == "cpu" and 2 <= x.shape[0] <= FEW_ROWS:
+        return (weight @ x.T).T.contiguous()
+    return x @ weight.T
+
+
 class LlamaModel:
     """A Llama-family decoder over given weights; the dtype is the weights' dtype (fp32 or bf16)."""
 
@@ -224,14 +244,14 @@ class LlamaModel:
         cfg, w = self.config, self.weights.layers[layer]
         num_tokens, d = hidden.shape[0], cfg.head_dim
         x = rms_norm(hidden, w.attn_norm, cfg.rms_norm_eps)
-        q = (x @ w.wq.T).view(num_tokens, cfg.num_heads, d)
-        k = (x @ w.wk.T).view(num_tokens, cfg.num_kv_heads, d)
-        v = (x @ w.wv.T).view(num_tokens, cfg.num_kv_heads, d)
+        q = project(x, w.wq).view(num_tokens, cfg.num_heads, d)
+        k = project(x, w.wk).view(num_tokens, cfg.num_kv_heads, d)
+        v = project(x, w.wv).view(num_tokens, cfg.num_kv_heads, d)
         cos, sin = rope_cos_sin(positions, d, cfg.rope_theta)
         attn = attend(layer, apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, positions)
-        hidden = hidden + attn.reshape(num_tokens, cfg.num_heads * d) @ w.wo.T
+        hidden = hidden + project(attn.reshape(num_tokens, cfg.num_heads * d), w.wo)
         x = rms_norm(hidden, w.ffn_norm, cfg.rms_norm_eps)
-        return hidden + (F.silu(x @ w.w_gate.T) * (x @ w.w_up.T)) @ w.w_down.T
+        return hidden + project(F.silu(project(x, w.w_gate)) * project(x, w.w_up), w.w_down)
 
     def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, start: int, stop: int,
                    attend: Attend) -> torch.Tensor:
@@ -245,7 +265,7 @@ class LlamaModel:
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden[T, H] -> float32 logits[T, V]: final RMSNorm then the LM head (valid after any layer)."""
         normed = rms_norm(hidden, self.weights.final_norm, self.config.rms_norm_eps)
-        return (normed @ self.weights.lm_head.T).float()
+        return project(normed, self.weights.lm_head).float()
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Reference full-depth forward of one sequence int64[T] -> float32 logits[T, V]."""

@@ -213,3 +213,17 @@ def test_engine_generates_with_smollm2(smollm2):
     llm.close()
     assert output.token_ids == expected
     assert output.num_draft_tokens > 0
+
+
+def test_a_file_is_parsed_once_until_it_changes(tmp_path):
+    """read_gguf keeps its parse (the model and its tokenizer read one file); a rewritten file is
+    parsed again, so no caller sees stale metadata."""
+    from engine.models.gguf import read_gguf
+
+    path = write_gguf(tmp_path / "model.gguf", original_arrays(0), {})
+    first = read_gguf(path)
+    assert read_gguf(str(path)) is first
+    write_gguf(path, original_arrays(1), {}, skip_keys=("context_length",))
+    second = read_gguf(path)
+    assert second is not first
+    assert "llama.context_length" in first.metadata and "llama.context_length" not in second.metadata
