@@ -18,6 +18,7 @@ way out of `run`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -70,12 +71,20 @@ def _close_quietly(sut: GuardedSUT) -> None:
         pass
 
 
+def probe_length(protocol: SequenceProtocol) -> int:
+    """Tokens per sequence of the probe: one whole round (K drafts and the bonus) and the first
+    token of the next, or the protocol's length if shorter. The probe checks the calls' contract;
+    a full-length probe would cost one more batch per group (a fifth of a smoke run's collection)."""
+    return min(protocol.sequence_length, protocol.num_speculative_tokens + 2)
+
+
 def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> None:
     """Exercise every adapter call the run makes, checked as the run checks them
     (`specval.sequence.contract`), on the reserved probe seeds (`seeds.PROBE_SEEDS`, outside every
-    run's ranges): `vocab_size`, `encode` of every prompt, one batch per group after the first
-    prompt (`sample_mixed` with its companions for a group that has them) and `target_logits_along`
-    of its first sequence. ProtocolError (exit 2) for an adapter without `target_logits_along`;
+    run's ranges): `vocab_size`, `encode` of every prompt, one batch of `probe_length` tokens per
+    group after the first prompt (`sample_mixed` with its companions for a group that has them) and
+    `target_logits_along` of its first sequence. A fault that shows only later in a sequence is
+    caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError (exit 2) for an adapter without `target_logits_along`;
     SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
     if not callable(getattr(sut, "target_logits_along", None)):
         raise ProtocolError(f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
@@ -84,10 +93,11 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 2:
         raise SUTRaised("vocab_size", f"is {vocab!r}, expected an integer >= 2")
     prompt_ids = [_encoded(sut, text, int(vocab)) for text in protocol.prompts]
+    short = dataclasses.replace(protocol, sequence_length=probe_length(protocol))
     for group in protocol.groups:
         batch = collect.Batch(group.name, 0, seeds.PROBE_SEEDS, 0, probe=True)
-        table = collect.sample_batch(sut, protocol, prompt_ids, batch)
-        first = table["token"].to_numpy()[:protocol.sequence_length]
+        table = collect.sample_batch(sut, short, prompt_ids, batch)
+        first = table["token"].to_numpy()[:short.sequence_length]
         reference.replay(sut, prompt_ids[0], first, f"target_logits_along (probe, group {group.name!r})")
 
 

@@ -114,7 +114,8 @@ def _fail_writing(monkeypatch, suffix: str, code: int) -> None:
 
 @pytest.mark.parametrize("fault, overrides, words", [
     (Fault("__init__", "raises"), {}, ["the adapter's import or constructor", "planted constructor failure"]),
-    (Fault("sample", "short"), {}, ["sample (probe, group 'sync')", "tokens has shape (2, 15), expected (2, 16)"]),
+    # the probe draws K + 2 = 5 tokens per sequence (runner.probe_length), not the run's 16
+    (Fault("sample", "short"), {}, ["sample (probe, group 'sync')", "tokens has shape (2, 4), expected (2, 5)"]),
     (Fault("sample", "raises"), {}, ["sample: RuntimeError: planted adapter failure"]),
     (Fault("sample_mixed", "float_tokens"), MIXED, ["sample_mixed (probe, group 'mixed')", "tokens has dtype float64"]),
     (Fault("target_logits_along", "nan"), {}, ["target_logits_along (probe, group 'sync')", "1 NaN logit(s)"]),
