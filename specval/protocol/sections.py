@@ -139,26 +139,37 @@ def parse_groups(raw: Any, file: str, parse: Callable[[Any, str, str], GroupSpec
 
 
 def parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
-                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = ()
+                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = (),
+                    unit_keys: tuple[str, ...] = ()
                     ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`, or
-    non-empty strings for those in `text_keys`)."""
+    non-empty strings for those in `text_keys`, or numbers in (0, 1) for those in `unit_keys`,
+    kept as floats). An integer or string override is kept as written, so the profiles of a
+    protocol without `unit_keys` hash as before."""
     raw = read_mapping(raw, file, "profiles")
     profiles = []
     for name, overrides in sorted(raw.items()):
         read_name(name, file, f"profiles.{name}")
         overrides = read_mapping(overrides, file, f"profiles.{name}")
+        parsed = {}
         for key, value in overrides.items():
             where = f"profiles.{name}.{key}"
             if key not in keys:
                 close = difflib.get_close_matches(str(key), keys, n=1)
                 fail(file, where, f"a profile may only set {list(keys)}", key, close[0] if close else None)
-            if key in text_keys:
-                read_str(value, file, where)
-            else:
-                read_int(value, file, where, minimum=0 if key in zero_ok else 1)
-        profiles.append((name, tuple(sorted(overrides.items()))))
+            parsed[key] = _profile_value(value, file, where, key, zero_ok, text_keys, unit_keys)
+        profiles.append((name, tuple(sorted(parsed.items()))))
     return tuple(profiles)
+
+
+def _profile_value(value: Any, file: str, where: str, key: str, zero_ok: tuple[str, ...],
+                   text_keys: tuple[str, ...], unit_keys: tuple[str, ...]) -> Any:
+    """One profile override read by its key's kind (see `parse_profiles`)."""
+    if key in text_keys:
+        return read_str(value, file, where)
+    if key in unit_keys:
+        return read_unit(value, file, where)
+    return read_int(value, file, where, minimum=0 if key in zero_ok else 1)
 
 
 def resolve(protocol: AnyProtocol, profile: str | None) -> AnyProtocol:

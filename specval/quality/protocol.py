@@ -5,7 +5,9 @@ paired with item i / seed j of every other group. The primary comparisons are ea
 group against `baseline`; the comparisons among speculative groups are secondary. Guarantees (as
 for distribution protocols, `specval.protocol`): unknown keys and bad values raise ProtocolError
 naming the file, the key and the value; `hash` is the canonical sha256 of the file's parsed form
-and profiles do not change it.
+(profiles included) and applying a profile does not change it. A profile may set `num_items`,
+`seeds_per_item`, `max_tokens`, `batch_size` and `margin`; the resolved protocol's margin is the
+one every verdict of the run (and its re-computation by `specval verify`) is judged against.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ QUALITY_KIND = "quality"
 TASKS = ("arith", "gsm8k")
 PROMPT_FORMATS = ("plain", "chat")
 METRICS = {"arith": ("exact",), "gsm8k": ("flexible_extract", "strict_match")}
-PROFILE_KEYS = ("num_items", "seeds_per_item", "max_tokens", "batch_size")
+PROFILE_KEYS = ("num_items", "seeds_per_item", "max_tokens", "batch_size", "margin")
+# A profile's margin (a number in (0, 1), like the top-level one) replaces the protocol's in the
+# verdict, summary.json, the report and `specval verify`: a small profile can then decide against
+# a coarser margin that its size can resolve (the smoke) while `full` keeps the registered one.
+PROFILE_UNIT_KEYS = ("margin",)
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ def parse_quality_protocol(raw: Any, file: str = "<protocol>") -> QualityProtoco
         alpha=read_unit(raw.get("alpha", 0.05), file, "alpha"),
         batch_size=read_int(raw.get("batch_size", 64), file, "batch_size", minimum=1),
         confirmatory=read_bool(raw.get("confirmatory", False), file, "confirmatory"),
-        profiles=parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS, zero_ok=()),
+        profiles=parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS, unit_keys=PROFILE_UNIT_KEYS),
     )
     return protocol
 

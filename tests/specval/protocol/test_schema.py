@@ -290,7 +290,6 @@ def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_pa
 FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_vs_serial_graphs_c1.yaml"]
 
 
-SMOKE_PENDING = ("t2_transformers", "t2_transformers_t1")  # given smoke profiles with their adapter's rework
 SUITES = ("sampler_suite.yaml",)  # kind: suite lists protocols and has no sizes (tests/specval/test_suite.py)
 CPU_PROTOCOLS = [p for p in sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.glob("protocols/suite/*.yaml"))
                  if p.name not in SUITES]
@@ -303,7 +302,7 @@ def test_every_shipped_cpu_protocol_has_a_smoke_profile_below_ci(file):
     from specval.kinds import read_protocol_file
 
     protocol = read_protocol_file(file).load()
-    if protocol.sut.device != "cpu" or protocol.name in SMOKE_PENDING or not hasattr(protocol, "samples_per_group"):
+    if protocol.sut.device != "cpu" or not hasattr(protocol, "samples_per_group"):
         return
     assert "smoke" in dict(protocol.profiles), f"{file.name} has no smoke profile"
     assert resolve(protocol, "smoke").samples_per_group < resolve(protocol, "ci").samples_per_group
