@@ -280,7 +280,7 @@ def _stale_context(layout: RowLayout, rows: SamplingRows) -> RowLayout:
     key = torch.arange(layout.attend_mask.shape[2], device=query.device)[None, None, :]
     cut = (rows.num_prompt + STALE_AFTER)[:, None, None]
     visible = (key < cut) | (key == query[:, :, None])
-    return dataclasses.replace(layout, attend_mask=layout.attend_mask & visible)
+    return dataclasses.replace(layout, attend_mask=layout.attend_mask & visible, causal=False)
 
 
 def _all_greedy_if_any(rows: SamplingRows) -> SamplingRows:

@@ -1,4 +1,10 @@
-"""Attention over the paged KV cache (packed ragged rows) and its dense causal counterpart."""
+"""Attention over the paged KV cache (packed ragged rows) and its dense causal counterpart.
+
+On CUDA, with the plain causal mask, the paged attention runs the Triton kernel of
+`engine.models.kernels.paged_attention` (reads the cache in place); elsewhere, and for a mutant's mask,
+the torch path below (gather, pad, one masked SDPA call). Both see the same keys and agree up to
+float32 rounding.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,32 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """Write the rows' key/value into the cache, then attend over each sequence's cached keys.
 
     query, key, value: [N, heads, head]; key_cache, value_cache: [num_blocks, block_size, heads,
-    head]. Returns [N, heads, head]. Rows are scattered into a padded [B, max_query_len] block so
-    that one SDPA call serves prefill, decode and verify rows alike.
+    head]. Returns [N, heads, head].
     """
     num_heads, head_size = key.shape[1], key.shape[2]
     key_cache.view(-1, num_heads, head_size).index_copy_(0, metadata.slot_mapping, key)
     value_cache.view(-1, num_heads, head_size).index_copy_(0, metadata.slot_mapping, value)
+    if query.is_cuda and metadata.causal and kernel_supports(key_cache):
+        from engine.models.kernels.paged_attention import paged_attention_triton
+
+        return paged_attention_triton(query, key_cache, value_cache, metadata.block_tables, metadata.row_seq,
+                                      metadata.positions)
+    return paged_attention_torch(query, key_cache, value_cache, metadata)
+
+
+def kernel_supports(key_cache: torch.Tensor) -> bool:
+    """Whether the Triton kernel handles this cache: [num_blocks, block_size, heads, head],
+    contiguous, with a power-of-two block size."""
+    block_size = key_cache.shape[1]
+    return key_cache.is_contiguous() and block_size & (block_size - 1) == 0
+
+
+def paged_attention_torch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                          metadata: AttentionMetadata) -> torch.Tensor:
+    """Attend over the cache (the rows' keys already written): the rows are scattered into a
+    padded [B, max_query_len] block so that one masked SDPA call serves prefill, decode and
+    verify rows alike."""
+    num_heads, head_size = query.shape[1], query.shape[2]
     keys = _gather(key_cache, metadata.block_tables)  # [B, heads, Tk, head]
     values = _gather(value_cache, metadata.block_tables)
     num_seqs, max_query_len = metadata.attend_mask.shape[0], metadata.attend_mask.shape[1]

@@ -41,6 +41,8 @@ class AttentionMetadata:
     row_seq: torch.Tensor  # int64[N] sequence index (0..B-1) of each row
     row_slot: torch.Tensor  # int64[N] index of each row inside its sequence's query block
     attend_mask: torch.Tensor  # bool[B, max_query_len, max_blocks * block_size] key visible
+    positions: torch.Tensor  # int64[N] position of each row
+    causal: bool = True  # attend_mask is exactly "key position <= row position" (False: a mutant's mask)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class RowLayout:
     num_blocks: int  # blocks per sequence that the batch reads (an upper bound on the host)
     block_size: int
     ends: tuple[int, ...] | None  # one past each sequence's last query position (host layouts)
+    causal: bool = True  # attend_mask is exactly "key position <= query position"
 
 
 def device_layout(starts: torch.Tensor, lengths: torch.Tensor, *, num_rows: int, max_length: int,
@@ -84,7 +85,8 @@ def metadata_for(layout: RowLayout, block_tables: torch.Tensor) -> AttentionMeta
     block_tables = block_tables[:, :layout.num_blocks]
     blocks = block_tables[layout.row_seq, layout.positions // layout.block_size]
     slots = blocks * layout.block_size + layout.positions % layout.block_size
-    return AttentionMetadata(slots, block_tables, layout.row_seq, layout.row_slot, layout.attend_mask)
+    return AttentionMetadata(slots, block_tables, layout.row_seq, layout.row_slot, layout.attend_mask,
+                             layout.positions, layout.causal)
 
 
 def depth_metadata(layout: RowLayout, tables: list[list[int]]) -> AttentionMetadata:

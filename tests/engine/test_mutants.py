@@ -247,6 +247,17 @@ def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
         assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the Triton paged attention)")
+def test_stale_context_acts_on_cuda_where_attention_is_a_kernel():
+    """On CUDA the paged attention is a Triton kernel that sees keys by position alone; the
+    mutant's narrowed mask must still reach the verify rows (they take the torch path)."""
+    firsts = _first_differences(_collect(device="cuda"), _collect(mutant="stale_context", device="cuda"))
+    changed = [i for i in firsts if i is not None]
+    assert len(changed) >= len(SEQ_SEEDS) // 2, firsts
+    assert all(i + 1 >= mutants.STALE_AFTER + 3 for i in changed), firsts
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (the Triton accept kernel)")])])
 @pytest.mark.parametrize("mode", ["sync", "async"])
