@@ -23,8 +23,9 @@ tests those parts (protocols choose it with `collection: engine`, the default).
 
 KV: each request gets ceil((prompt + T + K + 1) / block_size) blocks per depth from the engine's
 block manager for the call (reserved, zeroed, released at the end), so rows that keep drafting
-after reaching T write only into their own blocks. The prompt is prefilled once and its blocks
-copied to every request, as the engine's shared-prompt prefill does.
+after reaching T write only into their own blocks. The prompt is prefilled once per collector (its blocks
+kept for later batches, `KEPT_PROMPTS`) and copied to every request, as the engine's shared-prompt
+prefill does.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from engine.sampling import PLACEHOLDER_TOKEN
 PLAIN, ACCEPTED, CORRECTION, BONUS = (SOURCES.index(name) for name in
                                       ("plain", "accepted", "correction", "bonus"))
 NUM_DUMP_COLUMNS = 1  # output column that masked scatters write to (never read)
+KEPT_PROMPTS = 16  # prompts whose prefilled KV blocks a collector keeps (least recently used dropped)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class BatchCollector:
         self._shapes: dict[tuple[int, int, int], tuple[BatchState, "torch.cuda.CUDAGraph | None"]] = {}
         self._pool = None
         self._num_batches = 0
+        self._prompt_kv: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # prompt -> its prefilled blocks
 
     @property
     def graph_status(self) -> str:
@@ -161,7 +164,7 @@ class BatchCollector:
 
     def _run(self, prompt, params, seeds, count, size, max_tokens, num_blocks, ids) -> CollectedBatch:
         depths = self.runner.model.num_depths
-        tables = torch.tensor(ids, dtype=torch.int64).view(depths, size, num_blocks).to(self.device)
+        tables = torch.from_numpy(np.asarray(ids, dtype=np.int64)).view(depths, size, num_blocks).to(self.device)
         self._prefill(prompt, params, tables)
         state, graph = self._state(size, num_blocks, max_tokens)
         self._reset(state, tables, prompt, params, seeds, count)
@@ -169,17 +172,31 @@ class BatchCollector:
         return self._read(state, count)
 
     def _prefill(self, prompt: list[int], params: SamplingParams, tables: torch.Tensor) -> None:
-        """Prefill the prompt once (first request's blocks) and copy its blocks to the others."""
+        """Write the prompt's KV (every depth, every token but the last) into each request's first
+        blocks. The first batch of a prompt prefills it in its first request's blocks and keeps a
+        copy of them; every request of every later batch gets that copy. The copy holds the
+        bytes a new prefill would write: the prefill is the same computation (one sequence of the
+        same tokens, same shapes, same kernels) each time."""
         if len(prompt) < 2:
             return
-        leader = Request("collection-leader", prompt, params, None, self.runner.model.num_depths)
-        leader.block_tables = [row.tolist() for row in tables[:, 0].cpu()]
-        self.runner.prefill((leader,))
         used = -(-(len(prompt) - 1) // self.engine.kv.layout.block_size)
-        source = tables[:, :1, :used].expand(-1, tables.shape[1] - 1, -1).reshape(-1)
-        target = tables[:, 1:, :used].reshape(-1)
-        for pool in self.engine.kv.key + self.engine.kv.value:
-            pool.index_copy_(0, target, pool.index_select(0, source))
+        pools = self.engine.kv.key + self.engine.kv.value
+        kept = self._prompt_kv.pop(tuple(prompt), None)
+        first = 0 if kept is not None else 1  # requests that still need the prompt's blocks
+        if kept is None:
+            leader = Request("collection-leader", prompt, params, None, self.runner.model.num_depths)
+            leader.block_tables = [row.tolist() for row in tables[:, 0].cpu()]
+            self.runner.prefill((leader,))
+            source = tables[:, 0, :used].reshape(-1)  # [depths * used], depth-major
+            kept = tuple(pool.index_select(0, source) for pool in pools)
+        self._prompt_kv[tuple(prompt)] = kept  # most recently used last
+        while len(self._prompt_kv) > KEPT_PROMPTS:
+            self._prompt_kv.pop(next(iter(self._prompt_kv)))
+        depths, count = tables.shape[0], tables.shape[1] - first
+        target = tables[:, first:, :used].reshape(-1)  # [depths, count, used] flattened
+        for pool, blocks in zip(pools, kept):
+            rows = blocks.view(depths, 1, used, *blocks.shape[1:]).expand(depths, count, used, *blocks.shape[1:])
+            pool.index_copy_(0, target, rows.reshape(-1, *blocks.shape[1:]))
 
     def _state(self, size: int, num_blocks: int, max_tokens: int):
         key = (size, num_blocks, max_tokens)

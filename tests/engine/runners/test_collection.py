@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine.runners import collection
 from engine.runners.collection import BatchCollector
 
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3,
@@ -70,6 +71,24 @@ def test_batched_collection_ignores_batch_composition(name):
     second = collected(collector, RANDOM, SEEDS[3:], batch_size=len(SEEDS) + 2)
     for all_rows, head, tail in zip(whole, first, second):
         np.testing.assert_array_equal(np.concatenate([head, tail]), all_rows)
+
+
+def test_a_kept_prompt_prefill_gives_the_rows_of_a_fresh_one(monkeypatch):
+    """Later batches of a prompt copy its kept prefill blocks (another prompt in between, and
+    dropped once more than KEPT_PROMPTS prompts were seen): the same rows as a new collector's."""
+    monkeypatch.setattr(collection, "KEPT_PROMPTS", 1)
+    collector = BatchCollector(make_llm("sync_d1").engine)
+    fresh = collected(BatchCollector(make_llm("sync_d1").engine), RANDOM)
+    np.testing.assert_array_equal(collected(collector, RANDOM)[0], fresh[0])  # prefilled and kept
+    again = collected(collector, RANDOM)  # the kept blocks, copied into every request
+    other = collector.collect(PROMPT[:9], SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True),
+                              list(SEEDS), MAX_TOKENS)
+    assert list(collector._prompt_kv) == [tuple(PROMPT[:9])]  # the first prompt's blocks were dropped
+    after = collected(collector, RANDOM)  # prefilled anew
+    for want, *have in zip(fresh, again, after):
+        for rows in have:
+            np.testing.assert_array_equal(rows, want)
+    assert not np.array_equal(other.tokens, fresh[0])
 
 
 def test_batched_collection_returns_its_blocks_and_refuses_a_busy_engine():
