@@ -211,6 +211,13 @@ class SUT(abc.ABC):
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
         """Raise SUTError naming the group if any group's mode or depth is unsupported."""
 
+    def kernel_compile_time(self) -> dict[str, float] | None:
+        """Kernel compilation this SUT did since it was opened: {"compiled": kernels built,
+        "compile_s": seconds building them, "loaded": kernels found in a compile cache, "load_s":
+        seconds loading them}, recorded in the manifest's timing as `kernel_compile`. None (the
+        default) when the adapter does not know."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Name, version and device facts for the manifest."""
         return {"adapter": type(self).__name__, "python": platform.python_version()}

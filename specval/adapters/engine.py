@@ -57,6 +57,11 @@ class EngineSUT(SUT):
         self._llms: dict[tuple[str, int, str], Any] = {}
         self._collectors: dict[tuple[str, int | None, str], Any] = {}  # collection: batched
         self._batch_size = 0
+        self._compile_start = None
+        if spec.device == "cuda":  # Triton compiles only there (the CPU interpreter compiles nothing)
+            from engine.sampling.kernels import compile_clock
+
+            self._compile_start = compile_clock.install()
 
     def _llm(self, mode: str, draft_loops: int | None, draft: str = OWN_DRAFT):
         """The engine of one (mode, draft depth, draft override), built on first use."""
@@ -210,6 +215,16 @@ class EngineSUT(SUT):
             backend=options.get("sampling_backend", "auto"),
         )
         return result.tokens[:, 0].cpu().numpy()
+
+    def kernel_compile_time(self) -> dict[str, float] | None:
+        """Triton's compiles and cache loads since this adapter opened (every kernel of the process)."""
+        if self._compile_start is None:
+            return None
+        from engine.sampling.kernels import compile_clock
+
+        now, start = compile_clock.totals(), self._compile_start
+        return {"compiled": now.compiled - start.compiled, "compile_s": now.compile_s - start.compile_s,
+                "loaded": now.loaded - start.loaded, "load_s": now.load_s - start.load_s}
 
     def describe(self) -> dict[str, Any]:
         import engine

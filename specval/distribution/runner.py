@@ -530,6 +530,7 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
                 else:
                     analysis, drawn, collect_s = analyse_looks(path, protocol, ranges, sut, progress, sampler, watch)
                 device["sut"] = sut.describe()
+                compiled = sut.kernel_compile_time()
                 t2 = time.perf_counter()
                 with watch.step("figures_submit_s"):
                     pending = pool.submit(path, analysis.summary, analysis.samples) if pool else None
@@ -543,6 +544,8 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         phases = {"setup_s": t0 - clock, "collect_s": collect_s,
                   "analysis_s": t2 - t0 - collect_s - analysis.collect_stage2_s,
                   "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
+        if compiled is not None:
+            phases["kernel_compile"] = compiled
         timing = lifecycle.run_timing(started, clock, collect_s, drawn, phases)
         if protocol.confirmation.is_two_stage:
             timing["stage2_samples_drawn"] = analysis.drawn_stage2

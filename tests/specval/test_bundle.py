@@ -58,6 +58,26 @@ def test_manifest_splits_the_run_wall_into_its_phases(fake_bundle):
                                                        / manifest["wall_s"], rel=1e-12)
 
 
+class CompilingFakeSUT(FakeSUT):
+    """FakeSUT that reports kernel compiles, as the engine adapter does on CUDA."""
+
+    COMPILED = {"compiled": 3, "compile_s": 1.5, "loaded": 2, "load_s": 0.25}
+
+    def kernel_compile_time(self):
+        return dict(self.COMPILED)
+
+
+def test_manifest_records_the_kernel_compile_time_an_adapter_reports(fake_bundle, tmp_path):
+    from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+
+    assert "kernel_compile" not in json.loads((fake_bundle / "manifest.json").read_text())  # FakeSUT: unknown
+    path, _ = runner.run(write_protocol(tmp_path, fake_protocol_dict()), "ci", tmp_path / "results",
+                         sut_factory=CompilingFakeSUT, progress=False)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["kernel_compile"] == CompilingFakeSUT.COMPILED
+    assert runner.verify(path) == []
+
+
 def _all_files(bundle: Path) -> list[str]:
     return sorted(p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file())
 
