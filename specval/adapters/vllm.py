@@ -27,7 +27,8 @@ extra in a virtual environment of its own; docs/real-model.md, "vLLM").
   process and, through the `vllm.general_plugins` entry point, in any process vLLM starts;
   `describe()` records it, so the bundle's manifest says the SUT was patched and how.
 
-`target_logits` is transformers' LlamaForCausalLM on the same float32 folder (one cache-free forward):
+`target_logits` is transformers' LlamaForCausalLM on the same float32 folder (one cache-free forward;
+`target_logits_along`, for sequence protocols, the same over a whole sequence in one forward):
 the same weights as vLLM serves, through an independent implementation, so a bug in vLLM's forward
 shows up as a deviation instead of moving the reference with it; the two differ by float32 rounding
 only (docs/real-model.md gives the measured difference). `accept_single` is not offered: vLLM draws
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from specval.adapters import causal_lm
 from specval.adapters.rounds import RoundTrace, batch_of
 from specval.adapters.vllm_options import (METHOD_NGRAM, VllmOptions, check_version, installed_version,
                                            models_root, require_folder)
@@ -253,12 +255,13 @@ class VllmSUT(SUT):
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         """Full-depth logits f32[V] after `token_ids`: one cache-free forward over exactly these tokens."""
-        import torch
+        return causal_lm.last_logits(self.reference_model, token_ids)
 
-        ids = torch.tensor([list(token_ids)], dtype=torch.int64)
-        with torch.no_grad():
-            logits = self.reference_model(input_ids=ids, use_cache=False).logits[0, -1]
-        return logits.float().numpy()
+    def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+        """f32[len(token_ids), V]: row i is the reference's logits after prompt + token_ids[:i], from one
+        cache-free forward over prompt + tokens (`causal_lm.logits_along`: equal to `target_logits` of
+        that prefix up to float32 summation order; whole sequences of sequence protocols)."""
+        return causal_lm.logits_along(self.reference_model, prompt_ids, token_ids)
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -32,7 +32,7 @@ def _format(bundle: Path) -> int:
 def test_reports_hold_the_evidence_the_docs_cite():
     names = {path.name.rsplit("-", 1)[0] for path in BUNDLES}
     assert {"t2_fp32", "t2_smollm2", "quality_arith", "t2_cuda", "t2_cuda_batched", "t2_smollm2_cuda",
-            "t2_cuda_tv010", "t2_smollm2_cuda_batched", "seq_cuda", "seq_cuda_k8"} <= names
+            "t2_cuda_tv010", "t2_smollm2_cuda_batched", "seq_cuda", "seq_cuda_k8", "seq_vllm"} <= names
 
 
 def test_a_kept_bundle_draws_from_the_portable_stream():

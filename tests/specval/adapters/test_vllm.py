@@ -6,6 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+from tests.fixtures.tiny_llama import tiny_llama
 
 from specval.adapters import vllm as adapter
 from specval.adapters import vllm_options
@@ -16,6 +17,29 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (scripts/test_vllm.sh installs it "
                                                      "in its own virtual environment)")
 DEFECT_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
+# target_logits_along (one forward over prompt + tokens) against target_logits (one forward per
+# prefix). Both are the same float32 function of the same weights and tokens: causal masking gives
+# the longer forward's extra positions exact zero weight, so only the order of float32 sums differs
+# (BLAS blocks a reduction by the number of rows). With unit roundoff u = 2**-24 two orders of one
+# reduction of n terms differ by at most 2 n u (each is within n u of the exact sum), about
+# sqrt(2 n) u when rounding errors add as a random walk, relative to the size of its terms. A logit
+# collects the relative differences of the reductions on its path (the residual stream passes them
+# on with gain about 1), scaled by the row's largest |logit| (the head's dot product, by
+# Cauchy-Schwarz); a Llama layer has 9 reductions in series (two norms, the q/k/v projections, the
+# scores, the softmax sum, the weighted values, the output projection, gate/up, down):
+# - the tiny Llama (2 layers, n <= 32, init std 1: |logit| up to 14): 2 x 9 + the final norm and
+#   the head = 20 reductions, worst case 20 x 2 x 32 x u = 7.6e-5;
+# - SmolLM2-135M (30 layers, n <= 1536; its worst case is far too loose to use): 272 reductions as
+#   a random walk, sqrt(272 x 2 x 1536) x u = 5.4e-5.
+# So ALONG_RELATIVE_TOL x max |logit| bounds the difference: 1.4e-3 for the tiny model, 3.6e-3 at
+# SmolLM2's 36. Measured (max over rows): 7.5e-6 on the tiny model's rows below, 7.2e-5 on four
+# 48-token nospec sequences of vLLM after t2_vllm's prompt: margins of 180 and 50. A row shifted by
+# one position holds another prefix's logits, whole logits away (neighbouring prefixes measured
+# >= 11 and >= 4.9 apart): the check asserts they differ by more than twice the tolerance, so a
+# shift in either direction cannot pass.
+ALONG_RELATIVE_TOL = 1e-4
+TINY_INIT_STD = 1.0  # logits of SmolLM2's size (std 0.02 gives |logit| < 0.4)
+TINY_PROMPT, TINY_TOKENS = [1, 5, 9, 3], [7, 2, 60, 11, 33, 8, 8, 8]
 
 
 def _spec(**options):
@@ -105,6 +129,49 @@ def test_failure_outside_vllm_names_no_function():
     assert adapter.vllm_failure(ValueError("x")) == "vLLM raised ValueError: x"
 
 
+def _check_rows_are_the_prefix_logits(sut, prompt: list[int], tokens: list[int]) -> None:
+    """Row i of target_logits_along equals target_logits(prompt + tokens[:i]) within the float32
+    tolerance above, and neighbouring prefixes differ by more than twice it (rows shifted fail)."""
+    along = sut.target_logits_along(prompt, tokens)
+    assert along.shape == (len(tokens), sut.vocab_size) and along.dtype == np.float32
+    single = np.stack([sut.target_logits(prompt + tokens[:i]) for i in range(len(tokens) + 1)])
+    tolerance = ALONG_RELATIVE_TOL * float(np.abs(single).max())
+    assert np.abs(np.diff(single, axis=0)).max(axis=1).min() > 2 * tolerance  # the check can see a shift
+    assert np.abs(along - single[:-1]).max() <= tolerance
+
+
+@pytest.fixture
+def tiny(models):
+    """The adapter with a tiny random Llama as its reference model (no vLLM, no model folder)."""
+    sut = adapter.VllmSUT(_spec(), 2)
+    sut._reference = tiny_llama(num_layers=2, init_std=TINY_INIT_STD)
+    return sut
+
+
+def test_target_logits_along_are_one_forward_of_the_reference(tiny):
+    """Deterministic: rows at positions len(prompt) - 1 ... of one forward, as the tolerance above says."""
+    _check_rows_are_the_prefix_logits(tiny, TINY_PROMPT, TINY_TOKENS)
+    assert tiny.target_logits_along(TINY_PROMPT, []).shape == (0, tiny.vocab_size)
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        tiny.target_logits_along([], TINY_TOKENS)
+
+
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_rows_shifted_by_one_position_fail_the_check(tiny, monkeypatch, shift):
+    """Deterministic: the check above rejects rows read one position early or late in the forward
+    over prompt + tokens (the off-by-one it guards against), planted by moving the prompt's end."""
+    along = tiny.target_logits_along
+
+    def shifted(prompt, tokens):
+        sequence = prompt + tokens + tokens[-1:]  # one spare token for the late rows
+        cut = len(prompt) + shift
+        return along(sequence[:cut], sequence[cut:cut + len(tokens)])
+
+    monkeypatch.setattr(tiny, "target_logits_along", shifted)
+    with pytest.raises(AssertionError):
+        _check_rows_are_the_prefix_logits(tiny, TINY_PROMPT, TINY_TOKENS)
+
+
 # -- with vLLM ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def live():
@@ -144,3 +211,12 @@ def test_live_reference_is_the_served_model(live):
     top = set(np.argsort(live.target_logits(prompt))[-20:].tolist())
     batch = live.sample(GroupSpec("nospec", "nospec"), prompt, SAMPLING, np.arange(100, 132), 1, 1)
     assert set(batch.tokens[:, 0].tolist()) <= top
+
+
+@needs_vllm
+def test_live_target_logits_along_are_the_prefix_logits(live):
+    """Deterministic: on SmolLM2 and a sequence the self draft committed (accepted drafts and
+    corrections), every row equals target_logits of its prefix within the tolerance above."""
+    prompt = live.encode("Once upon a time")
+    batch = live.sample(GroupSpec("draft", "sync"), prompt, SAMPLING, np.array([21]), 12, 14)
+    _check_rows_are_the_prefix_logits(live, prompt, [int(t) for t in batch.tokens[0]])

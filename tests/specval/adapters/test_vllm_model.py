@@ -3,19 +3,11 @@
 import json
 
 import pytest
+from tests.fixtures.tiny_llama import tiny_llama
 
 from specval.adapters import vllm_model
 
 transformers = pytest.importorskip("transformers", reason="the model build needs transformers (crosscheck extra)")
-
-
-def _tiny_llama(num_layers=4):
-    import torch
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=num_layers,
-                                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_truncated_draft_is_the_early_exit_of_the_target():
@@ -23,7 +15,7 @@ def test_truncated_draft_is_the_early_exit_of_the_target():
     read out through its norm and head (fails if truncation kept, dropped or reordered a layer)."""
     import torch
 
-    model = _tiny_llama()
+    model = tiny_llama()
     ids = torch.tensor([[1, 5, 9, 3]])
     with torch.no_grad():
         hidden = model.model(input_ids=ids, output_hidden_states=True).hidden_states[2]  # after 2 layers
@@ -36,13 +28,13 @@ def test_truncated_draft_is_the_early_exit_of_the_target():
 @pytest.mark.parametrize("layers", [0, 5])
 def test_truncate_refuses_layer_counts_outside_the_model(layers):
     with pytest.raises(ValueError, match=f"--draft-layers: {layers} is not in 1..4"):
-        vllm_model.truncate(_tiny_llama(), layers)
+        vllm_model.truncate(tiny_llama(), layers)
 
 
 def test_folders_and_build_record(tmp_path):
     record = vllm_model.BuildRecord(gguf="m.gguf", gguf_sha256="ab", num_hidden_layers=2, dtype="float32",
                                     transformers="5", torch="2")
-    model = _tiny_llama(2)
+    model = tiny_llama(2)
     tokenizer = type("Tok", (), {"save_pretrained": lambda self, path: None})()
     vllm_model.save(model, tokenizer, vllm_model.draft_dir(tmp_path, 2), record)
     folder = tmp_path / "smollm2-L2"

@@ -291,6 +291,7 @@ FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_
 
 
 SUITES = ("sampler_suite.yaml",)  # kind: suite lists protocols and has no sizes (tests/specval/test_suite.py)
+SIZE_KEYS = ("samples_per_group", "sequences_per_group")  # distribution kind, sequence kind
 CPU_PROTOCOLS = [p for p in sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.glob("protocols/suite/*.yaml"))
                  if p.name not in SUITES]
 
@@ -298,14 +299,16 @@ CPU_PROTOCOLS = [p for p in sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.
 @pytest.mark.parametrize("file", CPU_PROTOCOLS, ids=lambda path: path.stem)
 def test_every_shipped_cpu_protocol_has_a_smoke_profile_below_ci(file):
     """`specval run X --profile smoke` is an adapter author's first command (docs/harness.md section 9).
-    Deterministic. GPU protocols are exempt (refused without a GPU); quality ones have their own sizes."""
+    Deterministic. GPU protocols are exempt (refused without a GPU); quality ones have their own sizes;
+    the size of a sequence protocol is its sequences per group."""
     from specval.kinds import read_protocol_file
 
     protocol = read_protocol_file(file).load()
-    if protocol.sut.device != "cpu" or not hasattr(protocol, "samples_per_group"):
+    size = next((key for key in SIZE_KEYS if hasattr(protocol, key)), None)
+    if protocol.sut.device != "cpu" or size is None:
         return
     assert "smoke" in dict(protocol.profiles), f"{file.name} has no smoke profile"
-    assert resolve(protocol, "smoke").samples_per_group < resolve(protocol, "ci").samples_per_group
+    assert getattr(resolve(protocol, "smoke"), size) < getattr(resolve(protocol, "ci"), size)
 
 
 def test_look_levels_below_what_monte_carlo_resolves_are_refused(tmp_path):
