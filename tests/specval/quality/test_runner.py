@@ -84,8 +84,9 @@ def run(tmp_path, raw, profile=None):
 
 
 def test_no_regression_passes_and_the_bundle_verifies(tmp_path):
-    # 400 pairs, 0 discordant: the interval is [-x, +x] with x ~ 0.01 < margin 0.1 (a fresh seed
-    # could not change this: the groups are identical by construction).
+    # 400 pairs, 0 discordant: Newcombe's interval collapses to about [0, 0] (with no discordant
+    # pair its phi is 1; exactly [0, 0] at accuracy 0.5, +-0.0005 at 190 / 400), far inside margin
+    # 0.1 (a fresh seed could not change this: the groups are identical by construction).
     path, summary = run(tmp_path, protocol_dict(200))
     test = summary["tests"]["noninferiority.sync_vs_nospec"]
     assert (summary["verdict"], test["verdict"], test["role"]) == ("PASS", "PASS", "primary")
