@@ -26,6 +26,6 @@ NUMERICS_FOLDERS=(tests/engine/sampling tests/engine/models)
 if [ "$#" -eq 0 ]; then
   echo "== ${NUMERICS_FOLDERS[*]} again with ATEN_CPU_CAPABILITY=default (portable CPU kernels)"
   ATEN_CPU_CAPABILITY=default "${PYTEST[@]}" "${NUMERICS_FOLDERS[@]}"
-  echo "== the vLLM adapter: its own environment, its tests and the t2_vllm smoke (scripts/test_vllm.sh)"
+  echo "== the vLLM adapter: its own environment, its tests and the t2_vllm and seq_vllm smokes (scripts/test_vllm.sh)"
   bash scripts/test_vllm.sh
 fi
