@@ -114,6 +114,29 @@ def _import_transformers():
     return transformers
 
 
+@contextlib.contextmanager
+def _silent_loading(transformers):
+    """Load without transformers' progress bars: printed by the parent and by every pool worker,
+    they would interleave with the harness's own progress and break --quiet. The weight loader's
+    bars follow transformers' switch; the GGUF reader's `tqdm` ignores it, so its module's `tqdm`
+    is replaced by a disabled one for the duration (restored after)."""
+    import importlib
+
+    gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    shown = transformers.utils.logging.is_progress_bar_enabled()
+    original = getattr(gguf, "tqdm", None)
+    transformers.utils.logging.disable_progress_bar()
+    if original is not None:
+        gguf.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        if original is not None:
+            gguf.tqdm = original
+        if shown:
+            transformers.utils.logging.enable_progress_bar()
+
+
 def _worker_generate(spec: SutSpec, num_speculative_tokens: int):
     """In a pool worker: the adapter of `spec` as one process of the pool (one torch thread, its
     model loaded, no pool of its own); its `generate`."""
@@ -170,8 +193,9 @@ class TransformersSUT(SUT):
             self._workers()  # started first: their loading overlaps this one
             transformers = _import_transformers()
             path = _gguf_path()
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=getattr(torch, self.spec.dtype))
+            with _silent_loading(transformers):
+                model = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(path.parent), gguf_file=path.name, dtype=getattr(torch, self.spec.dtype))
             try:
                 model = model.to(self.spec.device).eval()
             except (RuntimeError, AssertionError) as err:

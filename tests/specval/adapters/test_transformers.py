@@ -243,3 +243,21 @@ def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
     assert set(samples.loc[samples["group"] == "nospec", "src1"]) == {"plain"}
     assert set(sync["src1"]) | set(sync["src2"]) <= {"accepted", "correction", "bonus"}
 
+
+
+def test_loading_hides_the_loaders_progress_bars_and_restores_them():
+    """The model loads without transformers' bars (the GGUF reader's and the weight loader's), which
+    every pool worker would print under --quiet; both switches are restored, after an error too."""
+    transformers = pytest.importorskip("transformers")
+    from specval.adapters.transformers import _silent_loading
+
+    gguf = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    original = gguf.tqdm
+    transformers.utils.logging.enable_progress_bar()
+    with _silent_loading(transformers):
+        assert not transformers.utils.logging.is_progress_bar_enabled()
+        assert gguf.tqdm(range(3)).disable
+    assert gguf.tqdm is original and transformers.utils.logging.is_progress_bar_enabled()
+    with pytest.raises(RuntimeError), _silent_loading(transformers):
+        raise RuntimeError("a failed load")
+    assert gguf.tqdm is original and transformers.utils.logging.is_progress_bar_enabled()
