@@ -148,8 +148,8 @@ def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases:
     report_s by step (`specval.distribution.runner.ANALYSIS_STEPS`; the rest of the two is
     bookkeeping between the steps); `kernel_compile` (adapters that say, `SUT.kernel_compile_time`:
     the engine on CUDA) counts the kernels built and loaded from a cache and their seconds, spent
-    within setup_s (the probe) and collect_s (a shape's first batch). Nothing of the analysis overlaps the collection: the figure
-    workers only start their imports then. What follows the manifest (report.md/html text from
+    within setup_s (the probe) and collect_s (a shape's first batch). Nothing of the analysis
+    overlaps the collection: the figure workers only start their imports then. What follows the manifest (report.md/html text from
     the figures, SHA256SUMS) is not in `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
     wall = time.perf_counter() - clock
     timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),

@@ -21,7 +21,7 @@ entry point `engine` of the group `specval.sut`), never by an import statement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -222,9 +222,7 @@ class EngineSUT(SUT):
             return None
         from engine.sampling.kernels import compile_clock
 
-        now, start = compile_clock.totals(), self._compile_start
-        return {"compiled": now.compiled - start.compiled, "compile_s": now.compile_s - start.compile_s,
-                "loaded": now.loaded - start.loaded, "load_s": now.load_s - start.load_s}
+        return asdict(compile_clock.totals().since(self._compile_start))
 
     def describe(self) -> dict[str, Any]:
         import engine

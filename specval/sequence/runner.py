@@ -84,8 +84,8 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     run's ranges): `vocab_size`, `encode` of every prompt, one batch of `probe_length` tokens per
     group after the first prompt (`sample_mixed` with its companions for a group that has them) and
     `target_logits_along` of its first sequence. A fault that shows only later in a sequence is
-    caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError (exit 2) for an adapter without `target_logits_along`;
-    SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
+    caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError
+    (exit 2) for an adapter without `target_logits_along`; SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
     if not callable(getattr(sut, "target_logits_along", None)):
         raise ProtocolError(f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
                             f"{protocol.sut.adapter!r} does not provide")

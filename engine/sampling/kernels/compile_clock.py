@@ -28,6 +28,11 @@ class CompileTotals:
     loaded: int = 0
     load_s: float = 0.0
 
+    def since(self, start: "CompileTotals") -> "CompileTotals":
+        """What was added after `start` (totals read earlier from the same clock)."""
+        return CompileTotals(self.compiled - start.compiled, self.compile_s - start.compile_s,
+                             self.loaded - start.loaded, self.load_s - start.load_s)
+
 
 _lock = threading.Lock()
 _totals: CompileTotals | None = None

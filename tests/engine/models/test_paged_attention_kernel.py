@@ -15,8 +15,8 @@ row with visible keys j = 0..p and D head dimensions:
   |o - o_exact| <= 2 rho max_j |v_j| per output entry.
 The tests use that bound (computed per row from the inputs). An output stored as bfloat16 adds
 one bfloat16 ulp, 2**-7 |o|: the GPU rounds to nearest (2**-8 |o|), Triton's CPU interpreter
-truncates (seen: up to 2**-7 |o|). Seeded inputs, deterministic: no false-fail rate. A wrong mask, a shifted position or a
-wrong block moves outputs by O(0.1), thousands of times the bound.
+truncates (seen: up to 2**-7 |o|). Seeded inputs, deterministic: no false-fail rate. A wrong
+mask, a shifted position or a wrong block moves outputs by O(0.1), thousands of times the bound.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _case(head_size: int, block_size: int, starts, lengths, dtype=torch.float32,
     order = torch.randperm(NUM_POOL_BLOCKS - 1, generator=generator) + 1  # block 0 is the pad block
     per_seq = layout.num_blocks
     tables = [order[b * per_seq:(b + 1) * per_seq].tolist() for b in range(len(starts))]
-    metadata = metadata_for(layout, block_table_tensor(tables, per_seq, layout.ends, block_size, layout.positions.device))
+    table = block_table_tensor(tables, per_seq, layout.ends, block_size, layout.positions.device)
+    metadata = metadata_for(layout, table)
     query = torch.randn(int(sum(lengths)), heads, head_size, generator=generator).to(dtype)
     move = (lambda t: t.to(device))
     return move(query), move(key_cache), move(value_cache), metadata

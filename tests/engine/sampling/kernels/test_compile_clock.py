@@ -47,3 +47,13 @@ def test_install_is_idempotent_and_keeps_an_earlier_listener(fresh_clock):
     _call(1_000, cache_hit=False)
     assert seen == [False]
     assert compile_clock.totals().compiled == 1
+
+
+def test_since_is_what_was_added_after_a_reading(fresh_clock):
+    compile_clock.install()
+    _call(1_000_000, cache_hit=False)
+    start = compile_clock.totals()
+    _call(500_000, cache_hit=False)
+    _call(250_000, cache_hit=True)
+    assert compile_clock.totals().since(start) == compile_clock.CompileTotals(
+        compiled=1, compile_s=0.5, loaded=1, load_s=0.25)
