@@ -26,6 +26,7 @@ from engine.runners.base import ModelRunner, RoundOutcome
 from engine.runners.draft_override import OWN, DraftOverride
 from engine.runners.plain import PlainRunner
 from engine.runners.speculative import SpeculativeRunner
+from engine.sampling import warm_probabilities
 from engine.scheduler import Scheduler, SchedulerLimits
 
 
@@ -61,6 +62,9 @@ class Engine:
         if config.is_speculative and config.draft_loops >= self.model.num_depths:
             raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
                              f"loops ({self.model.num_depths})")
+        if config.collection == "engine":  # the batched collection's driver warms its own rows
+            warm_probabilities(self.model.vocab_size, self._sampling_rows(), self.device,
+                               backend=config.sampling_backend)  # compiles while the rest is built
         self.tokenizer = build_tokenizer(config) if tokenizer is None else tokenizer
         self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + NUM_RESERVED_BLOCKS, config.block_size,
                                         self.model.num_layers_per_depth, self.model.num_kv_heads,
@@ -74,6 +78,13 @@ class Engine:
         k = self.config.num_speculative_tokens if self.config.is_speculative else 0
         return SchedulerLimits(self.config.max_num_seqs, self.config.max_num_batched_tokens, k,
                                self.model.eos_token_id)
+
+    def _sampling_rows(self) -> tuple[int, int]:
+        """The fewest and the most rows of a scheduler step's sampling calls, 1 and max_num_seqs x
+        (K + 1) (their kernels are compiled ahead: `warm_probabilities`)."""
+        config = self.config
+        rows_each = config.num_speculative_tokens + 1 if config.is_speculative else 1
+        return (1, config.max_num_seqs * rows_each)
 
     def _runner(self) -> ModelRunner:
         args = (self.model, self.kv, self.device, self.config.sampling_backend,

@@ -123,11 +123,12 @@ class EngineConfig:
     is read (the asynchronous timeline); 1 collects each round in the step that queues it, the
     synchronous timeline on the asynchronous runner (device frontier, CUDA Graphs): the
     like-for-like baseline that isolates what the overlap is worth. Tokens are the same either way.
-    `collection` is read by specval's engine adapter only: "engine" collects through
+    `collection` chooses how specval's engine adapter collects: "engine" through
     `LLM.generate` (scheduler, the mode's runner and timeline); "batched" through
     `engine.runners.collection.BatchCollector` (one device-resident loop of the mode's rounds,
     CUDA Graphs on CUDA; same tokens, but the scheduler and the asynchronous timeline are not
-    exercised).
+    exercised). The engine reads it only to leave the ahead-of-time compile of the sampling
+    kernels to the batched collection's driver, which knows its batch sizes.
     `mutant` names a planted bug of `engine.mutants` (harness validation only; never set by default).
     `draft_override` replaces the draft distribution while the target stays the same (harness
     validation of the speculative guarantee; see engine.runners.draft_override): "own" (default,

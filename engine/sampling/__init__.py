@@ -1,7 +1,8 @@
 """engine.sampling: the four sampling primitives of the engine and their reference.
 
 - `Sampler` (reference.py): row-wise sorted reference of the sampling distribution.
-- `batched_probabilities` (probabilities.py): per-row temperature / top-k / top-p, all rows.
+- `batched_probabilities` (probabilities.py): per-row temperature / top-k / top-p, all rows;
+  `warm_probabilities` compiles its Triton kernels for given row counts in background threads.
 - `categorical` (categorical.py): float64 inverse-CDF draw per row.
 - `speculative_accept` (accept.py): rejection sampling; its result layout `AcceptResult`,
   `PLACEHOLDER_TOKEN` and error codes live in accept_result.py.
@@ -28,7 +29,7 @@ from engine.sampling.accept_result import (
 )
 from engine.sampling.backend import BACKEND_ENV_VAR, BACKENDS
 from engine.sampling.categorical import INVALID_ROW, categorical
-from engine.sampling.probabilities import batched_probabilities
+from engine.sampling.probabilities import batched_probabilities, warm_probabilities
 from engine.sampling.reference import Sampler
 from engine.sampling.rng import uniform_blocks
 
@@ -50,4 +51,5 @@ __all__ = [
     "categorical",
     "speculative_accept",
     "uniform_blocks",
+    "warm_probabilities",
 ]

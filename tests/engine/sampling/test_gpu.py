@@ -370,3 +370,35 @@ def test_compiled_launches_respecialise_on_dtype_and_alignment():
         assert torch.equal(through_jit, compiled)
         assert_matches_reference_rows(compiled.cpu(), case_logits.float().cpu(), t, k, p)
     assert len(LAUNCHES) == len(cases)  # one group of compiled kernels per specialisation
+
+
+def test_a_warmed_call_compiles_and_loads_nothing():
+    """`plan.warm_up` compiles in background threads what a call's first launch would: after it,
+    the call finds every kernel in the JIT's cache, so Triton's compilation listener sees no
+    compile and no cache load, and the rows are the reference's. Two configurations no other
+    test runs (their warps differ from every other configuration's), so neither is in this
+    process's cache before: the control, not warmed, must compile or load, which shows the
+    listener sees first launches."""
+    from engine.sampling.kernels import compile_clock
+    from engine.sampling.kernels.probabilities import run_probabilities
+    from engine.sampling.kernels.probabilities.config import DEFAULT_CONFIG
+    from engine.sampling.kernels.probabilities.plan import warm_up
+    from engine.sampling.kernels.probabilities.warmup import WARMUPS
+
+    if compile_clock.install() is None:
+        pytest.skip("this Triton has no compilation listener")
+    vocab, rows = 256, 1024  # the looped model's vocabulary; 1,024 rows take the three launches
+    warmed = dataclasses.replace(DEFAULT_CONFIG, select_warps=2, single_warps=2)
+    control = dataclasses.replace(DEFAULT_CONFIG, select_warps=16, single_warps=16)
+    logits, t, k, p = random_rows(rows, 97, vocab)
+    device = torch.device("cuda")
+    for config, warm in ((warmed, True), (control, False)):
+        if warm:
+            assert warm_up(vocab, (4, rows), device, config=config) == 4  # single + three
+            WARMUPS.wait_all()
+        before = compile_clock.totals()
+        for num_rows in (4, rows):
+            out = run_probabilities(*(a[:num_rows].cuda() for a in (logits, t, k, p)), config=config)
+            assert_matches_reference_rows(out.probs.cpu(), *(a[:num_rows] for a in (logits, t, k, p)))
+        added = compile_clock.totals().since(before)
+        assert (added.compiled + added.loaded == 0) == warm, (config, added)

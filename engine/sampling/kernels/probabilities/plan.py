@@ -23,6 +23,7 @@ from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, MIN_KE
                                                           wide_k_limit)
 from engine.sampling.kernels.probabilities.select import _select_kernel
 from engine.sampling.kernels.probabilities.single_launch import _single_kernel
+from engine.sampling.kernels.probabilities.warmup import WARMUPS
 from engine.sampling.kernels.probabilities.write import _write_kernel
 from engine.sampling.scratch import Scratch, ScratchCache
 
@@ -231,11 +232,28 @@ def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: S
     """Enqueue the call's kernels on `stream` (no host read, no allocation). A plan whose write
     kernel overlaps only eagerly launches it serially while the current stream is captured
     (one query of the CUDA runtime); results do not depend on how it is launched."""
+    if WARMUPS:  # its kernels may still be compiling in the background (`warm_up`)
+        WARMUPS.wait(plan, logits.dtype, top_k.dtype)
     inputs = (logits.data_ptr(), temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr())
     serial = plan.serial_in_capture and torch.cuda.is_current_stream_capturing()
     LAUNCHES.launch(specialisation_key(plan, logits, top_k, inputs), plan.launches,
                     plan.arguments, (logits, temperature, top_k, top_p, out, *scratch.tensors),
                     (*inputs, out.data_ptr(), *scratch.pointers), stream, serial)
+
+
+def warm_up(vocab: int, row_counts, device: torch.device,
+            logits_dtype: torch.dtype = torch.float32, top_k_dtype: torch.dtype = torch.int64,
+            config: KernelConfig = DEFAULT_CONFIG) -> int:
+    """Compile in the background (`warmup.Warmups`) the kernels that calls of [rows, vocab]
+    take, for each rows of `row_counts`; the number of kernels started, 0 off CUDA or under the
+    interpreter. Row counts whose plans share their kernels (every count above the single
+    launch's bound) compile them once."""
+    if not compiles_natively(device):
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    device = torch.device(device.type, index)
+    return sum(WARMUPS.start(device_plan(config, int(rows), vocab, device), logits_dtype,
+                             top_k_dtype, device) for rows in row_counts)
 
 
 def run_probabilities(logits, temperature, top_k, top_p,
