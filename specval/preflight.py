@@ -7,7 +7,8 @@ entry) and the command exits 2 (input) or 3 (the system under test raised or bro
 - the protocol asks only for what the adapter declares in `SUT.capabilities` (exit 2, naming the
   capability and the protocol's file and line), filter semantics pinned under
   `sampling.semantics` included;
-- the adapter answers a probe: `vocab_size`, `encode`, `target_logits` and, for every group, a
+- the adapter answers a probe: `plan_batches` (told the protocol's batch size), `vocab_size`,
+  `encode`, `target_logits` and, for every group, a
   `sample` call on the reserved probe seeds (`seeds.PROBE_SEEDS`, outside every run's ranges) with
   the protocol's sampling parameters, and `accept_single` when the protocol has a quadrature test.
   Shapes and dtypes are checked; values are not (a token outside [0, V) is the verdict's business:
@@ -247,6 +248,7 @@ def _check_logits(logits: Any, vocab: int, call: str) -> np.ndarray:
 
 def probe(sut: GuardedSUT, protocol: Protocol) -> None:
     """Exercise every adapter call the run will make, on a tiny batch of reserved seeds (see module doc)."""
+    sut.plan_batches(protocol.batch_size)
     vocab = sut.vocab_size
     if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 2:
         raise SUTRaised("vocab_size", f"is {vocab!r}, expected an integer >= 2")

@@ -211,6 +211,12 @@ class SUT(abc.ABC):
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
         """Raise SUTError naming the group if any group's mode or depth is unsupported."""
 
+    def plan_batches(self, largest: int) -> None:
+        """Said once, before the preflight probe's first `sample` call: no `sample` call of this
+        run carries more than `largest` seeds (the protocol's batch size). An adapter may size
+        itself for it (buffers, captured shapes, kernels compiled ahead); the default does
+        nothing. Results must not depend on it."""
+
     def kernel_compile_time(self) -> dict[str, float] | None:
         """Kernel compilation this SUT did since it was opened: {"compiled": kernels built,
         "compile_s": seconds building them, "loaded": kernels found in a compile cache, "load_s":

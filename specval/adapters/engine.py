@@ -138,11 +138,27 @@ class EngineSUT(SUT):
             num_accepted_tokens=np.array([o.num_accepted_tokens for o in outs], dtype=np.int64),
         )
 
+    def plan_batches(self, largest: int) -> None:
+        """With the batched collection on CUDA, every batch runs as `largest` rows at least (the
+        probe's two requests too): one captured round shape serves the whole run, and its
+        sampling kernels start compiling in the background now (`warm_probabilities`: the draft
+        steps' `largest` rows and the verify's `largest` x (K + 1)). Elsewhere nothing changes."""
+        llm = self._any_llm()
+        if llm.engine.config.collection != "batched" or llm.engine.device.type != "cuda":
+            return
+        from engine.sampling import warm_probabilities
+
+        self._batch_size = max(self._batch_size, int(largest))
+        rows = (self._batch_size, self._batch_size * (self.num_speculative_tokens + 1))
+        warm_probabilities(llm.engine.model.vocab_size, rows, llm.engine.device,
+                           backend=llm.engine.config.sampling_backend)
+
     def _sample_batched(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec,
                         seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
         """`sample` through the engine's batched collection (`collection: batched`): columns come
         back as arrays, no per-request objects. Batches are padded to the largest batch seen so
-        far, so the last, shorter batch of a chunk replays the same captured round."""
+        far, so the last, shorter batch of a chunk replays the same captured round (on CUDA to the
+        planned batch size from the first: `plan_batches`)."""
         from engine import SamplingParams
         from engine.runners.collection import BatchCollector
 

@@ -4,11 +4,15 @@ Exact equality: both paths run the same device round on the same logits with uni
 (seed, committed tokens), so any difference is a bug, not rounding. CPU, small random model.
 """
 
+from dataclasses import replace
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from engine import LLM, EngineConfig, ModelConfig, SamplingParams
+from engine.api import Engine
 from engine.runners import collection
 from engine.runners.collection import BatchCollector
 
@@ -101,6 +105,31 @@ def test_batched_collection_returns_its_blocks_and_refuses_a_busy_engine():
     llm.engine.add_request("live", PROMPT, SamplingParams(max_tokens=2))
     with pytest.raises(RuntimeError, match="idle engine"):
         collected(collector, RANDOM)
+
+
+def test_planned_batches_pad_the_probe_on_cuda_and_warm_the_kernels_of_their_rows(monkeypatch):
+    """`EngineSUT.plan_batches`: with the batched collection on CUDA, later batches (the probe's
+    two requests too) run as the planned rows, and the sampling kernels of those rows (draft
+    steps B, verify B x (K + 1)) start compiling; on the CPU, or with the default collection,
+    nothing changes. The engine itself warms a scheduler step's rows, 1 to max_num_seqs x (K + 1)."""
+    import engine.sampling
+    from specval.engine_sut import EngineSUT
+    from specval.protocol import SutSpec
+
+    warmed = []
+    monkeypatch.setattr(engine.sampling, "warm_probabilities",
+                        lambda vocab, rows, device, backend: warmed.append((vocab, tuple(rows))))
+    for collection, device in (("batched", "cpu"), ("engine", "cuda"), ("batched", "cuda")):
+        sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", collection),)), 3)
+        llm = sut._any_llm()
+        monkeypatch.setattr(llm.engine, "device", torch.device(device))
+        sut.plan_batches(64)
+        assert sut._batch_size == (64 if (collection, device) == ("batched", "cuda") else 0)
+    assert warmed == [(256, (64, 256))]
+    scheduler = SimpleNamespace(config=make_llm("sync_d1", max_num_seqs=24).engine.config)
+    assert Engine._sampling_rows(scheduler) == (1, 24 * 4)
+    nospec = SimpleNamespace(config=replace(scheduler.config, mode="nospec"))
+    assert Engine._sampling_rows(nospec) == (1, 24)
 
 
 def test_batched_collection_names_num_kv_blocks_when_the_batch_does_not_fit():

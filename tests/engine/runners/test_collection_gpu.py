@@ -71,3 +71,26 @@ def test_llama_rounds_are_captured_and_equal_eager(mode):
     eager = columns(BatchCollector(llm.engine, capture=False).collect(prompt, params, SEEDS, MAX_TOKENS))
     np.testing.assert_array_equal(graphs[0], eager[0])
     np.testing.assert_array_equal(graphs[2], eager[2])
+
+
+def test_planned_batches_run_the_probe_as_the_planned_rows_with_its_tokens():
+    """`EngineSUT.plan_batches(256)` on CUDA: a two-request batch (the probe's) runs in the one
+    captured shape of 256 rows, and its requests get the tokens they get in a batch of their
+    own size (a row's logits do not depend on the batch: this file's guarantee)."""
+    from specval.engine_sut import EngineSUT
+    from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+
+    options = (("collection", "batched"), ("num_kv_blocks", 8192))
+    group, sampling = GroupSpec(name="sync", mode="sync", draft_loops=1), SamplingSpec(**SAMPLING)
+    seeds = np.array(SEEDS[:2], dtype=np.int64)
+    batches = []
+    for plan in (256, None):
+        sut = EngineSUT(SutSpec(adapter="engine", model="looped", device="cuda", options=options), 3)
+        prompt = sut.encode(PROMPT)
+        if plan:
+            sut.plan_batches(plan)
+        batches.append(sut.sample(group, prompt, sampling, seeds, MAX_TOKENS, MAX_TOKENS))
+        (collector,) = sut._collectors.values()
+        assert [size for size, _, _ in collector._shapes] == [plan or len(seeds)]
+        sut.close()
+    assert np.array_equal(batches[0].tokens, batches[1].tokens)

@@ -255,3 +255,28 @@ def test_probe_seeds_are_outside_every_range(tmp_path):
     with pytest.raises(seeds.SeedOverlapError, match="reserved for the adapter probe"):
         seeds.claim_next(tmp_path, "p", ["a"], 100, seeds.PROBE_SEED_START - 50, None, lambda: "r")
     assert seeds.read_ledger(tmp_path) == []
+
+
+def test_the_probe_tells_the_adapter_the_batch_size_before_its_first_sample(tmp_path):
+    """`plan_batches` comes first, with the protocol's batch_size, so an adapter can size its
+    batches (the probe's included) and compile ahead for them."""
+    from tests.fixtures.fake_sut import FakeSUT
+
+    from specval.preflight import GuardedSUT, probe
+    from specval.protocol import load_protocol
+
+    calls = []
+
+    class Recording(FakeSUT):
+        def plan_batches(self, largest):
+            calls.append(("plan_batches", largest))
+
+        def sample(self, *args, **kwargs):
+            calls.append(("sample", len(args[3])))
+            return super().sample(*args, **kwargs)
+
+    protocol = load_protocol(_protocol(tmp_path, batch_size=150))
+    probe(GuardedSUT(Recording(protocol.sut, protocol.num_speculative_tokens)), protocol)
+    assert calls[0] == ("plan_batches", 150)
+    assert calls[1:] == [("sample", 2)] * len(protocol.groups)
+
