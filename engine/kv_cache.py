@@ -54,9 +54,9 @@ class PagedKVCache:
         self.key = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
         self.value = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
 
-    def zero_blocks(self, blocks: list[int]) -> None:
-        """Clear freshly allocated blocks in every layer."""
-        if blocks:
+    def zero_blocks(self, blocks) -> None:
+        """Clear freshly allocated blocks (a list of ids, or an int64 array) in every layer."""
+        if len(blocks):
             index = to_device(blocks, torch.int64, self.key[0].device)
             for pool in self.key + self.value:
                 pool.index_fill_(0, index, 0)

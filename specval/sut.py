@@ -133,9 +133,9 @@ class SampleBatch:
     def validate(self, num_seeds: int, num_tokens: int) -> None:
         if self.tokens.shape != (num_seeds, num_tokens) or self.sources.shape != (num_seeds, num_tokens):
             raise SUTError(f"SUT returned tokens of shape {self.tokens.shape}, expected {(num_seeds, num_tokens)}")
-        bad = set(np.unique(self.sources).tolist()) - set(SOURCES)
+        bad = set(self.sources.ravel().tolist()) - set(SOURCES)  # a set: no sort of N x n strings
         if bad:
-            raise SUTError(f"SUT returned unknown token sources {sorted(bad)}; expected {SOURCES}")
+            raise SUTError(f"SUT returned unknown token sources {sorted(bad, key=repr)}; expected {SOURCES}")
 
 
 class SUT(abc.ABC):

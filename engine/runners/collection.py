@@ -134,10 +134,11 @@ class BatchCollector:
         captured = sum(graph is not None for _, graph in self._shapes.values())
         return f"{captured} batch shape(s) captured as CUDA Graphs"
 
-    def collect(self, prompt: list[int], params: SamplingParams, seeds: list[int],
+    def collect(self, prompt: list[int], params: SamplingParams, seeds,
                 max_tokens: int, batch_size: int | None = None) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
-        top-k and top-p (its seed and stop settings are not used). `batch_size` (>= len(seeds))
+        top-k and top-p (its seed and stop settings are not used); `seeds` is a list of ints or an
+        int64 array. `batch_size` (>= len(seeds))
         pads the batch to a fixed shape, so partial batches replay the same graph."""
         engine = self.engine
         if engine.has_unfinished():
@@ -156,15 +157,16 @@ class BatchCollector:
         blocks.reserve(needed)
         ids = blocks.take(needed)
         try:
-            engine.kv.zero_blocks(ids)
+            ids_array = np.asarray(ids, dtype=np.int64)  # one conversion of the list, for both uses
+            engine.kv.zero_blocks(ids_array)
             with torch.inference_mode():
-                return self._run(prompt, params, seeds, count, size, max_tokens, num_blocks, ids)
+                return self._run(prompt, params, seeds, count, size, max_tokens, num_blocks, ids_array)
         finally:
             blocks.give_back(ids, needed)
 
     def _run(self, prompt, params, seeds, count, size, max_tokens, num_blocks, ids) -> CollectedBatch:
         depths = self.runner.model.num_depths
-        tables = torch.from_numpy(np.asarray(ids, dtype=np.int64)).view(depths, size, num_blocks).to(self.device)
+        tables = torch.from_numpy(ids).view(depths, size, num_blocks).to(self.device)
         self._prefill(prompt, params, tables)
         state, graph = self._state(size, num_blocks, max_tokens)
         self._reset(state, tables, prompt, params, seeds, count)
@@ -246,7 +248,9 @@ class BatchCollector:
         rows.top_p.fill_(params.top_p)
         rows.is_greedy.fill_(params.is_greedy)
         rows.num_prompt.fill_(len(prompt))
-        padded = [GREEDY_SEED if params.is_greedy else int(s) for s in seeds] + [GREEDY_SEED] * (size - count)
+        padded = np.full(size, GREEDY_SEED, dtype=np.int64)  # greedy and padding rows
+        if not params.is_greedy:
+            padded[:count] = np.asarray(seeds, dtype=np.int64)
         rows.seeds.copy_(to_device(padded, torch.int64, self.device))
 
     def _loop(self, state: BatchState, graph) -> None:

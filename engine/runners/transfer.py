@@ -13,7 +13,8 @@ import torch
 
 
 def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A device tensor holding `values` (a list, nested lists, or a scalar sequence)."""
+    """A device tensor holding `values` (a list, nested lists, a scalar sequence, or a numpy
+    array: its buffer is copied at once, where a long list costs ~50 ns per element)."""
     if torch.device(device).type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)

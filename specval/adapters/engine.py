@@ -169,7 +169,7 @@ class EngineSUT(SUT):
         params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                                 max_tokens=max_tokens, ignore_eos=True)
         try:
-            out = self._collectors[key].collect(list(prompt_ids), params, [int(s) for s in seeds], max_tokens,
+            out = self._collectors[key].collect(list(prompt_ids), params, np.asarray(seeds, dtype=np.int64), max_tokens,
                                                 batch_size=self._batch_size)
         except ValueError as err:
             raise SUTError(f"group {group.name!r}: {err}") from err

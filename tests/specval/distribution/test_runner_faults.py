@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
@@ -280,3 +281,14 @@ def test_the_probe_tells_the_adapter_the_batch_size_before_its_first_sample(tmp_
     assert calls[0] == ("plan_batches", 150)
     assert calls[1:] == [("sample", 2)] * len(protocol.groups)
 
+
+def test_a_batch_with_an_unknown_token_source_is_refused_naming_it():
+    from specval.sut import SOURCES, SampleBatch, SUTError
+
+    tokens = np.zeros((3, 2), dtype=np.int64)
+    counts = np.zeros(3, dtype=np.int64)
+    sources = np.full((3, 2), SOURCES[0], dtype=object)
+    SampleBatch(tokens, sources, counts, counts, counts).validate(3, 2)
+    sources[2, 1], sources[0, 0] = "drafted", None  # not a source; not even a string
+    with pytest.raises(SUTError, match=r"unknown token sources \['drafted', None\]"):
+        SampleBatch(tokens, sources, counts, counts, counts).validate(3, 2)
