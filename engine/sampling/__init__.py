@@ -1,13 +1,14 @@
 """engine.sampling: the four sampling primitives of the engine and their reference.
 
 - `Sampler` (reference.py): row-wise sorted reference of the sampling distribution.
-- `batched_probabilities` (probabilities.py): per-row temperature / top-k / top-p, all rows;
-  `warm_probabilities` compiles its Triton kernels for given row counts in background threads.
+- `batched_probabilities` (probabilities.py): per-row temperature / top-k / top-p, all rows.
 - `categorical` (categorical.py): float64 inverse-CDF draw per row.
 - `speculative_accept` (accept.py): rejection sampling; its result layout `AcceptResult`,
   `PLACEHOLDER_TOKEN` and error codes live in accept_result.py.
 - `uniform_blocks` (rng.py): counter-based Philox uniforms, one block per request and round
   (constants: philox.py).
+- `warm_probabilities`, `warm_round` (warm.py): compile the Triton kernels of given calls ahead,
+  in background threads.
 Each function takes `backend="auto" | "triton" | "torch"` (see backend.py). The kernels wing:
 every module that imports triton lives under kernels/ (the Triton backends, their launcher
 and compile tools). The modules here never import triton; each front imports its kernels/
@@ -29,9 +30,10 @@ from engine.sampling.accept_result import (
 )
 from engine.sampling.backend import BACKEND_ENV_VAR, BACKENDS
 from engine.sampling.categorical import INVALID_ROW, categorical
-from engine.sampling.probabilities import batched_probabilities, warm_probabilities
+from engine.sampling.probabilities import batched_probabilities
 from engine.sampling.reference import Sampler
 from engine.sampling.rng import uniform_blocks
+from engine.sampling.warm import warm_probabilities, warm_round
 
 __all__ = [
     "AcceptResult",
@@ -52,4 +54,5 @@ __all__ = [
     "speculative_accept",
     "uniform_blocks",
     "warm_probabilities",
+    "warm_round",
 ]

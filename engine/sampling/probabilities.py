@@ -85,20 +85,6 @@ def batched_probabilities(
     return _triton_probabilities()(logits, temperature, top_k, top_p)
 
 
-def warm_probabilities(vocab: int, row_counts, device: torch.device, *,
-                       backend: str = "auto") -> int:
-    """Start compiling, in background threads, the Triton kernels that `batched_probabilities`
-    calls of float32 logits [rows, vocab] (int64 top-k) take for every rows of `row_counts`, so
-    that the first calls find them compiled or wait for them; the number of kernels started.
-    Nothing happens (0) where the backend is torch or Triton does not compile (the CPU
-    interpreter). Results never depend on it (engine/sampling/kernels/probabilities/warmup.py)."""
-    if resolve_backend(backend, device) == TORCH:
-        return 0
-    from engine.sampling.kernels.probabilities.plan import warm_up
-
-    return warm_up(vocab, row_counts, device)
-
-
 @functools.cache
 def _triton_probabilities():
     """The Triton backend, imported on first use (CPU-only callers never import Triton)."""

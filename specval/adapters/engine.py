@@ -141,17 +141,16 @@ class EngineSUT(SUT):
     def plan_batches(self, largest: int) -> None:
         """With the batched collection on CUDA, every batch runs as `largest` rows at least (the
         probe's two requests too): one captured round shape serves the whole run, and its
-        sampling kernels start compiling in the background now (`warm_probabilities`: the draft
-        steps' `largest` rows and the verify's `largest` x (K + 1)). Elsewhere nothing changes."""
+        sampling kernels start compiling in the background now (`warm_round`). Elsewhere nothing
+        changes."""
         llm = self._any_llm()
         if llm.engine.config.collection != "batched" or llm.engine.device.type != "cuda":
             return
-        from engine.sampling import warm_probabilities
+        from engine.sampling import warm_round
 
         self._batch_size = max(self._batch_size, int(largest))
-        rows = (self._batch_size, self._batch_size * (self.num_speculative_tokens + 1))
-        warm_probabilities(llm.engine.model.vocab_size, rows, llm.engine.device,
-                           backend=llm.engine.config.sampling_backend)
+        warm_round(llm.engine.model.vocab_size, self._batch_size, self.num_speculative_tokens,
+                   llm.engine.device, backend=llm.engine.config.sampling_backend)
 
     def _sample_batched(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec,
                         seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:

@@ -167,7 +167,23 @@ def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
             draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
             cu_num_drafts if draft_limit is None else draft_limit,
             tokens, num_accepted, error, draft_tokens.shape[0], target_probs.shape[1],
-            K=max_drafts, BLOCK_K=triton.next_power_of_2(max_drafts + 1), BLOCK=BLOCK_V,
-            HAS_LIMIT=draft_limit is not None, num_warps=NUM_WARPS,
+            **_options(max_drafts, draft_limit is not None),
         )
     return AcceptResult(tokens=tokens, num_accepted=num_accepted, error=error)
+
+
+def _options(max_drafts: int, has_limit: bool) -> dict:
+    """The constexprs and warps of a launch with at most `max_drafts` drafts per request."""
+    return dict(K=max_drafts, BLOCK_K=triton.next_power_of_2(max_drafts + 1), BLOCK=BLOCK_V,
+                HAS_LIMIT=has_limit, num_warps=NUM_WARPS)
+
+
+def accept_warmup(num_drafts: int, vocab: int, max_drafts: int, has_limit: bool):
+    """(kernel, arguments, grid, options) of the launch `accept_triton` makes for `num_drafts`
+    flat drafts, at most `max_drafts` per request, over `vocab` entries, with a draft limit or
+    without, on the engine's dtypes (int64 tokens, offsets and limits, float32 probabilities,
+    float64 uniforms, bool greedy flags), tensors given as dtypes (`JITFunction.warmup`)."""
+    i64 = torch.int64
+    arguments = (i64, i64, torch.float32, torch.float32, torch.float64, torch.bool, i64, i64, i64,
+                 torch.int32, num_drafts, vocab)
+    return _accept_kernel, arguments, (1,), _options(max_drafts, has_limit)

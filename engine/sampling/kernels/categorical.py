@@ -108,7 +108,14 @@ def categorical_triton(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     num_rows, vocab = weights.shape
     out = torch.empty(num_rows, dtype=torch.int64, device=weights.device)
     if num_rows > 0:
-        _categorical_kernel[(num_rows,)](
-            weights, u, out, vocab, BLOCK=BLOCK_V, num_warps=NUM_WARPS
-        )
+        _categorical_kernel[(num_rows,)](weights, u, out, vocab, **OPTIONS)
     return out
+
+
+OPTIONS = dict(BLOCK=BLOCK_V, num_warps=NUM_WARPS)  # of every `_categorical_kernel` launch
+
+
+def categorical_warmup(vocab: int, weights_dtype: torch.dtype = torch.float32):
+    """(kernel, arguments, grid, options) of the launch `categorical_triton` makes over `vocab`
+    entries (float64 uniforms, int64 out), tensors given as dtypes (`JITFunction.warmup`)."""
+    return _categorical_kernel, (weights_dtype, torch.float64, torch.int64, vocab), (1,), OPTIONS

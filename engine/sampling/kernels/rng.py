@@ -71,9 +71,18 @@ def uniform_blocks_triton(seeds, positions, num_uniforms: int) -> torch.Tensor:
     if num_rows == 0:
         return out
     grid = (num_rows, triton.cdiv(num_calls, BLOCK_CALLS))
-    _uniform_blocks_kernel[grid](
-        seeds, positions, out, num_calls,
-        NUM_UNIFORMS=num_uniforms, M0=PHILOX_M0, M1=PHILOX_M1, W0=PHILOX_W0, W1=PHILOX_W1,
-        ROUNDS=PHILOX_ROUNDS, BLOCK=BLOCK_CALLS,
-    )
+    _uniform_blocks_kernel[grid](seeds, positions, out, num_calls, **_options(num_uniforms))
     return out
+
+
+def _options(num_uniforms: int) -> dict:
+    return dict(NUM_UNIFORMS=num_uniforms, M0=PHILOX_M0, M1=PHILOX_M1, W0=PHILOX_W0, W1=PHILOX_W1,
+                ROUNDS=PHILOX_ROUNDS, BLOCK=BLOCK_CALLS)
+
+
+def uniform_blocks_warmup(num_uniforms: int):
+    """(kernel, arguments, grid, options) of the launch `uniform_blocks_triton` makes for blocks
+    of `num_uniforms` (int64 seeds and positions, float64 out), tensors given as dtypes
+    (`JITFunction.warmup`)."""
+    arguments = (torch.int64, torch.int64, torch.float64, (num_uniforms + 1) // 2)
+    return _uniform_blocks_kernel, arguments, (1, 1), _options(num_uniforms)

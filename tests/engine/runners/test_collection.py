@@ -109,23 +109,23 @@ def test_batched_collection_returns_its_blocks_and_refuses_a_busy_engine():
 
 def test_planned_batches_pad_the_probe_on_cuda_and_warm_the_kernels_of_their_rows(monkeypatch):
     """`EngineSUT.plan_batches`: with the batched collection on CUDA, later batches (the probe's
-    two requests too) run as the planned rows, and the sampling kernels of those rows (draft
-    steps B, verify B x (K + 1)) start compiling; on the CPU, or with the default collection,
+    two requests too) run as the planned rows, and the sampling kernels of a round of those rows
+    start compiling (`warm_round`); on the CPU, or with the default collection,
     nothing changes. The engine itself warms a scheduler step's rows, 1 to max_num_seqs x (K + 1)."""
     import engine.sampling
     from specval.engine_sut import EngineSUT
     from specval.protocol import SutSpec
 
     warmed = []
-    monkeypatch.setattr(engine.sampling, "warm_probabilities",
-                        lambda vocab, rows, device, backend: warmed.append((vocab, tuple(rows))))
+    monkeypatch.setattr(engine.sampling, "warm_round",
+                        lambda vocab, rows, k, device, backend: warmed.append((vocab, rows, k)))
     for collection, device in (("batched", "cpu"), ("engine", "cuda"), ("batched", "cuda")):
         sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", collection),)), 3)
         llm = sut._any_llm()
         monkeypatch.setattr(llm.engine, "device", torch.device(device))
         sut.plan_batches(64)
         assert sut._batch_size == (64 if (collection, device) == ("batched", "cuda") else 0)
-    assert warmed == [(256, (64, 256))]
+    assert warmed == [(256, 64, 3)]
     scheduler = SimpleNamespace(config=make_llm("sync_d1", max_num_seqs=24).engine.config)
     assert Engine._sampling_rows(scheduler) == (1, 24 * 4)
     nospec = SimpleNamespace(config=replace(scheduler.config, mode="nospec"))
@@ -204,3 +204,59 @@ def test_long_sequences_carry_round_provenance_and_equal_generate(mode):
     assert (first.batch_index, second.batch_index) == (0, 1)
     full_bonus = (first.round_position == k + 1) & (first.source_names() == "bonus")
     assert full_bonus.any()  # the rounds reach the bonus after all K drafts, K = 8 included
+
+
+@pytest.mark.parametrize("name", ["nospec", "sync_d1", "async_d1"])
+def test_warm_round_asks_for_every_kernel_a_batched_round_launches(monkeypatch, name):
+    """`engine.sampling.warm_round` compiles, before the first round, the Philox, categorical
+    and accept kernels that rounds of the batched collection launch: every launch of a
+    collected batch (the Triton backend, interpreted) has the specialisation of one of its
+    requests. Triton specialises a launch on its constexprs and options, each tensor's dtype
+    and 16-byte alignment, and each integer's value class (1, a multiple of 16, 32 or 64 bits);
+    the warm-up's tensors are dtypes, taken as aligned. The probabilities kernels' requests are
+    checked in tests/engine/sampling/kernels/test_warmup.py."""
+    from engine.sampling.kernels import accept, categorical, rng
+    from engine.sampling.kernels.accept import accept_warmup
+    from engine.sampling.kernels.categorical import categorical_warmup
+    from engine.sampling.kernels.rng import uniform_blocks_warmup
+
+    launched = set()
+    for module, attribute in ((accept, "_accept_kernel"), (categorical, "_categorical_kernel"),
+                              (rng, "_uniform_blocks_kernel")):
+        monkeypatch.setattr(module, attribute, RecordingKernel(getattr(module, attribute), launched))
+    llm = make_llm(name, sampling_backend="triton")
+    seeds = SEEDS[:4]
+    collected(BatchCollector(llm.engine), RANDOM, seeds=seeds)
+    k = 3 if llm.engine.config.is_speculative else 0
+    requests = [uniform_blocks_warmup(1), categorical_warmup(MODEL.vocab_size)]
+    if k:
+        requests += [uniform_blocks_warmup(2 * k + 1),
+                     *(accept_warmup(len(seeds) * k, MODEL.vocab_size, k, limit) for limit in (False, True))]
+    warmed = {specialisation(kernel.fn.__name__, arguments, options) for kernel, arguments, _, options in requests}
+    assert launched and launched <= warmed, launched - warmed
+
+
+class RecordingKernel:
+    """A Triton kernel whose launches `kernel[grid](...)` are recorded (`specialisation`)."""
+
+    def __init__(self, kernel, launched: set):
+        self.kernel, self.launched, self.fn = kernel, launched, kernel.fn
+
+    def __getitem__(self, grid):
+        def launch(*arguments, **options):
+            self.launched.add(specialisation(self.kernel.fn.__name__, arguments, options))
+            return self.kernel[grid](*arguments, **options)
+        return launch
+
+
+def specialisation(name: str, arguments, options) -> tuple:
+    """What Triton's JIT keys a launch on (a dtype given in place of a tensor is an aligned one)."""
+    def one(value):
+        if isinstance(value, torch.dtype):
+            return ("tensor", value, True)
+        if isinstance(value, torch.Tensor):
+            return ("tensor", value.dtype, value.data_ptr() % 16 == 0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return (type(value).__name__,)
+        return ("int", value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+    return name, tuple(one(value) for value in arguments), tuple(sorted(options.items()))

@@ -383,7 +383,7 @@ def test_a_warmed_call_compiles_and_loads_nothing():
     from engine.sampling.kernels.probabilities import run_probabilities
     from engine.sampling.kernels.probabilities.config import DEFAULT_CONFIG
     from engine.sampling.kernels.probabilities.plan import warm_up
-    from engine.sampling.kernels.probabilities.warmup import WARMUPS
+    from engine.sampling.kernels.warmup import WARMUPS
 
     if compile_clock.install() is None:
         pytest.skip("this Triton has no compilation listener")

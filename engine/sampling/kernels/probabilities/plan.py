@@ -23,7 +23,7 @@ from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, MIN_KE
                                                           wide_k_limit)
 from engine.sampling.kernels.probabilities.select import _select_kernel
 from engine.sampling.kernels.probabilities.single_launch import _single_kernel
-from engine.sampling.kernels.probabilities.warmup import WARMUPS
+from engine.sampling.kernels.warmup import WARMUPS
 from engine.sampling.kernels.probabilities.write import _write_kernel
 from engine.sampling.scratch import Scratch, ScratchCache
 
@@ -252,8 +252,8 @@ def warm_up(vocab: int, row_counts, device: torch.device,
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     device = torch.device(device.type, index)
-    return sum(WARMUPS.start(device_plan(config, int(rows), vocab, device), logits_dtype,
-                             top_k_dtype, device) for rows in row_counts)
+    return sum(WARMUPS.start_plan(device_plan(config, int(rows), vocab, device), logits_dtype,
+                                  top_k_dtype, device) for rows in row_counts)
 
 
 def run_probabilities(logits, temperature, top_k, top_p,

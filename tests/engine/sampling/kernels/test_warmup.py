@@ -18,7 +18,7 @@ import torch
 from engine.sampling import warm_probabilities
 from engine.sampling.kernels.probabilities import plan as plan_module
 from engine.sampling.kernels.probabilities.config import DEFAULT_CONFIG
-from engine.sampling.kernels.probabilities.warmup import Warmups, compiled_key
+from engine.sampling.kernels.warmup import Warmups, compiled_key
 
 VOCAB = 256  # the looped model's: the single launch below 512 rows, three launches above
 
@@ -64,7 +64,7 @@ def test_a_warmup_asks_each_kernel_for_the_launch_its_first_call_makes():
     for rows in (4, 4096):  # the single launch and the three launches
         plan = stand_in_plan(rows)
         warmups = Warmups()
-        assert warmups.start(plan, torch.float32, torch.int64, torch.device("cuda", 0)) == len(plan.launches)
+        assert warmups.start_plan(plan, torch.float32, torch.int64, torch.device("cuda", 0)) == len(plan.launches)
         warmups.wait_all()
         logits = torch.randn(rows, VOCAB)
         tensors = (logits, torch.ones(rows), torch.full((rows,), 50), torch.full((rows,), 0.9),
@@ -86,9 +86,9 @@ def test_row_counts_that_share_kernels_compile_them_once():
     assert compiled_key(big, torch.float32, torch.int64) != compiled_key(big, torch.bfloat16, torch.int64)
     warmups = Warmups()
     device = torch.device("cuda", 0)
-    assert warmups.start(big, torch.float32, torch.int64, device) == 3
-    assert warmups.start(bigger, torch.float32, torch.int64, device) == 0
-    assert warmups.start(small, torch.float32, torch.int64, device) == 1
+    assert warmups.start_plan(big, torch.float32, torch.int64, device) == 3
+    assert warmups.start_plan(bigger, torch.float32, torch.int64, device) == 0
+    assert warmups.start_plan(small, torch.float32, torch.int64, device) == 1
     warmups.wait_all()
     assert not warmups
 
@@ -99,8 +99,8 @@ def test_a_call_waits_for_its_plan_and_only_for_it():
     slow, failing = stand_in_plan(4096, delay_s=0.3), stand_in_plan(4, fails=True)
     warmups = Warmups()
     device = torch.device("cuda", 0)
-    warmups.start(slow, torch.float32, torch.int64, device)
-    warmups.start(failing, torch.float32, torch.int64, device)
+    warmups.start_plan(slow, torch.float32, torch.int64, device)
+    warmups.start_plan(failing, torch.float32, torch.int64, device)
     assert warmups
     warmups.wait(slow, torch.float32, torch.int64)
     assert all(launch.kernel.finished.is_set() for launch in slow.launches)
