@@ -33,7 +33,7 @@ from engine.sampling.categorical import INVALID_ROW, categorical
 from engine.sampling.probabilities import batched_probabilities
 from engine.sampling.reference import Sampler
 from engine.sampling.rng import uniform_blocks
-from engine.sampling.warm import warm_probabilities, warm_round
+from engine.sampling.warm import cancel_warmups, warm_probabilities, warm_round
 
 __all__ = [
     "AcceptResult",
@@ -50,6 +50,7 @@ __all__ = [
     "PLACEHOLDER_TOKEN",
     "Sampler",
     "batched_probabilities",
+    "cancel_warmups",
     "categorical",
     "speculative_accept",
     "uniform_blocks",

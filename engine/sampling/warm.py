@@ -4,17 +4,20 @@ other and the caller's own set-up instead of running one after the other at the 
 
 - `warm_probabilities`: the `batched_probabilities` kernels of given row counts (a call of a
   plan still compiling waits for it);
+- `cancel_warmups`: drop the warm-ups not yet started (a caller closing early);
 - `warm_round`: every sampling kernel of a round of B requests with K drafts each, as the
   batched collection runs it: the probabilities of the B draft rows and the B x (K + 1) verify
   rows, the Philox uniforms of a plain round (1 per request) and of a speculative one (2K + 1),
   the categorical draw over V, and the accept kernel for B x K drafts with and without a draft
   limit.
-Both return the number of kernels started: 0 where the backend is torch or Triton does not
-compile (the CPU interpreter). Results never depend on them: the kernels are the ones the
+The two warm functions return the number of kernels started: 0 where the backend is torch or
+Triton does not compile (the CPU interpreter). Results never depend on them: the kernels are the ones the
 calls would compile.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -52,6 +55,13 @@ def warm_round(vocab: int, batch_rows: int, num_speculative_tokens: int, device:
     device = _indexed(device)
     return started + sum(WARMUPS.start(("round", request[0], request[1], tuple(sorted(request[3].items()))),
                                        [request], device) for request in requests)
+
+
+def cancel_warmups() -> int:
+    """Drop the warm-ups that have not started (see `Warmups.cancel`): for a caller that closes
+    before it needs them. 0 where none was ever started (Triton is then not imported here)."""
+    module = sys.modules.get("engine.sampling.kernels.warmup")
+    return module.WARMUPS.cancel() if module is not None else 0
 
 
 def _indexed(device: torch.device) -> torch.device:

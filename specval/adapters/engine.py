@@ -250,6 +250,10 @@ class EngineSUT(SUT):
         return facts
 
     def close(self) -> None:
+        """Free the engines; kernel warm-ups not yet started are dropped (`plan_batches`)."""
+        from engine.sampling import cancel_warmups
+
+        cancel_warmups()
         self._collectors.clear()
         for llm in self._llms.values():
             llm.close()

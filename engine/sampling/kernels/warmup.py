@@ -89,6 +89,15 @@ class Warmups:
         if futures:
             wait_for(futures)
 
+    def cancel(self) -> int:
+        """Drop every warm-up that has not started compiling (a caller closing early: an
+        interpreted process would otherwise run the queued compiles before it exits); compiles
+        already running finish. The number dropped."""
+        with self._lock:
+            futures = [future for started in self._pending.values() for future in started]
+            self._pending.clear()
+        return sum(future.cancel() for future in futures)
+
     def wait_all(self) -> None:
         """Block until every warm-up has finished (tests, and callers that time the compiles)."""
         with self._lock:

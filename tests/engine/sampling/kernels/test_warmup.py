@@ -115,3 +115,19 @@ def test_nothing_is_warmed_off_cuda_or_for_the_torch_backend():
     assert warm_probabilities(VOCAB, (1, 4096), torch.device("cpu"), backend="torch") == 0
     with pytest.raises(ValueError, match="backend"):
         warm_probabilities(VOCAB, (1,), torch.device("cpu"), backend="fast")
+
+
+def test_closing_drops_the_warmups_not_started_and_lets_running_ones_finish():
+    """More requests than worker threads: `cancel` drops the queued ones (their kernels are never
+    asked), the running ones finish; the registry is empty after it."""
+    from engine.sampling.kernels.warmup import MAX_THREADS
+
+    kernels = [StandInKernel(f"k{i}", delay_s=0.3) for i in range(MAX_THREADS + 2)]
+    warmups = Warmups()
+    device = torch.device("cuda", 0)
+    assert warmups.start("all", [(k, (), (1,), {}) for k in kernels], device) == len(kernels)
+    time.sleep(0.1)  # the first requests are running
+    dropped = warmups.cancel()
+    assert dropped >= 2 and not warmups
+    time.sleep(0.5)  # past every running compile
+    assert sum(k.finished.is_set() for k in kernels) == len(kernels) - dropped
