@@ -66,6 +66,21 @@ def test_transform_equals_engine_sampler(spec):
         np.testing.assert_allclose(engine_probs, ours, rtol=0, atol=ENGINE_TOL)
 
 
+@pytest.mark.parametrize("vocab, width", [(256, 3), (50_000, 4), (2**31, 3)])
+def test_needed_prefixes_are_every_distinct_row_prefix(vocab, width):
+    """Against the definition (a set of tuples of each row's first k tokens), on fresh random
+    rows with out-of-range tokens mixed in; (2**31, 3) takes the `np.unique(axis=0)` path (the
+    rows as base-V numbers would overflow an int64), the others the 1-D keys."""
+    rng = np.random.default_rng(vocab + width)
+    tokens = rng.integers(0, min(vocab, 40), (5000, width))  # few symbols: prefixes repeat
+    tokens[:, 0] = np.where(rng.random(5000) < 0.01, vocab - 1, tokens[:, 0])  # the largest id
+    tokens[rng.random((5000, width)) < 0.001] = vocab  # out of range: the row is never tested
+    tokens[rng.random((5000, width)) < 0.001] = -1
+    valid = [row for row in tokens.tolist() if all(0 <= t < vocab for t in row)]
+    expected = {tuple(row[:k]) for row in valid for k in range(width)}
+    assert needed_prefixes(tokens, vocab) == sorted(expected, key=lambda p: (len(p), p))
+
+
 def test_reference_round_trips_exactly_and_prefixes_cover_every_stratum():
     tokens = np.array([[1, 2, 3], [1, 2, 4], [5, 6, 7]])
     assert needed_prefixes(tokens) == [(), (1,), (5,), (1, 2), (5, 6)]
