@@ -138,8 +138,8 @@ class BatchCollector:
                 max_tokens: int, batch_size: int | None = None) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
         top-k and top-p (its seed and stop settings are not used); `seeds` is a list of ints or an
-        int64 array. `batch_size` (>= len(seeds))
-        pads the batch to a fixed shape, so partial batches replay the same graph."""
+        int64 array. `batch_size` (>= len(seeds)) pads the batch to a fixed shape, so partial
+        batches replay the same graph."""
         engine = self.engine
         if engine.has_unfinished():
             raise RuntimeError("batched collection needs an idle engine (requests are live)")

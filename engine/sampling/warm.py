@@ -11,8 +11,8 @@ other and the caller's own set-up instead of running one after the other at the 
   the categorical draw over V, and the accept kernel for B x K drafts with and without a draft
   limit.
 The two warm functions return the number of kernels started: 0 where the backend is torch or
-Triton does not compile (the CPU interpreter). Results never depend on them: the kernels are the ones the
-calls would compile.
+Triton does not compile (the CPU interpreter). Results never depend on them: the kernels are
+the ones the calls would compile.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ def warm_round(vocab: int, batch_rows: int, num_speculative_tokens: int, device:
     if k > 0:
         requests += [uniform_blocks_warmup(2 * k + 1),
                      *(accept_warmup(batch_rows * k, vocab, k, has_limit) for has_limit in (False, True))]
-    device = _indexed(device)
     return started + sum(WARMUPS.start(("round", request[0], request[1], tuple(sorted(request[3].items()))),
                                        [request], device) for request in requests)
 
@@ -63,8 +62,3 @@ def cancel_warmups() -> int:
     module = sys.modules.get("engine.sampling.kernels.warmup")
     return module.WARMUPS.cancel() if module is not None else 0
 
-
-def _indexed(device: torch.device) -> torch.device:
-    """`device` with its index (the current device's where it has none)."""
-    device = torch.device(device)
-    return device if device.index is not None else torch.device(device.type, torch.cuda.current_device())

@@ -55,8 +55,10 @@ class Warmups:
 
     def start(self, key, requests, device: torch.device) -> int:
         """Compile each request (kernel, arguments, grid, options: what `JITFunction.warmup`
-        takes, tensors as dtypes) on `device` (a CUDA device with its index) in the background,
-        under `key`; the number started (0 if `key` is already warming)."""
+        takes, tensors as dtypes) on CUDA `device` (the current one where it has no index) in
+        the background, under `key`; the number started (0 if `key` is already warming)."""
+        if device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
         with self._lock:
             if key in self._pending:
                 return 0
@@ -93,17 +95,18 @@ class Warmups:
         """Drop every warm-up that has not started compiling (a caller closing early: an
         interpreted process would otherwise run the queued compiles before it exits); compiles
         already running finish. The number dropped."""
-        with self._lock:
-            futures = [future for started in self._pending.values() for future in started]
-            self._pending.clear()
-        return sum(future.cancel() for future in futures)
+        return sum(future.cancel() for future in self._take_all())
 
     def wait_all(self) -> None:
         """Block until every warm-up has finished (tests, and callers that time the compiles)."""
+        wait_for(self._take_all())
+
+    def _take_all(self) -> list[Future]:
+        """Every pending future; the registry is then empty."""
         with self._lock:
             futures = [future for started in self._pending.values() for future in started]
             self._pending.clear()
-        wait_for(futures)
+        return futures
 
 
 def compiled_key(plan: "LaunchPlan", logits_dtype: torch.dtype, top_k_dtype: torch.dtype) -> tuple:

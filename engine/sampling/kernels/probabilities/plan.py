@@ -250,8 +250,6 @@ def warm_up(vocab: int, row_counts, device: torch.device,
     launch's bound) compile them once."""
     if not compiles_natively(device):
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    device = torch.device(device.type, index)
     return sum(WARMUPS.start_plan(device_plan(config, int(rows), vocab, device), logits_dtype,
                                   top_k_dtype, device) for rows in row_counts)
 
