@@ -126,6 +126,7 @@ class SampleBatch:
 
     tokens: np.ndarray  # int64[N, n] committed tokens t_1..t_n
     sources: np.ndarray  # object[N, n] one of SOURCES per token
+    # counts over the rounds run: at least those that emitted t_1..t_n, at most the whole request
     num_rounds: np.ndarray  # int64[N] speculative rounds (0 for nospec)
     num_draft_tokens: np.ndarray  # int64[N] draft tokens proposed
     num_accepted_tokens: np.ndarray  # int64[N] draft tokens accepted
@@ -164,8 +165,9 @@ class SUT(abc.ABC):
     @abc.abstractmethod
     def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
                seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
-        """Generate `max_tokens` tokens (EOS ignored) for each seed in int64[N]; return the first
-        `num_tokens` of them (the counts cover the whole request). The N requests of one call run
+        """Return the first `num_tokens` tokens of a request of `max_tokens` tokens (EOS ignored)
+        for each seed in int64[N]. A request may stop once it has them; the counts cover the rounds
+        it ran (at least those that emitted its `num_tokens` tokens). The N requests of one call run
         together, row r in batch slot r (sequence protocols pair rows of one call). `group.draft`
         (a sequence protocol's group; absent elsewhere, meaning "own") names the draft to run."""
 

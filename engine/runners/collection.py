@@ -16,6 +16,10 @@ prompt, sampling, seed, T), never on the batch or the padding, wherever the logi
 not depend on the batch (tests/engine/runners/test_collection.py checks both on the CPU, the GPU
 tests on CUDA).
 
+A caller that reads only the first n tokens of each request passes `stop_after=n`: a row then
+stops once it has them (rounds keep the length budget of `max_tokens`, so their drafts are as long
+as in the full run), and the batch ends when every row has, often several rounds sooner.
+
 What it does not exercise: the scheduler, the prefill-and-decode steps of mixed batches, and the
 asynchronous timeline (rounds in flight, frontier slots, host collection). In this path the sync
 and async groups of a protocol run the same device round; `LLM.generate` remains the path that
@@ -101,7 +105,8 @@ class BatchState:
     counts: torch.Tensor  # int64[3, B] rounds, drafts, accepted
     rows: SamplingRows  # per-row params and seeds (num_committed is set per round)
     plan: RoundPlan | None  # speculative modes: K drafts per row, cut back per round
-    max_tokens: int
+    max_tokens: int  # the length budget of K_r = min(K, max_tokens - generated - 1)
+    stop_after: int  # a row is done once it has this many tokens (<= max_tokens)
 
     @property
     def size(self) -> int:
@@ -135,11 +140,18 @@ class BatchCollector:
         return f"{captured} batch shape(s) captured as CUDA Graphs"
 
     def collect(self, prompt: list[int], params: SamplingParams, seeds,
-                max_tokens: int, batch_size: int | None = None) -> CollectedBatch:
+                max_tokens: int, batch_size: int | None = None, stop_after: int | None = None) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
         top-k and top-p (its seed and stop settings are not used); `seeds` is a list of ints or an
         int64 array. `batch_size` (>= len(seeds)) pads the batch to a fixed shape, so partial
-        batches replay the same graph."""
+        batches replay the same graph.
+
+        `stop_after` (1..max_tokens, default max_tokens): a request stops once it has that many
+        tokens, and the batch once all have; the result then holds `stop_after` columns. They are
+        the first `stop_after` tokens of the full run, with the same sources, rounds and positions:
+        a round depends only on the rounds before it, and every round's draft limit K_r is still
+        computed from `max_tokens`. The counts cover the rounds run, up
+        to the one that emitted token `stop_after` (it may have emitted more)."""
         engine = self.engine
         if engine.has_unfinished():
             raise RuntimeError("batched collection needs an idle engine (requests are live)")
@@ -148,6 +160,9 @@ class BatchCollector:
         if len(prompt) + max_tokens > engine.config.max_model_len:
             raise ValueError(f"max_tokens={max_tokens} is invalid: prompt ({len(prompt)}) + max_tokens "
                              f"exceeds max_model_len={engine.config.max_model_len}")
+        stop_after = max_tokens if stop_after is None else stop_after
+        if not 1 <= stop_after <= max_tokens:
+            raise ValueError(f"stop_after={stop_after} is invalid: it must be in 1..max_tokens ({max_tokens})")
         num_blocks = -(-(len(prompt) + max_tokens + self.k + 1) // engine.kv.layout.block_size)
         blocks = engine.scheduler.blocks
         needed = self.runner.model.num_depths * size * num_blocks
@@ -160,15 +175,16 @@ class BatchCollector:
             ids_array = np.asarray(ids, dtype=np.int64)  # one conversion of the list, for both uses
             engine.kv.zero_blocks(ids_array)
             with torch.inference_mode():
-                return self._run(prompt, params, seeds, count, size, max_tokens, num_blocks, ids_array)
+                return self._run(prompt, params, seeds, count, size, (max_tokens, stop_after), num_blocks,
+                                 ids_array)
         finally:
             blocks.give_back(ids, needed)
 
-    def _run(self, prompt, params, seeds, count, size, max_tokens, num_blocks, ids) -> CollectedBatch:
+    def _run(self, prompt, params, seeds, count, size, lengths, num_blocks, ids) -> CollectedBatch:
         depths = self.runner.model.num_depths
         tables = torch.from_numpy(ids).view(depths, size, num_blocks).to(self.device)
         self._prefill(prompt, params, tables)
-        state, graph = self._state(size, num_blocks, max_tokens)
+        state, graph = self._state(size, num_blocks, *lengths)
         self._reset(state, tables, prompt, params, seeds, count)
         self._loop(state, graph)
         return self._read(state, count)
@@ -200,10 +216,10 @@ class BatchCollector:
             rows = blocks.view(depths, 1, used, *blocks.shape[1:]).expand(depths, count, used, *blocks.shape[1:])
             pool.index_copy_(0, target, rows.reshape(-1, *blocks.shape[1:]))
 
-    def _state(self, size: int, num_blocks: int, max_tokens: int):
-        key = (size, num_blocks, max_tokens)
+    def _state(self, size: int, num_blocks: int, max_tokens: int, stop_after: int):
+        key = (size, num_blocks, max_tokens, stop_after)
         if key not in self._shapes:
-            state = self._new_state(size, num_blocks, max_tokens)
+            state = self._new_state(size, num_blocks, max_tokens, stop_after)
             graph = None
             if self.capture and self.disabled_reason is None:
                 try:
@@ -213,7 +229,7 @@ class BatchCollector:
             self._shapes[key] = (state, graph)
         return self._shapes[key]
 
-    def _new_state(self, size: int, num_blocks: int, max_tokens: int) -> BatchState:
+    def _new_state(self, size: int, num_blocks: int, max_tokens: int, stop_after: int) -> BatchState:
         device, depths = self.device, self.runner.model.num_depths
 
         def zeros(*shape, dtype=torch.int64):
@@ -226,7 +242,8 @@ class BatchCollector:
         return BatchState(torch.full((depths, size, num_blocks), scratch, dtype=torch.int64, device=device),
                           zeros(size), zeros(size), zeros(size), torch.ones(size, dtype=torch.bool, device=device),
                           zeros(size, dtype=torch.bool), zeros(size, width), zeros(size, width),
-                          zeros(size, width), zeros(size, width), zeros(3, size), rows, plan, max_tokens)
+                          zeros(size, width), zeros(size, width), zeros(3, size), rows, plan, max_tokens,
+                          stop_after)
 
     def _reset(self, state: BatchState, tables, prompt, params: SamplingParams, seeds, count: int) -> None:
         """Load a batch into the static state: rows past `count` are padding (done from the start)."""
@@ -254,11 +271,11 @@ class BatchCollector:
         rows.seeds.copy_(to_device(padded, torch.int64, self.device))
 
     def _loop(self, state: BatchState, graph) -> None:
-        """Rounds until every row is done: at least ceil(T / (K + 1)), at most T (each round
-        emits >= 1 token per live row or ends it with an error); the host reads `done` once per
-        round only after the minimum."""
-        least = -(-state.max_tokens // (self.k + 1))
-        for number in range(1, state.max_tokens + 1):
+        """Rounds until every row is done: at least ceil(S / (K + 1)), at most S, S = `stop_after`
+        (each round emits >= 1 token per live row or ends it with an error); the host reads `done`
+        once per round only after the minimum."""
+        least = -(-state.stop_after // (self.k + 1))
+        for number in range(1, state.stop_after + 1):
             if graph is not None:
                 graph.replay()
             else:
@@ -293,7 +310,7 @@ class BatchCollector:
         state.starts.add_(torch.where(moves, emitted, 0))
         state.generated.add_(torch.where(moves, emitted, 0))
         state.error.logical_or_(live & error)
-        state.done.logical_or_(state.error | (state.generated >= state.max_tokens))
+        state.done.logical_or_(state.error | (state.generated >= state.stop_after))
 
     def _record(self, state: BatchState, live, tokens, accepted, emitted, limit) -> None:
         """Write each live row's emitted tokens and sources at its next columns; count the round."""
@@ -328,7 +345,7 @@ class BatchCollector:
 
     def _read(self, state: BatchState, count: int) -> CollectedBatch:
         """The batch's one host read (copies: the state is reused by the next batch)."""
-        width = state.max_tokens
+        width = state.stop_after
         tokens, sources, rounds, positions, counts, error = (t.cpu().numpy().copy() for t in (
             state.tokens[:count, :width], state.sources[:count, :width], state.round_index[:count, :width],
             state.round_position[:count, :width], state.counts[:, :count], state.error[:count]))

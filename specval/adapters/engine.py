@@ -169,7 +169,7 @@ class EngineSUT(SUT):
                                 max_tokens=max_tokens, ignore_eos=True)
         try:
             out = self._collectors[key].collect(list(prompt_ids), params, np.asarray(seeds, dtype=np.int64), max_tokens,
-                                                batch_size=self._batch_size)
+                                                batch_size=self._batch_size, stop_after=num_tokens)
         except ValueError as err:
             raise SUTError(f"group {group.name!r}: {err}") from err
         if out.is_error.any():

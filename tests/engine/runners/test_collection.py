@@ -95,6 +95,35 @@ def test_a_kept_prompt_prefill_gives_the_rows_of_a_fresh_one(monkeypatch):
     assert not np.array_equal(other.tokens, fresh[0])
 
 
+def counts_through(full, n: int, k: int) -> np.ndarray:
+    """[B, 3] rounds, drafts, accepted of the rounds of a full run (its provenance) up to the one
+    that emitted token n. Drafts are K a round: the rounds before token n keep their whole K when
+    max_tokens >= n + K (K_r = min(K, max_tokens - generated - 1), generated <= n - 1)."""
+    rounds = full.round_index[:, n - 1] + 1
+    accepted = ((full.round_index < rounds[:, None]) & (full.source_names() == "accepted")).sum(axis=1)
+    return np.stack([rounds, k * rounds, accepted], axis=1)
+
+
+@pytest.mark.parametrize("name", ["nospec", "sync_d1", "async_d1"])
+def test_stopping_after_n_tokens_gives_the_full_runs_first_n_and_the_rounds_that_made_them(name):
+    """`stop_after=n`: the first n columns of the full run (tokens, sources, rounds, positions), the
+    counts of the rounds up to the one that emitted token n, and fewer rounds in all."""
+    collector = BatchCollector(make_llm(name).engine)
+    params = SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True)
+    seeds = list(range(40))  # enough rows that some need a second round for token 2 and more for token 5
+    full = collector.collect(PROMPT, params, seeds, MAX_TOKENS)
+    n, k = 2, 0 if name == "nospec" else collector.k
+    assert MAX_TOKENS >= n + k  # the headroom counts_through relies on
+    stopped = collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=n)
+    for column in ("tokens", "sources", "round_index", "round_position"):
+        np.testing.assert_array_equal(getattr(stopped, column), getattr(full, column)[:, :n])
+    counts = np.stack([stopped.num_rounds, stopped.num_draft_tokens, stopped.num_accepted_tokens], axis=1)
+    np.testing.assert_array_equal(counts, counts_through(full, n, k))
+    assert stopped.num_rounds.sum() < full.num_rounds.sum()  # rows stopped sooner
+    with pytest.raises(ValueError, match="stop_after=6"):
+        collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=MAX_TOKENS + 1)
+
+
 def test_batched_collection_returns_its_blocks_and_refuses_a_busy_engine():
     llm = make_llm("sync_d1")
     blocks = llm.engine.scheduler.blocks
@@ -139,7 +168,9 @@ def test_batched_collection_names_num_kv_blocks_when_the_batch_does_not_fit():
 
 
 def test_engine_sut_batched_collection_equals_engine_collection():
-    """The specval adapter with `collection: batched` returns the SampleBatch of the default path."""
+    """The specval adapter with `collection: batched` returns the tokens and sources of the default
+    path; it stops each request after the tested tokens, so its counts are those of the rounds up
+    to the one that emitted the last tested token."""
     from specval.protocol import GroupSpec, SamplingSpec, SutSpec
     from specval.engine_sut import EngineSUT
 
@@ -150,13 +181,19 @@ def test_engine_sut_batched_collection_equals_engine_collection():
         spec = SutSpec(adapter="engine", model="looped", options=(("collection", collection),))
         sut = EngineSUT(spec, 3)
         batches.append(sut.sample(group, PROMPT, sampling, np.array(SEEDS), 2, MAX_TOKENS))
+        if collection == "batched":  # the same requests run to MAX_TOKENS, with their provenance
+            full = BatchCollector(sut._group_llm(group).engine).collect(
+                PROMPT, SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True), SEEDS, MAX_TOKENS)
         facts = sut.describe()
         # the manifest says how the batched rounds ran (no graphs on the CPU), and nothing otherwise
         assert facts.get("collection") == ({"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"}
                                            if collection == "batched" else None)
         sut.close()
-    for name in ("tokens", "sources", "num_rounds", "num_draft_tokens", "num_accepted_tokens"):
+    for name in ("tokens", "sources"):
         np.testing.assert_array_equal(getattr(batches[1], name), getattr(batches[0], name))
+    np.testing.assert_array_equal(full.tokens[:, :2], batches[0].tokens)
+    counts = np.stack([batches[1].num_rounds, batches[1].num_draft_tokens, batches[1].num_accepted_tokens], axis=1)
+    np.testing.assert_array_equal(counts, counts_through(full, 2, 3))
 
 
 # ---------------------------------------------------------------- long sequences, provenance, K up to 8

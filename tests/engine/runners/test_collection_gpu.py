@@ -91,6 +91,6 @@ def test_planned_batches_run_the_probe_as_the_planned_rows_with_its_tokens():
             sut.plan_batches(plan)
         batches.append(sut.sample(group, prompt, sampling, seeds, MAX_TOKENS, MAX_TOKENS))
         (collector,) = sut._collectors.values()
-        assert [size for size, _, _ in collector._shapes] == [plan or len(seeds)]
+        assert [key[0] for key in collector._shapes] == [plan or len(seeds)]  # (rows, blocks, lengths)
         sut.close()
     assert np.array_equal(batches[0].tokens, batches[1].tokens)
