@@ -55,9 +55,10 @@ class PagedKVCache:
         self.value = tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layout.num_layers))
 
     def zero_blocks(self, blocks) -> None:
-        """Clear freshly allocated blocks (a list of ids, or an int64 array) in every layer."""
+        """Clear freshly allocated blocks (a list of ids, an int64 array, or an int64 tensor on the
+        pools' device) in every layer."""
         if len(blocks):
-            index = to_device(blocks, torch.int64, self.key[0].device)
+            index = blocks if isinstance(blocks, torch.Tensor) else to_device(blocks, torch.int64, self.key[0].device)
             for pool in self.key + self.value:
                 pool.index_fill_(0, index, 0)
 

@@ -128,6 +128,7 @@ class BatchCollector:
         self._pool = None
         self._num_batches = 0
         self._prompt_kv: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # prompt -> its prefilled blocks
+        self._ids: tuple[np.ndarray, torch.Tensor] | None = None  # the last batch's block ids, host and device
 
     @property
     def graph_status(self) -> str:
@@ -172,17 +173,24 @@ class BatchCollector:
         blocks.reserve(needed)
         ids = blocks.take(needed)
         try:
-            ids_array = np.asarray(ids, dtype=np.int64)  # one conversion of the list, for both uses
-            engine.kv.zero_blocks(ids_array)
+            index = self._device_ids(np.asarray(ids, dtype=np.int64))
+            engine.kv.zero_blocks(index)
             with torch.inference_mode():
-                return self._run(prompt, params, seeds, count, size, (max_tokens, stop_after), num_blocks,
-                                 ids_array)
+                return self._run(prompt, params, seeds, count, size, (max_tokens, stop_after), num_blocks, index)
         finally:
             blocks.give_back(ids, needed)
 
-    def _run(self, prompt, params, seeds, count, size, lengths, num_blocks, ids) -> CollectedBatch:
+    def _device_ids(self, ids: np.ndarray) -> torch.Tensor:
+        """The batch's block ids as a device tensor (never written to). The block manager hands a
+        batch the blocks, in the order, that the batch before it gave back, so the previous
+        batch's tensor is reused when the ids are equal: most batches copy nothing to the device."""
+        if self._ids is None or not np.array_equal(self._ids[0], ids):
+            self._ids = (ids, to_device(ids, torch.int64, self.device))
+        return self._ids[1]
+
+    def _run(self, prompt, params, seeds, count, size, lengths, num_blocks, ids: torch.Tensor) -> CollectedBatch:
         depths = self.runner.model.num_depths
-        tables = torch.from_numpy(ids).view(depths, size, num_blocks).to(self.device)
+        tables = ids.view(depths, size, num_blocks)
         self._prefill(prompt, params, tables)
         state, graph = self._state(size, num_blocks, *lengths)
         self._reset(state, tables, prompt, params, seeds, count)

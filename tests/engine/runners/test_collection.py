@@ -124,6 +124,25 @@ def test_stopping_after_n_tokens_gives_the_full_runs_first_n_and_the_rounds_that
         collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=MAX_TOKENS + 1)
 
 
+def test_a_batch_reuses_the_device_block_ids_only_when_they_are_the_same():
+    """The block manager gives a batch the blocks the one before gave back: their device tensor
+    is reused; once other blocks are held, the batch's own ids are copied (and the rows stay)."""
+    collector = BatchCollector(make_llm("sync_d1").engine)
+    blocks = collector.engine.scheduler.blocks
+    first = collected(collector, RANDOM)
+    ids = collector._ids[1]
+    again = collected(collector, RANDOM)
+    assert collector._ids[1] is ids
+    held = blocks.take(3)  # the next batch gets other blocks
+    moved = collected(collector, RANDOM)
+    blocks.give_back(held, 0)
+    assert collector._ids[1] is not ids and not set(held) & set(collector._ids[1].tolist())
+    np.testing.assert_array_equal(collector._ids[1].numpy(), collector._ids[0])
+    for want, *have in zip(first, again, moved):
+        for rows in have:
+            np.testing.assert_array_equal(rows, want)
+
+
 def test_batched_collection_returns_its_blocks_and_refuses_a_busy_engine():
     llm = make_llm("sync_d1")
     blocks = llm.engine.scheduler.blocks
