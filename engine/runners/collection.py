@@ -151,8 +151,8 @@ class BatchCollector:
         tokens, and the batch once all have; the result then holds `stop_after` columns. They are
         the first `stop_after` tokens of the full run, with the same sources, rounds and positions:
         a round depends only on the rounds before it, and every round's draft limit K_r is still
-        computed from `max_tokens`. The counts cover the rounds run, up
-        to the one that emitted token `stop_after` (it may have emitted more)."""
+        computed from `max_tokens`. The counts cover the rounds run, up to the one that emitted
+        token `stop_after` (it may have emitted more)."""
         engine = self.engine
         if engine.has_unfinished():
             raise RuntimeError("batched collection needs an idle engine (requests are live)")

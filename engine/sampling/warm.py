@@ -53,7 +53,7 @@ def warm_round(vocab: int, batch_rows: int, num_speculative_tokens: int, device:
         requests += [uniform_blocks_warmup(2 * k + 1),
                      *(accept_warmup(batch_rows * k, vocab, k, has_limit) for has_limit in (False, True))]
     return started + sum(WARMUPS.start(("round", request[0], request[1], tuple(sorted(request[3].items()))),
-                                       [request], device) for request in requests)
+                                       [request], device, waited=False) for request in requests)
 
 
 def cancel_warmups() -> int:

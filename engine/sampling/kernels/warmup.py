@@ -46,21 +46,26 @@ class Warmups:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._pending: dict[tuple, list[Future]] = {}
+        self._pending: dict[tuple, list[Future]] = {}  # plans whose first call waits (`wait`)
+        self._unwaited: dict[tuple, list[Future]] = {}  # kernels no call waits for (kept for dedup)
         self._pool: ThreadPoolExecutor | None = None
 
     def __bool__(self) -> bool:
-        """True while some plan's warm-up has not been waited for (one dict read)."""
+        """True while some plan's warm-up has not been waited for (one dict read); warm-ups no
+        call waits for do not count, so the probabilities calls skip the check once their plans
+        are ready."""
         return bool(self._pending)
 
-    def start(self, key, requests, device: torch.device) -> int:
+    def start(self, key, requests, device: torch.device, waited: bool = True) -> int:
         """Compile each request (kernel, arguments, grid, options: what `JITFunction.warmup`
         takes, tensors as dtypes) on CUDA `device` (the current one where it has no index) in
-        the background, under `key`; the number started (0 if `key` is already warming)."""
+        the background, under `key`; the number started (0 if `key` was started before and,
+        when `waited`, not waited for yet). `waited=False`: no call will `wait` for `key`."""
         if device.index is None:
             device = torch.device(device.type, torch.cuda.current_device())
+        registry = self._pending if waited else self._unwaited
         with self._lock:
-            if key in self._pending:
+            if key in registry:
                 return 0
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(min(MAX_THREADS, os.cpu_count() or 1),
@@ -69,7 +74,7 @@ class Warmups:
             for kernel, arguments, grid, options in requests:
                 _ = kernel.device_caches[device.index]  # created here, not in a race
                 futures.append(self._pool.submit(_compile, kernel, arguments, grid, options, device))
-            self._pending[key] = futures
+            registry[key] = futures
             return len(futures)
 
     def start_plan(self, plan: "LaunchPlan", logits_dtype: torch.dtype, top_k_dtype: torch.dtype,
@@ -102,10 +107,12 @@ class Warmups:
         wait_for(self._take_all())
 
     def _take_all(self) -> list[Future]:
-        """Every pending future; the registry is then empty."""
+        """Every future started, waited for or not; both registries are then empty."""
         with self._lock:
-            futures = [future for started in self._pending.values() for future in started]
+            futures = [future for registry in (self._pending, self._unwaited)
+                       for started in registry.values() for future in started]
             self._pending.clear()
+            self._unwaited.clear()
         return futures
 
 

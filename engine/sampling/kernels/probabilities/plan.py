@@ -23,8 +23,8 @@ from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, MIN_KE
                                                           wide_k_limit)
 from engine.sampling.kernels.probabilities.select import _select_kernel
 from engine.sampling.kernels.probabilities.single_launch import _single_kernel
-from engine.sampling.kernels.warmup import WARMUPS
 from engine.sampling.kernels.probabilities.write import _write_kernel
+from engine.sampling.kernels.warmup import WARMUPS
 from engine.sampling.scratch import Scratch, ScratchCache
 
 

@@ -131,3 +131,20 @@ def test_closing_drops_the_warmups_not_started_and_lets_running_ones_finish():
     assert dropped >= 2 and not warmups
     time.sleep(0.5)  # past every running compile
     assert sum(k.finished.is_set() for k in kernels) == len(kernels) - dropped
+
+
+def test_warmups_no_call_waits_for_leave_the_calls_check_off_and_start_once():
+    """`waited=False` (the round's Philox, draw and accept kernels): the registry stays falsy, so
+    the probabilities calls skip their check; the same key starts once; `wait_all` still waits
+    for it and `cancel` still reaches it."""
+    warmups = Warmups()
+    device = torch.device("cuda", 0)
+    kernel = StandInKernel("round", delay_s=0.2)
+    assert warmups.start("round", [(kernel, (), (1,), {})], device, waited=False) == 1
+    assert not warmups
+    assert warmups.start("round", [(kernel, (), (1,), {})], device, waited=False) == 0
+    warmups.wait_all()
+    assert kernel.finished.is_set() and len(kernel.warmups) == 1
+    assert warmups.start("round", [(kernel, (), (1,), {})], device, waited=False) == 1  # forgotten by wait_all
+    warmups.wait_all()
+
