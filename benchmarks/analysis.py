@@ -2,8 +2,8 @@
 
 Builds a synthetic t2_fp32-shaped run: five groups of N samples (default 160,000), positions 2,
 a vocabulary of 152,064 with top-k 20 truncation (so ~20 strata of t1, each with ~20 tokens),
-drawn from an exact float64 reference (`specval.calibrate.exact_counts`), and times
-`specval.verdict.evaluate` (validity criteria, 5 t1 + 5 t2 GOF, 4 homogeneity and 4 by-path
+drawn from an exact float64 reference (`specval.distribution.calibrate.exact_counts`), and times
+`specval.distribution.verdict.evaluate` (validity criteria, 5 t1 + 5 t2 GOF, 4 homogeneity and 4 by-path
 criteria with Monte Carlo p-values, Holm). Rows: the correct sampler, and the same run with one
 group's t2 drawn from a perturbed law (its criteria FAIL, which costs the full Monte Carlo budget
 of num_draws(level) draws each). Wall times are single runs after one warm-up, in seconds.
@@ -19,11 +19,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from specval.calibrate import exact_counts
-from specval.protocol import parse_protocol
-from specval.reference import Reference, transform
-from specval.protocol import SamplingSpec
-from specval.verdict import FAIL, evaluate
+from specval.distribution.calibrate import exact_counts
+from specval.distribution.reference import Reference, transform
+from specval.distribution.verdict import FAIL, evaluate
+from specval.protocol import SamplingSpec, parse_protocol
 
 GROUPS = ("nospec", "sync", "sync_d1", "async", "async_d1")
 TOP_K = 20
@@ -31,16 +30,33 @@ PERTURBED_GROUP = "sync"
 
 
 def _protocol(samples: int):
-    tests = [{"kind": "gof", "position": 1, "role": "control"},
-             {"kind": "gof", "position": 2, "role": "control", "groups": ["nospec"]},
-             {"kind": "gof", "position": 2, "role": "primary", "groups": list(GROUPS[1:])},
-             {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"},
-             {"kind": "gof", "position": 2, "role": "secondary", "groups": list(GROUPS[1:]), "by_path": True}]
-    groups = [{"name": g, "mode": "nospec" if g == "nospec" else g.split("_")[0],
-               **({} if g == "nospec" else {"draft_loops": 1 if g.endswith("d1") else 2})} for g in GROUPS]
-    return parse_protocol({"name": "bench_analysis", "prompt": "x", "sampling": {"temperature": 1.0, "top_k": TOP_K},
-                           "num_speculative_tokens": 3, "positions": 2, "groups": groups,
-                           "samples_per_group": samples, "tests": tests})
+    tests = [
+        {"kind": "gof", "position": 1, "role": "control"},
+        {"kind": "gof", "position": 2, "role": "control", "groups": ["nospec"]},
+        {"kind": "gof", "position": 2, "role": "primary", "groups": list(GROUPS[1:])},
+        {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"},
+        {"kind": "gof", "position": 2, "role": "secondary", "groups": list(GROUPS[1:]), "by_path": True},
+    ]
+    groups = [
+        {
+            "name": g,
+            "mode": "nospec" if g == "nospec" else g.split("_")[0],
+            **({} if g == "nospec" else {"draft_loops": 1 if g.endswith("d1") else 2}),
+        }
+        for g in GROUPS
+    ]
+    return parse_protocol(
+        {
+            "name": "bench_analysis",
+            "prompt": "x",
+            "sampling": {"temperature": 1.0, "top_k": TOP_K},
+            "num_speculative_tokens": 3,
+            "positions": 2,
+            "groups": groups,
+            "samples_per_group": samples,
+            "tests": tests,
+        }
+    )
 
 
 def _reference(vocab: int, rng: np.random.Generator) -> Reference:
@@ -56,15 +72,31 @@ def _frame(reference: Reference, samples: int, rng: np.random.Generator, perturb
     frames = []
     for g, group in enumerate(GROUPS):
         tree = exact_counts(reference, 2, samples, rng)
-        pairs = [(prefix[0], token, count) for prefix, counts in tree.items() if prefix
-                 for token, count in zip(np.flatnonzero(counts), counts[counts > 0])]
+        pairs = [
+            (prefix[0], token, count)
+            for prefix, counts in tree.items()
+            if prefix
+            for token, count in zip(np.flatnonzero(counts), counts[counts > 0])
+        ]
         t1 = np.repeat([p[0] for p in pairs], [p[2] for p in pairs])
         t2 = np.repeat([p[1] for p in pairs], [p[2] for p in pairs])
         if perturbed and group == PERTURBED_GROUP:
             t2 = np.where(rng.random(t2.size) < 0.05, t2.max(), t2)  # 5% of t2 moved to one token
-        frames.append(pd.DataFrame({"seed": np.arange(samples) + g * samples, "group": group, "t1": t1, "t2": t2,
-                                    "src1": "plain", "src2": "plain", "num_rounds": 0, "num_draft_tokens": 0,
-                                    "num_accepted_tokens": 0}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "seed": np.arange(samples) + g * samples,
+                    "group": group,
+                    "t1": t1,
+                    "t2": t2,
+                    "src1": "plain",
+                    "src2": "plain",
+                    "num_rounds": 0,
+                    "num_draft_tokens": 0,
+                    "num_accepted_tokens": 0,
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -76,7 +108,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     protocol, reference = _protocol(args.samples), _reference(args.vocab, rng)
     ranges = {g: (i * args.samples, (i + 1) * args.samples) for i, g in enumerate(GROUPS)}
-    print(f"| sampler | samples per group | vocab | criteria | FAILed | analysis s |")
+    print("| sampler | samples per group | vocab | criteria | FAILed | analysis s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for perturbed in (False, True):
         frame = _frame(reference, args.samples, rng, perturbed)

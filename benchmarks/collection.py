@@ -4,7 +4,7 @@
         [--samples 16384] [--groups nospec sync] [--set max_num_seqs=4096 ...]
         [--profile GROUP:BATCH ...] [--out table.md]
 
-Each (group, batch size) cell calls `sut.sample` exactly as `specval.collect` does (consecutive
+Each (group, batch size) cell calls `sut.sample` exactly as `specval.distribution.collect` does (consecutive
 seeds, the protocol's prompt, sampling, positions and max_tokens) until `--samples` samples are
 drawn, after one warm-up call of the same batch size (which compiles kernels and captures any
 graphs the measured calls use). samples/s = samples / wall time of the measured calls; the
@@ -70,8 +70,7 @@ def open_for(protocol, batch_size: int, overrides: dict):
     sut_probe = open_sut(protocol.sut, protocol.num_speculative_tokens)
     depths = sut_probe._any_llm().engine.model.num_depths
     sut_probe.close()
-    spec = replace(protocol.sut, options=tuple(sorted(engine_options(protocol, batch_size, depths,
-                                                                     overrides).items())))
+    spec = replace(protocol.sut, options=tuple(sorted(engine_options(protocol, batch_size, depths, overrides).items())))
     return open_sut(spec, protocol.num_speculative_tokens)
 
 
@@ -82,6 +81,7 @@ def sync_device() -> None:
 
 def run_cell(sut, protocol, prompt_ids, group, batch_size: int, num_samples: int, seed0: int = 0) -> float:
     """Wall seconds of sampling `num_samples` seeds in batches of `batch_size` (after a warm-up)."""
+
     def call(start, count):
         seeds = np.arange(start, start + count, dtype=np.int64)
         sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions, protocol.max_tokens(group))
@@ -110,8 +110,10 @@ def profile_cell(sut, protocol, prompt_ids, group, batch_size: int, num_samples:
     pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(PROFILE_TOP_HOST)
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     device = prof.key_averages().table(sort_by=sort, row_limit=PROFILE_TOP_DEVICE)
-    return (f"## profile {group.name} batch {batch_size}: {num_samples} samples, {wall:.3f} s under "
-            f"the profilers\n\n```\n{text.getvalue()}\n{device}\n```\n")
+    return (
+        f"## profile {group.name} batch {batch_size}: {num_samples} samples, {wall:.3f} s under "
+        f"the profilers\n\n```\n{text.getvalue()}\n{device}\n```\n"
+    )
 
 
 def main(argv=None) -> int:
@@ -127,9 +129,13 @@ def main(argv=None) -> int:
     protocol = load_protocol(args.protocol)
     overrides = dict((k, parse_value(v)) for k, v in (item.split("=", 1) for item in args.set))
     groups = [protocol.group(name) for name in args.groups] if args.groups else list(protocol.groups)
-    lines = [f"protocol {protocol.name}, device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, "
-             f"torch {torch.__version__}, python {platform.python_version()}, overrides {overrides}", "",
-             "| group | batch | samples | seconds | samples/s |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"protocol {protocol.name}, device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, "
+        f"torch {torch.__version__}, python {platform.python_version()}, overrides {overrides}",
+        "",
+        "| group | batch | samples | seconds | samples/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
     print("\n".join(lines), flush=True)
     profiles = []
     for batch_size in args.batch_sizes:

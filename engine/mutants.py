@@ -8,7 +8,7 @@ when the runner is built: no function is reassigned at run time.
 Vocabulary: p is the target distribution, q the draft distribution, x a draft token, u the
 round's uniforms (u_draft, u_accept, u_final; see engine.sampling.accept). "TV at t1" is the
 exact total-variation distance between the law of the first emitted token of a single-draft
-step and p; `specval.mutate` computes it for every mutant from the model's p and q at the
+step and p; `specval.distribution.mutate` computes it for every mutant from the model's p and q at the
 protocol's prompt (0 means the bug cannot show at t1; see `Mutant.visible_at`).
 `layer="harness"` marks a mutant planted in the harness, not in the engine (the seed
 collision: the seed ledger must refuse the run before any sampling).
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -89,12 +89,30 @@ def _draw_unnormalised(weights, u):
     return torch.where(weights.sum(dim=1) > 0, index, INVALID_ROW)
 
 
-def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft_probs, target_probs,
-                    uniforms, is_greedy, *, draft_limit=None, backend: str = "auto"):
+def _mutated_accept(
+    mutation: AcceptMutation,
+    draft_tokens,
+    cu_num_drafts,
+    draft_probs,
+    target_probs,
+    uniforms,
+    is_greedy,
+    *,
+    draft_limit=None,
+    backend: str = "auto",
+):
     """`speculative_accept` with one part of the rule replaced (torch, random rows only: greedy rows
     and rows the correct rule flags as errors keep the correct result)."""
-    real = speculative_accept(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
-                              draft_limit=draft_limit, backend=backend)
+    real = speculative_accept(
+        draft_tokens,
+        cu_num_drafts,
+        draft_probs,
+        target_probs,
+        uniforms,
+        is_greedy,
+        draft_limit=draft_limit,
+        backend=backend,
+    )
     num_requests, k = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     num_drafts, dev = draft_tokens.shape[0], uniforms.device
     start, count = cu_num_drafts[:-1].long(), cu_num_drafts[1:].long() - cu_num_drafts[:-1].long()
@@ -111,20 +129,26 @@ def _mutated_accept(mutation: AcceptMutation, draft_tokens, cu_num_drafts, draft
     q_all = draft_probs if num_drafts else target_probs.new_zeros(1, target_probs.shape[1])
     q_x = q_all[draft_row.clamp(max=safe - 1), x].double()
     p_x = target_probs[target_row.clamp(max=target_probs.shape[0] - 1), x].double()
-    u_accept = uniforms[:, k:2 * k]
+    u_accept = uniforms[:, k : 2 * k]
     if mutation.reuse_uniform:
         u_accept = u_accept[:, :1].expand(-1, k)
     accepted = (mutation.accept_rule or _correct_accept)(u_accept, q_x, p_x) & in_range
     num_accepted = torch.cumprod(accepted.long(), dim=1).sum(dim=1)  # [R]
     is_bonus = num_accepted == count
     stop_target = start + num_accepted + torch.arange(num_requests, device=dev)
-    stop_row = stop_target if mutation.verify_row is None else torch.where(
-        is_bonus, stop_target, mutation.verify_row(stop_target, num_accepted + 1))
+    stop_row = (
+        stop_target
+        if mutation.verify_row is None
+        else torch.where(is_bonus, stop_target, mutation.verify_row(stop_target, num_accepted + 1))
+    )
     p_stop = target_probs[stop_row].double()
     q_stop = q_all[(start + num_accepted).clamp(max=safe - 1)].double()
     residual = (mutation.residual or _correct_residual)(p_stop, q_stop)
-    bonus = p_stop if mutation.bonus_row is None else mutation.bonus_row(
-        target_probs.double(), q_all.double(), start, count, stop_target)
+    bonus = (
+        p_stop
+        if mutation.bonus_row is None
+        else mutation.bonus_row(target_probs.double(), q_all.double(), start, count, stop_target)
+    )
     final = mutation.draw(torch.where(is_bonus.unsqueeze(1), bonus, residual), uniforms[:, 2 * k])
     return _merge(real, x, num_accepted, final, is_greedy | (real.error != 0) | (final < 0))
 
@@ -137,8 +161,9 @@ def _merge(real, x, num_accepted, final, keep_real):
     tokens = torch.where(col < na, drafts, torch.where(col == na, final.unsqueeze(1), real.tokens))
     tokens = torch.where(col > na, real.tokens.new_full((), -1), tokens)
     keep = keep_real.unsqueeze(1)
-    return type(real)(torch.where(keep, real.tokens, tokens), torch.where(keep_real, real.num_accepted,
-                                                                          num_accepted), real.error)
+    return type(real)(
+        torch.where(keep, real.tokens, tokens), torch.where(keep_real, real.num_accepted, num_accepted), real.error
+    )
 
 
 def accept_op(mutation: AcceptMutation) -> Callable:
@@ -157,8 +182,9 @@ def _bonus_previous_position(p, q, start, count, stop_target):
 
 def _bonus_from_q(p, q, start, count, stop_target):
     """q_{K_r} (the last draft's distribution) instead of p_{K_r+1}."""
-    return torch.where((count > 0).unsqueeze(1), q[(start + count - 1).clamp(min=0, max=q.shape[0] - 1)],
-                       p[stop_target])
+    return torch.where(
+        (count > 0).unsqueeze(1), q[(start + count - 1).clamp(min=0, max=q.shape[0] - 1)], p[stop_target]
+    )
 
 
 def _row_before_from(first, rows, positions):
@@ -309,81 +335,188 @@ def _accept(**mutation) -> SamplingOps:
 
 
 MUTANTS: tuple[Mutant, ...] = (
-    Mutant("residual_from_p", "the correction after a rejection is drawn from p instead of max(p - q, 0)",
-           "t1", ops=_accept(residual=lambda p, q: p)),
-    Mutant("residual_unnormalised", "the correction's inverse CDF compares with u instead of u * total "
-           "(not renormalised; the overflow is clamped to the last positive token)", "t1",
-           ops=_accept(draw=_draw_unnormalised)),
-    Mutant("residual_abs", "the correction is drawn from |p - q| instead of max(p - q, 0)", "t1",
-           ops=_accept(residual=lambda p, q: (p - q).abs())),
-    Mutant("ratio_inverted", "accept iff u * p(x) < q(x) (the ratio q / p instead of p / q)", "t1",
-           ops=_accept(accept_rule=lambda u, q_x, p_x: u * p_x < q_x)),
-    Mutant("accept_le", "accept iff u * q(x) <= p(x): at u = 0 a token with p = 0 is accepted", "stop point",
-           ops=_accept(accept_rule=lambda u, q_x, p_x: u * q_x <= p_x)),
-    Mutant("uniform_reused", "one accept uniform is reused at every position of a round", "t2",
-           ops=_accept(reuse_uniform=True)),
-    Mutant("bonus_wrong_position", "the bonus token is drawn from p_K instead of p_{K+1}",
-           "t_{K+1} after K accepts", ops=_accept(bonus_row=_bonus_previous_position)),
-    Mutant("bonus_from_q", "the bonus token is drawn from the last draft's q instead of p_{K+1}",
-           "t_{K+1} after K accepts", ops=_accept(bonus_row=_bonus_from_q)),
-    Mutant("draft_filtered_ratio_raw", "drafts are sampled from the top-k/top-p filtered q, but the accept "
-           "ratio and the residual use the unfiltered q", "t1",
-           ops=_with(draft_probabilities=_draft_filtered_ratio_raw)),
-    Mutant("target_unfiltered", "top-k/top-p is applied to the draft but not to the target of the verify "
-           "rows", "t1", ops=_with(verify_probabilities=_verify_unfiltered)),
-    Mutant("temperature_twice", "the logits are divided by the temperature twice (every runner); "
-           "equivalent at temperature 1", "t1 when T != 1",
-           ops=_with(probabilities=_temperature_twice, verify_probabilities=_temperature_twice,
-                     draft_probabilities=_draft_temperature_twice)),
-    Mutant("argmax_draft", "the draft token is argmax q, but the accept rule treats it as a sample of q",
-           "t1", ops=_with(draw_draft=_draw_argmax)),
-    Mutant("top_k_ties_dropped", "top-k keeps exactly k tokens, dropping ties at the k-th value "
-           "(every runner)", "t1 when the k-th value is tied",
-           ops=_with(probabilities=_top_k_ties_dropped, verify_probabilities=_top_k_ties_dropped,
-                     draft_probabilities=lambda lg, r, b: (_top_k_ties_dropped(lg, r, b),) * 2)),
-    Mutant("top_p_boundary_excluded", "top-p drops the token that crosses p (every runner)",
-           "t1 when top_p < 1",
-           ops=_with(probabilities=_top_p_boundary_excluded, verify_probabilities=_top_p_boundary_excluded,
-                     draft_probabilities=lambda lg, r, b: (_top_p_boundary_excluded(lg, r, b),) * 2)),
-    Mutant("float32_cdf", "plain and draft draws use a float32 CDF (steps of 2**-24 of the total)",
-           "t1, by at most ~V * 2**-24", ops=_with(draw_plain=_draw_float32_cdf, draw_draft=_draw_float32_cdf)),
-    Mutant("seed_collision", "every group of a run gets the same seed range", "the seed ledger (refused "
-           "before sampling)", layer=HARNESS_LAYER),
-    Mutant("accept_by_division", "accept iff u < p(x) / q(x): the same rule up to float rounding",
-           "nowhere (equivalent)", equivalent=True,
-           ops=_accept(accept_rule=lambda u, q_x, p_x: u < p_x / q_x)),
+    Mutant(
+        "residual_from_p",
+        "the correction after a rejection is drawn from p instead of max(p - q, 0)",
+        "t1",
+        ops=_accept(residual=lambda p, q: p),
+    ),
+    Mutant(
+        "residual_unnormalised",
+        "the correction's inverse CDF compares with u instead of u * total "
+        "(not renormalised; the overflow is clamped to the last positive token)",
+        "t1",
+        ops=_accept(draw=_draw_unnormalised),
+    ),
+    Mutant(
+        "residual_abs",
+        "the correction is drawn from |p - q| instead of max(p - q, 0)",
+        "t1",
+        ops=_accept(residual=lambda p, q: (p - q).abs()),
+    ),
+    Mutant(
+        "ratio_inverted",
+        "accept iff u * p(x) < q(x) (the ratio q / p instead of p / q)",
+        "t1",
+        ops=_accept(accept_rule=lambda u, q_x, p_x: u * p_x < q_x),
+    ),
+    Mutant(
+        "accept_le",
+        "accept iff u * q(x) <= p(x): at u = 0 a token with p = 0 is accepted",
+        "stop point",
+        ops=_accept(accept_rule=lambda u, q_x, p_x: u * q_x <= p_x),
+    ),
+    Mutant(
+        "uniform_reused",
+        "one accept uniform is reused at every position of a round",
+        "t2",
+        ops=_accept(reuse_uniform=True),
+    ),
+    Mutant(
+        "bonus_wrong_position",
+        "the bonus token is drawn from p_K instead of p_{K+1}",
+        "t_{K+1} after K accepts",
+        ops=_accept(bonus_row=_bonus_previous_position),
+    ),
+    Mutant(
+        "bonus_from_q",
+        "the bonus token is drawn from the last draft's q instead of p_{K+1}",
+        "t_{K+1} after K accepts",
+        ops=_accept(bonus_row=_bonus_from_q),
+    ),
+    Mutant(
+        "draft_filtered_ratio_raw",
+        "drafts are sampled from the top-k/top-p filtered q, but the accept "
+        "ratio and the residual use the unfiltered q",
+        "t1",
+        ops=_with(draft_probabilities=_draft_filtered_ratio_raw),
+    ),
+    Mutant(
+        "target_unfiltered",
+        "top-k/top-p is applied to the draft but not to the target of the verify rows",
+        "t1",
+        ops=_with(verify_probabilities=_verify_unfiltered),
+    ),
+    Mutant(
+        "temperature_twice",
+        "the logits are divided by the temperature twice (every runner); equivalent at temperature 1",
+        "t1 when T != 1",
+        ops=_with(
+            probabilities=_temperature_twice,
+            verify_probabilities=_temperature_twice,
+            draft_probabilities=_draft_temperature_twice,
+        ),
+    ),
+    Mutant(
+        "argmax_draft",
+        "the draft token is argmax q, but the accept rule treats it as a sample of q",
+        "t1",
+        ops=_with(draw_draft=_draw_argmax),
+    ),
+    Mutant(
+        "top_k_ties_dropped",
+        "top-k keeps exactly k tokens, dropping ties at the k-th value (every runner)",
+        "t1 when the k-th value is tied",
+        ops=_with(
+            probabilities=_top_k_ties_dropped,
+            verify_probabilities=_top_k_ties_dropped,
+            draft_probabilities=lambda lg, r, b: (_top_k_ties_dropped(lg, r, b),) * 2,
+        ),
+    ),
+    Mutant(
+        "top_p_boundary_excluded",
+        "top-p drops the token that crosses p (every runner)",
+        "t1 when top_p < 1",
+        ops=_with(
+            probabilities=_top_p_boundary_excluded,
+            verify_probabilities=_top_p_boundary_excluded,
+            draft_probabilities=lambda lg, r, b: (_top_p_boundary_excluded(lg, r, b),) * 2,
+        ),
+    ),
+    Mutant(
+        "float32_cdf",
+        "plain and draft draws use a float32 CDF (steps of 2**-24 of the total)",
+        "t1, by at most ~V * 2**-24",
+        ops=_with(draw_plain=_draw_float32_cdf, draw_draft=_draw_float32_cdf),
+    ),
+    Mutant(
+        "seed_collision",
+        "every group of a run gets the same seed range",
+        "the seed ledger (refused before sampling)",
+        layer=HARNESS_LAYER,
+    ),
+    Mutant(
+        "accept_by_division",
+        "accept iff u < p(x) / q(x): the same rule up to float rounding",
+        "nowhere (equivalent)",
+        equivalent=True,
+        ops=_accept(accept_rule=lambda u, q_x, p_x: u < p_x / q_x),
+    ),
 )
 SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
-    Mutant("correlated_streams", "two requests with distinct seeds in one step draw antithetic uniforms "
-           "(the odd row uses 1 - u of the even row's block); each request's own law stays exact",
-           "pairs of requests (adjacent rows of one step)", ops=_with(uniforms=_antithetic_pairs),
-           needs=NEEDS_PAIRS),
-    Mutant("wrong_row_late_draft", "drafts at round position j >= 3 are verified against p_{j-1} "
-           "(accept test and correction); positions 1-2 and the bonus use the right rows",
-           "t3+ (round positions 3..K, K >= 3)",
-           ops=_accept(verify_row=functools.partial(_row_before_from, LATE_POSITION)), needs=NEEDS_SEQUENCE),
-    Mutant("wrong_row_deep_draft", f"drafts at round position j >= {DEEP_POSITION} are verified against "
-           f"p_{{j-1}} (accept test and correction); earlier positions and the bonus use the right rows",
-           f"t{DEEP_POSITION}+ (round positions {DEEP_POSITION}..K, K >= {DEEP_POSITION}): no protocol "
-           f"with K < {DEEP_POSITION} can see it",
-           ops=_accept(verify_row=functools.partial(_row_before_from, DEEP_POSITION)), needs=NEEDS_SEQUENCE),
-    Mutant("frozen_offset", f"the RNG offset stops advancing after {FROZEN_AFTER} generated tokens: every "
-           f"later round reuses the block keyed at prompt + {FROZEN_AFTER} (every runner)",
-           f"token {FROZEN_AFTER + 2}+ (rounds that start after {FROZEN_AFTER} generated tokens)",
-           ops=_with(uniforms=_frozen_offset, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
-    Mutant("offset_overlap", "serial reuse: the RNG offset advances by the tokens a round emitted "
-           "(<= K + 1) instead of 2K + 1, so a round's first uniforms are the previous round's last "
-           "ones (speculative modes; nospec is unchanged)", "round 2+",
-           ops=_with(uniforms=_offset_by_emitted, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
-    Mutant("stale_context", f"past prompt + {STALE_AFTER} positions the target depths of the verify rows "
-           f"see a stale context: the keys of generated tokens {STALE_AFTER + 1}.. except the row's own "
-           "input are skipped (speculative modes)", f"token {STALE_AFTER + 3}+",
-           ops=_with(verify_context=_stale_context, reads_prompt_length=True), needs=NEEDS_SEQUENCE),
-    Mutant("greedy_step", "a step holding any greedy request samples every request greedily (an "
-           "all-greedy shortcut tested with any instead of all; every runner)",
-           "requests sharing a step with a greedy one",
-           ops=_with(probabilities=_greedy_step_probabilities, verify_probabilities=_greedy_step_probabilities,
-                     draft_probabilities=_greedy_step_draft_probabilities), needs=NEEDS_MIXED),
+    Mutant(
+        "correlated_streams",
+        "two requests with distinct seeds in one step draw antithetic uniforms "
+        "(the odd row uses 1 - u of the even row's block); each request's own law stays exact",
+        "pairs of requests (adjacent rows of one step)",
+        ops=_with(uniforms=_antithetic_pairs),
+        needs=NEEDS_PAIRS,
+    ),
+    Mutant(
+        "wrong_row_late_draft",
+        "drafts at round position j >= 3 are verified against p_{j-1} "
+        "(accept test and correction); positions 1-2 and the bonus use the right rows",
+        "t3+ (round positions 3..K, K >= 3)",
+        ops=_accept(verify_row=functools.partial(_row_before_from, LATE_POSITION)),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "wrong_row_deep_draft",
+        f"drafts at round position j >= {DEEP_POSITION} are verified against "
+        f"p_{{j-1}} (accept test and correction); earlier positions and the bonus use the right rows",
+        f"t{DEEP_POSITION}+ (round positions {DEEP_POSITION}..K, K >= {DEEP_POSITION}): no protocol "
+        f"with K < {DEEP_POSITION} can see it",
+        ops=_accept(verify_row=functools.partial(_row_before_from, DEEP_POSITION)),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "frozen_offset",
+        f"the RNG offset stops advancing after {FROZEN_AFTER} generated tokens: every "
+        f"later round reuses the block keyed at prompt + {FROZEN_AFTER} (every runner)",
+        f"token {FROZEN_AFTER + 2}+ (rounds that start after {FROZEN_AFTER} generated tokens)",
+        ops=_with(uniforms=_frozen_offset, reads_prompt_length=True),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "offset_overlap",
+        "serial reuse: the RNG offset advances by the tokens a round emitted "
+        "(<= K + 1) instead of 2K + 1, so a round's first uniforms are the previous round's last "
+        "ones (speculative modes; nospec is unchanged)",
+        "round 2+",
+        ops=_with(uniforms=_offset_by_emitted, reads_prompt_length=True),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "stale_context",
+        f"past prompt + {STALE_AFTER} positions the target depths of the verify rows "
+        f"see a stale context: the keys of generated tokens {STALE_AFTER + 1}.. except the row's own "
+        "input are skipped (speculative modes)",
+        f"token {STALE_AFTER + 3}+",
+        ops=_with(verify_context=_stale_context, reads_prompt_length=True),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "greedy_step",
+        "a step holding any greedy request samples every request greedily (an "
+        "all-greedy shortcut tested with any instead of all; every runner)",
+        "requests sharing a step with a greedy one",
+        ops=_with(
+            probabilities=_greedy_step_probabilities,
+            verify_probabilities=_greedy_step_probabilities,
+            draft_probabilities=_greedy_step_draft_probabilities,
+        ),
+        needs=NEEDS_MIXED,
+    ),
 )
 ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS
 MUTANT_NAMES = tuple(m.name for m in ALL_MUTANTS)

@@ -36,7 +36,6 @@ How far L itself is from p / T_p (float32 inputs do not have equal totals) is re
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 
@@ -146,8 +145,7 @@ def _sweep_rows(p: np.ndarray, q: np.ndarray, grid_size: int) -> SweepRows:
     tokens, u_accept, weights = (np.concatenate(column) for column in zip(*parts))
     return SweepRows(
         draft_tokens=tokens.astype(np.int64),
-        uniforms=np.column_stack([np.full(tokens.size, DRAFT_UNIFORM), u_accept,
-                                  np.tile(lattice, len(parts))]),
+        uniforms=np.column_stack([np.full(tokens.size, DRAFT_UNIFORM), u_accept, np.tile(lattice, len(parts))]),
         weights=weights,
     )
 
@@ -186,7 +184,11 @@ def exact_law(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def sweep_law(
-    p: np.ndarray, q: np.ndarray, accept_fn: AcceptFn, *, grid_size: int = GRID_SIZE,
+    p: np.ndarray,
+    q: np.ndarray,
+    accept_fn: AcceptFn,
+    *,
+    grid_size: int = GRID_SIZE,
 ) -> tuple[np.ndarray, float, int]:
     """(law [V] float64, error_mass, num_rows): token frequencies of `accept_fn` over the sweep.
 
@@ -215,8 +217,12 @@ def _evaluate(p: np.ndarray, q: np.ndarray, rows: SweepRows, accept_fn: AcceptFn
     outputs = []
     for start in range(0, rows.weights.size, chunk):
         stop = min(start + chunk, rows.weights.size)
-        first = accept_fn(rows.draft_tokens[start:stop], np.broadcast_to(q, (stop - start, vocab)),
-                          np.broadcast_to(p, (stop - start, vocab)), rows.uniforms[start:stop])
+        first = accept_fn(
+            rows.draft_tokens[start:stop],
+            np.broadcast_to(q, (stop - start, vocab)),
+            np.broadcast_to(p, (stop - start, vocab)),
+            rows.uniforms[start:stop],
+        )
         outputs.append(_as_tokens(first, stop - start))
     return np.concatenate(outputs) if outputs else np.zeros(0, dtype=np.int64)
 
@@ -225,8 +231,9 @@ def _as_tokens(first: object, rows: int) -> np.ndarray:
     """The implementation's output as int64 [rows], or ValueError naming the bad shape."""
     tokens = np.asarray(first)
     if tokens.shape != (rows,) or not np.issubdtype(tokens.dtype, np.integer):
-        raise ValueError(f"accept_fn must return int tokens of shape ({rows},), got "
-                         f"dtype {tokens.dtype} shape {tokens.shape}")
+        raise ValueError(
+            f"accept_fn must return int tokens of shape ({rows},), got dtype {tokens.dtype} shape {tokens.shape}"
+        )
     return tokens.astype(np.int64)
 
 
@@ -243,8 +250,16 @@ def rounding_allowance(dtype: np.dtype | type) -> float:
     return float(ROUNDING_ULPS * eps)
 
 
-def _compare(law: np.ndarray, error_mass: float, exact: tuple[np.ndarray, float], target_p: np.ndarray,
-             num_rows: int, grid_size: int, resolution: float, allowance: float) -> QuadratureResult:
+def _compare(
+    law: np.ndarray,
+    error_mass: float,
+    exact: tuple[np.ndarray, float],
+    target_p: np.ndarray,
+    num_rows: int,
+    grid_size: int,
+    resolution: float,
+    allowance: float,
+) -> QuadratureResult:
     target, exact_error = exact
     diff = np.abs(law - target)
     worst = int(np.argmax(diff))
@@ -253,15 +268,26 @@ def _compare(law: np.ndarray, error_mass: float, exact: tuple[np.ndarray, float]
         max_abs_error=float(diff[worst]),
         tv=float(0.5 * (diff.sum() + abs(error_mass - exact_error))),
         passed=bool(diff[worst] <= limit and abs(error_mass - exact_error) <= limit),
-        num_rows=num_rows, grid_size=grid_size, resolution=resolution, allowance=allowance,
-        error_mass=error_mass, exact_error_mass=exact_error,
+        num_rows=num_rows,
+        grid_size=grid_size,
+        resolution=resolution,
+        allowance=allowance,
+        error_mass=error_mass,
+        exact_error_mass=exact_error,
         law_deviation=float(np.abs(target - target_p / target_p.sum()).max()),
-        worst_token=worst, law=law, target=target,
+        worst_token=worst,
+        law=law,
+        target=target,
     )
 
 
 def quadrature_check(
-    p: np.ndarray, q: np.ndarray, accept_fn: AcceptFn, tol: float = 1e-9, *, grid_size: int = GRID_SIZE,
+    p: np.ndarray,
+    q: np.ndarray,
+    accept_fn: AcceptFn,
+    tol: float = 1e-9,
+    *,
+    grid_size: int = GRID_SIZE,
     intervals_per_token: int = 1,
 ) -> QuadratureResult:
     """Compare the swept first-token law of `accept_fn` with the exact law L of p and q.
@@ -280,8 +306,16 @@ def quadrature_check(
     grid_size = _grid_size(grid_size)
     law, error_mass, num_rows = sweep_law(p, q, accept_fn, grid_size=grid_size)
     p64, _ = _validated_pair(p, q)
-    return _compare(law, error_mass, exact_law(p, q), p64, num_rows, grid_size, intervals / grid_size,
-                    tol + rounding_allowance(np.asarray(p).dtype))
+    return _compare(
+        law,
+        error_mass,
+        exact_law(p, q),
+        p64,
+        num_rows,
+        grid_size,
+        intervals / grid_size,
+        tol + rounding_allowance(np.asarray(p).dtype),
+    )
 
 
 def draft_law(q: np.ndarray, draft_fn: DraftFn, *, grid_size: int = GRID_SIZE) -> np.ndarray:
@@ -294,16 +328,19 @@ def draft_law(q: np.ndarray, draft_fn: DraftFn, *, grid_size: int = GRID_SIZE) -
     q64 = checks.as_weights("q", q)
     grid = _midpoints(_grid_size(grid_size))
     chunk = max(1, CHUNK_ELEMENTS // q64.size)
-    drawn = np.concatenate([
-        _as_tokens(draft_fn(np.broadcast_to(np.asarray(q), (len(part), q64.size)), part), len(part))
-        for part in np.split(grid, range(chunk, grid.size, chunk))
-    ])
+    drawn = np.concatenate(
+        [
+            _as_tokens(draft_fn(np.broadcast_to(np.asarray(q), (len(part), q64.size)), part), len(part))
+            for part in np.split(grid, range(chunk, grid.size, chunk))
+        ]
+    )
     valid = (drawn >= 0) & (drawn < q64.size)
     return np.bincount(drawn[valid], minlength=q64.size) / grid.size
 
 
-def draft_quadrature_check(q: np.ndarray, draft_fn: DraftFn, tol: float = 1e-9, *,
-                           grid_size: int = GRID_SIZE) -> QuadratureResult:
+def draft_quadrature_check(
+    q: np.ndarray, draft_fn: DraftFn, tol: float = 1e-9, *, grid_size: int = GRID_SIZE
+) -> QuadratureResult:
     """Compare the swept law of the drafted token with q / T_q (the DRAFTED-token variant).
 
     Guarantee: deterministic; a correct inverse-CDF draw (any order) is within 1/grid_size plus
@@ -315,8 +352,16 @@ def draft_quadrature_check(q: np.ndarray, draft_fn: DraftFn, tol: float = 1e-9, 
     law = draft_law(q, draft_fn, grid_size=grid_size)
     q64 = checks.as_weights("q", q)
     error_mass = float(max(0.0, 1.0 - law.sum()))
-    return _compare(law, error_mass, (q64 / q64.sum(), 0.0), q64, grid_size, grid_size, 1.0 / grid_size,
-                    tol + rounding_allowance(np.asarray(q).dtype))
+    return _compare(
+        law,
+        error_mass,
+        (q64 / q64.sum(), 0.0),
+        q64,
+        grid_size,
+        grid_size,
+        1.0 / grid_size,
+        tol + rounding_allowance(np.asarray(q).dtype),
+    )
 
 
 def restrict_to_support(p: np.ndarray, q: np.ndarray, num_zero: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -355,8 +400,12 @@ def stop_point_case(dtype: np.dtype | type) -> tuple[np.ndarray, np.ndarray]:
 def stop_point_token(accept_fn: AcceptFn, dtype: np.dtype | type) -> int:
     """The first token `accept_fn` emits for the stop-point case at u_accept = 0."""
     p, q = stop_point_case(dtype)
-    first = accept_fn(np.array([STOP_POINT_TOKEN], dtype=np.int64), q[None, :], p[None, :],
-                      np.array([STOP_POINT_UNIFORMS], dtype=np.float64))
+    first = accept_fn(
+        np.array([STOP_POINT_TOKEN], dtype=np.int64),
+        q[None, :],
+        p[None, :],
+        np.array([STOP_POINT_UNIFORMS], dtype=np.float64),
+    )
     return int(_as_tokens(first, 1)[0])
 
 
@@ -370,19 +419,3 @@ def stop_point_passed(p: np.ndarray, first_token: int) -> bool:
     """
     p64 = checks.as_weights("p", p)
     return bool(0 <= first_token < p64.size and first_token != STOP_POINT_TOKEN and p64[first_token] > 0)
-
-
-# ---------------------------------------------------------------- engine adapters
-
-
-ENGINE_ADAPTER = "specval.adapters.engine"  # home of the engine-backed AcceptFn / DraftFn
-ENGINE_FUNCTIONS = ("engine_accept_fn", "engine_draft_fn")  # kept here by name for older callers
-
-
-def __getattr__(name: str):
-    """`engine_accept_fn` / `engine_draft_fn` by their old path: they live in the engine adapter
-    (specval.adapters.engine), the only specval module that imports the engine; loaded by name
-    on first use so that importing this module never imports an engine."""
-    if name in ENGINE_FUNCTIONS:
-        return getattr(importlib.import_module(ENGINE_ADAPTER), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

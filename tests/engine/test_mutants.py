@@ -17,9 +17,9 @@ import torch
 from engine import LLM, EngineConfig, SamplingParams, mutants
 from engine.runners.base import DEFAULT_OPS, SamplingRows, round_uniforms
 from engine.runners.collection import BatchCollector
-from specval.engine_sut import EngineSUT
+from specval.adapters.engine import EngineSUT
+from specval.distribution.reference import transform
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
-from specval.reference import transform
 from specval.stats.quadrature import quadrature_check, restrict_to_support
 from tests.fixtures.engine_helpers import TINY_MODEL
 
@@ -96,10 +96,14 @@ def _ratio_off(offset: float):
 
     def first_token(draft_tokens, draft_probs, target_probs, uniforms):
         rows = len(draft_tokens)
-        result = accept(torch.from_numpy(np.ascontiguousarray(draft_tokens)), torch.arange(rows + 1),
-                        torch.from_numpy(np.ascontiguousarray(draft_probs)),
-                        torch.from_numpy(np.repeat(target_probs, 2, axis=0)),
-                        torch.from_numpy(np.ascontiguousarray(uniforms)), torch.zeros(rows, dtype=torch.bool))
+        result = accept(
+            torch.from_numpy(np.ascontiguousarray(draft_tokens)),
+            torch.arange(rows + 1),
+            torch.from_numpy(np.ascontiguousarray(draft_probs)),
+            torch.from_numpy(np.repeat(target_probs, 2, axis=0)),
+            torch.from_numpy(np.ascontiguousarray(uniforms)),
+            torch.zeros(rows, dtype=torch.bool),
+        )
         return result.tokens[:, 0].numpy()
 
     return first_token
@@ -163,17 +167,35 @@ GOLDEN_SPECULATIVE = [  # the engine before these mutants existed: K = 4, draft_
     [32, 48, 17, 7, 39, 11, 8, 10, 28, 15, 56, 56, 56, 10, 25, 40, 52, 31, 38, 61, 43, 21, 8, 23],
     [1, 60, 52, 50, 26, 62, 55, 45, 37, 21, 36, 23, 0, 57, 12, 23, 33, 53, 3, 57, 12, 23, 0, 2],
     [25, 31, 38, 1, 41, 7, 41, 35, 28, 15, 24, 25, 62, 7, 35, 28, 9, 53, 30, 63, 30, 63, 52, 16],
-    [32, 3, 52, 16, 15, 17, 13, 59, 25, 50, 8, 46, 27, 17, 13, 11, 59, 43, 20, 48, 13, 5, 43, 28]]
+    [32, 3, 52, 16, 15, 17, 13, 59, 25, 50, 8, 46, 27, 17, 13, 11, 59, 43, 20, 48, 13, 5, 43, 28],
+]
 GOLDEN_NOSPEC_FIRST = [32, 62, 19, 10, 44, 23, 0, 46, 54, 11, 43, 21, 14, 38, 21, 32, 63, 39, 11, 42, 50, 61, 4, 14]
 
 
 def _llm(mode: str = "sync", mutant: str | None = None, k: int = 4, draft_loops: int = 1, device: str = "cpu") -> LLM:
-    return LLM(EngineConfig(model_config=TINY_MODEL, mode=mode, num_speculative_tokens=k, draft_loops=draft_loops,
-                            num_kv_blocks=1024, block_size=4, mutant=mutant, device=device))
+    return LLM(
+        EngineConfig(
+            model_config=TINY_MODEL,
+            mode=mode,
+            num_speculative_tokens=k,
+            draft_loops=draft_loops,
+            num_kv_blocks=1024,
+            block_size=4,
+            mutant=mutant,
+            device=device,
+        )
+    )
 
 
-def _collect(mode: str = "sync", mutant: str | None = None, max_tokens: int = SEQ_TOKENS, seeds=SEQ_SEEDS,
-             k: int = 4, draft_loops: int = 1, device: str = "cpu"):
+def _collect(
+    mode: str = "sync",
+    mutant: str | None = None,
+    max_tokens: int = SEQ_TOKENS,
+    seeds=SEQ_SEEDS,
+    k: int = 4,
+    draft_loops: int = 1,
+    device: str = "cpu",
+):
     params = SamplingParams(temperature=SHARP_TEMPERATURE, max_tokens=max_tokens, ignore_eos=True)
     engine = _llm(mode, mutant, k, draft_loops, device).engine
     return BatchCollector(engine).collect(SEQ_PROMPT, params, list(seeds), max_tokens)
@@ -203,13 +225,23 @@ def test_the_correct_engine_keeps_its_tokens(mode):
 
 
 def test_sequence_mutants_are_apart_from_the_prefix_registry():
-    # today's adapter lists MUTANTS only (specval.engine_sut); the sequence ones are named by `needs`
+    # today's adapter lists MUTANTS only (specval.adapters.engine); the sequence ones are named by `needs`
     names = {m.name for m in mutants.SEQUENCE_MUTANTS}
-    assert names == {"correlated_streams", "wrong_row_late_draft", "wrong_row_deep_draft", "frozen_offset",
-                     "offset_overlap", "stale_context", "greedy_step"}
+    assert names == {
+        "correlated_streams",
+        "wrong_row_late_draft",
+        "wrong_row_deep_draft",
+        "frozen_offset",
+        "offset_overlap",
+        "stale_context",
+        "greedy_step",
+    }
     assert not names & {m.name for m in mutants.MUTANTS}
-    assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {mutants.NEEDS_SEQUENCE, mutants.NEEDS_PAIRS,
-                                                           mutants.NEEDS_MIXED}
+    assert {m.needs for m in mutants.SEQUENCE_MUTANTS} == {
+        mutants.NEEDS_SEQUENCE,
+        mutants.NEEDS_PAIRS,
+        mutants.NEEDS_MIXED,
+    }
     assert all(m.needs == mutants.NEEDS_PREFIX for m in mutants.MUTANTS)
     assert all(m.breaks and m.visible_at and m.ops is not DEFAULT_OPS for m in mutants.SEQUENCE_MUTANTS)
     assert mutants.get(mutants.WRONG_BONUS_ROW).visible_at.startswith("t_{K+1}")
@@ -218,8 +250,7 @@ def test_sequence_mutants_are_apart_from_the_prefix_registry():
 
 def test_correlated_streams_mirror_the_even_row_and_keep_it():
     seeds = torch.tensor([3, 4, 5, 6, 7])
-    rows = SamplingRows(*(torch.zeros(5),) * 4, seeds, torch.tensor([12, 12, 15, 13, 12]),
-                        torch.full((5,), 12))
+    rows = SamplingRows(*(torch.zeros(5),) * 4, seeds, torch.tensor([12, 12, 15, 13, 12]), torch.full((5,), 12))
     right, mirrored = round_uniforms(rows, 9), mutants.get("correlated_streams").ops.uniforms(rows, 9)
     assert torch.equal(mirrored[0::2], right[0::2])
     assert torch.equal(mirrored[1::2], (1.0 - right[0:4:2]).clamp(max=mutants.LARGEST_BELOW_ONE))
@@ -232,19 +263,22 @@ def test_correlated_streams_change_odd_slots_only(correct):
     assert all(first is not None for first in firsts[1::2])
 
 
-@pytest.mark.parametrize(("name", "where"), [
-    ("wrong_row_late_draft", lambda batch, b, i: batch.round_position[b, i] >= mutants.LATE_POSITION),
-    (mutants.WRONG_BONUS_ROW, lambda batch, b, i: batch.source_names()[b, i] == "bonus"),
-    ("frozen_offset", lambda batch, b, i: i + 1 >= mutants.FROZEN_AFTER + 2),
-    ("offset_overlap", lambda batch, b, i: batch.round_index[b, i] >= 1),
-    ("stale_context", lambda batch, b, i: i + 1 >= mutants.STALE_AFTER + 3),
-])
+@pytest.mark.parametrize(
+    ("name", "where"),
+    [
+        ("wrong_row_late_draft", lambda batch, b, i: batch.round_position[b, i] >= mutants.LATE_POSITION),
+        (mutants.WRONG_BONUS_ROW, lambda batch, b, i: batch.source_names()[b, i] == "bonus"),
+        ("frozen_offset", lambda batch, b, i: i + 1 >= mutants.FROZEN_AFTER + 2),
+        ("offset_overlap", lambda batch, b, i: batch.round_index[b, i] >= 1),
+        ("stale_context", lambda batch, b, i: i + 1 >= mutants.STALE_AFTER + 3),
+    ],
+)
 def test_sequence_mutants_act_exactly_where_they_claim(correct, name, where):
     firsts = _first_differences(correct, _collect(mutant=name))
     changed = [(b, i) for b, i in enumerate(firsts) if i is not None]
     assert len(changed) >= len(SEQ_SEEDS) // 2, firsts
     for b, i in changed:
-        assert where(correct, b, i), (name, b, i, correct.round_position[b, :i + 1].tolist())
+        assert where(correct, b, i), (name, b, i, correct.round_position[b, : i + 1].tolist())
 
 
 @pytest.mark.gpu
@@ -258,8 +292,21 @@ def test_stale_context_acts_on_cuda_where_attention_is_a_kernel():
     assert all(i + 1 >= mutants.STALE_AFTER + 3 for i in changed), firsts
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device (the Triton accept kernel)")])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available(), reason="needs a CUDA device (the Triton accept kernel)"
+                ),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_wrong_row_deep_draft_is_invisible_below_k_6_and_acts_from_position_6(mode, device):
     """Deterministic. At K = 4 no draft reaches round position 6: every token equals the correct
@@ -273,7 +320,7 @@ def test_wrong_row_deep_draft_is_invisible_below_k_6_and_acts_from_position_6(mo
     changed = [(b, i) for b, i in enumerate(_first_differences(correct, mutated)) if i is not None]
     assert changed
     for b, i in changed:
-        assert correct.round_position[b, i] >= mutants.DEEP_POSITION, (b, i, correct.round_position[b, :i + 1])
+        assert correct.round_position[b, i] >= mutants.DEEP_POSITION, (b, i, correct.round_position[b, : i + 1])
 
 
 @pytest.mark.parametrize("mode", ["nospec", "sync", "async"])
@@ -296,8 +343,8 @@ def test_sequence_mutants_act_the_same_through_the_async_engine(name):
     # LLM.generate in async mode (frontier, rounds in flight) reads the prompt length and the
     # committed length of each row the way batched collection does
     seeds = range(3)
-    params = [SamplingParams(temperature=SHARP_TEMPERATURE, seed=s, max_tokens=SEQ_TOKENS, ignore_eos=True)
-              for s in seeds]
+    params = [
+        SamplingParams(temperature=SHARP_TEMPERATURE, seed=s, max_tokens=SEQ_TOKENS, ignore_eos=True) for s in seeds
+    ]
     outputs = _llm("async", name).generate([SEQ_PROMPT] * len(params), params)
-    np.testing.assert_array_equal(np.array([o.token_ids for o in outputs]),
-                                  _collect(mutant=name, seeds=seeds).tokens)
+    np.testing.assert_array_equal(np.array([o.token_ids for o in outputs]), _collect(mutant=name, seeds=seeds).tokens)

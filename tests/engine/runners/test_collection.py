@@ -16,8 +16,7 @@ from engine.api import Engine
 from engine.runners import collection
 from engine.runners.collection import BatchCollector
 
-MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3,
-                    intermediate_size=64, seed=3)
+MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3, intermediate_size=64, seed=3)
 PROMPT = [5, 9, 17, 2, 33, 40, 1, 8, 12, 60, 7, 3, 22, 19, 11, 4, 50]  # 17 tokens: two KV blocks
 SEEDS = [0, 1, 2, 3, 7, 11, 12345, 2**40]
 MAX_TOKENS = 5
@@ -31,24 +30,35 @@ CONFIGS = {  # name -> EngineConfig keywords
 
 
 def make_llm(name: str, **extra) -> LLM:
-    return LLM(EngineConfig(model_config=MODEL, num_speculative_tokens=3, num_kv_blocks=512,
-                            **CONFIGS[name], **extra))
+    return LLM(EngineConfig(model_config=MODEL, num_speculative_tokens=3, num_kv_blocks=512, **CONFIGS[name], **extra))
 
 
 def generated(llm: LLM, sampling: dict, seeds=SEEDS):
-    params = [SamplingParams(**sampling, seed=None if not sampling.get("temperature", 1.0) else s,
-                             max_tokens=MAX_TOKENS, ignore_eos=True) for s in seeds]
+    params = [
+        SamplingParams(
+            **sampling, seed=None if not sampling.get("temperature", 1.0) else s, max_tokens=MAX_TOKENS, ignore_eos=True
+        )
+        for s in seeds
+    ]
     return llm.generate([PROMPT] * len(seeds), params)
 
 
 def as_columns(outputs):
-    return (np.array([o.token_ids for o in outputs]), np.array([o.token_sources for o in outputs], dtype=object),
-            np.array([[o.num_rounds, o.num_draft_tokens, o.num_accepted_tokens] for o in outputs]))
+    return (
+        np.array([o.token_ids for o in outputs]),
+        np.array([o.token_sources for o in outputs], dtype=object),
+        np.array([[o.num_rounds, o.num_draft_tokens, o.num_accepted_tokens] for o in outputs]),
+    )
 
 
 def collected(collector: BatchCollector, sampling: dict, seeds=SEEDS, batch_size=None):
-    out = collector.collect(PROMPT, SamplingParams(**sampling, max_tokens=MAX_TOKENS, ignore_eos=True),
-                            list(seeds), MAX_TOKENS, batch_size=batch_size)
+    out = collector.collect(
+        PROMPT,
+        SamplingParams(**sampling, max_tokens=MAX_TOKENS, ignore_eos=True),
+        list(seeds),
+        MAX_TOKENS,
+        batch_size=batch_size,
+    )
     assert not out.is_error.any()
     counts = np.stack([out.num_rounds, out.num_draft_tokens, out.num_accepted_tokens], axis=1)
     return out.tokens, out.source_names(), counts
@@ -85,8 +95,9 @@ def test_a_kept_prompt_prefill_gives_the_rows_of_a_fresh_one(monkeypatch):
     fresh = collected(BatchCollector(make_llm("sync_d1").engine), RANDOM)
     np.testing.assert_array_equal(collected(collector, RANDOM)[0], fresh[0])  # prefilled and kept
     again = collected(collector, RANDOM)  # the kept blocks, copied into every request
-    other = collector.collect(PROMPT[:9], SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True),
-                              list(SEEDS), MAX_TOKENS)
+    other = collector.collect(
+        PROMPT[:9], SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True), list(SEEDS), MAX_TOKENS
+    )
     assert list(collector._prompt_kv) == [tuple(PROMPT[:9])]  # the first prompt's blocks were dropped
     after = collected(collector, RANDOM)  # prefilled anew
     for want, *have in zip(fresh, again, after):
@@ -113,7 +124,7 @@ def test_stopping_after_n_tokens_gives_the_full_runs_first_n_and_the_rounds_that
     seeds = list(range(40))  # enough rows that some need a second round for token 2 and more for token 5
     full = collector.collect(PROMPT, params, seeds, MAX_TOKENS)
     n, k = 2, 0 if name == "nospec" else collector.k
-    assert MAX_TOKENS >= n + k  # the headroom counts_through relies on
+    assert n + k <= MAX_TOKENS  # the headroom counts_through relies on
     stopped = collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=n)
     for column in ("tokens", "sources", "round_index", "round_position"):
         np.testing.assert_array_equal(getattr(stopped, column), getattr(full, column)[:, :n])
@@ -161,12 +172,13 @@ def test_planned_batches_pad_the_probe_on_cuda_and_warm_the_kernels_of_their_row
     start compiling (`warm_round`); on the CPU, or with the default collection,
     nothing changes. The engine itself warms a scheduler step's rows, 1 to max_num_seqs x (K + 1)."""
     import engine.sampling
-    from specval.engine_sut import EngineSUT
+    from specval.adapters.engine import EngineSUT
     from specval.protocol import SutSpec
 
     warmed = []
-    monkeypatch.setattr(engine.sampling, "warm_round",
-                        lambda vocab, rows, k, device, backend: warmed.append((vocab, rows, k)))
+    monkeypatch.setattr(
+        engine.sampling, "warm_round", lambda vocab, rows, k, device, backend: warmed.append((vocab, rows, k))
+    )
     for collection, device in (("batched", "cpu"), ("engine", "cuda"), ("batched", "cuda")):
         sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", collection),)), 3)
         llm = sut._any_llm()
@@ -190,8 +202,8 @@ def test_engine_sut_batched_collection_equals_engine_collection():
     """The specval adapter with `collection: batched` returns the tokens and sources of the default
     path; it stops each request after the tested tokens, so its counts are those of the rounds up
     to the one that emitted the last tested token."""
+    from specval.adapters.engine import EngineSUT
     from specval.protocol import GroupSpec, SamplingSpec, SutSpec
-    from specval.engine_sut import EngineSUT
 
     sampling = SamplingSpec(**RANDOM)
     group = GroupSpec(name="sync", mode="sync", draft_loops=1)
@@ -202,11 +214,13 @@ def test_engine_sut_batched_collection_equals_engine_collection():
         batches.append(sut.sample(group, PROMPT, sampling, np.array(SEEDS), 2, MAX_TOKENS))
         if collection == "batched":  # the same requests run to MAX_TOKENS, with their provenance
             full = BatchCollector(sut._group_llm(group).engine).collect(
-                PROMPT, SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True), SEEDS, MAX_TOKENS)
+                PROMPT, SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True), SEEDS, MAX_TOKENS
+            )
         facts = sut.describe()
         # the manifest says how the batched rounds ran (no graphs on the CPU), and nothing otherwise
-        assert facts.get("collection") == ({"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"}
-                                           if collection == "batched" else None)
+        assert facts.get("collection") == (
+            {"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"} if collection == "batched" else None
+        )
         sut.close()
     for name in ("tokens", "sources"):
         np.testing.assert_array_equal(getattr(batches[1], name), getattr(batches[0], name))
@@ -232,8 +246,8 @@ def check_provenance(batch, k: int) -> None:
         assert ends[-1] == len(sources) - 1 and len(ends) == batch.num_rounds[b]
         starts = np.concatenate([[0], ends[:-1] + 1])
         for number, (start, end) in enumerate(zip(starts, ends)):
-            assert (rounds[start:end + 1] == number).all()
-            np.testing.assert_array_equal(positions[start:end + 1], np.arange(1, end - start + 2))
+            assert (rounds[start : end + 1] == number).all()
+            np.testing.assert_array_equal(positions[start : end + 1], np.arange(1, end - start + 2))
             assert (sources[start:end] == "accepted").all()
         assert (positions[sources == "accepted"] <= k).all() and (positions <= k + 1).all()
         assert (positions[sources == "correction"] <= k).all()
@@ -251,8 +265,10 @@ def test_long_sequences_carry_round_provenance_and_equal_generate(mode):
     second = collector.collect(PROMPT, params[0], seeds[2:], LONG_TOKENS, batch_size=3)
     tokens = np.concatenate([first.tokens, second.tokens])
     np.testing.assert_array_equal(tokens, np.array([o.token_ids for o in outputs]))
-    np.testing.assert_array_equal(np.concatenate([first.source_names(), second.source_names()]),
-                                  np.array([o.token_sources for o in outputs], dtype=object))
+    np.testing.assert_array_equal(
+        np.concatenate([first.source_names(), second.source_names()]),
+        np.array([o.token_sources for o in outputs], dtype=object),
+    )
     for batch in (first, second):
         check_provenance(batch, k)
     np.testing.assert_array_equal(first.slots, np.arange(2))
@@ -277,8 +293,11 @@ def test_warm_round_asks_for_every_kernel_a_batched_round_launches(monkeypatch, 
     from engine.sampling.kernels.rng import uniform_blocks_warmup
 
     launched = set()
-    for module, attribute in ((accept, "_accept_kernel"), (categorical, "_categorical_kernel"),
-                              (rng, "_uniform_blocks_kernel")):
+    for module, attribute in (
+        (accept, "_accept_kernel"),
+        (categorical, "_categorical_kernel"),
+        (rng, "_uniform_blocks_kernel"),
+    ):
         monkeypatch.setattr(module, attribute, RecordingKernel(getattr(module, attribute), launched))
     llm = make_llm(name, sampling_backend="triton")
     seeds = SEEDS[:4]
@@ -286,8 +305,10 @@ def test_warm_round_asks_for_every_kernel_a_batched_round_launches(monkeypatch, 
     k = 3 if llm.engine.config.is_speculative else 0
     requests = [uniform_blocks_warmup(1), categorical_warmup(MODEL.vocab_size)]
     if k:
-        requests += [uniform_blocks_warmup(2 * k + 1),
-                     *(accept_warmup(len(seeds) * k, MODEL.vocab_size, k, limit) for limit in (False, True))]
+        requests += [
+            uniform_blocks_warmup(2 * k + 1),
+            *(accept_warmup(len(seeds) * k, MODEL.vocab_size, k, limit) for limit in (False, True)),
+        ]
     warmed = {specialisation(kernel.fn.__name__, arguments, options) for kernel, arguments, _, options in requests}
     assert launched and launched <= warmed, launched - warmed
 
@@ -302,11 +323,13 @@ class RecordingKernel:
         def launch(*arguments, **options):
             self.launched.add(specialisation(self.kernel.fn.__name__, arguments, options))
             return self.kernel[grid](*arguments, **options)
+
         return launch
 
 
 def specialisation(name: str, arguments, options) -> tuple:
     """What Triton's JIT keys a launch on (a dtype given in place of a tensor is an aligned one)."""
+
     def one(value):
         if isinstance(value, torch.dtype):
             return ("tensor", value, True)
@@ -314,5 +337,6 @@ def specialisation(name: str, arguments, options) -> tuple:
             return ("tensor", value.dtype, value.data_ptr() % 16 == 0)
         if isinstance(value, bool) or not isinstance(value, int):
             return (type(value).__name__,)
-        return ("int", value == 1, value % 16 == 0, -2**31 <= value < 2**31)
+        return ("int", value == 1, value % 16 == 0, -(2**31) <= value < 2**31)
+
     return name, tuple(one(value) for value in arguments), tuple(sorted(options.items()))

@@ -14,15 +14,18 @@ import torch
 from engine import LLM, EngineConfig, SamplingParams
 from engine.runners.collection import BatchCollector
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 PROMPT = "The speculative sampler must be lossless."
 MAX_TOKENS = 5
 SEEDS = list(range(1000, 1200))  # 200 requests: ragged rounds and rejections occur
 SAMPLING = dict(temperature=0.8, top_k=50, top_p=0.9)
-MODES = [dict(mode="nospec"), dict(mode="sync", draft_loops=2), dict(mode="sync", draft_loops=1),
-         dict(mode="async", draft_loops=2)]
+MODES = [
+    dict(mode="nospec"),
+    dict(mode="sync", draft_loops=2),
+    dict(mode="sync", draft_loops=1),
+    dict(mode="async", draft_loops=2),
+]
 
 
 def columns(out):
@@ -38,14 +41,18 @@ def test_captured_collection_equals_eager_and_generate(mode):
     graphs = columns(captured.collect(prompt, params, SEEDS, MAX_TOKENS, batch_size=256))
     assert captured.disabled_reason is None and captured._shapes  # the round was captured
     assert captured.graph_status == "1 batch shape(s) captured as CUDA Graphs"
-    halves = [columns(captured.collect(prompt, params, part, MAX_TOKENS, batch_size=256))
-              for part in (SEEDS[:77], SEEDS[77:])]
+    halves = [
+        columns(captured.collect(prompt, params, part, MAX_TOKENS, batch_size=256)) for part in (SEEDS[:77], SEEDS[77:])
+    ]
     eager = columns(BatchCollector(llm.engine, capture=False).collect(prompt, params, SEEDS, MAX_TOKENS))
-    outs = llm.generate([prompt] * len(SEEDS), [SamplingParams(**SAMPLING, seed=s, max_tokens=MAX_TOKENS,
-                                                               ignore_eos=True) for s in SEEDS])
+    outs = llm.generate(
+        [prompt] * len(SEEDS),
+        [SamplingParams(**SAMPLING, seed=s, max_tokens=MAX_TOKENS, ignore_eos=True) for s in SEEDS],
+    )
     engine_tokens = np.array([o.token_ids for o in outs])
-    engine_counts = np.array([[o.num_rounds for o in outs], [o.num_draft_tokens for o in outs],
-                              [o.num_accepted_tokens for o in outs]])
+    engine_counts = np.array(
+        [[o.num_rounds for o in outs], [o.num_draft_tokens for o in outs], [o.num_accepted_tokens for o in outs]]
+    )
     np.testing.assert_array_equal(graphs[0], eager[0])
     np.testing.assert_array_equal(graphs[0], np.concatenate([halves[0][0], halves[1][0]]))
     np.testing.assert_array_equal(graphs[2], eager[2])
@@ -77,7 +84,7 @@ def test_planned_batches_run_the_probe_as_the_planned_rows_with_its_tokens():
     """`EngineSUT.plan_batches(256)` on CUDA: a two-request batch (the probe's) runs in the one
     captured shape of 256 rows, and its requests get the tokens they get in a batch of their
     own size (a row's logits do not depend on the batch: this file's guarantee)."""
-    from specval.engine_sut import EngineSUT
+    from specval.adapters.engine import EngineSUT
     from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 
     options = (("collection", "batched"), ("num_kv_blocks", 8192))
