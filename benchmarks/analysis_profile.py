@@ -34,8 +34,8 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class Clock:
                 name = label(*args, **kwargs)
                 self.seconds[name] += time.perf_counter() - start
                 self.calls[name] += 1
+
         return timed
 
     @contextlib.contextmanager
@@ -94,26 +95,30 @@ def _criterion(protocol, test, group, *args, **kwargs) -> str:
 
 def _targets() -> list[tuple[object, str, Callable[..., str]]]:
     """The instrumented functions: none calls another of them."""
-    return [(collect, "load_samples", _fixed("load samples (parquet)")),
-            (report, "load_samples", _fixed("load samples (parquet)")),
-            (verdict, "group_data", _fixed("group data (tokens, paths, validity counts)")),
-            (verdict, "_validity_tests", _fixed("validity criteria")),
-            (verdict, "_quadrature", _fixed("quadrature criteria (exact laws)")),
-            (verdict, "_gof", _criterion), (verdict, "_homogeneity", _criterion),
-            (verdict, "decide", _fixed("Holm and run verdict")),
-            (verdict, "group_facts", _fixed("group facts (acceptance, sources)")),
-            (plots, "observed_vs_expected", _fixed("plot: observed vs expected")),
-            (plots, "pvalues_across_strata", _fixed("plot: p-values across strata")),
-            (plots, "acceptance_by_position", _fixed("plot: token sources")),
-            (FigurePool, "submit_observed", _fixed("figures: observed vs expected handed to the workers")),
-            (FigurePool, "_wait", _fixed("figures: waited for the workers")),
-            (report, "render_markdown", _fixed("report.md")), (report, "render_html", _fixed("report.html")),
-            (bundles, "write_json", _fixed("json files written")),
-            (bundles, "write_sums", _fixed("SHA256SUMS written")),
-            (bundles, "check_sums", _fixed("SHA256SUMS checked")),
-            (bundles, "check_all_chunks", _fixed("chunks.json checked")),
-            (bundles, "code_version", _fixed("manifest facts (git, packages)")),
-            (bundles, "package_versions", _fixed("manifest facts (git, packages)"))]
+    return [
+        (collect, "load_samples", _fixed("load samples (parquet)")),
+        (report, "load_samples", _fixed("load samples (parquet)")),
+        (verdict, "group_data", _fixed("group data (tokens, paths, validity counts)")),
+        (verdict, "_validity_tests", _fixed("validity criteria")),
+        (verdict, "_quadrature", _fixed("quadrature criteria (exact laws)")),
+        (verdict, "_gof", _criterion),
+        (verdict, "_homogeneity", _criterion),
+        (verdict, "decide", _fixed("Holm and run verdict")),
+        (verdict, "group_facts", _fixed("group facts (acceptance, sources)")),
+        (plots, "observed_vs_expected", _fixed("plot: observed vs expected")),
+        (plots, "pvalues_across_strata", _fixed("plot: p-values across strata")),
+        (plots, "acceptance_by_position", _fixed("plot: token sources")),
+        (FigurePool, "submit_observed", _fixed("figures: observed vs expected handed to the workers")),
+        (FigurePool, "_wait", _fixed("figures: waited for the workers")),
+        (report, "render_markdown", _fixed("report.md")),
+        (report, "render_html", _fixed("report.html")),
+        (bundles, "write_json", _fixed("json files written")),
+        (bundles, "write_sums", _fixed("SHA256SUMS written")),
+        (bundles, "check_sums", _fixed("SHA256SUMS checked")),
+        (bundles, "check_all_chunks", _fixed("chunks.json checked")),
+        (bundles, "code_version", _fixed("manifest facts (git, packages)")),
+        (bundles, "package_versions", _fixed("manifest facts (git, packages)")),
+    ]
 
 
 def _stored(path: Path):
@@ -161,8 +166,7 @@ def _replay(kept: Path, work: Path, against: Path, pool: FigurePool | None) -> t
     manifest = bundles.read_json(kept / bundles.MANIFEST_FILE)
     protocol, ranges = runner.load_bundle_protocol(path)
     prompt = bundles.read_json(kept / bundles.REFERENCE_FILE)["prompt_token_ids"]
-    timing = {k: manifest[k] for k in ("started", "finished", "wall_s", "collect_s", "samples_drawn",
-                                       "samples_per_s")}
+    timing = {k: manifest[k] for k in ("started", "finished", "wall_s", "collect_s", "samples_drawn", "samples_per_s")}
     clock = Clock()
     with _stored_gpu_steps(kept), clock.patched(_targets()):
         start = time.perf_counter()
@@ -172,8 +176,9 @@ def _replay(kept: Path, work: Path, against: Path, pool: FigurePool | None) -> t
             pngs = pool.submit(path, analysis.summary, samples)()
         else:
             pngs = report.figures(path, analysis.summary, samples) if samples is not None else None
-        lifecycle.write_manifest(path, protocol, ranges, manifest["device"], timing, manifest["command"],
-                                 runner.stage2_ranges(path))
+        lifecycle.write_manifest(
+            path, protocol, ranges, manifest["device"], timing, manifest["command"], runner.stage2_ranges(path)
+        )
         shutil.copyfile(kept / bundles.MANIFEST_FILE, path / bundles.MANIFEST_FILE)  # the kept code version
         runner.finish(path, pngs) if pngs is not None else runner.finish(path)
         wall = time.perf_counter() - start
@@ -211,8 +216,10 @@ def gpu_steps_on_cpu(kept: Path) -> dict[str, float]:
         sweeps = time.perf_counter() - start
     finally:
         sut.close()
-    return {"reference replay of the occurring prefixes (CPU estimate)": replay,
-            "quadrature sweeps (CPU estimate)": sweeps}
+    return {
+        "reference replay of the occurring prefixes (CPU estimate)": replay,
+        "quadrature sweeps (CPU estimate)": sweeps,
+    }
 
 
 def _table(title: str, clock: Clock, wall: float, extra: dict[str, float] | None = None) -> None:
@@ -230,8 +237,12 @@ def _table(title: str, clock: Clock, wall: float, extra: dict[str, float] | None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bundle", nargs="?", type=Path, default=DEFAULT_BUNDLE)
-    parser.add_argument("--against", type=Path, help="compare the replayed files with those in this folder "
-                        "(default: the kept bundle; its Monte Carlo draws match only under its numpy and scipy)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="compare the replayed files with those in this folder "
+        "(default: the kept bundle; its Monte Carlo draws match only under its numpy and scipy)",
+    )
     parser.add_argument("--keep", type=Path, help="copy the replayed summary and reports into this folder")
     parser.add_argument("--no-gpu-steps", action="store_true", help="skip the CPU estimate of the GPU-side steps")
     parser.add_argument("--workers", type=int, default=0, help="figure workers (0: the serial path)")
@@ -245,7 +256,9 @@ def main() -> None:
             for name in COMPARED:
                 shutil.copyfile(Path(work) / kept.name / name, args.keep / name)
     _table(f"run, after collection: {kept.name}", clock, wall, extra)
-    print(f"\nidentical to {args.against or kept}: " + ", ".join(f"{n} {'yes' if s else 'NO'}" for n, s in same.items()))
+    print(
+        f"\nidentical to {args.against or kept}: " + ", ".join(f"{n} {'yes' if s else 'NO'}" for n, s in same.items())
+    )
     clock, wall, problems = replay_verify(kept, args.workers or None)
     _table(f"specval verify {kept.name}", clock, wall)
     print(f"\nverify: {'OK' if not problems else f'{len(problems)} difference(s), first: {problems[0]}'}")

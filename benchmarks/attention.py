@@ -38,14 +38,16 @@ def cell(sequences: int, rows: int, heads: int, head: int, start: int, repeats: 
     tables = (torch.randperm(pool - 2, device=device) + 1).view(sequences, num_blocks)
     starts = torch.full((sequences,), start, dtype=torch.int64, device=device)
     lengths = torch.full((sequences,), rows, dtype=torch.int64, device=device)
-    layout = device_layout(starts, lengths, num_rows=sequences * rows, max_length=rows,
-                           num_blocks=num_blocks, block_size=BLOCK_SIZE)
+    layout = device_layout(
+        starts, lengths, num_rows=sequences * rows, max_length=rows, num_blocks=num_blocks, block_size=BLOCK_SIZE
+    )
     metadata = metadata_for(layout, tables)
     query = torch.randn(sequences * rows, heads, head, device=device)
 
     def kernel():
-        return paged_attention_triton(query, key_cache, value_cache, metadata.block_tables, metadata.row_seq,
-                                      metadata.positions)
+        return paged_attention_triton(
+            query, key_cache, value_cache, metadata.block_tables, metadata.row_seq, metadata.positions
+        )
 
     def torch_path():
         return paged_attention_torch(query, key_cache, value_cache, metadata)
@@ -57,8 +59,13 @@ def cell(sequences: int, rows: int, heads: int, head: int, start: int, repeats: 
     torch_us = triton.testing.do_bench(torch_path, rep=repeats, return_mode="median") * 1e3
     visible = sum(start + r + 1 for r in range(rows)) * sequences  # keys read, rows of one sequence apart
     megabytes = visible * heads * head * 4 * 2 / 1e6
-    return dict(torch_us=torch_us, kernel_us=kernel_us, error=error, megabytes=megabytes,
-                gbps=megabytes / 1e3 / (kernel_us * 1e-6))
+    return dict(
+        torch_us=torch_us,
+        kernel_us=kernel_us,
+        error=error,
+        megabytes=megabytes,
+        gbps=megabytes / 1e3 / (kernel_us * 1e-6),
+    )
 
 
 def main() -> None:
@@ -74,9 +81,11 @@ def main() -> None:
         for sequences in args.sequences:
             for rows in ROWS_PER_SEQUENCE:
                 r = cell(sequences, rows, heads, head, args.start, args.repeats)
-                print(f"| {name} | {sequences} | {rows} | {r['torch_us']:.1f} | {r['kernel_us']:.1f} | "
-                      f"{r['torch_us'] / r['kernel_us']:.2f} | {r['error']:.1e} | {r['megabytes']:.1f} | "
-                      f"{r['gbps']:.0f} |")
+                print(
+                    f"| {name} | {sequences} | {rows} | {r['torch_us']:.1f} | {r['kernel_us']:.1f} | "
+                    f"{r['torch_us'] / r['kernel_us']:.2f} | {r['error']:.1e} | {r['megabytes']:.1f} | "
+                    f"{r['gbps']:.0f} |"
+                )
 
 
 if __name__ == "__main__":

@@ -27,24 +27,40 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GROUP_FILE_PREFIX = "__grp__"  # Triton's per-kernel index files, not kernels
-HEADER = ("| run | exit | verdict | process wall (s) | wall_s | setup_s | collect_s (samples/s) | analysis_s | "
-          "report_s | kernels built (s) / loaded (s) |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | "
-          "---: | --- |")
+HEADER = (
+    "| run | exit | verdict | process wall (s) | wall_s | setup_s | collect_s (samples/s) | analysis_s | "
+    "report_s | kernels built (s) / loaded (s) |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | "
+    "---: | --- |"
+)
 
 
 def run_once(protocol: Path, profile: str, output: Path, cache: Path) -> dict:
     """One `specval run` in a fresh process: exit status, verdict line, process wall, manifest."""
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
-    command = [sys.executable, "-m", "specval", "run", str(protocol), "--profile", profile,
-               "--output", str(output), "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "specval",
+        "run",
+        str(protocol),
+        "--profile",
+        profile,
+        "--output",
+        str(output),
+        "--quiet",
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in ("PASS", "FAIL", "INCONCLUSIVE")]
     manifests = sorted(output.glob("*/manifest.json"))
     manifest = json.loads(manifests[-1].read_text()) if manifests else {}
-    return {"exit": done.returncode, "verdict": lines[-1] if lines else done.stderr.strip()[-200:],
-            "process_wall_s": wall, "manifest": manifest}
+    return {
+        "exit": done.returncode,
+        "verdict": lines[-1] if lines else done.stderr.strip()[-200:],
+        "process_wall_s": wall,
+        "manifest": manifest,
+    }
 
 
 def compiled_kernels(cache: Path) -> list[tuple[float, str]]:
@@ -67,13 +83,19 @@ def row(index: int, result: dict) -> str:
 
     def seconds(key: str) -> str:
         return f"{m[key]:.1f}" if isinstance(m.get(key), (int, float)) else "-"
+
     rate = f" ({m['samples_per_s']:,.0f})" if m.get("samples_per_s") else ""
     compiled = m.get("kernel_compile")
-    kernels = (f"{compiled['compiled']} ({compiled['compile_s']:.1f}) / {compiled['loaded']} ({compiled['load_s']:.2f})"
-               if compiled else "not reported")
-    return (f"| {'cold' if index == 0 else f'warm {index}'} | {result['exit']} | {result['verdict'][:60]} | "
-            f"{result['process_wall_s']:.1f} | {seconds('wall_s')} | {seconds('setup_s')} | "
-            f"{seconds('collect_s')}{rate} | {seconds('analysis_s')} | {seconds('report_s')} | {kernels} |")
+    kernels = (
+        f"{compiled['compiled']} ({compiled['compile_s']:.1f}) / {compiled['loaded']} ({compiled['load_s']:.2f})"
+        if compiled
+        else "not reported"
+    )
+    return (
+        f"| {'cold' if index == 0 else f'warm {index}'} | {result['exit']} | {result['verdict'][:60]} | "
+        f"{result['process_wall_s']:.1f} | {seconds('wall_s')} | {seconds('setup_s')} | "
+        f"{seconds('collect_s')}{rate} | {seconds('analysis_s')} | {seconds('report_s')} | {kernels} |"
+    )
 
 
 def main() -> None:
@@ -95,12 +117,18 @@ def main() -> None:
         print(row(index, results[-1]), flush=True)
         if index == 0:
             kernels = compiled_kernels(cache)
-    print(f"\nkernels compiled by the cold run: {len(kernels)}; by name: "
-          + ", ".join(f"{name} x{count}" for name, count in Counter(n for _, n in kernels).most_common()))
+    print(
+        f"\nkernels compiled by the cold run: {len(kernels)}; by name: "
+        + ", ".join(f"{name} x{count}" for name, count in Counter(n for _, n in kernels).most_common())
+    )
     for when, name in kernels:
         print(f"  {when:7.2f} s  {name}")
-    summary = {"protocol": str(args.protocol), "profile": args.profile, "runs": results,
-               "cold_kernels": [{"after_s": when, "name": name} for when, name in kernels]}
+    summary = {
+        "protocol": str(args.protocol),
+        "profile": args.profile,
+        "runs": results,
+        "cold_kernels": [{"after_s": when, "name": name} for when, name in kernels],
+    }
     (root / "cold_start.json").write_text(json.dumps(summary, indent=2, default=str))
 
 

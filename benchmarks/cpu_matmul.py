@@ -46,8 +46,10 @@ def main() -> None:
         x = rows[:m]
         default = _median_ms(lambda: [x @ w.T for w in weights], args.repeats)
         ours = _median_ms(lambda: [project(x, w) for w in weights], args.repeats)
-        print(f"| {m} | {default:.1f} | {gigabytes / default * 1e3:.1f} | {ours:.1f} | "
-              f"{gigabytes / ours * 1e3:.1f} | {default / ours:.2f} |")
+        print(
+            f"| {m} | {default:.1f} | {gigabytes / default * 1e3:.1f} | {ours:.1f} | "
+            f"{gigabytes / ours * 1e3:.1f} | {default / ours:.2f} |"
+        )
 
 
 if __name__ == "__main__":

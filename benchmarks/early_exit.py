@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if not __package__:  # run as a file: benchmarks/engine.py would shadow the `engine` package
@@ -42,8 +42,10 @@ from specval.tasks.gsm8k import load_gsm8k  # noqa: E402
 
 DEPTHS = (4, 8, 12, 16, 20, 24)
 LAYERS_PER_DEPTH = 2  # engine depth = 2 layers, so every draft depth above is a whole number of depths
-SETTINGS = {"t0.7_p0.95": SamplingParams(temperature=0.7, top_p=0.95),
-            "t1_k20": SamplingParams(temperature=1.0, top_k=20)}
+SETTINGS = {
+    "t0.7_p0.95": SamplingParams(temperature=0.7, top_p=0.95),
+    "t1_k20": SamplingParams(temperature=1.0, top_k=20),
+}
 CALCULATOR_ANNOTATION = re.compile(r"<<[^>]*>>")
 
 
@@ -65,8 +67,8 @@ def texts(tokenizer: GGUFTokenizer, num_positions: int) -> list[tuple[torch.Tens
 
 def measure(model: LlamaModel, samples: list[tuple[torch.Tensor, int]]) -> dict:
     sampler, depths = Sampler(), DEPTHS + (model.config.num_layers,)
-    agree = {d: 0 for d in DEPTHS}
-    alpha = {name: {d: 0.0 for d in DEPTHS} for name in SETTINGS}
+    agree = dict.fromkeys(DEPTHS, 0)
+    alpha = {name: dict.fromkeys(DEPTHS, 0.0) for name in SETTINGS}
     count = 0
     for ids, start in samples:
         with torch.no_grad():
@@ -80,23 +82,32 @@ def measure(model: LlamaModel, samples: list[tuple[torch.Tensor, int]]) -> dict:
                     alpha[name][d] += float(torch.minimum(p, sampler.probabilities(shallow[pos], params)).sum())
             for d, shallow in zip(DEPTHS, logits):
                 agree[d] += int(shallow[pos].argmax() == full[pos].argmax())
-    return {"positions": count, "greedy_agreement": {d: agree[d] / count for d in DEPTHS},
-            "expected_acceptance": {n: {d: a / count for d, a in v.items()} for n, v in alpha.items()}}
+    return {
+        "positions": count,
+        "greedy_agreement": {d: agree[d] / count for d in DEPTHS},
+        "expected_acceptance": {n: {d: a / count for d, a in v.items()} for n, v in alpha.items()},
+    }
 
 
-def engine_acceptance(model: LlamaModel, tokenizer: GGUFTokenizer, num_prompts: int, max_tokens: int,
-                      k: int) -> dict:
+def engine_acceptance(model: LlamaModel, tokenizer: GGUFTokenizer, num_prompts: int, max_tokens: int, k: int) -> dict:
     """Per-draft acceptance accepted / drafted through the engine, per setting and draft depth."""
     from engine import LLM, EngineConfig
 
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": item.question}]))
-               for item in load_gsm8k(limit=num_prompts)]
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": item.question}]))
+        for item in load_gsm8k(limit=num_prompts)
+    ]
     result = {}
     for name, params in SETTINGS.items():
         result[name] = {}
         for depth in DEPTHS:
-            config = EngineConfig(mode="sync", draft_loops=depth // LAYERS_PER_DEPTH, num_speculative_tokens=k,
-                                  num_kv_blocks=1024, block_size=16)
+            config = EngineConfig(
+                mode="sync",
+                draft_loops=depth // LAYERS_PER_DEPTH,
+                num_speculative_tokens=k,
+                num_kv_blocks=1024,
+                block_size=16,
+            )
             llm = LLM(config, model=LlamaDepthModel(model, LAYERS_PER_DEPTH))
             per_request = [replace(params, seed=1000 + i, max_tokens=max_tokens) for i in range(len(prompts))]
             outputs = llm.generate(prompts, per_request)
@@ -112,8 +123,11 @@ def tokens_per_round(alpha: float, k: int) -> float:
 
 def table(result: dict, k: int) -> str:
     names = list(SETTINGS)
-    head = ["draft layers", "greedy agreement"] + [f"alpha {n}" for n in names] + [f"tokens/round K={k} {n}"
-                                                                                  for n in names]
+    head = (
+        ["draft layers", "greedy agreement"]
+        + [f"alpha {n}" for n in names]
+        + [f"tokens/round K={k} {n}" for n in names]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in DEPTHS:
         alphas = [result["expected_acceptance"][n][d] for n in names]
@@ -143,8 +157,10 @@ def main() -> None:
     if args.engine:
         started = time.perf_counter()
         result["engine_acceptance"] = engine_acceptance(model, tokenizer, args.prompts, args.max_tokens, args.k)
-        print(f"engine, sync, K={args.k}, {args.prompts} prompts x {args.max_tokens} tokens, "
-              f"{time.perf_counter() - started:.0f} s: per-draft acceptance")
+        print(
+            f"engine, sync, K={args.k}, {args.prompts} prompts x {args.max_tokens} tokens, "
+            f"{time.perf_counter() - started:.0f} s: per-draft acceptance"
+        )
         for name, by_depth in result["engine_acceptance"].items():
             print(name, " ".join(f"d{d}={a:.3f}" for d, a in by_depth.items()))
     if args.json:

@@ -57,7 +57,11 @@ RATIOS = (
     (("async", "graphs", "random"), ("sync", "eager", "random"), "async graphs / sync eager, random"),
 )
 ASYNC_VARIANTS = {  # name -> (enforce_eager, rounds_in_flight)
-    "eager": (True, 2), "graphs": (False, 2), "eager-serial": (True, 1), "graphs-serial": (False, 1)}
+    "eager": (True, 2),
+    "graphs": (False, 2),
+    "eager-serial": (True, 1),
+    "graphs-serial": (False, 1),
+}
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,9 @@ class Run:
 def params_for(sampling: str, count: int, max_tokens: int) -> list[SamplingParams]:
     if sampling == "greedy":
         return [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)] * count
-    return [SamplingParams(temperature=1.0, top_k=20, seed=i, max_tokens=max_tokens,
-                           ignore_eos=True) for i in range(count)]
+    return [
+        SamplingParams(temperature=1.0, top_k=20, seed=i, max_tokens=max_tokens, ignore_eos=True) for i in range(count)
+    ]
 
 
 def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> Run:
@@ -109,10 +114,16 @@ def measure(llm: LLM, sampling: str, count: int, max_tokens: int) -> Run:
         seconds = time.perf_counter() - start
     finally:
         del engine.step
-    return Run(sum(len(o.token_ids) for o in outputs), seconds, count, steps[0],
-               sum(o.num_rounds for o in outputs), sum(o.num_draft_tokens for o in outputs),
-               sum(o.num_accepted_tokens for o in outputs),
-               torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None)
+    return Run(
+        sum(len(o.token_ids) for o in outputs),
+        seconds,
+        count,
+        steps[0],
+        sum(o.num_rounds for o in outputs),
+        sum(o.num_draft_tokens for o in outputs),
+        sum(o.num_accepted_tokens for o in outputs),
+        torch.cuda.max_memory_allocated() / 2**20 if is_cuda else None,
+    )
 
 
 def variants(modes: list[str], async_variants: list[str], device: str) -> list[tuple[str, str]]:
@@ -122,8 +133,7 @@ def variants(modes: list[str], async_variants: list[str], device: str) -> list[t
         if mode != "async":
             pairs.append((mode, "eager"))
             continue
-        pairs += [(mode, v) for v in async_variants
-                  if not v.startswith("graphs") or device.startswith("cuda")]
+        pairs += [(mode, v) for v in async_variants if not v.startswith("graphs") or device.startswith("cuda")]
     return pairs
 
 
@@ -136,9 +146,14 @@ def graphs_status(llm: LLM, variant: str) -> str:
 
 def engine_config(mode: str, variant: str, args: argparse.Namespace) -> EngineConfig:
     eager, in_flight = ASYNC_VARIANTS[variant] if mode == "async" else (True, 2)
-    return EngineConfig(mode=mode, device=args.device, draft_loops=args.draft_loops,
-                        num_speculative_tokens=args.num_speculative_tokens, enforce_eager=eager,
-                        rounds_in_flight=in_flight)
+    return EngineConfig(
+        mode=mode,
+        device=args.device,
+        draft_loops=args.draft_loops,
+        num_speculative_tokens=args.num_speculative_tokens,
+        enforce_eager=eager,
+        rounds_in_flight=in_flight,
+    )
 
 
 def abba(count: int, repeats: int):
@@ -156,11 +171,13 @@ def row(key: tuple[str, str, str], count: int, runs: list[Run]) -> str:
     acceptance = "-" if not first.drafts else f"{first.accepted / first.drafts:.3f}"
     peak = "-" if first.peak_mib is None else f"{max(r.peak_mib for r in runs):.0f}"
     spread = f"{min(tok_s):.0f}-{max(tok_s):.0f}" if len(runs) > 1 else "-"
-    return (f"| {mode} | {variant} | {sampling} | {count} | {first.tokens} | {seconds:.3f} | "
-            f"{med(tok_s):.0f} | {spread} | {1000 * seconds * count / first.tokens:.2f} | "
-            f"{1000 * med([r.round_seconds for r in runs]):.2f} | "
-            f"{1000 * med([r.seconds / r.steps for r in runs]):.2f} | {first.steps} | {peak} | {acceptance} | "
-            f"{first.tokens / first.rounds:.2f} |")
+    return (
+        f"| {mode} | {variant} | {sampling} | {count} | {first.tokens} | {seconds:.3f} | "
+        f"{med(tok_s):.0f} | {spread} | {1000 * seconds * count / first.tokens:.2f} | "
+        f"{1000 * med([r.round_seconds for r in runs]):.2f} | "
+        f"{1000 * med([r.seconds / r.steps for r in runs]):.2f} | {first.steps} | {peak} | {acceptance} | "
+        f"{first.tokens / first.rounds:.2f} |"
+    )
 
 
 def _span(values: list[float]) -> str:
@@ -190,17 +207,17 @@ def main() -> None:
     parser.add_argument("--draft-loops", type=int, default=2)
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1, help="paired repeats per cell (ABBA)")
-    parser.add_argument("--modes", nargs="+", default=["nospec", "sync", "async"],
-                        choices=["nospec", "sync", "async"])
-    parser.add_argument("--async-variants", nargs="+", default=["eager", "graphs"],
-                        choices=list(ASYNC_VARIANTS))
+    parser.add_argument("--modes", nargs="+", default=["nospec", "sync", "async"], choices=["nospec", "sync", "async"])
+    parser.add_argument("--async-variants", nargs="+", default=["eager", "graphs"], choices=list(ASYNC_VARIANTS))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
-          f"cpu={platform.processor() or platform.machine()} max_tokens={args.max_tokens} "
-          f"K={args.num_speculative_tokens} draft_loops={args.draft_loops} repeats={args.repeats} "
-          f"prompt_tokens={len(PROMPT.encode())}")
+    print(
+        f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"cpu={platform.processor() or platform.machine()} max_tokens={args.max_tokens} "
+        f"K={args.num_speculative_tokens} draft_loops={args.draft_loops} repeats={args.repeats} "
+        f"prompt_tokens={len(PROMPT.encode())}"
+    )
     pairs = variants(args.modes, args.async_variants, args.device)
     engines = [LLM(engine_config(mode, variant, args)) for mode, variant in pairs]
     results: dict[tuple, list[Run]] = {}
@@ -209,12 +226,13 @@ def main() -> None:
             for order in abba(len(pairs), args.repeats):
                 for index in order:
                     key = (*pairs[index], sampling, count)
-                    results.setdefault(key, []).append(
-                        measure(engines[index], sampling, count, args.max_tokens))
-    print("| mode | variant | sampling | concurrency | tokens | seconds | tokens/s | tokens/s range | "
-          "TPOT ms | ms/round | ms/step | steps | peak MiB | acceptance | tokens/round |")
+                    results.setdefault(key, []).append(measure(engines[index], sampling, count, args.max_tokens))
+    print(
+        "| mode | variant | sampling | concurrency | tokens | seconds | tokens/s | tokens/s range | "
+        "TPOT ms | ms/round | ms/step | steps | peak MiB | acceptance | tokens/round |"
+    )
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for (mode, variant) in pairs:
+    for mode, variant in pairs:
         for sampling in SAMPLINGS:
             for count in args.concurrency:
                 print(row((mode, variant, sampling), count, results[(mode, variant, sampling, count)]))

@@ -29,8 +29,10 @@ from specval.distribution import mutate
 from specval.kinds import read_protocol_file
 
 FIXED, LOOKS = "fixed", "looks"
-HEADER = ("| mutant | verdict (fixed) | samples (fixed) | s (fixed) | verdict (looks) | stopped at look | "
-          "samples (looks) | s (looks) | samples saved |")
+HEADER = (
+    "| mutant | verdict (fixed) | samples (fixed) | s (fixed) | verdict (looks) | stopped at look | "
+    "samples (looks) | s (looks) | samples saved |"
+)
 
 
 def _without_looks(protocol_file: Path, output: Path) -> Path:
@@ -67,8 +69,17 @@ def _samples(cell: dict, base: Path) -> int:
 def _row(name: str, fixed: dict, looks: dict, bases: dict[str, Path]) -> str:
     drawn = {FIXED: _samples(fixed, bases[FIXED]), LOOKS: _samples(looks, bases[LOOKS])}
     saved = f"{1 - drawn[LOOKS] / drawn[FIXED]:.0%}" if drawn[FIXED] else "-"
-    cells = [name, fixed["verdict"], drawn[FIXED], _seconds(fixed), looks["verdict"], _look(looks, bases[LOOKS]),
-             drawn[LOOKS], _seconds(looks), saved]
+    cells = [
+        name,
+        fixed["verdict"],
+        drawn[FIXED],
+        _seconds(fixed),
+        looks["verdict"],
+        _look(looks, bases[LOOKS]),
+        drawn[LOOKS],
+        _seconds(looks),
+        saved,
+    ]
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
@@ -94,12 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     print(HEADER + "\n|" + " --- |" * (HEADER.count("|") - 1), flush=True)
     for mutant in mutate.adapter_mutants(protocol.sut.adapter, tuple(args.mutant)):
-        cells = {mode: mutate.run_protocol(mutant, file, args.profile, output / mode / mutant.name, None)
-                 for mode, file in files.items()}
+        cells = {
+            mode: mutate.run_protocol(mutant, file, args.profile, output / mode / mutant.name, None)
+            for mode, file in files.items()
+        }
         rows.append({"mutant": mutant.name, **cells})
         print(_row(mutant.name, cells[FIXED], cells[LOOKS], {mode: output / mode for mode in files}), flush=True)
-    (output / "fail_fast.json").write_text(json.dumps({"protocol": str(args.protocol), "profile": args.profile,
-                                                       "command": " ".join(sys.argv), "rows": rows}, indent=2))
+    (output / "fail_fast.json").write_text(
+        json.dumps(
+            {"protocol": str(args.protocol), "profile": args.profile, "command": " ".join(sys.argv), "rows": rows},
+            indent=2,
+        )
+    )
 
 
 def _reprint(output: Path) -> None:

@@ -49,7 +49,9 @@ def main() -> None:
                 actual = model.forward(ids)
                 diff, scale = float((actual - expected).abs().max()), float(expected.abs().max())
                 agree = float((actual.argmax(-1) == expected.argmax(-1)).float().mean())
-                print(f"| {index} | {len(ids)} | {name} | {diff:.2e} | {scale:.1f} | {diff / scale:.1e} | {agree:.3f} |")
+                print(
+                    f"| {index} | {len(ids)} | {name} | {diff:.2e} | {scale:.1f} | {diff / scale:.1e} | {agree:.3f} |"
+                )
 
 
 if __name__ == "__main__":

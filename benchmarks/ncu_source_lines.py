@@ -31,13 +31,24 @@ def source_lines(path: str) -> list[tuple[int, str, str, str, str, list]]:
             elif header is not None and len(record) > 4 and record[0] and record[2] == "-":
                 # a source line (its SASS lines follow, with an address)
                 values = dict(zip(header[4:], record[4:]))
-                stalls = sorted(((name[len("stall_"):], int(value))
-                                 for name, value in values.items()
-                                 if name.startswith("stall_") and "Not Issued" not in name
-                                 and value.isdigit() and int(value) > 0),
-                                key=lambda item: -item[1])[:3]
-                rows.append((int(values.get(SAMPLES) or 0), file, record[0],
-                             record[1].strip()[:72], values.get(EXECUTED, "0"), stalls))
+                stalls = sorted(
+                    (
+                        (name[len("stall_") :], int(value))
+                        for name, value in values.items()
+                        if name.startswith("stall_") and "Not Issued" not in name and value.isdigit() and int(value) > 0
+                    ),
+                    key=lambda item: -item[1],
+                )[:3]
+                rows.append(
+                    (
+                        int(values.get(SAMPLES) or 0),
+                        file,
+                        record[0],
+                        record[1].strip()[:72],
+                        values.get(EXECUTED, "0"),
+                        stalls,
+                    )
+                )
     return rows
 
 
@@ -48,8 +59,7 @@ def main() -> None:
     print(f"{total} samples")
     for samples, file, line, source, executed, stalls in sorted(rows, key=lambda r: -r[0])[:top]:
         reasons = ", ".join(f"{name}={count}" for name, count in stalls)
-        print(f"{samples:6d} {100 * samples / total:5.1f}% {file}:{line} ins={executed} "
-              f"{source} | {reasons}")
+        print(f"{samples:6d} {100 * samples / total:5.1f}% {file}:{line} ins={executed} {source} | {reasons}")
 
 
 if __name__ == "__main__":

@@ -48,11 +48,13 @@ def main() -> None:
     print("| kernel | greedy us/round | random us/round | difference |")
     print("| --- | ---: | ---: | ---: |")
     names = sorted(set(greedy) | set(random), key=lambda n: -max(greedy.get(n, 0), random.get(n, 0)))
-    for name in names[:args.top]:
+    for name in names[: args.top]:
         g, r = greedy.get(name, 0.0), random.get(name, 0.0)
         print(f"| {name} | {g:.1f} | {r:.1f} | {r - g:+.1f} |")
-    print(f"| total | {sum(greedy.values()):.1f} | {sum(random.values()):.1f} | "
-          f"{sum(random.values()) - sum(greedy.values()):+.1f} |")
+    print(
+        f"| total | {sum(greedy.values()):.1f} | {sum(random.values()):.1f} | "
+        f"{sum(random.values()) - sum(greedy.values()):+.1f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,14 @@ import triton
 import triton.testing
 
 from engine.sampling import batched_probabilities
-from engine.sampling.kernels.probabilities import (BASELINE_CONFIG, CANDIDATE_CONFIGS,
-                                                   DEFAULT_CONFIG, KernelConfig, RowMode,
-                                                   run_probabilities)
+from engine.sampling.kernels.probabilities import (
+    BASELINE_CONFIG,
+    CANDIDATE_CONFIGS,
+    DEFAULT_CONFIG,
+    KernelConfig,
+    RowMode,
+    run_probabilities,
+)
 
 BATCHES = (1, 64, 256, 1024)
 VOCABS = (32000, 152064)
@@ -73,26 +78,26 @@ def inputs(batch: int, vocab: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     logits = torch.randn(batch, vocab, device="cuda", generator=g) * LOGIT_SCALE
     full = lambda value, dtype: torch.full((batch,), value, dtype=dtype, device="cuda")  # noqa
-    return (logits, full(TEMPERATURE, torch.float32), full(TOP_K, torch.int64),
-            full(TOP_P, torch.float32))
+    return (logits, full(TEMPERATURE, torch.float32), full(TOP_K, torch.int64), full(TOP_P, torch.float32))
 
 
 def time_ms(fn, sets) -> float:
     cycle = itertools.cycle(sets)
-    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
-                                   return_mode="median")
+    return triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
 
 
 def graph_ms(fn, args) -> float:
     """Median device time per call of `fn(*args)` replayed from a CUDA Graph."""
-    return triton.testing.do_bench_cudagraph(lambda: fn(*args), rep=GRAPH_REP_MS,
-                                             return_mode="median")
+    return triton.testing.do_bench_cudagraph(lambda: fn(*args), rep=GRAPH_REP_MS, return_mode="median")
 
 
 def implementations(config: KernelConfig | None = None):
     """The timed implementations; `config` None is the public default of `batched_probabilities`."""
-    triton_fn = (lambda *a: batched_probabilities(*a, backend="triton")) if config is None else (
-        lambda *a: run_probabilities(*a, config).probs)
+    triton_fn = (
+        (lambda *a: batched_probabilities(*a, backend="triton"))
+        if config is None
+        else (lambda *a: run_probabilities(*a, config).probs)
+    )
     return {
         "triton": triton_fn,
         "torch": lambda *a: batched_probabilities(*a, backend="torch"),
@@ -118,8 +123,7 @@ def row(batch, vocab, bandwidth, config=None, baselines=True):
     num_sets = max(1, min(16, -(-4 * L2_BYTES // nbytes)))
     sets = [inputs(batch, vocab, seed) for seed in range(num_sets)]
     impls = implementations(config)
-    times = {name: time_ms(fn, sets) if baselines or name == "triton" else float("nan")
-             for name, fn in impls.items()}
+    times = {name: time_ms(fn, sets) if baselines or name == "triton" else float("nan") for name, fn in impls.items()}
     floor_ms = nbytes / bandwidth * 1e3
     host = host_us(impls["triton"], sets[0])
     graph = graph_ms(impls["triton"], sets[0])
@@ -127,8 +131,13 @@ def row(batch, vocab, bandwidth, config=None, baselines=True):
 
 
 MIX_BATCHES = (256, 1024)
-MIXES = {"no truncation": (-1, 1.0), "top-k 50 only": (50, 1.0), "top-p 0.9 only": (-1, 0.9),
-         "top-k 50 + top-p 0.9": (TOP_K, TOP_P), "top-k 1000 + top-p 0.95": (1000, 0.95)}
+MIXES = {
+    "no truncation": (-1, 1.0),
+    "top-k 50 only": (50, 1.0),
+    "top-p 0.9 only": (-1, 0.9),
+    "top-k 50 + top-p 0.9": (TOP_K, TOP_P),
+    "top-k 1000 + top-p 0.95": (1000, 0.95),
+}
 
 
 def variants(bandwidth, vocab=152064, config=None):
@@ -146,8 +155,10 @@ def variants(bandwidth, vocab=152064, config=None):
         times = kernel_times(sets[0], config or DEFAULT_CONFIG)
         kernels = " / ".join(f"{times.get(kernel, 0.0):.1f}" for kernel in KERNEL_NAMES)
         floor_ms = batch * vocab * 8 / bandwidth * 1e3
-        lines.append(f"| {batch} | {name} | {ms * 1e3:.1f} | {graph * 1e3:.1f} | "
-                     f"{graph / floor_ms:.2f} | {kernels} | {fallback} |")
+        lines.append(
+            f"| {batch} | {name} | {ms * 1e3:.1f} | {graph * 1e3:.1f} | "
+            f"{graph / floor_ms:.2f} | {kernels} | {fallback} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -169,19 +180,23 @@ def sweep(bandwidth, batch=256, vocab=152064):
     """Time per call, and per kernel, of other kernel configurations (the benchmark's rows)."""
     sets = [inputs(batch, vocab, seed) for seed in range(2)]
     floor_ms = batch * vocab * 8 / bandwidth * 1e3
-    lines = ["| chunk | capacity | chunk warps | compact | select warps | write chunk "
-             "| triton (us) | triton/floor | chunk / select / write / split kernels (us) "
-             "| fallback rows (split / whole-row) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| chunk | capacity | chunk warps | compact | select warps | write chunk "
+        "| triton (us) | triton/floor | chunk / select / write / split kernels (us) "
+        "| fallback rows (split / whole-row) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for config in SWEEP:
         ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
         fallback = fallback_rows(run_probabilities(*sets[0], config))
         times = kernel_times(sets[0], config)
         kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)
-        lines.append(f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
-                     f"{config.compact} | {config.select_warps} | {config.write_chunk} | "
-                     f"{ms * 1e3:.1f} | "
-                     f"{ms / floor_ms:.2f} | {kernels} | {fallback} |")
+        lines.append(
+            f"| {config.chunk} | {config.chunk_capacity} | {config.chunk_warps} | "
+            f"{config.compact} | {config.select_warps} | {config.write_chunk} | "
+            f"{ms * 1e3:.1f} | "
+            f"{ms / floor_ms:.2f} | {kernels} | {fallback} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
@@ -212,10 +227,12 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time other configurations")
     parser.add_argument("--sweep-batches", default="256", help="batch sizes of the sweep")
     parser.add_argument("--sweep-only", action="store_true", help="stop after the sweep")
-    parser.add_argument("--config", type=int, default=None,
-                        help="time CANDIDATE_CONFIGS[N] instead of the default in the main tables")
-    parser.add_argument("--quick", action="store_true",
-                        help="skip the torch backend and sort-based columns (printed as nan)")
+    parser.add_argument(
+        "--config", type=int, default=None, help="time CANDIDATE_CONFIGS[N] instead of the default in the main tables"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="skip the torch backend and sort-based columns (printed as nan)"
+    )
     args = parser.parse_args()
     config = None if args.config is None else CANDIDATE_CONFIGS[args.config]
     bandwidth = copy_bandwidth()
@@ -233,21 +250,26 @@ def main() -> None:
     emit(header[:3], args.out, "w")
     if args.sweep:  # first: the configurations decide the default
         for batch in (int(b) for b in args.sweep_batches.split(",")):
-            emit(["", f"B={batch}, V=152064, kernel configurations:", ""]
-                 + sweep(bandwidth, batch), args.out, "a")
+            emit(["", f"B={batch}, V=152064, kernel configurations:", ""] + sweep(bandwidth, batch), args.out, "a")
         if args.sweep_only:
             return
     lines = ["", *header[3:]]
     for batch, vocab in itertools.product(BATCHES, VOCABS):
         b, v, tri, graph, tor, srt, flo, host = row(batch, vocab, bandwidth, config, not args.quick)
-        lines.append(f"| {b} | {v} | {tri * 1e3:.1f} | {graph * 1e3:.1f} | {tor * 1e3:.1f} | "
-                     f"{srt * 1e3:.1f} | {flo * 1e3:.1f} | {tri / flo:.2f} | {graph / flo:.2f} | "
-                     f"{srt / tri:.1f} | {host:.0f} |")
+        lines.append(
+            f"| {b} | {v} | {tri * 1e3:.1f} | {graph * 1e3:.1f} | {tor * 1e3:.1f} | "
+            f"{srt * 1e3:.1f} | {flo * 1e3:.1f} | {tri / flo:.2f} | {graph / flo:.2f} | "
+            f"{srt / tri:.1f} | {host:.0f} |"
+        )
         print(lines[-1], flush=True)
-    lines += ["", "V=152064, Triton kernel, row mixes (kernels: torch.profiler device time):", "",
-              "| B | rows | eager (us) | graph (us) | graph/floor "
-              "| chunk / select / write / split kernels (us) | fallback rows (split / whole-row) |",
-              "|---:|---|---:|---:|---:|---|---:|"]
+    lines += [
+        "",
+        "V=152064, Triton kernel, row mixes (kernels: torch.profiler device time):",
+        "",
+        "| B | rows | eager (us) | graph (us) | graph/floor "
+        "| chunk / select / write / split kernels (us) | fallback rows (split / whole-row) |",
+        "|---:|---|---:|---:|---:|---|---:|",
+    ]
     lines += variants(bandwidth, config=config)
     emit(lines, args.out, "a")
 

@@ -24,8 +24,8 @@ Usage, from the repository root: python3 -m benchmarks.sampling_host [--out host
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import io
 import pstats
 import statistics
@@ -75,22 +75,25 @@ class LaunchTimer:
     first call of a specialisation, and `CompiledLaunch.enqueue`, every later one): host
     nanoseconds spent in each kernel's launches, by kernel name."""
 
-    METHODS = ((KernelLaunch, "through_jit", lambda launch: launch.kernel.fn.__name__),
-               (CompiledLaunch, "enqueue", lambda launch: launch.compiled.name))
+    METHODS = (
+        (KernelLaunch, "through_jit", lambda launch: launch.kernel.fn.__name__),
+        (CompiledLaunch, "enqueue", lambda launch: launch.compiled.name),
+    )
 
     def __init__(self):
         self.ns = collections.Counter()
-        self.originals = [(cls, name, getattr(cls, name), kernel_name)
-                          for cls, name, kernel_name in self.METHODS]
+        self.originals = [(cls, name, getattr(cls, name), kernel_name) for cls, name, kernel_name in self.METHODS]
 
     def __enter__(self):
         ns = self.ns
         for cls, name, original, kernel_name in self.originals:
+
             def timed(obj, *args, _original=original, _kernel_name=kernel_name):
                 start = time.perf_counter_ns()
                 result = _original(obj, *args)
                 ns[_kernel_name(obj)] += time.perf_counter_ns() - start
                 return result
+
             setattr(cls, name, timed)
         return self
 
@@ -117,8 +120,7 @@ def _empty_1(x_ptr):
 
 
 @triton.jit
-def _empty_14(a, b, c, d, e, f, g, h, n1, n2, n3, C1: tl.constexpr, C2: tl.constexpr,
-              C3: tl.constexpr):
+def _empty_14(a, b, c, d, e, f, g, h, n1, n2, n3, C1: tl.constexpr, C2: tl.constexpr, C3: tl.constexpr):
     pass
 
 
@@ -128,10 +130,11 @@ def launch_costs() -> list[str]:
     ptrs = [torch.zeros(16, device="cuda") for _ in range(8)]
     jit_1 = lambda: _empty_1[(1,)](x)  # noqa: E731
     jit_14 = lambda: _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4, C2=8, C3=16)  # noqa: E731
-    rows = [("Triton JIT launch, 1 argument", per_call_us(jit_1)),
-            ("Triton JIT launch, 14 arguments (3 constexpr)", per_call_us(jit_14))]
-    compiled_1, compiled_14 = _empty_1[(1,)](x), _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4,
-                                                                  C2=8, C3=16)
+    rows = [
+        ("Triton JIT launch, 1 argument", per_call_us(jit_1)),
+        ("Triton JIT launch, 14 arguments (3 constexpr)", per_call_us(jit_14)),
+    ]
+    compiled_1, compiled_14 = _empty_1[(1,)](x), _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4, C2=8, C3=16)
     runner = compiled_1[(1, 1, 1)]
     stream = current_stream(x.device)
     direct_1 = CompiledLaunch(compiled_1, (1, 1, 1), ())
@@ -139,17 +142,31 @@ def launch_costs() -> list[str]:
     pointers = (x.data_ptr(),)
     route = "launcher" if direct_1.target is compiled_1.run else "C launch function"
     pointers_14 = (*(t.data_ptr() for t in ptrs), 100, 200, 300)
-    launcher_1 = lambda: compiled_1.run(1, 1, 1, stream, compiled_1.function,  # noqa: E731
-                                        compiled_1.packed_metadata, None, None, None, *pointers)
-    rows += [("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))),
-             ("compiled kernel's launcher (CudaLauncher.__call__), 1 argument",
-              per_call_us(launcher_1)),
-             (f"CompiledLaunch.enqueue ({route}), 1 argument",
-              per_call_us(lambda: direct_1.enqueue(stream, pointers))),
-             (f"CompiledLaunch.enqueue ({route}), 14 arguments (3 constexpr)",
-              per_call_us(lambda: direct_14.enqueue(stream, pointers_14)))]
-    rows += [("torch x.add_(1)", per_call_us(lambda: x.add_(1))),
-             ("torch.empty(16)", per_call_us(lambda: torch.empty(16, device="cuda")))]
+    launcher_1 = lambda: compiled_1.run(
+        1,
+        1,
+        1,
+        stream,
+        compiled_1.function,  # noqa: E731
+        compiled_1.packed_metadata,
+        None,
+        None,
+        None,
+        *pointers,
+    )
+    rows += [
+        ("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))),
+        ("compiled kernel's launcher (CudaLauncher.__call__), 1 argument", per_call_us(launcher_1)),
+        (f"CompiledLaunch.enqueue ({route}), 1 argument", per_call_us(lambda: direct_1.enqueue(stream, pointers))),
+        (
+            f"CompiledLaunch.enqueue ({route}), 14 arguments (3 constexpr)",
+            per_call_us(lambda: direct_14.enqueue(stream, pointers_14)),
+        ),
+    ]
+    rows += [
+        ("torch x.add_(1)", per_call_us(lambda: x.add_(1))),
+        ("torch.empty(16)", per_call_us(lambda: torch.empty(16, device="cuda"))),
+    ]
     return [f"| {name} | {us:.1f} |" for name, us in rows]
 
 
@@ -173,19 +190,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the tables to this file")
     args = parser.parse_args()
-    lines = [f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-             f"triton {triton.__version__}; host us per call (call, validate: median of "
-             f"{REPEATS} loops of {CALLS}; launches: mean)", ""]
+    lines = [
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}; host us per call (call, validate: median of "
+        f"{REPEATS} loops of {CALLS}; launches: mean)",
+        "",
+    ]
     results = [(batch, *steps(batch)) for batch in BATCHES]
     kernels = sorted({name for *_, launches in results for name in launches})
-    lines += ["| B | call | validate | " + " | ".join(kernels) + " | other |",
-              "|---:|---:|---:|" + "---:|" * (len(kernels) + 1)]
+    lines += [
+        "| B | call | validate | " + " | ".join(kernels) + " | other |",
+        "|---:|---:|---:|" + "---:|" * (len(kernels) + 1),
+    ]
     for batch, call, validate, launches in results:
         other = call - validate - sum(launches.values())
         cells = " | ".join(f"{launches.get(name, 0.0):.1f}" for name in kernels)
         lines.append(f"| {batch} | {call:.1f} | {validate:.1f} | {cells} | {other:.1f} |")
-    lines += ["", "| one launch | host us |", "|---|---:|", *launch_costs(), "",
-              f"cProfile, {CALLS} calls at B = 1 (seconds):", "", profile()]
+    lines += [
+        "",
+        "| one launch | host us |",
+        "|---|---:|",
+        *launch_costs(),
+        "",
+        f"cProfile, {CALLS} calls at B = 1 (seconds):",
+        "",
+        profile(),
+    ]
     text = "\n".join(lines)
     print(text, flush=True)
     if args.out:

@@ -46,32 +46,38 @@ import triton.testing
 from benchmarks.sampling import L2_BYTES, inputs
 from benchmarks.sampling_host import per_call_us
 from benchmarks.select_kernel import VARIANTS as SELECT_VARIANTS
-from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, SINGLE_LAUNCH_CONFIGS,
-                                                   RowMode, launch_plan, probabilities_triton,
-                                                   run_probabilities)
+from engine.sampling.kernels.probabilities import (
+    DEFAULT_CONFIG,
+    SINGLE_LAUNCH_CONFIGS,
+    RowMode,
+    launch_plan,
+    probabilities_triton,
+    run_probabilities,
+)
 
 WARMUP_MS, REP_MS, GRAPH_REP_MS = 25, 100, 20
 LATENCY_CALLS = 200
 HOST_REPEATS, HOST_CALLS = 20, 25
 ANY_SIZE = 2**40  # single_launch_entries that sends every batch of this script to one launch
-MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "no truncation": (-1, 1.0),
-         "top-k 1000 + top-p 0.95": (1000, 0.95)}
+MIXES = {"top-k 50 + top-p 0.9": (50, 0.9), "no truncation": (-1, 1.0), "top-k 1000 + top-p 0.95": (1000, 0.95)}
 # (B, V, mix): the default mix at every size up to past the threshold, the others at 1/8/64
-CASES = ([(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064)
-          for b in (1, 2, 4, 8, 32, 64, 128)]
-         + [(b, 32000, "no truncation") for b in (1, 8)]
-         + [(b, 152064, mix) for mix in list(MIXES)[1:] for b in (1, 8, 64)])
+CASES = (
+    [(b, v, "top-k 50 + top-p 0.9") for v in (32000, 152064) for b in (1, 2, 4, 8, 32, 64, 128)]
+    + [(b, 32000, "no truncation") for b in (1, 8)]
+    + [(b, 152064, mix) for mix in list(MIXES)[1:] for b in (1, 8, 64)]
+)
 FALLBACK_BATCHES = (1, 8, 64)
-DEFAULT_CASES = [(b, v, mix) for v in (32000, 152064) for mix in list(MIXES)[:2]
-                 for b in (1, 2, 4, 8, 16, 32, 64)]
+DEFAULT_CASES = [(b, v, mix) for v in (32000, 152064) for mix in list(MIXES)[:2] for b in (1, 2, 4, 8, 16, 32, 64)]
 COLUMNS = ("eager", "graph", "host", "stream", "latency")
 
 
 def variants(base=DEFAULT_CONFIG):
     """(name, config): three launches, then each single-launch configuration."""
     three = dataclasses.replace(base, single_launch_entries=0)
-    singles = [(f"single {i}", dataclasses.replace(c, single_launch_entries=ANY_SIZE))
-               for i, c in enumerate(SINGLE_LAUNCH_CONFIGS)]
+    singles = [
+        (f"single {i}", dataclasses.replace(c, single_launch_entries=ANY_SIZE))
+        for i, c in enumerate(SINGLE_LAUNCH_CONFIGS)
+    ]
     return [("three", three), *singles]
 
 
@@ -116,10 +122,8 @@ def timings(config, sets) -> tuple[float, ...]:
     """(eager, graph, host, stream, latency) us of probabilities_triton with `config`."""
     fn = lambda *a: probabilities_triton(*a, config=config)  # noqa: E731
     cycle = itertools.cycle(sets)
-    eager = triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS,
-                                    return_mode="median")
-    graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS,
-                                              return_mode="median")
+    eager = triton.testing.do_bench(lambda: fn(*next(cycle)), warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
+    graph = triton.testing.do_bench_cudagraph(lambda: fn(*sets[0]), rep=GRAPH_REP_MS, return_mode="median")
     host = per_call_us(lambda: fn(*sets[0]), HOST_CALLS, HOST_REPEATS)
     return eager * 1e3, graph * 1e3, host, stream_us(fn, sets), latency_us(fn, sets[0])
 
@@ -133,20 +137,21 @@ def modes(config, args) -> str:
 def table(cases, named_configs) -> list[str]:
     names = [name for name, _ in named_configs]
     columns = " / ".join(COLUMNS)
-    lines = ["| B | V | rows | " + " | ".join(f"{n} {columns}" for n in names) + " | row modes |",
-             "|---:|---:|---|" + "---:|" * len(names) + "---|"]
+    lines = [
+        "| B | V | rows | " + " | ".join(f"{n} {columns}" for n in names) + " | row modes |",
+        "|---:|---:|---|" + "---:|" * len(names) + "---|",
+    ]
     for batch, vocab, mix in cases:
         sets = input_sets(batch, vocab, mix)
-        cells = [" / ".join(f"{x:.1f}" for x in timings(config, sets))
-                 for _, config in named_configs]
-        lines.append(f"| {batch} | {vocab} | {mix} | " + " | ".join(cells)
-                     + f" | {modes(named_configs[-1][1], sets[0])} |")
+        cells = [" / ".join(f"{x:.1f}" for x in timings(config, sets)) for _, config in named_configs]
+        lines.append(
+            f"| {batch} | {vocab} | {mix} | " + " | ".join(cells) + f" | {modes(named_configs[-1][1], sets[0])} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
 
-def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),),
-                   cases=DEFAULT_CASES) -> list[str]:
+def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),), cases=DEFAULT_CASES) -> list[str]:
     """Median [min-max] over `rounds` rounds of each column, for each configuration (the
     default; with --overlap also the default with `overlap_launches` flipped, with --variants
     the named variants), interleaved case by case within each round."""
@@ -156,20 +161,22 @@ def default_rounds(rounds: int, named_configs=(("default", DEFAULT_CONFIG),),
         for case in cases:
             for name, config in named_configs:
                 found[case, name].append(timings(config, sets[case]))
-    lines = ["| B | V | rows | path | config | " + " | ".join(COLUMNS) + " |",
-             "|---:|---:|---|---|---|" + "---:|" * len(COLUMNS)]
+    lines = [
+        "| B | V | rows | path | config | " + " | ".join(COLUMNS) + " |",
+        "|---:|---:|---|---|---|" + "---:|" * len(COLUMNS),
+    ]
     for ((batch, vocab, mix), name), runs in found.items():
         path = "single" if launch_plan(DEFAULT_CONFIG, batch, vocab).single else "three"
-        cells = [f"{statistics.median(column):.1f} [{min(column):.1f}-{max(column):.1f}]"
-                 for column in zip(*runs)]
-        lines.append(f"| {batch} | {vocab} | {mix} | {path} | {name} | " + " | ".join(cells)
-                     + " |")
+        cells = [f"{statistics.median(column):.1f} [{min(column):.1f}-{max(column):.1f}]" for column in zip(*runs)]
+        lines.append(f"| {batch} | {vocab} | {mix} | {path} | {name} | " + " | ".join(cells) + " |")
     return lines
 
 
 def device_line() -> str:
-    return (f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-            f"triton {triton.__version__}; microseconds per call")
+    return (
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"triton {triton.__version__}; microseconds per call"
+    )
 
 
 def comparison() -> list[str]:
@@ -179,8 +186,10 @@ def comparison() -> list[str]:
     print("\n".join(lines), flush=True)
     lines += table(CASES, configs)
     forced = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=1)
-    fallback = [("three", dataclasses.replace(forced, single_launch_entries=0)),
-                ("single", dataclasses.replace(forced, single_launch_entries=ANY_SIZE))]
+    fallback = [
+        ("three", dataclasses.replace(forced, single_launch_entries=0)),
+        ("single", dataclasses.replace(forced, single_launch_entries=ANY_SIZE)),
+    ]
     lines += ["", "Every truncating row FALLBACK (one candidate slot per chunk):", ""]
     lines += table([(b, 152064, "top-k 50 + top-p 0.9") for b in FALLBACK_BATCHES], fallback)
     return lines
@@ -189,28 +198,36 @@ def comparison() -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the tables to this file")
-    parser.add_argument("--default-only", type=int, metavar="ROUNDS",
-                        help="only the default configuration, in this many rounds")
-    parser.add_argument("--overlap", action="store_true",
-                        help="with --default-only: also the default with overlap_launches flipped")
-    parser.add_argument("--variants", default="",
-                        help="with --default-only: also these variants of benchmarks.select_kernel "
-                             "(comma-separated names; three launches, as the default at these "
-                             "sizes)")
-    parser.add_argument("--batches", default="",
-                        help="with --default-only: only these batch sizes (comma-separated)")
+    parser.add_argument(
+        "--default-only", type=int, metavar="ROUNDS", help="only the default configuration, in this many rounds"
+    )
+    parser.add_argument(
+        "--overlap", action="store_true", help="with --default-only: also the default with overlap_launches flipped"
+    )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="with --default-only: also these variants of benchmarks.select_kernel "
+        "(comma-separated names; three launches, as the default at these "
+        "sizes)",
+    )
+    parser.add_argument("--batches", default="", help="with --default-only: only these batch sizes (comma-separated)")
     args = parser.parse_args()
     if args.default_only:
         named = [("default", DEFAULT_CONFIG)]
         if args.overlap:
             flipped = not DEFAULT_CONFIG.overlap_launches
-            named.append((f"overlap {'on' if flipped else 'off'}",
-                          dataclasses.replace(DEFAULT_CONFIG, overlap_launches=flipped)))
+            named.append(
+                (f"overlap {'on' if flipped else 'off'}", dataclasses.replace(DEFAULT_CONFIG, overlap_launches=flipped))
+            )
         named += [(name, SELECT_VARIANTS[name]) for name in args.variants.split(",") if name]
         batches = {int(b) for b in args.batches.split(",") if b}
         cases = [case for case in DEFAULT_CASES if not batches or case[0] in batches]
-        lines = [f"{device_line()}, median [min-max] of {args.default_only} rounds; "
-                 f"{DEFAULT_CONFIG}", "", *default_rounds(args.default_only, named, cases)]
+        lines = [
+            f"{device_line()}, median [min-max] of {args.default_only} rounds; {DEFAULT_CONFIG}",
+            "",
+            *default_rounds(args.default_only, named, cases),
+        ]
         print("\n".join(lines), flush=True)
     else:
         lines = comparison()

@@ -33,13 +33,11 @@ INSTRUCTION = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.
 
 
 def disassemble(cubin: bytes) -> str:
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([nvdisasm, "-g", "-c", f.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run([nvdisasm, "-g", "-c", f.name], capture_output=True, text=True, check=True).stdout
 
 
 def by_line(sass: str) -> tuple[collections.Counter, collections.Counter, dict]:
@@ -67,16 +65,14 @@ def kernel_launch(name: str, rows: int) -> tuple:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", default="chunk", choices=("chunk", "select", "write",
-                                                              "single"))
+    parser.add_argument("--kernel", default="chunk", choices=("chunk", "select", "write", "single"))
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--line", help="also print the SASS of this file:line")
     args = parser.parse_args()
     cubin = compile_cubin(*kernel_launch(args.kernel, args.rows))
     lines, opcodes, text = by_line(disassemble(cubin))
-    print(f"{args.kernel} kernel, B = {args.rows}, V = {VOCAB}: "
-          f"{sum(lines.values())} SASS instructions")
+    print(f"{args.kernel} kernel, B = {args.rows}, V = {VOCAB}: {sum(lines.values())} SASS instructions")
     print("| instructions | source line |\n| ---: | --- |")
     for line, count in lines.most_common(args.top):
         print(f"| {count} | {line} |")

@@ -18,7 +18,6 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from specval.protocol.sections import SamplingSpec
 from specval.semantics import DEFAULT_SEMANTICS
 from specval.sequence import reference, verdict
 from specval.sequence.protocol import parse_sequence_protocol
@@ -29,12 +28,25 @@ PROMPTS = 2
 
 
 def _protocol(sequences: int, length: int, batch: int, k: int):
-    return parse_sequence_protocol({
-        "kind": "sequence", "name": "calibration", "prompts": ["a", "b"], "sampling": {"temperature": 1.0},
-        "num_speculative_tokens": k, "sequence_length": length, "groups": [{"name": "sync", "mode": "sync"}],
-        "sequences_per_group": sequences, "batch_size": batch,
-        "tests": [{"kind": "pit", "role": "primary"}, {"kind": "serial", "role": "primary"},
-                  {"kind": "independence", "role": "primary"}]}, "<calibration>")
+    return parse_sequence_protocol(
+        {
+            "kind": "sequence",
+            "name": "calibration",
+            "prompts": ["a", "b"],
+            "sampling": {"temperature": 1.0},
+            "num_speculative_tokens": k,
+            "sequence_length": length,
+            "groups": [{"name": "sync", "mode": "sync"}],
+            "sequences_per_group": sequences,
+            "batch_size": batch,
+            "tests": [
+                {"kind": "pit", "role": "primary"},
+                {"kind": "serial", "role": "primary"},
+                {"kind": "independence", "role": "primary"},
+            ],
+        },
+        "<calibration>",
+    )
 
 
 def replicate(args: tuple) -> dict[str, str]:
@@ -52,12 +64,18 @@ def replicate(args: tuple) -> dict[str, str]:
     logits = np.log(chain.target[run.prev])
     parts = [reference.sequence_parts(logits[r], run.tokens[r], protocol, DEFAULT_SEMANTICS) for r in rows]
     data = verdict.GroupSequences(
-        tokens=run.tokens, sources=sources, batch=rows // batch, slot=rows % batch,
+        tokens=run.tokens,
+        sources=sources,
+        batch=rows // batch,
+        slot=rows % batch,
         parts={name: np.stack([p[name] for p in parts]) for name in reference.PART_COLUMNS},
-        rerun_tokens=run.tokens[:1], rerun_expected=run.tokens[:1])
+        rerun_tokens=run.tokens[:1],
+        rerun_expected=run.tokens[:1],
+    )
     decided = verdict.evaluate(protocol, {"sync": data}, {"sync": index * sequences})
-    return {name: test["verdict"] for name, test in decided["tests"].items() if test["p_value"] is not None} | \
-        {"__run__": decided["verdict"]}
+    return {name: test["verdict"] for name, test in decided["tests"].items() if test["p_value"] is not None} | {
+        "__run__": decided["verdict"]
+    }
 
 
 def main() -> None:
@@ -74,8 +92,10 @@ def main() -> None:
         results = list(pool.map(replicate, jobs, chunksize=50))
     fails = sum(r["__run__"] == "FAIL" for r in results)
     low, high = rate_ci(fails, len(results), 0.05)
-    print(f"replicates {len(results)}: family FAIL {fails} ({fails / len(results):.4f}), CP 95% [{low:.4f}, "
-          f"{high:.4f}] vs alpha 0.01")
+    print(
+        f"replicates {len(results)}: family FAIL {fails} ({fails / len(results):.4f}), CP 95% [{low:.4f}, "
+        f"{high:.4f}] vs alpha 0.01"
+    )
     for name in sorted(k for k in results[0] if k != "__run__"):
         print(f"  {name}: FAIL {sum(r[name] == 'FAIL' for r in results)}")
 

@@ -26,8 +26,17 @@ import numpy as np
 
 from specval.stats import montecarlo
 from specval.stats.independence import STATISTICS, pit_association
-from specval.stats.sequence import (SERIAL_BINS, _lag_starts, _uniform_chi2, independence_chi2, in_chunks,
-                                    pair_tables, pit_uniformity, serial_dependence, to_bins)
+from specval.stats.sequence import (
+    SERIAL_BINS,
+    _lag_starts,
+    _uniform_chi2,
+    in_chunks,
+    independence_chi2,
+    pair_tables,
+    pit_uniformity,
+    serial_dependence,
+    to_bins,
+)
 
 SEQUENCE_LENGTH = 64  # tokens per sequence of the serial rows (seq_fp32)
 MAX_LAG = 4  # K + 1 at K = 3 (seq_fp32)
@@ -68,8 +77,9 @@ def _before_serial(sequences, level, rng):
 def _before_association(u_a, u_b, level, rng):
     n = u_a.size
     rho = abs(float(12.0 * ((u_a - 0.5) * (u_b - 0.5)).mean()))
-    chi2 = float(independence_chi2(pair_tables(to_bins(u_a, SERIAL_BINS)[None], to_bins(u_b, SERIAL_BINS)[None],
-                                               SERIAL_BINS))[0])
+    chi2 = float(
+        independence_chi2(pair_tables(to_bins(u_a, SERIAL_BINS)[None], to_bins(u_b, SERIAL_BINS)[None], SERIAL_BINS))[0]
+    )
 
     def draw_rho(gen, size):
         return np.abs(12.0 * ((gen.random((size, n)) - 0.5) * (gen.random((size, n)) - 0.5)).mean(axis=-1))
@@ -93,19 +103,32 @@ def _rows(size: int, level: float):
     buckets = np.arange(size) % POSITION_BUCKETS
     half = size // 2
     rng = montecarlo.criterion_rng
-    yield ("pit_uniformity, 1 bucket", lambda: _before_pit(skewed, None, level, rng("b", "pit", stream=montecarlo.FIRST_STREAM)),
-           lambda s: pit_uniformity(skewed, level=level, rng=rng("b", "pit", stream=s)).p_value)
-    yield (f"pit_uniformity, {POSITION_BUCKETS} buckets",
-           lambda: _before_pit(skewed, buckets, level, rng("b", "pos", stream=montecarlo.FIRST_STREAM)),
-           lambda s: pit_uniformity(skewed, buckets, level=level, rng=rng("b", "pos", stream=s)).p_value)
-    yield (f"serial_dependence, lags 1..{MAX_LAG}",
-           lambda: _before_serial(sequences, level, rng("b", "serial", stream=montecarlo.FIRST_STREAM)),
-           lambda s: serial_dependence(sequences, MAX_LAG, level=level, rng=rng("b", "serial", stream=s)).p_value)
-    yield (f"pit_association, {half} pairs",
-           lambda: _before_association(dependent[:half], dependent[1:half + 1], level,
-                                       rng("b", "pair", stream=montecarlo.FIRST_STREAM)),
-           lambda s: pit_association(dependent[:half], dependent[1:half + 1], level=level,
-                                     rng=rng("b", "pair", stream=s)).p_value)
+    yield (
+        "pit_uniformity, 1 bucket",
+        lambda: _before_pit(skewed, None, level, rng("b", "pit", stream=montecarlo.FIRST_STREAM)),
+        lambda s: pit_uniformity(skewed, level=level, rng=rng("b", "pit", stream=s)).p_value,
+    )
+    yield (
+        f"pit_uniformity, {POSITION_BUCKETS} buckets",
+        lambda: _before_pit(skewed, buckets, level, rng("b", "pos", stream=montecarlo.FIRST_STREAM)),
+        lambda s: pit_uniformity(skewed, buckets, level=level, rng=rng("b", "pos", stream=s)).p_value,
+    )
+    yield (
+        f"serial_dependence, lags 1..{MAX_LAG}",
+        lambda: _before_serial(sequences, level, rng("b", "serial", stream=montecarlo.FIRST_STREAM)),
+        lambda s: serial_dependence(sequences, MAX_LAG, level=level, rng=rng("b", "serial", stream=s)).p_value,
+    )
+    yield (
+        f"pit_association, {half} pairs",
+        lambda: _before_association(
+            dependent[:half], dependent[1 : half + 1], level, rng("b", "pair", stream=montecarlo.FIRST_STREAM)
+        ),
+        lambda s: (
+            pit_association(
+                dependent[:half], dependent[1 : half + 1], level=level, rng=rng("b", "pair", stream=s)
+            ).p_value
+        ),
+    )
 
 
 def _timed(run):
@@ -117,8 +140,9 @@ def _timed(run):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=2000, help="B, the null statistics of a rejected criterion")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[12_800, 102_400],
-                        help="N, tokens per criterion (multiples of 64)")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[12_800, 102_400], help="N, tokens per criterion (multiples of 64)"
+    )
     args = parser.parse_args(argv)
     level = montecarlo.EXCEEDANCES / args.draws
     assert montecarlo.num_draws(level) == args.draws
@@ -132,8 +156,11 @@ def main(argv: list[str] | None = None) -> None:
             p_after, t_after = _timed(lambda: now(montecarlo.CURRENT_STREAM))
             if p_before != p_first:
                 raise AssertionError(f"{name}: version 1 p-value changed ({p_before} -> {p_first})")
-            print(f"| {name} | {size:,} | {args.draws:,} | {t_before:.2f} | {t_first:.2f} | {t_after:.2f} | "
-                  f"{t_before / t_after:.1f}x |", flush=True)
+            print(
+                f"| {name} | {size:,} | {args.draws:,} | {t_before:.2f} | {t_first:.2f} | {t_after:.2f} | "
+                f"{t_before / t_after:.1f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

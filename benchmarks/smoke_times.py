@@ -53,20 +53,27 @@ def run_smoke(path: Path, raw: dict, output: Path) -> dict:
     process wall seconds and the bundle manifest's collection seconds (None without a bundle)."""
     root = output / path.stem
     verb = "bench" if raw.get("kind") == "performance" else "run"
-    command = [sys.executable, "-m", "specval", verb, str(path), "--profile", SMOKE, "--output", str(root),
-               "--quiet"]
+    command = [sys.executable, "-m", "specval", verb, str(path), "--profile", SMOKE, "--output", str(root), "--quiet"]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if line.strip()]
-    verdicts = [line for line in lines if line.split(":")[0] in ("PASS", "FAIL", "INCONCLUSIVE", "EXPLORATORY PASS",
-                                                                  "EXPLORATORY FAIL", "EXPLORATORY INCONCLUSIVE")]
+    verdicts = [
+        line
+        for line in lines
+        if line.split(":")[0]
+        in ("PASS", "FAIL", "INCONCLUSIVE", "EXPLORATORY PASS", "EXPLORATORY FAIL", "EXPLORATORY INCONCLUSIVE")
+    ]
     manifests = sorted(root.glob("*/manifest.json"))
     collect = json.loads(manifests[-1].read_text()).get("collect_s") if manifests else None
     verdict = (verdicts or lines or [""])[-1].replace(f"{REPO}/", "")  # paths relative to the repository
-    return {"protocol": str(path.relative_to(REPO)), "exit": done.returncode,
-            "verdict": verdict[:100], "wall_s": round(wall, 1),
-            "collect_s": None if collect is None else round(collect, 1)}
+    return {
+        "protocol": str(path.relative_to(REPO)),
+        "exit": done.returncode,
+        "verdict": verdict[:100],
+        "wall_s": round(wall, 1),
+        "collect_s": None if collect is None else round(collect, 1),
+    }
 
 
 def row(result: dict) -> str:
@@ -88,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         raw = _raw(path)
         why = skip_reason(raw)
         if why is not None:
-            result = {"protocol": str(path.relative_to(REPO)), "exit": "-", "verdict": why, "wall_s": None,
-                      "collect_s": None}
+            result = {
+                "protocol": str(path.relative_to(REPO)),
+                "exit": "-",
+                "verdict": why,
+                "wall_s": None,
+                "collect_s": None,
+            }
         else:
             result = run_smoke(path, raw, args.output.resolve())
         results.append(result)

@@ -21,8 +21,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, LEVEL_ZERO,
-                                                          QUICK_FLOOR_SHARE)
+from engine.sampling.kernels.probabilities.config import DEFAULT_CONFIG, LEVEL_ZERO, QUICK_FLOOR_SHARE
 
 SCALE = 5 / 0.8  # benchmarks.sampling's N(0, 5^2) logits at temperature 0.8
 NUM_LEVELS = 32
@@ -31,7 +30,7 @@ NUM_LEVELS = 32
 def chunk_statistics(x: np.ndarray, chunk: int, z: float):
     """(maxima, floors, stored counts, finite means) of the row's chunks, as the chunk kernel."""
     padded = np.full(-(-x.size // chunk) * chunk, -np.inf, np.float32)
-    padded[:x.size] = x
+    padded[: x.size] = x
     chunks = padded.reshape(-1, chunk)
     finite = np.isfinite(chunks)
     n = finite.sum(1)
@@ -47,11 +46,13 @@ def top_k_floor(maxima, floors, counts, spread, m, k, steps) -> tuple[float, flo
     """(level floor, refined floor): the pivot of the lowest level the chunks prove k tokens
     at (-inf if none does), and that raised by `steps` halvings of the gap to the level above
     to the highest midpoint they prove."""
+
     def pivot(level):
         return m if level == 0 else m - spread * 2 ** ((level - LEVEL_ZERO.value) / 4)
 
     def proves(v):
         return np.maximum(maxima >= v, np.where(floors >= v, counts, 0)).sum() >= k
+
     for level in range(NUM_LEVELS):
         if proves(pivot(level)):
             lo, hi = pivot(level), pivot(level - 1) if level > 0 else None
@@ -86,17 +87,19 @@ def main() -> None:
         at_floor.append(int((x >= max(f, v)).sum()))
         hot_level.append(int((maxima >= max(f, level)).sum()))
         hot.append(int((maxima >= max(f, v)).sum()))
-    for name, counts in (("candidates at or above the largest chunk floor", at_f),
-                         ("candidates at or above the top-k floor at its level", at_level),
-                         (f"candidates at or above the top-k floor, {steps} halvings", at_floor),
-                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor at its "
-                          "level", hot_level),
-                         (f"chunks (of {maxima.size}) whose max reaches the top-k floor, "
-                          f"{steps} halvings", hot)):
+    for name, counts in (
+        ("candidates at or above the largest chunk floor", at_f),
+        ("candidates at or above the top-k floor at its level", at_level),
+        (f"candidates at or above the top-k floor, {steps} halvings", at_floor),
+        (f"chunks (of {maxima.size}) whose max reaches the top-k floor at its level", hot_level),
+        (f"chunks (of {maxima.size}) whose max reaches the top-k floor, {steps} halvings", hot),
+    ):
         q = np.percentile(counts, [0, 50, 90, 100])
         print(f"{name}: min {q[0]:.0f}, median {q[1]:.0f}, 90% {q[2]:.0f}, max {q[3]:.0f}")
-    print(f"rows above tiny_compact ({config.tiny_compact}): "
-          f"{sum(c > config.tiny_compact for c in at_floor)} of {args.rows}")
+    print(
+        f"rows above tiny_compact ({config.tiny_compact}): "
+        f"{sum(c > config.tiny_compact for c in at_floor)} of {args.rows}"
+    )
 
 
 if __name__ == "__main__":

@@ -8,5 +8,4 @@ from engine.config import EngineConfig, ModelConfig, SpeculativeConfig
 from engine.params import SamplingParams
 from engine.request import RequestOutput
 
-__all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams",
-           "SpeculativeConfig"]
+__all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "RequestOutput", "SamplingParams", "SpeculativeConfig"]

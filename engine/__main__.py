@@ -29,12 +29,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def generate(args: argparse.Namespace) -> int:
-    config = EngineConfig(mode=args.mode, dtype=args.dtype, draft_loops=args.draft_loops,
-                          num_speculative_tokens=args.num_speculative_tokens)
-    params = [SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             max_tokens=args.max_tokens,
-                             seed=None if args.seed is None else args.seed + i)
-              for i in range(args.num_samples)]
+    config = EngineConfig(
+        mode=args.mode,
+        dtype=args.dtype,
+        draft_loops=args.draft_loops,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+    params = [
+        SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            max_tokens=args.max_tokens,
+            seed=None if args.seed is None else args.seed + i,
+        )
+        for i in range(args.num_samples)
+    ]
     llm = LLM(config)
     outputs = llm.generate([args.prompt] * args.num_samples, params)
     for output in outputs:
@@ -45,8 +55,10 @@ def generate(args: argparse.Namespace) -> int:
     tokens = sum(len(o.token_ids) for o in outputs)
     rounds = sum(o.num_rounds for o in outputs)
     rate = f"{accepted / drafts:.3f}" if drafts else "n/a"
-    print(f"=== mode={args.mode} tokens={tokens} rounds={rounds} drafts={drafts} "
-          f"accepted={accepted} acceptance_rate={rate} tokens_per_round={tokens / max(rounds, 1):.2f}")
+    print(
+        f"=== mode={args.mode} tokens={tokens} rounds={rounds} drafts={drafts} "
+        f"accepted={accepted} acceptance_rate={rate} tokens_per_round={tokens / max(rounds, 1):.2f}"
+    )
     llm.close()
     return 0
 

@@ -17,8 +17,8 @@ import torch
 from engine.config import IMPLEMENTED_MODES, EngineConfig
 from engine.kv_cache import NUM_RESERVED_BLOCKS, BlockManager, KVLayout, PagedKVCache, scratch_block
 from engine.models.base import DepthModel
-from engine.mutants import sampling_ops
 from engine.models.loader import build_model, build_tokenizer
+from engine.mutants import sampling_ops
 from engine.params import SamplingParams
 from engine.request import Request, RequestOutput
 from engine.runners.async_speculative import AsyncSpeculativeRunner
@@ -49,26 +49,38 @@ class Engine:
     `config.device`. `tokenizer` (optional) replaces the model's own tokenizer for text prompts.
     """
 
-    def __init__(self, config: EngineConfig, model: DepthModel | None = None,
-                 tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, model: DepthModel | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
         if not isinstance(config, EngineConfig):
             raise ValueError(f"config={config!r} is invalid: expected an EngineConfig")
         if config.mode not in IMPLEMENTED_MODES:
-            raise NotImplementedError(f"mode={config.mode!r} is not implemented yet; "
-                                      f"supported modes: {IMPLEMENTED_MODES}")
+            raise NotImplementedError(
+                f"mode={config.mode!r} is not implemented yet; supported modes: {IMPLEMENTED_MODES}"
+            )
         self.config = config
         self.device = torch.device(config.device)
         self.model = build_model(config) if model is None else model
         if config.is_speculative and config.draft_loops >= self.model.num_depths:
-            raise ValueError(f"draft_loops={config.draft_loops} is invalid: must be < the model's "
-                             f"loops ({self.model.num_depths})")
+            raise ValueError(
+                f"draft_loops={config.draft_loops} is invalid: must be < the model's loops ({self.model.num_depths})"
+            )
         if config.collection == "engine":  # the batched collection's driver warms its own rows
-            warm_probabilities(self.model.vocab_size, self._sampling_rows(), self.device,
-                               backend=config.sampling_backend)  # compiles while the rest is built
+            warm_probabilities(
+                self.model.vocab_size, self._sampling_rows(), self.device, backend=config.sampling_backend
+            )  # compiles while the rest is built
         self.tokenizer = build_tokenizer(config) if tokenizer is None else tokenizer
-        self.kv = PagedKVCache(KVLayout(config.num_kv_blocks + NUM_RESERVED_BLOCKS, config.block_size,
-                                        self.model.num_layers_per_depth, self.model.num_kv_heads,
-                                        self.model.head_size), config.torch_dtype, self.device)
+        self.kv = PagedKVCache(
+            KVLayout(
+                config.num_kv_blocks + NUM_RESERVED_BLOCKS,
+                config.block_size,
+                self.model.num_layers_per_depth,
+                self.model.num_kv_heads,
+                self.model.head_size,
+            ),
+            config.torch_dtype,
+            self.device,
+        )
         self.scheduler = Scheduler(self._limits(), BlockManager(config.num_kv_blocks, config.block_size))
         self.runner = self._runner()
         self._requests: dict[str, Request] = {}
@@ -76,8 +88,7 @@ class Engine:
 
     def _limits(self) -> SchedulerLimits:
         k = self.config.num_speculative_tokens if self.config.is_speculative else 0
-        return SchedulerLimits(self.config.max_num_seqs, self.config.max_num_batched_tokens, k,
-                               self.model.eos_token_id)
+        return SchedulerLimits(self.config.max_num_seqs, self.config.max_num_batched_tokens, k, self.model.eos_token_id)
 
     def _sampling_rows(self) -> tuple[int, int]:
         """The fewest and the most rows of a scheduler step's sampling calls, 1 and max_num_seqs x
@@ -87,19 +98,24 @@ class Engine:
         return (1, config.max_num_seqs * rows_each)
 
     def _runner(self) -> ModelRunner:
-        args = (self.model, self.kv, self.device, self.config.sampling_backend,
-                sampling_ops(self.config.mutant))
-        speculative = dict(num_speculative_tokens=self.config.num_speculative_tokens,
-                           draft_depth=self.config.draft_loops, draft_override=self._draft_override())
+        args = (self.model, self.kv, self.device, self.config.sampling_backend, sampling_ops(self.config.mutant))
+        speculative = dict(
+            num_speculative_tokens=self.config.num_speculative_tokens,
+            draft_depth=self.config.draft_loops,
+            draft_override=self._draft_override(),
+        )
         if self.config.mode == "nospec":
             return PlainRunner(*args)
         if self.config.mode == "sync":
             return SpeculativeRunner(*args, **speculative)
         use_graphs = self.device.type == "cuda" and not self.config.enforce_eager
-        return AsyncSpeculativeRunner(*args, **speculative, max_num_seqs=self.config.max_num_seqs,
-                                      rounds_in_flight=self.config.rounds_in_flight,
-                                      scratch_block=scratch_block(self.config.num_kv_blocks)
-                                      if use_graphs else None)
+        return AsyncSpeculativeRunner(
+            *args,
+            **speculative,
+            max_num_seqs=self.config.max_num_seqs,
+            rounds_in_flight=self.config.rounds_in_flight,
+            scratch_block=scratch_block(self.config.num_kv_blocks) if use_graphs else None,
+        )
 
     def _draft_override(self) -> DraftOverride | None:
         config = self.config
@@ -107,8 +123,7 @@ class Engine:
             return None
         return DraftOverride(config.draft_override, config.draft_noise_scale, config.draft_temperature_factor)
 
-    def add_request(self, request_id: str, prompt: str | Sequence[int],
-                    params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> None:
         """Validate and queue one request (see `add_requests`)."""
         self.add_requests([(request_id, prompt, params)])
 
@@ -121,8 +136,7 @@ class Engine:
         """
         checked = self._checked_batch(requests)
         for request_id, prompt_ids, params in checked:
-            request = Request(request_id, prompt_ids, params, self._seed_for(params),
-                              self.model.num_depths)
+            request = Request(request_id, prompt_ids, params, self._seed_for(params), self.model.num_depths)
             self._requests[request_id] = request
             self.scheduler.add(request)
 
@@ -137,13 +151,13 @@ class Engine:
             except ValueError as error:
                 if len(requests) == 1:
                     raise
-                raise ValueError(f"request {index} of the batch ({request_id!r}): {error}; "
-                                 f"no request of the batch was admitted") from None
+                raise ValueError(
+                    f"request {index} of the batch ({request_id!r}): {error}; no request of the batch was admitted"
+                ) from None
             batch_ids.add(request_id)
         return checked
 
-    def _checked(self, request_id, prompt, params,
-                 batch_ids: set[str]) -> tuple[str, list[int], SamplingParams]:
+    def _checked(self, request_id, prompt, params, batch_ids: set[str]) -> tuple[str, list[int], SamplingParams]:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id={request_id!r} is invalid: expected a non-empty str")
         if request_id in self._requests or request_id in batch_ids:
@@ -159,8 +173,7 @@ class Engine:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence) or len(ids) == 0:
             raise ValueError(f"prompt={prompt!r} is invalid: expected a non-empty str or list of ids")
         vocab = self.model.vocab_size
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
-               or not 0 <= t < vocab]
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt contains token ids outside [0, {vocab}): {bad[:5]}")
         return [int(t) for t in ids]
@@ -175,19 +188,23 @@ class Engine:
         """ValueError unless a request of this prompt length and max_tokens can ever run."""
         config = self.config
         if prompt_len >= config.max_model_len:
-            raise ValueError(f"prompt of {prompt_len} tokens is too long: it must be shorter than "
-                             f"max_model_len={config.max_model_len} (room for one generated token)")
+            raise ValueError(
+                f"prompt of {prompt_len} tokens is too long: it must be shorter than "
+                f"max_model_len={config.max_model_len} (room for one generated token)"
+            )
         if prompt_len + max_tokens > config.max_model_len:
-            raise ValueError(f"max_tokens={max_tokens} is invalid: prompt ({prompt_len}) + "
-                             f"max_tokens exceeds max_model_len={config.max_model_len}")
+            raise ValueError(
+                f"max_tokens={max_tokens} is invalid: prompt ({prompt_len}) + "
+                f"max_tokens exceeds max_model_len={config.max_model_len}"
+            )
         needed = self.scheduler.worst_case_blocks(prompt_len + max_tokens, self.model.num_depths)
         if needed > config.num_kv_blocks:
-            raise ValueError(f"num_kv_blocks={config.num_kv_blocks} is too small: the request needs "
-                             f"{needed} blocks")
+            raise ValueError(f"num_kv_blocks={config.num_kv_blocks} is too small: the request needs {needed} blocks")
         step_cost = prompt_len + self.scheduler.limits.num_speculative_tokens
         if step_cost > config.max_num_batched_tokens:
-            raise ValueError(f"prompt of {prompt_len} tokens is too long for "
-                             f"max_num_batched_tokens={config.max_num_batched_tokens}")
+            raise ValueError(
+                f"prompt of {prompt_len} tokens is too long for max_num_batched_tokens={config.max_num_batched_tokens}"
+            )
 
     def step(self) -> list[RequestOutput]:
         """Run one step: prefill newcomers, submit one round for every scheduled request, and
@@ -260,16 +277,21 @@ def _as_list(ids):
 class LLM:
     """Offline batch generation over an `Engine`, plus serial reference logits."""
 
-    def __init__(self, config: EngineConfig | None = None, model: DepthModel | None = None,
-                 tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, model: DepthModel | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
         """See `Engine` for `model` and `tokenizer` (both optional)."""
         self.engine = Engine(config if config is not None else EngineConfig(), model, tokenizer)
         self.tokenizer = self.engine.tokenizer
         self._num_calls = 0
 
-    def generate(self, prompts: Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-                 progress: ProgressCallback | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        progress: ProgressCallback | None = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (continuous batching); outputs are in input order.
 
         A batch with any invalid prompt or params raises ValueError and admits nothing.
@@ -319,21 +341,24 @@ class LLM:
         tokens = self._token_ids(_as_list(token_ids))
         limit = self.engine.config.max_model_len
         if len(prompt) + len(tokens) > limit:
-            raise ValueError(f"token_ids of {len(tokens)} tokens after a prompt of {len(prompt)} tokens is too "
-                             f"long: prompt + token_ids = {len(prompt) + len(tokens)} exceeds "
-                             f"max_model_len={limit}")
+            raise ValueError(
+                f"token_ids of {len(tokens)} tokens after a prompt of {len(prompt)} tokens is too "
+                f"long: prompt + token_ids = {len(prompt) + len(tokens)} exceeds "
+                f"max_model_len={limit}"
+            )
         ids = torch.tensor(prompt + tokens[:-1], dtype=torch.int64, device=self.engine.device)
         with torch.inference_mode():
             logits = self.engine.model.target_logits(ids)
-        return logits[len(prompt) - 1:].float().cpu()
+        return logits[len(prompt) - 1 :].float().cpu()
 
     def _token_ids(self, token_ids: Sequence[int]) -> list[int]:
         """token_ids as a list of ints in [0, V); ValueError naming the field otherwise."""
         vocab = self.engine.model.vocab_size
         if isinstance(token_ids, (str, bytes)) or not isinstance(token_ids, Sequence) or len(token_ids) == 0:
             raise ValueError(f"token_ids={token_ids!r} is invalid: expected a non-empty list of token ids")
-        bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
-               or not 0 <= t < vocab]
+        bad = [
+            t for t in token_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab
+        ]
         if bad:
             raise ValueError(f"token_ids contains token ids outside [0, {vocab}): {bad[:5]}")
         return [int(t) for t in token_ids]
@@ -343,8 +368,7 @@ class LLM:
         return self._replay_logits(token_ids, self.engine.config.draft_loops)
 
     def _replay_logits(self, token_ids: Sequence[int], depth: int) -> torch.Tensor:
-        ids = torch.tensor(self.engine.prompt_token_ids(token_ids), dtype=torch.int64,
-                           device=self.engine.device)
+        ids = torch.tensor(self.engine.prompt_token_ids(token_ids), dtype=torch.int64, device=self.engine.device)
         return self.engine.model.replay(ids, depth).logits[-1, -1].cpu()
 
     def close(self) -> None:

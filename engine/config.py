@@ -74,16 +74,27 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_heads", "num_layers", "num_loops",
-                     "intermediate_size"):
+        for name in ("vocab_size", "hidden_size", "num_heads", "num_layers", "num_loops", "intermediate_size"):
             _require_int(name, getattr(self, name), 1)
         _require_int("seed", self.seed, 0)
-        _require(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
-                 f"must be divisible by num_heads={self.num_heads}")
-        _require((self.hidden_size // self.num_heads) % 2 == 0, "num_heads", self.num_heads,
-                 "head size must be even for rotary embeddings")
-        _require(0 <= self.eos_token_id < self.vocab_size, "eos_token_id", self.eos_token_id,
-                 f"must lie in [0, vocab_size={self.vocab_size})")
+        _require(
+            self.hidden_size % self.num_heads == 0,
+            "hidden_size",
+            self.hidden_size,
+            f"must be divisible by num_heads={self.num_heads}",
+        )
+        _require(
+            (self.hidden_size // self.num_heads) % 2 == 0,
+            "num_heads",
+            self.num_heads,
+            "head size must be even for rotary embeddings",
+        )
+        _require(
+            0 <= self.eos_token_id < self.vocab_size,
+            "eos_token_id",
+            self.eos_token_id,
+            f"must lie in [0, vocab_size={self.vocab_size})",
+        )
         _require(self.rope_theta > 0, "rope_theta", self.rope_theta, "must be > 0")
         _require(self.norm_eps > 0, "norm_eps", self.norm_eps, "must be > 0")
 
@@ -165,42 +176,75 @@ class EngineConfig:
             object.__setattr__(self, "draft_loops", DEFAULT_DRAFT_LOOPS[self.model])
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"expected one of {tuple(DTYPES)}")
         _require(self.mode in MODES, "mode", self.mode, f"expected one of {MODES}")
-        _require(_is_device(self.device), "device", self.device,
-                 "expected a torch device string such as 'cpu' or 'cuda'")
-        _require(_is_available(self.device), "device", self.device,
-                 "no CUDA device is available here (torch.cuda.is_available() is False)")
-        _require(self.sampling_backend in SAMPLING_BACKENDS, "sampling_backend",
-                 self.sampling_backend, f"expected one of {SAMPLING_BACKENDS}")
-        _require(self.model_config is None or isinstance(self.model_config, ModelConfig),
-                 "model_config", self.model_config, "expected a ModelConfig or None")
-        _require(self.model_config is None or self.model == "looped", "model_config", self.model_config,
-                 f"random weights exist only for model='looped', not {self.model!r}")
+        _require(
+            _is_device(self.device), "device", self.device, "expected a torch device string such as 'cpu' or 'cuda'"
+        )
+        _require(
+            _is_available(self.device),
+            "device",
+            self.device,
+            "no CUDA device is available here (torch.cuda.is_available() is False)",
+        )
+        _require(
+            self.sampling_backend in SAMPLING_BACKENDS,
+            "sampling_backend",
+            self.sampling_backend,
+            f"expected one of {SAMPLING_BACKENDS}",
+        )
+        _require(
+            self.model_config is None or isinstance(self.model_config, ModelConfig),
+            "model_config",
+            self.model_config,
+            "expected a ModelConfig or None",
+        )
+        _require(
+            self.model_config is None or self.model == "looped",
+            "model_config",
+            self.model_config,
+            f"random weights exist only for model='looped', not {self.model!r}",
+        )
         _require_int("seed", self.seed, 0)
-        _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager,
-                 "expected a bool")
-        _require(self.rounds_in_flight in ROUNDS_IN_FLIGHT, "rounds_in_flight", self.rounds_in_flight,
-                 f"expected one of {ROUNDS_IN_FLIGHT}")
-        _require(self.rounds_in_flight == 2 or self.mode == "async", "rounds_in_flight",
-                 self.rounds_in_flight, f"applies to mode='async' only, not mode={self.mode!r}")
-        _require(self.collection in COLLECTIONS, "collection", self.collection,
-                 f"expected one of {COLLECTIONS}")
-        _require(self.draft_override in DRAFT_OVERRIDES, "draft_override", self.draft_override,
-                 f"expected one of {DRAFT_OVERRIDES}")
-        _require(self.draft_override == OWN or self.is_speculative, "draft_override",
-                 self.draft_override, f"applies to speculative modes only, not mode={self.mode!r}")
+        _require(isinstance(self.enforce_eager, bool), "enforce_eager", self.enforce_eager, "expected a bool")
+        _require(
+            self.rounds_in_flight in ROUNDS_IN_FLIGHT,
+            "rounds_in_flight",
+            self.rounds_in_flight,
+            f"expected one of {ROUNDS_IN_FLIGHT}",
+        )
+        _require(
+            self.rounds_in_flight == 2 or self.mode == "async",
+            "rounds_in_flight",
+            self.rounds_in_flight,
+            f"applies to mode='async' only, not mode={self.mode!r}",
+        )
+        _require(self.collection in COLLECTIONS, "collection", self.collection, f"expected one of {COLLECTIONS}")
+        _require(
+            self.draft_override in DRAFT_OVERRIDES,
+            "draft_override",
+            self.draft_override,
+            f"expected one of {DRAFT_OVERRIDES}",
+        )
+        _require(
+            self.draft_override == OWN or self.is_speculative,
+            "draft_override",
+            self.draft_override,
+            f"applies to speculative modes only, not mode={self.mode!r}",
+        )
         _require_positive("draft_noise_scale", self.draft_noise_scale, allow_zero=True)
         _require_positive("draft_temperature_factor", self.draft_temperature_factor)
         if self.mutant is not None:
             from engine.mutants import get  # validates the name; imported only when a mutant is named
 
             get(self.mutant)
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens",
-                     "max_model_len"):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             _require_int(name, getattr(self, name), 1)
         SpeculativeConfig(self.num_speculative_tokens, self.draft_loops)
-        _require(self.max_num_batched_tokens >= self.num_speculative_tokens + 1,
-                 "max_num_batched_tokens", self.max_num_batched_tokens,
-                 f"must be >= num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}")
+        _require(
+            self.max_num_batched_tokens >= self.num_speculative_tokens + 1,
+            "max_num_batched_tokens",
+            self.max_num_batched_tokens,
+            f"must be >= num_speculative_tokens + 1 = {self.num_speculative_tokens + 1}",
+        )
 
     @property
     def speculative(self) -> SpeculativeConfig:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.runners.transfer import to_device
+
 PAD_BLOCK = 0  # reserved all-zero block that pads block tables
 NUM_RESERVED_BLOCKS = 2  # PAD_BLOCK and the scratch block: pool size = usable blocks + 2
 
@@ -89,8 +90,9 @@ class BlockManager:
 
     def reserve(self, num_blocks: int) -> None:
         if not self.can_reserve(num_blocks):
-            raise RuntimeError(f"cannot reserve {num_blocks} blocks: {self.num_reserved} of "
-                               f"{self.num_blocks} already reserved")
+            raise RuntimeError(
+                f"cannot reserve {num_blocks} blocks: {self.num_reserved} of {self.num_blocks} already reserved"
+            )
         self.num_reserved += num_blocks
 
     def grow(self, table: list[int], num_positions: int) -> None:
@@ -117,8 +119,8 @@ class BlockManager:
         reserved them, zeroes them, and returns them with `give_back`."""
         if count > len(self._free):
             raise RuntimeError("block pool exhausted despite reservation (accounting bug)")
-        taken = self._free[len(self._free) - count:][::-1]
-        del self._free[len(self._free) - count:]
+        taken = self._free[len(self._free) - count :][::-1]
+        del self._free[len(self._free) - count :]
         return taken
 
     def give_back(self, blocks: list[int], num_reserved: int) -> None:

@@ -85,8 +85,13 @@ class Request:
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
-            request_id=self.request_id, prompt_token_ids=list(self.prompt_token_ids),
-            token_ids=self.token_ids[len(self.prompt_token_ids):],
-            token_sources=list(self.token_sources), finish_reason=self.finish_reason,
-            seed=self.seed, num_rounds=self.num_rounds, num_draft_tokens=self.num_draft_tokens,
-            num_accepted_tokens=self.num_accepted_tokens)
+            request_id=self.request_id,
+            prompt_token_ids=list(self.prompt_token_ids),
+            token_ids=self.token_ids[len(self.prompt_token_ids) :],
+            token_sources=list(self.token_sources),
+            finish_reason=self.finish_reason,
+            seed=self.seed,
+            num_rounds=self.num_rounds,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+        )

@@ -118,7 +118,8 @@ class Scheduler:
             num_prefill = len(request.prompt_token_ids) - 1
             num_drafts = self._num_drafts(request, budget - num_prefill)
             worst = self.worst_case_blocks(
-                len(request.prompt_token_ids) + request.params.max_tokens, request.num_depths)
+                len(request.prompt_token_ids) + request.params.max_tokens, request.num_depths
+            )
             if budget < num_prefill + num_drafts + 1 or not self.blocks.can_reserve(worst):
                 break
             self.waiting.popleft()

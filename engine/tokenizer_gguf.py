@@ -25,9 +25,10 @@ import functools
 import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 TOKEN_TYPE_NORMAL = 1
 TOKEN_TYPE_CONTROL = 3
@@ -52,23 +53,31 @@ class TokenizerSpec:
     chat_template: str | None
 
     @classmethod
-    def from_metadata(cls, metadata: dict[str, Any], source: str) -> "TokenizerSpec":
+    def from_metadata(cls, metadata: dict[str, Any], source: str) -> TokenizerSpec:
         """Validate and collect `tokenizer.*` keys; unsupported model/pre -> ValueError naming `source`."""
         model = metadata.get("tokenizer.ggml.model")
         pre = metadata.get("tokenizer.ggml.pre", "gpt2")
         if model != "gpt2" or pre not in PRE_TOKENIZERS:
-            raise ValueError(f"{source}: tokenizer.ggml.model={model!r} / tokenizer.ggml.pre={pre!r} is not "
-                             f"supported (need model 'gpt2' and pre one of {PRE_TOKENIZERS})")
+            raise ValueError(
+                f"{source}: tokenizer.ggml.model={model!r} / tokenizer.ggml.pre={pre!r} is not "
+                f"supported (need model 'gpt2' and pre one of {PRE_TOKENIZERS})"
+            )
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
             if key not in metadata:
                 raise ValueError(f"{source}: metadata key {key!r} is missing")
         tokens = tuple(metadata["tokenizer.ggml.tokens"])
         types = tuple(metadata.get("tokenizer.ggml.token_type", [TOKEN_TYPE_NORMAL] * len(tokens)))
         eos = int(metadata["tokenizer.ggml.eos_token_id"])
-        return cls(tokens=tokens, token_types=types, merges=tuple(metadata["tokenizer.ggml.merges"]), pre=pre,
-                   bos_token_id=int(metadata.get("tokenizer.ggml.bos_token_id", eos)), eos_token_id=eos,
-                   add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-                   chat_template=metadata.get("tokenizer.chat_template"))
+        return cls(
+            tokens=tokens,
+            token_types=types,
+            merges=tuple(metadata["tokenizer.ggml.merges"]),
+            pre=pre,
+            bos_token_id=int(metadata.get("tokenizer.ggml.bos_token_id", eos)),
+            eos_token_id=eos,
+            add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+            chat_template=metadata.get("tokenizer.chat_template"),
+        )
 
 
 @functools.cache
@@ -106,8 +115,10 @@ def _category_class(prefix: str) -> str:
 def pretokenizer_patterns() -> tuple[re.Pattern, re.Pattern]:
     """(isolate-each-numeric-character, GPT-2 split) patterns with exact \\p{L}, \\p{N} and \\s classes."""
     letters, numbers, space = _category_class("L"), _category_class("N"), WHITE_SPACE
-    split = (rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{space}{letters}{numbers}]+"
-             rf"|[{space}]+(?![^{space}])|[{space}]+")
+    split = (
+        rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{numbers}]+| ?[^{space}{letters}{numbers}]+"
+        rf"|[{space}]+(?![^{space}])|[{space}]+"
+    )
     return re.compile(f"([{numbers}])"), re.compile(split)
 
 
@@ -127,7 +138,7 @@ class GGUFTokenizer:
         self._cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "GGUFTokenizer":
+    def from_gguf(cls, path: str | Path) -> GGUFTokenizer:
         from engine.models.gguf import read_gguf
 
         contents = read_gguf(path)
@@ -175,8 +186,11 @@ class GGUFTokenizer:
             if not isinstance(message, dict) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
                 raise ValueError(f"messages[{index}] must be a dict with str 'role' and 'content', got {message!r}")
         return _compiled_template(self.spec.chat_template).render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt,
-            bos_token=self.spec.tokens[self.spec.bos_token_id], eos_token=self.spec.tokens[self.spec.eos_token_id])
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.spec.tokens[self.spec.bos_token_id],
+            eos_token=self.spec.tokens[self.spec.eos_token_id],
+        )
 
     def _special_spans(self, text: str, allow_special: bool) -> list[tuple[str, bool]]:
         if not allow_special or self._special_split is None:
@@ -184,7 +198,7 @@ class GGUFTokenizer:
         spans, start = [], 0
         for match in self._special_split.finditer(text):
             if match.start() > start:
-                spans.append((text[start:match.start()], False))
+                spans.append((text[start : match.start()], False))
             spans.append((match.group(), True))
             start = match.end()
         if start < len(text):

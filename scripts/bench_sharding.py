@@ -44,8 +44,19 @@ def _sized_copy(protocol: Path, samples: int, directory: Path) -> Path:
 
 def _run(protocol: Path, ranks: int, output: Path) -> tuple[Path, float]:
     """One `specval run`; returns its bundle and the process wall time (s)."""
-    command = [sys.executable, "-m", "specval", "run", str(protocol), "--exploratory", "--quiet",
-               "--output", str(output), "--devices", str(ranks)]
+    command = [
+        sys.executable,
+        "-m",
+        "specval",
+        "run",
+        str(protocol),
+        "--exploratory",
+        "--quiet",
+        "--output",
+        str(output),
+        "--devices",
+        str(ranks),
+    ]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -71,8 +82,10 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     protocol = _sized_copy(args.protocol, args.samples, root)
     print(f"{args.protocol.name} at {args.samples} samples per group; bundles under {root}")
-    print("| ranks | samples drawn | collect (s) | samples/s | run wall (s) | process wall (s) | speed-up | "
-          "samples equal |")
+    print(
+        "| ranks | samples drawn | collect (s) | samples/s | run wall (s) | process wall (s) | speed-up | "
+        "samples equal |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     first_rate, first_samples = None, None
     for ranks in (int(r) for r in args.ranks.split(",")):
@@ -83,8 +96,11 @@ def main() -> None:
         if first_rate is None:
             first_rate, first_samples = rate, samples
         equal = "yes" if samples.equals(first_samples) else "NO"
-        print(f"| {ranks} | {manifest['samples_drawn']:,} | {manifest['collect_s']:.1f} | {rate:,.0f} | "
-              f"{manifest['wall_s']:.1f} | {wall:.1f} | {rate / first_rate:.2f}x | {equal} |", flush=True)
+        print(
+            f"| {ranks} | {manifest['samples_drawn']:,} | {manifest['collect_s']:.1f} | {rate:,.0f} | "
+            f"{manifest['wall_s']:.1f} | {wall:.1f} | {rate / first_rate:.2f}x | {equal} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,15 +14,47 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 API_MODULE = "specval.api"
-_API_NAMES = ("BundleError", "Criterion", "ENVIRONMENT_ERRORS", "EnvironmentFailed", "INPUT_ERRORS", "LedgerError",
-              "ProtocolError", "Result", "RunFailed", "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError",
-              "Verification", "resume", "run", "verify")
+_API_NAMES = (
+    "BundleError",
+    "Criterion",
+    "ENVIRONMENT_ERRORS",
+    "EnvironmentFailed",
+    "INPUT_ERRORS",
+    "LedgerError",
+    "ProtocolError",
+    "Result",
+    "RunFailed",
+    "RunInterrupted",
+    "SUTError",
+    "SUTRaised",
+    "SeedOverlapError",
+    "Verification",
+    "resume",
+    "run",
+    "verify",
+)
 __all__ = ["__version__", *_API_NAMES]
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time the names load lazily below
-    from specval.api import (ENVIRONMENT_ERRORS, INPUT_ERRORS, BundleError, Criterion,  # noqa: F401
-                             EnvironmentFailed, LedgerError, ProtocolError, Result, RunFailed, RunInterrupted,
-                             SeedOverlapError, SUTError, SUTRaised, Verification, resume, run, verify)
+    from specval.api import (  # noqa: F401
+        ENVIRONMENT_ERRORS,
+        INPUT_ERRORS,
+        BundleError,
+        Criterion,
+        EnvironmentFailed,
+        LedgerError,
+        ProtocolError,
+        Result,
+        RunFailed,
+        RunInterrupted,
+        SeedOverlapError,
+        SUTError,
+        SUTRaised,
+        Verification,
+        resume,
+        run,
+        verify,
+    )
 
 
 def __getattr__(name: str) -> Any:

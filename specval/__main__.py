@@ -22,9 +22,11 @@ def entry() -> None:
         missing = (error.name or "").split(".")[0]
         if not missing or missing == "specval":
             raise  # a module of specval itself: a bug, not the environment
-        sys.stderr.write(f"specval: the package '{missing}' that specval needs is not installed in this Python "
-                         f"({sys.executable}): install specval's dependencies (`pip install specval`, or "
-                         "`bash scripts/setup.sh` in a checkout)\n")
+        sys.stderr.write(
+            f"specval: the package '{missing}' that specval needs is not installed in this Python "
+            f"({sys.executable}): install specval's dependencies (`pip install specval`, or "
+            "`bash scripts/setup.sh` in a checkout)\n"
+        )
         raise SystemExit(EXIT_ENVIRONMENT) from None
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -86,12 +87,22 @@ def check_protocol(adapter: str, options: dict[str, Any], num_speculative_tokens
     group per mode the adapter declares, a quadrature test iff it declares accept_single."""
     capabilities = capabilities_of(load_adapter(adapter))
     groups = [{"name": mode, "mode": mode} for mode in capabilities.modes]
-    tests = [{"kind": "quadrature", "role": "control"}] if capabilities.accept_single else \
-        [{"kind": "gof", "position": 1, "role": "control"}]
-    raw = {"name": "check_adapter", "sut": {"adapter": adapter, "options": dict(options)}, "prompt": CHECK_PROMPT,
-           "sampling": {"temperature": 1.0}, "num_speculative_tokens": num_speculative_tokens,
-           "positions": CHECK_POSITIONS, "groups": groups, "samples_per_group": int(CHECK_SEEDS.size),
-           "tests": tests}  # samples_per_group: nominal (nothing is collected), large enough to parse
+    tests = (
+        [{"kind": "quadrature", "role": "control"}]
+        if capabilities.accept_single
+        else [{"kind": "gof", "position": 1, "role": "control"}]
+    )
+    raw = {
+        "name": "check_adapter",
+        "sut": {"adapter": adapter, "options": dict(options)},
+        "prompt": CHECK_PROMPT,
+        "sampling": {"temperature": 1.0},
+        "num_speculative_tokens": num_speculative_tokens,
+        "positions": CHECK_POSITIONS,
+        "groups": groups,
+        "samples_per_group": int(CHECK_SEEDS.size),
+        "tests": tests,
+    }  # samples_per_group: nominal (nothing is collected), large enough to parse
     return parse_protocol(raw, "<check-adapter>")
 
 
@@ -138,8 +149,14 @@ def _accepted_groups(sut: GuardedSUT, protocol: Protocol, findings: list[Finding
             sut.check_groups((group,))
             accepted.append(group)
         except SUTError as err:
-            findings.append(Finding("modes", FIX, f"check_groups refuses group {group.name!r} (mode {group.mode!r}: "
-                                    f"{err}); declare only the modes it runs in Capabilities.modes"))
+            findings.append(
+                Finding(
+                    "modes",
+                    FIX,
+                    f"check_groups refuses group {group.name!r} (mode {group.mode!r}: "
+                    f"{err}); declare only the modes it runs in Capabilities.modes",
+                )
+            )
         except SUTRaised as err:
             findings.append(Finding("modes", FIX, str(err)))
     if len(accepted) == len(protocol.groups):
@@ -169,16 +186,24 @@ def _guarded(name: str, check: Callable[[CheckContext], list[Finding]], context:
 
 def _sample(context: CheckContext, group, seeds: np.ndarray):
     protocol = context.protocol
-    return context.sut.sample(group, context.prompt_ids, protocol.sampling, np.asarray(seeds, dtype=np.int64),
-                              protocol.positions, protocol.max_tokens(group))
+    return context.sut.sample(
+        group,
+        context.prompt_ids,
+        protocol.sampling,
+        np.asarray(seeds, dtype=np.int64),
+        protocol.positions,
+        protocol.max_tokens(group),
+    )
 
 
 def _rows(batch) -> list[tuple]:
     """One hashable row per request: its tokens, sources and counts."""
     tokens, sources = np.asarray(batch.tokens), np.asarray(batch.sources).astype(str)
     counts = [np.asarray(c) for c in (batch.num_rounds, batch.num_draft_tokens, batch.num_accepted_tokens)]
-    return [(tuple(tokens[i].tolist()), tuple(sources[i].tolist()), tuple(int(c[i]) for c in counts))
-            for i in range(tokens.shape[0])]
+    return [
+        (tuple(tokens[i].tolist()), tuple(sources[i].tolist()), tuple(int(c[i]) for c in counts))
+        for i in range(tokens.shape[0])
+    ]
 
 
 def _check_tokens(context: CheckContext) -> list[Finding]:
@@ -188,30 +213,66 @@ def _check_tokens(context: CheckContext) -> list[Finding]:
         tokens, sources = np.asarray(batch.tokens), np.asarray(batch.sources).astype(str)
         drafted, accepted = np.asarray(batch.num_draft_tokens), np.asarray(batch.num_accepted_tokens)
         if tokens.min() < 0 or tokens.max() >= context.vocab:
-            found.append(Finding("tokens", FIX, f"group {group.name!r}: tokens outside [0, {context.vocab}) "
-                                 f"(min {tokens.min()}, max {tokens.max()}); every run would FAIL out_of_range"))
+            found.append(
+                Finding(
+                    "tokens",
+                    FIX,
+                    f"group {group.name!r}: tokens outside [0, {context.vocab}) "
+                    f"(min {tokens.min()}, max {tokens.max()}); every run would FAIL out_of_range",
+                )
+            )
         if (drafted < 0).any() or (accepted < 0).any() or (accepted > drafted).any():
-            found.append(Finding("tokens", FIX, f"group {group.name!r}: negative counts or more accepted than "
-                                 "drafted tokens; every run would FAIL impossible_counts"))
+            found.append(
+                Finding(
+                    "tokens",
+                    FIX,
+                    f"group {group.name!r}: negative counts or more accepted than "
+                    "drafted tokens; every run would FAIL impossible_counts",
+                )
+            )
         plain_only = bool((sources == "plain").all())
         if not group.is_speculative and not plain_only:
-            found.append(Finding("tokens", FIX, f"group {group.name!r} (nospec) reports sources "
-                                 f"{sorted(set(sources.ravel()) - {'plain'})}; without speculation every token is 'plain'"))
+            found.append(
+                Finding(
+                    "tokens",
+                    FIX,
+                    f"group {group.name!r} (nospec) reports sources "
+                    f"{sorted(set(sources.ravel()) - {'plain'})}; without speculation every token is 'plain'",
+                )
+            )
         if group.is_speculative and plain_only:
-            found.append(Finding("tokens", ADVICE, f"group {group.name!r} reports only 'plain' sources: report "
-                                 "accepted / correction / bonus per token, or path-aware criteria (by_path) and the "
-                                 "report's source counts say nothing"))
-    return found or [Finding("tokens", OK, f"tokens in [0, {context.vocab}), sources and counts consistent in "
-                             f"{len(context.protocol.groups)} group(s) x {CHECK_SEEDS.size} seeds")]
+            found.append(
+                Finding(
+                    "tokens",
+                    ADVICE,
+                    f"group {group.name!r} reports only 'plain' sources: report "
+                    "accepted / correction / bonus per token, or path-aware criteria (by_path) and the "
+                    "report's source counts say nothing",
+                )
+            )
+    return found or [
+        Finding(
+            "tokens",
+            OK,
+            f"tokens in [0, {context.vocab}), sources and counts consistent in "
+            f"{len(context.protocol.groups)} group(s) x {CHECK_SEEDS.size} seeds",
+        )
+    ]
 
 
 def _check_reproducible(context: CheckContext) -> list[Finding]:
     found = []
     for group in context.protocol.groups:
         if _rows(_sample(context, group, CHECK_SEEDS)) != _rows(_sample(context, group, CHECK_SEEDS)):
-            found.append(Finding("reproducible", FIX, f"group {group.name!r}: the same seeds gave other tokens on a "
-                                 "second call: give each request its own generator seeded by its seed "
-                                 "(docs/harness.md section 8, step 4)"))
+            found.append(
+                Finding(
+                    "reproducible",
+                    FIX,
+                    f"group {group.name!r}: the same seeds gave other tokens on a "
+                    "second call: give each request its own generator seeded by its seed "
+                    "(docs/harness.md section 8, step 4)",
+                )
+            )
     return found or [Finding("reproducible", OK, "the same seeds give the same rows, call after call")]
 
 
@@ -220,19 +281,28 @@ def _check_batch_independent(context: CheckContext) -> list[Finding]:
     for group in context.protocol.groups:
         rows = _rows(_sample(context, group, CHECK_SEEDS))
         reversed_rows = _rows(_sample(context, group, CHECK_SEEDS[::-1]))[::-1]
-        alone = _rows(_sample(context, group, CHECK_SEEDS[SINGLE_SEED_INDEX:SINGLE_SEED_INDEX + 1]))[0]
+        alone = _rows(_sample(context, group, CHECK_SEEDS[SINGLE_SEED_INDEX : SINGLE_SEED_INDEX + 1]))[0]
         if rows != reversed_rows or rows[SINGLE_SEED_INDEX] != alone:
-            found.append(Finding("batch_independent", FIX, f"group {group.name!r}: a seed's tokens change with the "
-                                 "other seeds of its batch or their order: `sample` must be a pure function of each "
-                                 "request's seed (one generator per request, not one per batch)"))
-    return found or [Finding("batch_independent", OK, "a seed's row is the same alone, in a batch and in reverse order")]
+            found.append(
+                Finding(
+                    "batch_independent",
+                    FIX,
+                    f"group {group.name!r}: a seed's tokens change with the "
+                    "other seeds of its batch or their order: `sample` must be a pure function of each "
+                    "request's seed (one generator per request, not one per batch)",
+                )
+            )
+    return found or [
+        Finding("batch_independent", OK, "a seed's row is the same alone, in a batch and in reverse order")
+    ]
 
 
 def _check_distinct_seeds(context: CheckContext) -> list[Finding]:
     """FIX when every seed gives one row, unless the target itself is (nearly) a point mass at the
     prompt, which no seed can vary: then ADVICE to test another prompt."""
-    p = transform(context.sut.target_logits(context.prompt_ids), context.protocol.sampling,
-                  capabilities_of(context.sut).semantics)
+    p = transform(
+        context.sut.target_logits(context.prompt_ids), context.protocol.sampling, capabilities_of(context.sut).semantics
+    )
     found, counts = [], []
     for group in context.protocol.groups:
         distinct = len(set(_rows(_sample(context, group, CHECK_SEEDS))))
@@ -240,14 +310,31 @@ def _check_distinct_seeds(context: CheckContext) -> list[Finding]:
         if distinct > 1:
             continue
         if float(np.max(p)) > 1.0 - 1.0 / CHECK_SEEDS.size:
-            found.append(Finding("distinct_seeds", ADVICE, f"group {group.name!r}: one row for {CHECK_SEEDS.size} "
-                                 f"seeds, but t1 has probability {np.max(p):.4f} at this prompt: a protocol needs a "
-                                 "prompt whose next token is uncertain"))
+            found.append(
+                Finding(
+                    "distinct_seeds",
+                    ADVICE,
+                    f"group {group.name!r}: one row for {CHECK_SEEDS.size} "
+                    f"seeds, but t1 has probability {np.max(p):.4f} at this prompt: a protocol needs a "
+                    "prompt whose next token is uncertain",
+                )
+            )
         else:
-            found.append(Finding("distinct_seeds", FIX, f"group {group.name!r}: {CHECK_SEEDS.size} distinct seeds "
-                                 "gave one and the same row: the request seed does not reach the sampler"))
-    return found or [Finding("distinct_seeds", OK, f"{CHECK_SEEDS.size} distinct seeds give more than one row "
-                             f"(distinct rows: {', '.join(counts)})")]
+            found.append(
+                Finding(
+                    "distinct_seeds",
+                    FIX,
+                    f"group {group.name!r}: {CHECK_SEEDS.size} distinct seeds "
+                    "gave one and the same row: the request seed does not reach the sampler",
+                )
+            )
+    return found or [
+        Finding(
+            "distinct_seeds",
+            OK,
+            f"{CHECK_SEEDS.size} distinct seeds give more than one row (distinct rows: {', '.join(counts)})",
+        )
+    ]
 
 
 def _check_target_logits(context: CheckContext) -> list[Finding]:
@@ -258,9 +345,15 @@ def _check_target_logits(context: CheckContext) -> list[Finding]:
     if np.isposinf(first).any():
         return [Finding("target_logits", FIX, "+inf logits: the reference law is undefined")]
     if not np.array_equal(first, again):
-        return [Finding("target_logits", FIX, "two calls on the same tokens differ (max |diff| "
-                        f"{np.nanmax(np.abs(first - again)):.3g}) after a call on another context: target_logits must "
-                        "be deterministic and cache-free (the reference is built from it)")]
+        return [
+            Finding(
+                "target_logits",
+                FIX,
+                "two calls on the same tokens differ (max |diff| "
+                f"{np.nanmax(np.abs(first - again)):.3g}) after a call on another context: target_logits must "
+                "be deterministic and cache-free (the reference is built from it)",
+            )
+        ]
     return [Finding("target_logits", OK, "deterministic and unchanged by a call on another context")]
 
 
@@ -268,18 +361,27 @@ def _check_quadrature(context: CheckContext) -> list[Finding]:
     sut, protocol = context.sut, context.protocol
     capabilities = capabilities_of(sut)
     if not capabilities.accept_single:
-        return [Finding("quadrature", ADVICE, "accept_single=False: protocols cannot include the exact quadrature, "
-                        "the only check free of sampling error (docs/harness.md section 8, step 3)")]
+        return [
+            Finding(
+                "quadrature",
+                ADVICE,
+                "accept_single=False: protocols cannot include the exact quadrature, "
+                "the only check free of sampling error (docs/harness.md section 8, step 3)",
+            )
+        ]
     speculative = [g for g in protocol.groups if g.is_speculative]
     if not speculative:
         return [Finding("quadrature", ADVICE, "accept_single is declared but no speculative mode is")]
     p = transform(sut.target_logits(context.prompt_ids), protocol.sampling, capabilities.semantics)
-    q = draft_law(sut.draft_logits(speculative[0], context.prompt_ids), protocol.sampling, capabilities.semantics,
-                  capabilities.draft_kind)
+    q = draft_law(
+        sut.draft_logits(speculative[0], context.prompt_ids),
+        protocol.sampling,
+        capabilities.semantics,
+        capabilities.draft_kind,
+    )
     p_cut, q_cut, _ = quadrature.restrict_to_support(p.astype(sut.prob_dtype), q.astype(sut.prob_dtype), 2)
     try:
-        result = quadrature.quadrature_check(p_cut, q_cut, sut.accept_single, QUADRATURE_TOL,
-                                             grid_size=QUADRATURE_GRID)
+        result = quadrature.quadrature_check(p_cut, q_cut, sut.accept_single, QUADRATURE_TOL, grid_size=QUADRATURE_GRID)
     except ValueError as err:  # the output could not be read as tokens
         return [Finding("quadrature", FIX, f"accept_single: {err}")]
     findings = [_quadrature_finding(result)]
@@ -288,11 +390,19 @@ def _check_quadrature(context: CheckContext) -> list[Finding]:
 
 def _quadrature_finding(result) -> Finding:
     if result.passed:
-        return Finding("quadrature", OK, f"one speculative step at the prompt emits p within the resolution "
-                       f"1/{QUADRATURE_GRID} ({result.num_rows} rows)")
-    return Finding("quadrature", FIX, f"the law of one speculative step differs from p by up to "
-                   f"{result.max_abs_error:.3g} (resolution {1 / QUADRATURE_GRID:.3g}): accept iff u * q(x) < p(x), "
-                   "else draw from max(p - q, 0); uniforms are (draft, accept, correction/bonus)")
+        return Finding(
+            "quadrature",
+            OK,
+            f"one speculative step at the prompt emits p within the resolution "
+            f"1/{QUADRATURE_GRID} ({result.num_rows} rows)",
+        )
+    return Finding(
+        "quadrature",
+        FIX,
+        f"the law of one speculative step differs from p by up to "
+        f"{result.max_abs_error:.3g} (resolution {1 / QUADRATURE_GRID:.3g}): accept iff u * q(x) < p(x), "
+        "else draw from max(p - q, 0); uniforms are (draft, accept, correction/bonus)",
+    )
 
 
 def _least_time(call: Callable[[], Any]) -> float:
@@ -316,12 +426,24 @@ def _check_vectorised(sut: GuardedSUT, p: np.ndarray, q: np.ndarray) -> list[Fin
     single = _least_time(lambda: sut.accept_single(*one))
     estimate = per_row * RUN_QUADRATURE_ROWS
     if per_row < VECTORISED_RATIO * single:
-        return [Finding("vectorised", OK, f"accept_single is vectorised: {per_row * 1e6:.2g} us per row in a call "
-                        f"of {ACCEPT_ROWS} rows (a run's quadrature: ~{estimate:.2g} s)")]
-    return [Finding("vectorised", ADVICE, f"accept_single costs {per_row * 1e6:.2g} us per row in a call of "
-                    f"{ACCEPT_ROWS} rows, as much as a call of one row: it loops per row. A run's quadrature sweeps "
-                    f"~{RUN_QUADRATURE_ROWS:,} rows (~{estimate:.0f} s): vectorise it over rows "
-                    "(docs/harness.md section 8, examples/adapter_minimal/toy_adapter.py)")]
+        return [
+            Finding(
+                "vectorised",
+                OK,
+                f"accept_single is vectorised: {per_row * 1e6:.2g} us per row in a call "
+                f"of {ACCEPT_ROWS} rows (a run's quadrature: ~{estimate:.2g} s)",
+            )
+        ]
+    return [
+        Finding(
+            "vectorised",
+            ADVICE,
+            f"accept_single costs {per_row * 1e6:.2g} us per row in a call of "
+            f"{ACCEPT_ROWS} rows, as much as a call of one row: it loops per row. A run's quadrature sweeps "
+            f"~{RUN_QUADRATURE_ROWS:,} rows (~{estimate:.0f} s): vectorise it over rows "
+            "(docs/harness.md section 8, examples/adapter_minimal/toy_adapter.py)",
+        )
+    ]
 
 
 def _check_speed(context: CheckContext) -> list[Finding]:
@@ -331,10 +453,15 @@ def _check_speed(context: CheckContext) -> list[Finding]:
         rate = SPEED_SEEDS.size / seconds
         estimate = CI_SAMPLES_PER_GROUP / rate
         level = ADVICE if rate < SLOW_SAMPLES_PER_S else OK
-        found.append(Finding("speed", level, f"group {group.name!r}: {rate:,.0f} samples/s in one call of "
-                             f"{SPEED_SEEDS.size} requests; {CI_SAMPLES_PER_GROUP:,} per group: ~{estimate:.0f} s"
-                             + ("; batch the requests of one call (many seeds per engine call)" if level == ADVICE
-                                else "")))
+        found.append(
+            Finding(
+                "speed",
+                level,
+                f"group {group.name!r}: {rate:,.0f} samples/s in one call of "
+                f"{SPEED_SEEDS.size} requests; {CI_SAMPLES_PER_GROUP:,} per group: ~{estimate:.0f} s"
+                + ("; batch the requests of one call (many seeds per engine call)" if level == ADVICE else ""),
+            )
+        )
     return found
 
 
@@ -347,8 +474,14 @@ def _check_describe(context: CheckContext) -> list[Finding]:
     except (TypeError, ValueError) as err:
         return [Finding("describe", FIX, f"is not JSON-able ({err}): the manifest cannot record it")]
     if set(facts) <= DEFAULT_DESCRIBE_KEYS:
-        return [Finding("describe", ADVICE, "returns only the defaults: add the engine's name and version, the "
-                        "model, dtype and device, so a bundle says what was tested")]
+        return [
+            Finding(
+                "describe",
+                ADVICE,
+                "returns only the defaults: add the engine's name and version, the "
+                "model, dtype and device, so a bundle says what was tested",
+            )
+        ]
     return [Finding("describe", OK, f"records {sorted(facts)}")]
 
 
@@ -360,9 +493,27 @@ def _close(sut: GuardedSUT) -> list[Finding]:
     return []
 
 
-CHECKS = (_check_tokens, _check_reproducible, _check_batch_independent, _check_distinct_seeds, _check_target_logits,
-          _check_quadrature, _check_speed, _check_describe)
+CHECKS = (
+    _check_tokens,
+    _check_reproducible,
+    _check_batch_independent,
+    _check_distinct_seeds,
+    _check_target_logits,
+    _check_quadrature,
+    _check_speed,
+    _check_describe,
+)
 
 
-__all__ = ["ADVICE", "CannotLoad", "CheckContext", "FIX", "Finding", "OK", "check_protocol", "open_adapter",
-           "run_checks", "with_adapter"]
+__all__ = [
+    "ADVICE",
+    "CannotLoad",
+    "CheckContext",
+    "FIX",
+    "Finding",
+    "OK",
+    "check_protocol",
+    "open_adapter",
+    "run_checks",
+    "with_adapter",
+]

@@ -30,14 +30,14 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Union
 
 from specval import bundle as bundles
-from specval import lifecycle
+from specval import lifecycle, signing
 from specval import protocol as protocols
-from specval import signing
 from specval.bundle import BundleError
 from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
@@ -143,10 +143,17 @@ class Result:
     def from_summary(cls, bundle: Path, summary: Mapping[str, Any]) -> Result:
         """The result a bundle's summary.json (`summary`) records."""
         proto, registration = summary.get("protocol") or {}, summary.get("registration") or {}
-        return cls(verdict=summary["verdict"], reason=summary.get("reason", ""), bundle=Path(bundle),
-                   protocol=proto.get("name", ""), kind=summary.get("kind") or "distribution",
-                   profile=proto.get("profile"), exploratory=bool(registration.get("exploratory")),
-                   criteria=criteria_of(summary), summary=summary)
+        return cls(
+            verdict=summary["verdict"],
+            reason=summary.get("reason", ""),
+            bundle=Path(bundle),
+            protocol=proto.get("name", ""),
+            kind=summary.get("kind") or "distribution",
+            profile=proto.get("profile"),
+            exploratory=bool(registration.get("exploratory")),
+            criteria=criteria_of(summary),
+            summary=summary,
+        )
 
     @classmethod
     def from_bundle(cls, bundle: str | os.PathLike) -> Result:
@@ -165,11 +172,18 @@ def criteria_of(summary: Mapping[str, Any]) -> tuple[Criterion, ...]:
 
 
 def _criterion(summary: Mapping[str, Any], name: str, test: Mapping[str, Any], failing: set[str]) -> Criterion:
-    return Criterion(name=name, role=test["role"], verdict=_final_verdict(summary, name, failing),
-                     reason=junits.reason(summary, name), statistic=_number(test.get("statistic")),
-                     p_value=_number(test.get("p_value")), p_adjusted=_number(test.get("p_adjusted")),
-                     mde=_number(test.get("mde_tv")), mde_label=test.get("mde_label"),
-                     sample_size=_count(test.get("effective_n", test.get("n"))))
+    return Criterion(
+        name=name,
+        role=test["role"],
+        verdict=_final_verdict(summary, name, failing),
+        reason=junits.reason(summary, name),
+        statistic=_number(test.get("statistic")),
+        p_value=_number(test.get("p_value")),
+        p_adjusted=_number(test.get("p_adjusted")),
+        mde=_number(test.get("mde_tv")),
+        mde_label=test.get("mde_label"),
+        sample_size=_count(test.get("effective_n", test.get("n"))),
+    )
 
 
 def _final_verdict(summary: Mapping[str, Any], name: str, failing: set[str]) -> str:
@@ -184,8 +198,11 @@ def _final_verdict(summary: Mapping[str, Any], name: str, failing: set[str]) -> 
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+    return (
+        float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         else None
+    )
 
 
 def _count(value: Any) -> int | None:
@@ -239,10 +256,18 @@ def _sut_name(sut: SutArg) -> str:
     return f"{getattr(sut, '__module__', '?')}:{getattr(sut, '__qualname__', type(sut).__qualname__)}"
 
 
-def run(protocol: str | os.PathLike, *, profile: str | None = None, sut: SutArg = None,
-        output: str | os.PathLike = DEFAULT_OUTPUT, exploratory: bool = False, seed_offset: int | None = None,
-        junit: str | os.PathLike | None = None, progress: bool = False,
-        announce: Callable[[Path], None] | None = None) -> Result:
+def run(
+    protocol: str | os.PathLike,
+    *,
+    profile: str | None = None,
+    sut: SutArg = None,
+    output: str | os.PathLike = DEFAULT_OUTPUT,
+    exploratory: bool = False,
+    seed_offset: int | None = None,
+    junit: str | os.PathLike | None = None,
+    progress: bool = False,
+    announce: Callable[[Path], None] | None = None,
+) -> Result:
     """Run the protocol file `protocol` (any kind) at `profile` and return its Result; the bundle is
     written under `output` (with the seed ledger), as `specval run PROTOCOL --profile P --output O`.
 
@@ -255,16 +280,34 @@ def run(protocol: str | os.PathLike, *, profile: str | None = None, sut: SutArg 
     source = read_protocol_file(Path(protocol))
     factory = sut_factory(sut)
     if source.kind.name == PERFORMANCE_KIND and (sut is not None or seed_offset is not None):
-        raise ValueError(f"{protocol}: a performance protocol times the bundled engine; it takes no "
-                         f"{'sut' if sut is not None else 'seed_offset'}")
+        raise ValueError(
+            f"{protocol}: a performance protocol times the bundled engine; it takes no "
+            f"{'sut' if sut is not None else 'seed_offset'}"
+        )
     command = [API_COMMAND, str(protocol), f"profile={profile}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
-    return run_protocol_file(source, Path(protocol), profile, Path(output), exploratory=exploratory,
-                             seed_offset=seed_offset, junit=junit, progress=progress, announce=announce,
-                             sut_factory=factory, command=command)
+    return run_protocol_file(
+        source,
+        Path(protocol),
+        profile,
+        Path(output),
+        exploratory=exploratory,
+        seed_offset=seed_offset,
+        junit=junit,
+        progress=progress,
+        announce=announce,
+        sut_factory=factory,
+        command=command,
+    )
 
 
-def resume(bundle: str | os.PathLike, *, sut: SutArg = None, junit: str | os.PathLike | None = None,
-           progress: bool = False, announce: Callable[[Path], None] | None = None) -> Result:
+def resume(
+    bundle: str | os.PathLike,
+    *,
+    sut: SutArg = None,
+    junit: str | os.PathLike | None = None,
+    progress: bool = False,
+    announce: Callable[[Path], None] | None = None,
+) -> Result:
     """Continue a killed, interrupted or failed run in its own bundle (`specval run --resume`),
     with the protocol, profile, seed ranges and registration recorded in it. A bundle whose run
     recorded its verdict before an environment fault is only completed (report, manifest, seal:
@@ -275,15 +318,38 @@ def resume(bundle: str | os.PathLike, *, sut: SutArg = None, junit: str | os.Pat
     if not kind.resumable:
         raise BundleError(f"{path}: a {kind.name} bundle is not resumable; start a new run")
     command = [API_COMMAND, f"resume={path}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
-    return run_protocol_file(None, None, None, path.parent, resume=path, junit=junit, progress=progress,
-                             announce=announce, sut_factory=sut_factory(sut), command=command, kind=kind)
+    return run_protocol_file(
+        None,
+        None,
+        None,
+        path.parent,
+        resume=path,
+        junit=junit,
+        progress=progress,
+        announce=announce,
+        sut_factory=sut_factory(sut),
+        command=command,
+        kind=kind,
+    )
 
 
-def run_protocol_file(source: ProtocolFile | None, protocol_file: Path | None, profile: str | None, output: Path, *,
-                      resume: Path | None = None, exploratory: bool = False, seed_offset: int | None = None,
-                      junit: str | os.PathLike | None = None, progress: bool = False,
-                      announce: Callable[[Path], None] | None = None, sut_factory: SutFactory | None = None,
-                      command: list[str] | None = None, kind: Kind | None = None, **extra: Any) -> Result:
+def run_protocol_file(
+    source: ProtocolFile | None,
+    protocol_file: Path | None,
+    profile: str | None,
+    output: Path,
+    *,
+    resume: Path | None = None,
+    exploratory: bool = False,
+    seed_offset: int | None = None,
+    junit: str | os.PathLike | None = None,
+    progress: bool = False,
+    announce: Callable[[Path], None] | None = None,
+    sut_factory: SutFactory | None = None,
+    command: list[str] | None = None,
+    kind: Kind | None = None,
+    **extra: Any,
+) -> Result:
     """The run behind `run`, `resume` and `specval run`: `source` is `protocol_file` as read once
     (None with `resume`, whose bundle names its kind: `kind`); `extra` goes to the kind's runner
     (`shards` of a multi-rank run). Not itself part of the semver'd API."""
@@ -297,16 +363,29 @@ def run_protocol_file(source: ProtocolFile | None, protocol_file: Path | None, p
     if resume is not None and bundles.recorded_verdict(resume):  # finish what a fault left: never collect
         path, summary = resume, lifecycle.complete(resume, kind.recompute, kind.finish, command, announce)
     else:
-        path, summary = kind.runner()(protocol_file, profile, output, exploratory=exploratory, progress=progress,
-                                      announce=announce, command=command,
-                                      parsed=None if source is None else source.load(), **options)
+        path, summary = kind.runner()(
+            protocol_file,
+            profile,
+            output,
+            exploratory=exploratory,
+            progress=progress,
+            announce=announce,
+            command=command,
+            parsed=None if source is None else source.load(),
+            **options,
+        )
     if junit is not None:
         junits.write_junit(summary, Path(junit), path)
     return Result.from_summary(path, summary)
 
 
-def verify(bundle: str | os.PathLike, *, key: str | os.PathLike | None = None,
-           protocol: str | os.PathLike | None = None, protocol_hash: str | None = None) -> Verification:
+def verify(
+    bundle: str | os.PathLike,
+    *,
+    key: str | os.PathLike | None = None,
+    protocol: str | os.PathLike | None = None,
+    protocol_hash: str | None = None,
+) -> Verification:
     """Re-hash every file of the bundle, recompute every verdict from its raw files, check its
     signature and, when asked, the protocol it ran: what `specval verify` checks and prints.
 
@@ -333,8 +412,11 @@ def verify(bundle: str | os.PathLike, *, key: str | os.PathLike | None = None,
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def pinned_hash(protocol: str | os.PathLike | None, protocol_hash: str | None,
-                flags: tuple[str, str] = ("--protocol", "--protocol-hash")) -> str | None:
+def pinned_hash(
+    protocol: str | os.PathLike | None,
+    protocol_hash: str | None,
+    flags: tuple[str, str] = ("--protocol", "--protocol-hash"),
+) -> str | None:
     """The protocol hash a verification pins (None: none): `protocol_hash` (lower-cased), or the
     hash of `protocol`, which must be frozen in the lock beside it. ProtocolError naming the
     value (by `flags`, the names the caller gave them) otherwise."""
@@ -350,12 +432,34 @@ def pinned_hash(protocol: str | os.PathLike | None, protocol_hash: str | None,
     loaded = read_protocol_file(file).load()
     state = protocols.registration(loaded, file)
     if state != protocols.FROZEN:
-        raise ProtocolError(f"{flags[0]} {file}: protocol {loaded.name!r} is {state} in "
-                            f"{protocols.lock_path(file)}; only a frozen protocol can be pinned")
+        raise ProtocolError(
+            f"{flags[0]} {file}: protocol {loaded.name!r} is {state} in "
+            f"{protocols.lock_path(file)}; only a frozen protocol can be pinned"
+        )
     return loaded.hash
 
 
-__all__ = ["Criterion", "DEFAULT_OUTPUT", "ENVIRONMENT_ERRORS", "EnvironmentFailed", "INPUT_ERRORS", "LedgerError",
-           "BundleError", "ProtocolError", "Result", "RunFailed",
-           "RunInterrupted", "SUTError", "SUTRaised", "SeedOverlapError", "Verification", "criteria_of", "pinned_hash",
-           "resume", "run", "run_protocol_file", "sut_factory", "verify"]
+__all__ = [
+    "Criterion",
+    "DEFAULT_OUTPUT",
+    "ENVIRONMENT_ERRORS",
+    "EnvironmentFailed",
+    "INPUT_ERRORS",
+    "LedgerError",
+    "BundleError",
+    "ProtocolError",
+    "Result",
+    "RunFailed",
+    "RunInterrupted",
+    "SUTError",
+    "SUTRaised",
+    "SeedOverlapError",
+    "Verification",
+    "criteria_of",
+    "pinned_hash",
+    "resume",
+    "run",
+    "run_protocol_file",
+    "sut_factory",
+    "verify",
+]

@@ -60,10 +60,11 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import specval
 
@@ -92,8 +93,21 @@ CHAINED_FORMAT = 4  # the first format whose chunk records chain
 LEGACY_FORMAT = 1  # bundles whose run.json records no format
 SEALED_FILES = (MANIFEST_FILE, *REPORT_FILES)  # written only after the run's verdict, just before the seal
 FINISHED_OUTCOMES = ("PASS", "FAIL", "INCONCLUSIVE")  # a session that ended with one of them finished the run
-PACKAGES = ("specval", "torch", "triton", "numpy", "scipy", "pandas", "pyarrow", "statsmodels", "matplotlib",
-            "click", "pyyaml", "tqdm", "cryptography")
+PACKAGES = (
+    "specval",
+    "torch",
+    "triton",
+    "numpy",
+    "scipy",
+    "pandas",
+    "pyarrow",
+    "statsmodels",
+    "matplotlib",
+    "click",
+    "pyyaml",
+    "tqdm",
+    "cryptography",
+)
 
 
 class BundleError(ValueError):
@@ -123,9 +137,15 @@ class RunPlan:
     lock: tuple[tuple[str, str | None], ...] = ()  # the frozen lock the run started from: file, sha256, entry
 
     def to_dict(self) -> dict:
-        out = {"protocol": self.protocol, "protocol_hash": self.protocol_hash, "profile": self.profile,
-               "ranges": _range_dicts(self.ranges), "bundle_format": self.bundle_format,
-               "registration": self.registration, "exploratory": self.exploratory}
+        out = {
+            "protocol": self.protocol,
+            "protocol_hash": self.protocol_hash,
+            "profile": self.profile,
+            "ranges": _range_dicts(self.ranges),
+            "bundle_format": self.bundle_format,
+            "registration": self.registration,
+            "exploratory": self.exploratory,
+        }
         if self.stage2_ranges:
             out["stage2_ranges"] = _range_dicts(self.stage2_ranges)
         if self.semantics:
@@ -135,11 +155,19 @@ class RunPlan:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunPlan":
-        return cls(data["protocol"], data["protocol_hash"], data["profile"], _range_tuples(data["ranges"]),
-                   _range_tuples(data.get("stage2_ranges", [])), int(data.get("bundle_format", LEGACY_FORMAT)),
-                   data.get("registration", "frozen"), bool(data.get("exploratory", False)),
-                   tuple(sorted(data.get("semantics", {}).items())), tuple(sorted(data.get("lock", {}).items())))
+    def from_dict(cls, data: dict) -> RunPlan:
+        return cls(
+            data["protocol"],
+            data["protocol_hash"],
+            data["profile"],
+            _range_tuples(data["ranges"]),
+            _range_tuples(data.get("stage2_ranges", [])),
+            int(data.get("bundle_format", LEGACY_FORMAT)),
+            data.get("registration", "frozen"),
+            bool(data.get("exploratory", False)),
+            tuple(sorted(data.get("semantics", {}).items())),
+            tuple(sorted(data.get("lock", {}).items())),
+        )
 
     def registration_block(self) -> dict:
         """The summary's `registration` entry: how the protocol stood against frozen.lock."""
@@ -212,9 +240,15 @@ def read_json(path: Path) -> Any:
 # ---------------------------------------------------------------- entries
 
 
-ENTRY_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"),
-               (stat.S_ISREG, "a regular file"))
+ENTRY_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISREG, "a regular file"),
+)
 
 
 def entry_kind(mode: int) -> str:
@@ -352,6 +386,7 @@ def git_state(source: Path) -> dict[str, Any]:
     """Commit and dirty flag of the git checkout whose tracked files include the directory
     `source`; both None when `source` is not tracked by a checkout (an installed package, or a
     package directory that some unrelated repository merely contains, e.g. a venv inside a repo)."""
+
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, check=True)
@@ -392,8 +427,11 @@ def source_digest() -> str | None:
 def code_version() -> dict[str, Any]:
     """The code that runs: specval's version, the commit and dirty flag of the checkout that
     holds the package's own source (not of the current directory), and `source_digest()`."""
-    return {"version": specval.__version__, **git_state(Path(specval.__file__).resolve().parent),
-            "source_sha256": source_digest()}
+    return {
+        "version": specval.__version__,
+        **git_state(Path(specval.__file__).resolve().parent),
+        "source_sha256": source_digest(),
+    }
 
 
 def package_versions() -> dict[str, str | None]:
@@ -417,9 +455,16 @@ def device_facts() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         facts.update(name=props.name, uuid=str(getattr(props, "uuid", "")), cuda_version=torch.version.cuda)
         try:
-            facts["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+            facts["driver"] = (
+                subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                .stdout.strip()
+                .splitlines()[0]
+            )
         except (OSError, subprocess.CalledProcessError, IndexError):
             facts["driver"] = None
     return facts
@@ -434,7 +479,9 @@ def invocation() -> list[str]:
 # ---------------------------------------------------------------- protocol copies
 
 
-def load_plan_protocol(path: Path, parse: Callable[[Any, str], Any], load: Callable[[Path], Any]) -> tuple[Any, RunPlan]:
+def load_plan_protocol(
+    path: Path, parse: Callable[[Any, str], Any], load: Callable[[Path], Any]
+) -> tuple[Any, RunPlan]:
     """(protocol, plan) of a bundle, refused (BundleError) unless its three records agree:
     protocol.json's canonical hash equals run.json's `protocol_hash`, and protocol.yaml, parsed with
     `load` (the schema of the protocol's kind), has that same hash. `parse(raw, file)` parses
@@ -442,14 +489,16 @@ def load_plan_protocol(path: Path, parse: Callable[[Any, str], Any], load: Calla
     plan = RunPlan.from_dict(read_json(path / RUN_FILE))
     protocol = parse(read_json(path / PROTOCOL_JSON), str(path / PROTOCOL_JSON))
     if protocol.hash != plan.protocol_hash:
-        raise BundleError(f"{path / PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from "
-                          f"{RUN_FILE}'s {plan.protocol_hash[:12]}")
+        raise BundleError(
+            f"{path / PROTOCOL_JSON}: hash {protocol.hash[:12]} differs from {RUN_FILE}'s {plan.protocol_hash[:12]}"
+        )
     if os.path.lexists(path / PROTOCOL_YAML):
         regular_file(path / PROTOCOL_YAML)  # a FIFO or a link is reported, never opened
     written = load(path / PROTOCOL_YAML)
     if written.hash != protocol.hash:
-        raise BundleError(f"{path / PROTOCOL_YAML}: parses to hash {written.hash[:12]}, not "
-                          f"{PROTOCOL_JSON}'s {protocol.hash[:12]}")
+        raise BundleError(
+            f"{path / PROTOCOL_YAML}: parses to hash {written.hash[:12]}, not {PROTOCOL_JSON}'s {protocol.hash[:12]}"
+        )
     return protocol, plan
 
 
@@ -460,8 +509,9 @@ def read_typed(path: Path, kind: type) -> Any:
     """`read_json` of a file whose top level must be a `kind` (dict or list); BundleError otherwise."""
     value = read_json(path)
     if not isinstance(value, kind):
-        raise BundleError(f"{path}: expected a JSON {'object' if kind is dict else 'array'}, found "
-                          f"{type(value).__name__}")
+        raise BundleError(
+            f"{path}: expected a JSON {'object' if kind is dict else 'array'}, found {type(value).__name__}"
+        )
     return value
 
 
@@ -481,8 +531,16 @@ def begin_session(path: Path, command: list[str] | None = None) -> int:
     process holds the bundle's lock from here on (`lock_bundle`; BundleError if another does)."""
     lock_bundle(path)
     sessions = read_sessions(path)
-    sessions.append({"command": list(command or invocation()), "started": _now(), "code": code_version(),
-                     "finished": None, "samples_drawn": None, "outcome": None})
+    sessions.append(
+        {
+            "command": list(command or invocation()),
+            "started": _now(),
+            "code": code_version(),
+            "finished": None,
+            "samples_drawn": None,
+            "outcome": None,
+        }
+    )
     write_json(path / SESSIONS_FILE, sessions)
     return len(sessions) - 1
 
@@ -494,8 +552,9 @@ def verdict_files(path: Path) -> dict[str, str]:
     """{file: sha256} of every regular file of the bundle but the session records, the lock, temp
     files, the seals and what is written after the verdict (manifest, reports): what a session that ends with a verdict records (`end_session`)."""
     skipped = (SESSIONS_FILE, LOCK_FILE, *UNLISTED_FILES, *SEALED_FILES)
-    return {name: sha256_file(path / name) for name in _files(path, skipped)
-            if not TEMP_NAME.match(name.rsplit("/", 1)[-1])}
+    return {
+        name: sha256_file(path / name) for name in _files(path, skipped) if not TEMP_NAME.match(name.rsplit("/", 1)[-1])
+    }
 
 
 def end_session(path: Path, index: int, samples_drawn: int | None, outcome: str) -> None:
@@ -534,10 +593,16 @@ def chain_genesis(root: Path) -> str:
     stage unnoticed."""
     plan = RunPlan.from_dict(read_json(_bundle_of(root) / RUN_FILE))
     stage = _stage_prefix(root)
-    anchor = {"tag": CHAIN_TAG, "stage": stage, "protocol_hash": plan.protocol_hash,
-              "registration": plan.registration, "exploratory": plan.exploratory,
-              "ranges": _range_dicts(plan.ranges), "semantics": dict(plan.semantics),
-              "stage2_ranges": _range_dicts(plan.stage2_ranges) if stage else []}
+    anchor = {
+        "tag": CHAIN_TAG,
+        "stage": stage,
+        "protocol_hash": plan.protocol_hash,
+        "registration": plan.registration,
+        "exploratory": plan.exploratory,
+        "ranges": _range_dicts(plan.ranges),
+        "semantics": dict(plan.semantics),
+        "stage2_ranges": _range_dicts(plan.stage2_ranges) if stage else [],
+    }
     return record_hash(anchor)
 
 
@@ -553,8 +618,9 @@ def read_chunk_records(root: Path) -> list | dict:
         return []
     records = read_json(root / CHUNKS_FILE)
     if not isinstance(records, (list, dict)):
-        raise BundleError(f"{root / CHUNKS_FILE}: expected a JSON array of chunk records, found "
-                          f"{type(records).__name__}")
+        raise BundleError(
+            f"{root / CHUNKS_FILE}: expected a JSON array of chunk records, found {type(records).__name__}"
+        )
     return records
 
 
@@ -566,12 +632,17 @@ def chain_problems(root: Path, records: list | dict) -> list[str]:
         return [f"{where}: a map of hashes, not a chain of records (bundle format {CHAINED_FORMAT} chains them)"]
     prev = chain_genesis(root)
     for number, record in enumerate(records):
-        if not (isinstance(record, dict) and set(record) == {"file", "sha256", "prev"}
-                and all(isinstance(v, str) for v in record.values())):
+        if not (
+            isinstance(record, dict)
+            and set(record) == {"file", "sha256", "prev"}
+            and all(isinstance(v, str) for v in record.values())
+        ):
             return [f"{where}: record {number} is not {{file, sha256, prev}}"]
         if record["prev"] != prev:
-            return [f"{where}: record {number} ({record['file']}) does not chain: its prev {record['prev'][:12]} is "
-                    f"not the hash {prev[:12]} of {'the record before' if number else 'the plan in run.json'}"]
+            return [
+                f"{where}: record {number} ({record['file']}) does not chain: its prev {record['prev'][:12]} is "
+                f"not the hash {prev[:12]} of {'the record before' if number else 'the plan in run.json'}"
+            ]
         prev = record_hash(record)
     return []
 
@@ -629,8 +700,11 @@ def read_chunk_index(root: Path) -> dict[str, str]:
 def _sample_files(root: Path) -> set[str]:
     """Sample files under root/samples, temp files of an interrupted write (dot names) excluded."""
     directory = root / SAMPLES_DIR
-    return {p.relative_to(root).as_posix() for p in directory.rglob("*")
-            if p.is_file() and not p.name.startswith(".")} if directory.is_dir() else set()
+    return (
+        {p.relative_to(root).as_posix() for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")}
+        if directory.is_dir()
+        else set()
+    )
 
 
 def check_chunks(root: Path, complete: bool, chained: bool = True) -> list[str]:
@@ -646,12 +720,17 @@ def check_chunks(root: Path, complete: bool, chained: bool = True) -> list[str]:
     if problems:
         return problems
     index, on_disk = read_chunk_index(root), _sample_files(root)
-    problems = [f"{where}{name}: written but its sha256 was never recorded in {CHUNKS_FILE}"
-                for name in sorted(on_disk - set(index))]
+    problems = [
+        f"{where}{name}: written but its sha256 was never recorded in {CHUNKS_FILE}"
+        for name in sorted(on_disk - set(index))
+    ]
     if complete:
         problems += [f"{where}{name}: recorded in {CHUNKS_FILE} but missing" for name in sorted(set(index) - on_disk)]
-    problems += [f"{where}{name}: sha256 differs from the one recorded in {CHUNKS_FILE} when it was written"
-                 for name in sorted(on_disk & set(index)) if sha256_file(root / name) != index[name]]
+    problems += [
+        f"{where}{name}: sha256 differs from the one recorded in {CHUNKS_FILE} when it was written"
+        for name in sorted(on_disk & set(index))
+        if sha256_file(root / name) != index[name]
+    ]
     return problems
 
 
@@ -730,8 +809,10 @@ def _refuse_reopen(path: Path) -> None:
         raise BundleError(f"{path}: sealed ({SUMS_FILE} present); a sealed bundle is never re-opened, start a new run")
     decided = [name for name in (SUMMARY_FILE, *SEALED_FILES) if os.path.lexists(path / name)]
     if decided:
-        raise BundleError(f"{path}: {decided[0]} is present: the run recorded its verdict and is never collected "
-                          "into again; `specval run --resume` only completes it (lifecycle.complete)")
+        raise BundleError(
+            f"{path}: {decided[0]} is present: the run recorded its verdict and is never collected "
+            "into again; `specval run --resume` only completes it (lifecycle.complete)"
+        )
     entries = check_entries(path, None)
     if entries:
         raise BundleError(f"{path}: refusing to resume: {'; '.join(entries)}")
@@ -740,12 +821,14 @@ def _refuse_reopen(path: Path) -> None:
         raise BundleError(f"{path}: {finished}; {never}")
     plan = RunPlan.from_dict(read_json(path / RUN_FILE))
     if plan.bundle_format != BUNDLE_FORMAT:
-        raise BundleError(f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval resumes "
-                          f"format {BUNDLE_FORMAT} only")
+        raise BundleError(
+            f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval resumes format {BUNDLE_FORMAT} only"
+        )
     problems = [p for stage in _stages(path) for p in check_chunks(stage, complete=False)]
     if problems:
-        raise BundleError(f"{path}: refusing to resume, its written samples do not match their recorded "
-                          f"hashes: {'; '.join(problems)}")
+        raise BundleError(
+            f"{path}: refusing to resume, its written samples do not match their recorded hashes: {'; '.join(problems)}"
+        )
 
 
 def recorded_verdict(path: Path) -> bool:
@@ -771,8 +854,9 @@ def _refuse_completion(path: Path) -> None:
         raise BundleError(f"{path}: {never}: {'; '.join(entries)}")
     plan = RunPlan.from_dict(read_typed(path / RUN_FILE, dict))
     if plan.bundle_format != BUNDLE_FORMAT:
-        raise BundleError(f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval completes "
-                          f"format {BUNDLE_FORMAT} only")
+        raise BundleError(
+            f"{path / RUN_FILE}: bundle format {plan.bundle_format}, this specval completes format {BUNDLE_FORMAT} only"
+        )
     problems = [p for stage in _stages(path) for p in check_chunks(stage, complete=True)]
     if problems:
         raise BundleError(f"{path}: {never}, its samples do not match their chained records: {'; '.join(problems)}")
@@ -785,8 +869,9 @@ def _refuse_completion(path: Path) -> None:
         raise BundleError(f"{path / SUMMARY_FILE}: verdict {verdict!r} is not one of {', '.join(FINISHED_OUTCOMES)}")
     for number, session in enumerate(sessions):
         _check_finished_session(path, number, session, verdict)
-    if os.path.lexists(path / MANIFEST_FILE) and read_typed(path / MANIFEST_FILE, dict).get("chunk_heads") != \
-            chunk_heads(path):
+    if os.path.lexists(path / MANIFEST_FILE) and read_typed(path / MANIFEST_FILE, dict).get(
+        "chunk_heads"
+    ) != chunk_heads(path):
         raise BundleError(f"{path / MANIFEST_FILE}: chunk_heads differ from the heads of the chunk records; {never}")
 
 
@@ -797,8 +882,10 @@ def _check_finished_session(path: Path, number: int, session: Any, verdict: str)
         raise BundleError(f"{path / SESSIONS_FILE}: session {number} is not a JSON object")
     outcome = session.get("outcome")
     if outcome in FINISHED_OUTCOMES and outcome != verdict:
-        raise BundleError(f"{path}: session {number} ended {outcome} but {SUMMARY_FILE} says {verdict}; "
-                          "a recorded verdict never changes")
+        raise BundleError(
+            f"{path}: session {number} ended {outcome} but {SUMMARY_FILE} says {verdict}; "
+            "a recorded verdict never changes"
+        )
     recorded = session.get(VERDICT_FILES_KEY) or {}
     if not isinstance(recorded, dict):
         raise BundleError(f"{path / SESSIONS_FILE}: session {number}: {VERDICT_FILES_KEY} is not a JSON object")
@@ -806,8 +893,9 @@ def _check_finished_session(path: Path, number: int, session: Any, verdict: str)
         here = sha256_file(path / name) if os.path.lexists(path / name) else None
         if here != digest:
             state = "missing" if here is None else "changed"
-            raise BundleError(f"{path}: {name} {state} since session {number} recorded its verdict {outcome}; "
-                              "refusing to complete it")
+            raise BundleError(
+                f"{path}: {name} {state} since session {number} recorded its verdict {outcome}; refusing to complete it"
+            )
 
 
 def check_completable(path: Path) -> None:
@@ -854,15 +942,15 @@ def check_resumable(path: Path) -> None:
 # ---------------------------------------------------------------- verification
 
 
-
-
 def check_format(path: Path) -> list[str]:
     """The bundle format recorded in run.json must be one this code verifies (VERIFIABLE_FORMATS)."""
     found = RunPlan.from_dict(read_json(path / RUN_FILE)).bundle_format
     if found in VERIFIABLE_FORMATS:
         return []
-    return [f"{RUN_FILE}: bundle format {found}, this specval verifies formats "
-            f"{', '.join(map(str, VERIFIABLE_FORMATS))} (re-run it)"]
+    return [
+        f"{RUN_FILE}: bundle format {found}, this specval verifies formats "
+        f"{', '.join(map(str, VERIFIABLE_FORMATS))} (re-run it)"
+    ]
 
 
 def code_note(path: Path) -> str | None:
@@ -889,8 +977,10 @@ def format_note(path: Path) -> str | None:
     except READ_ERRORS:
         return None
     if found in VERIFIABLE_FORMATS and found < CHAINED_FORMAT:
-        return (f"note: bundle format {found}: made before chunk records were chained (format {CHAINED_FORMAT}); "
-                "its chunks are checked against their recorded hashes only")
+        return (
+            f"note: bundle format {found}: made before chunk records were chained (format {CHAINED_FORMAT}); "
+            "its chunks are checked against their recorded hashes only"
+        )
     return None
 
 
@@ -904,9 +994,24 @@ def check_sessions(path: Path) -> list[str]:
     return []
 
 
-LAYOUT_FILES = frozenset({PROTOCOL_YAML, PROTOCOL_JSON, RUN_FILE, CHUNKS_FILE, SESSIONS_FILE, REFERENCE_FILE,
-                          QUADRATURE_FILE, SUMMARY_FILE, MANIFEST_FILE, ERROR_LOG, SIGNATURE_FILE, *REPORT_FILES,
-                          f"{STAGE2_DIR}/{CHUNKS_FILE}", f"{STAGE2_DIR}/{REFERENCE_FILE}"})
+LAYOUT_FILES = frozenset(
+    {
+        PROTOCOL_YAML,
+        PROTOCOL_JSON,
+        RUN_FILE,
+        CHUNKS_FILE,
+        SESSIONS_FILE,
+        REFERENCE_FILE,
+        QUADRATURE_FILE,
+        SUMMARY_FILE,
+        MANIFEST_FILE,
+        ERROR_LOG,
+        SIGNATURE_FILE,
+        *REPORT_FILES,
+        f"{STAGE2_DIR}/{CHUNKS_FILE}",
+        f"{STAGE2_DIR}/{REFERENCE_FILE}",
+    }
+)
 
 
 def check_layout(path: Path) -> list[str]:
@@ -939,8 +1044,11 @@ def check_rendered(path: Path, render: Callable[[Path], dict[str, bytes]]) -> li
         rendered = render(path)
     except READ_ERRORS as err:
         return [f"cannot re-render the report: {err}"]
-    return [f"{name}: differs from its re-rendering from the bundle" for name, data in sorted(rendered.items())
-            if not _regular_bytes(path / name) == data]
+    return [
+        f"{name}: differs from its re-rendering from the bundle"
+        for name, data in sorted(rendered.items())
+        if not _regular_bytes(path / name) == data
+    ]
 
 
 def _regular_bytes(path: Path) -> bytes | None:
@@ -975,8 +1083,9 @@ def check_listed_entries(path: Path) -> list[str]:
     return check_entries(path, listed)
 
 
-def verify_bundle(path: Path, recompute: Callable[[Path], dict],
-                  render: Callable[[Path], dict[str, bytes]]) -> list[str]:
+def verify_bundle(
+    path: Path, recompute: Callable[[Path], dict], render: Callable[[Path], dict[str, bytes]]
+) -> list[str]:
     """Every difference between the bundle and its seals (SHA256SUMS, layout, chunks.json), its
     sessions, the summary `recompute(path)` derives from its raw files, and the reports
     `render(path)` makes. A bundle holding anything but regular files and directories of
@@ -1008,8 +1117,10 @@ def check_pinned(path: Path, protocol_hash: str) -> list[str]:
     if plan.protocol_hash != protocol_hash:
         problems.append(f"{RUN_FILE}: ran protocol hash {plan.protocol_hash}, not the pinned {protocol_hash}")
     if plan.registration != "frozen" or plan.exploratory:
-        problems.append(f"{RUN_FILE}: registration {plan.registration!r}"
-                        f"{' (exploratory)' if plan.exploratory else ''}: the pinned protocol must run frozen")
+        problems.append(
+            f"{RUN_FILE}: registration {plan.registration!r}"
+            f"{' (exploratory)' if plan.exploratory else ''}: the pinned protocol must run frozen"
+        )
     return problems
 
 
@@ -1040,7 +1151,8 @@ def diff(stored: Any, recomputed: Any, path: str = "") -> list[str]:
         return [d for i, (a, b) in enumerate(zip(stored, recomputed)) for d in diff(a, b, f"{path}[{i}]")]
     if isinstance(stored, float) and isinstance(recomputed, float):
         same = math.isclose(stored, recomputed, rel_tol=FLOAT_RTOL, abs_tol=FLOAT_ATOL) or (
-            math.isnan(stored) and math.isnan(recomputed))
+            math.isnan(stored) and math.isnan(recomputed)
+        )
     else:
         same = stored == recomputed and type(stored) is type(recomputed)
     return [] if same else [f"{path}: stored {_short(stored)}, recomputed {_short(recomputed)}"]

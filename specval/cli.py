@@ -17,19 +17,25 @@ import errno
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 
-from specval import __version__
+from specval import __version__, execution, seeds, signing
 from specval import bundle as bundles
-from specval import execution
 from specval import protocol as protocols
-from specval import seeds
-from specval import signing
-from specval.kinds import (DISTRIBUTION_KIND, KINDS, OTHER_KINDS, RUN_KINDS, SUITE_KIND, Kind, ProtocolFile,
-                           bundle_kind, read_protocol_file)
+from specval.kinds import (
+    DISTRIBUTION_KIND,
+    KINDS,
+    OTHER_KINDS,
+    RUN_KINDS,
+    SUITE_KIND,
+    Kind,
+    ProtocolFile,
+    bundle_kind,
+    read_protocol_file,
+)
 from specval.performance.protocol import PERFORMANCE_KIND
 from specval.suite import is_suite_directory as suite_directory
 
@@ -116,8 +122,10 @@ def _check_run_flags(ctx: click.Context, protocol_file, resume, exploratory, con
     if resume is not None:
         conflicts = [f"--{name.replace('_', '-')}" for name in RESUME_CONFLICTS if _given(ctx, name)]
         if conflicts:
-            raise click.UsageError(f"--resume continues {resume} with the protocol, profile, seeds, output and "
-                                   f"registration recorded in it; drop {', '.join(conflicts)}")
+            raise click.UsageError(
+                f"--resume continues {resume} with the protocol, profile, seeds, output and "
+                f"registration recorded in it; drop {', '.join(conflicts)}"
+            )
 
 
 def _print_verdict(summary: dict, path: Path) -> None:
@@ -135,25 +143,52 @@ def _announce(path: Path) -> None:
 @main.command()
 @click.argument("protocol_file", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
-@click.option("--output", default=Path("results"), type=click.Path(path_type=Path),
-              show_default=True, help="Root directory of bundles and of the seed ledger.")
-@click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Continue a killed or failed run in this unsealed bundle (its protocol and seeds are reused).")
-@click.option("--exploratory", is_flag=True,
-              help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
+@click.option(
+    "--output",
+    default=Path("results"),
+    type=click.Path(path_type=Path),
+    show_default=True,
+    help="Root directory of bundles and of the seed ledger.",
+)
+@click.option(
+    "--resume",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Continue a killed or failed run in this unsealed bundle (its protocol and seeds are reused).",
+)
+@click.option(
+    "--exploratory",
+    is_flag=True,
+    help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.",
+)
 @click.option("--confirmatory", is_flag=True, help="The default: refuse a protocol that is not frozen as written.")
-@click.option("--seed-offset", default=None, type=click.IntRange(min=0),
-              help="First seed of the run (still checked against the ledger).")
+@click.option(
+    "--seed-offset",
+    default=None,
+    type=click.IntRange(min=0),
+    help="First seed of the run (still checked against the ledger).",
+)
 @click.option("--junit", default=None, type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--devices", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes sharing the collection (one per GPU for a CUDA protocol): launches "
-                   "`torchrun --nproc-per-node N -m specval run ...` through torch.distributed.run.")
-@click.option("--sign", "sign_key", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Sign the sealed bundle with this ed25519 private key (PEM, as `specval keygen` writes).")
+@click.option(
+    "--devices",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes sharing the collection (one per GPU for a CUDA protocol): launches "
+    "`torchrun --nproc-per-node N -m specval run ...` through torch.distributed.run.",
+)
+@click.option(
+    "--sign",
+    "sign_key",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Sign the sealed bundle with this ed25519 private key (PEM, as `specval keygen` writes).",
+)
 @click.pass_context
-def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet,
-        devices, sign_key) -> None:
+def run(
+    ctx, protocol_file, profile, output, resume, exploratory, confirmatory, seed_offset, junit, quiet, devices, sign_key
+) -> None:
     """Run PROTOCOL_FILE (or --resume BUNDLE) and print the verdict and the bundle path.
 
     Exit status: 0 PASS, 1 FAIL, 2 input or usage error (nothing claimed), 3 the system under test
@@ -171,14 +206,18 @@ def run(ctx, protocol_file, profile, output, resume, exploratory, confirmatory, 
         read = _read(source)  # the bundle's copy for --resume
         _check_sharded(source, _kind(read), devices, shards)
     if resume is not None and not _bundle_kind(resume).resumable:
-        _input_error(f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
-                     f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}")
+        _input_error(
+            f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
+            f"comparable); start a new run: specval bench {resume / bundles.PROTOCOL_YAML}"
+        )
     given = None if protocol_file is None else (read or _read(protocol_file))  # the file is read once
     if _kind(given).name == SUITE_KIND:
         for name in ("seed_offset", "junit", "devices"):
             if _given(ctx, name):
-                raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a suite (each member's JUnit "
-                                       "file is written into the suite's directory)")
+                raise click.UsageError(
+                    f"--{name.replace('_', '-')} does not apply to a suite (each member's JUnit "
+                    "file is written into the suite's directory)"
+                )
         _run_suite(given, protocol_file, profile, output, exploratory, quiet, signer)
     if _kind(given).name == PERFORMANCE_KIND:
         for name in ("seed_offset", "junit"):
@@ -212,8 +251,10 @@ def _check_gpus(protocol_file: Path, devices: int) -> None:
         import torch
 
         if torch.cuda.device_count() < devices:
-            raise click.UsageError(f"--devices {devices}: {protocol_file} runs on CUDA and this host has "
-                                   f"{torch.cuda.device_count()} GPU(s)")
+            raise click.UsageError(
+                f"--devices {devices}: {protocol_file} runs on CUDA and this host has "
+                f"{torch.cuda.device_count()} GPU(s)"
+            )
 
 
 def _forwarded_args(ctx: click.Context) -> list[str]:
@@ -276,8 +317,20 @@ def _serve(shards) -> int:
         return execution.EXIT_INTERRUPTED
 
 
-def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume, exploratory, seed_offset, junit,
-              quiet, signer=None, shards=None, announced: list[Path] | None = None) -> None:
+def _run_here(
+    given: ProtocolFile | None,
+    protocol_file,
+    profile,
+    output,
+    resume,
+    exploratory,
+    seed_offset,
+    junit,
+    quiet,
+    signer=None,
+    shards=None,
+    announced: list[Path] | None = None,
+) -> None:
     """The run of `given` (PROTOCOL_FILE as read by `_read`; None for --resume) through the Python
     API's `specval.api.run_protocol_file` (its kind's runner: distribution or quality, the same run()
     contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits.
@@ -293,9 +346,18 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         if junit:
             check_writable_file(junit, "--junit")
         with execution.signals_interrupt():
-            result = api.run_protocol_file(given, protocol_file, profile, output, resume=resume,
-                                           exploratory=exploratory, seed_offset=seed_offset, progress=not quiet,
-                                           announce=_recording(announced, _announce), **extra)
+            result = api.run_protocol_file(
+                given,
+                protocol_file,
+                profile,
+                output,
+                resume=resume,
+                exploratory=exploratory,
+                seed_offset=seed_offset,
+                progress=not quiet,
+                announce=_recording(announced, _announce),
+                **extra,
+            )
     except SUTError as err:  # the system under test refused the protocol's sut settings
         _input_error(f"{protocol_file or resume}: sut: {err}")
     except (protocols.ProtocolError, seeds.SeedOverlapError, bundles.BundleError) as err:
@@ -304,8 +366,11 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         log = execution.append_log(resume / execution.ERROR_LOG, err) if resume else execution.probe_log(output, err)
         _fail_with(execution.EXIT_SUT, f"error: {err}; no seed was claimed; traceback in {log}")
     except execution.RunFailed as err:
-        _fail_with(execution.EXIT_SUT, f"error: {err}; traceback in {err.log}; the bundle {err.path} is marked "
-                   f"ERROR and kept; resume with: {execution.resume_command(err.path)}")
+        _fail_with(
+            execution.EXIT_SUT,
+            f"error: {err}; traceback in {err.log}; the bundle {err.path} is marked "
+            f"ERROR and kept; resume with: {execution.resume_command(err.path)}",
+        )
     except execution.RunInterrupted as err:
         _interrupted(err.path)
     except KeyboardInterrupt:
@@ -318,13 +383,17 @@ def _run_here(given: ProtocolFile | None, protocol_file, profile, output, resume
         try:
             write_junit(result.summary, junit, result.bundle)
         except OSError as err:
-            _fail_with(EXIT_ENVIRONMENT, f"error: environment: --junit {junit}: cannot write "
-                       f"({execution.describe_os_error(err)}); the verdict above stands")
+            _fail_with(
+                EXIT_ENVIRONMENT,
+                f"error: environment: --junit {junit}: cannot write "
+                f"({execution.describe_os_error(err)}); the verdict above stands",
+            )
     sys.exit(execution.verdict_exit(result.verdict))
 
 
-def _suite_members(spec, suite_file: Path, profile: str | None, exploratory: bool) -> list[tuple[Path, ProtocolFile,
-                                                                                                 object]]:
+def _suite_members(
+    spec, suite_file: Path, profile: str | None, exploratory: bool
+) -> list[tuple[Path, ProtocolFile, object]]:
     """Every member of a suite, read, registration-checked and resolved with `profile` (ProtocolError
     naming the member file: nothing has run yet)."""
     members = []
@@ -333,16 +402,19 @@ def _suite_members(spec, suite_file: Path, profile: str | None, exploratory: boo
             raise protocols.ProtocolError(f"{suite_file}: members: {path} does not exist")
         given = _read(path)
         if given.kind.name not in RUN_KINDS:
-            raise protocols.ProtocolError(f"{suite_file}: members: {path} is of kind {given.kind.name}; a suite lists "
-                                          f"protocols of kinds {', '.join(RUN_KINDS)}")
+            raise protocols.ProtocolError(
+                f"{suite_file}: members: {path} is of kind {given.kind.name}; a suite lists "
+                f"protocols of kinds {', '.join(RUN_KINDS)}"
+            )
         protocol = given.load()
         protocols.check_registered(protocol, path, exploratory)
         members.append((path, given, protocols.resolve(protocol, profile)))
     return members
 
 
-def _run_suite(given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool,
-               signer) -> None:
+def _run_suite(
+    given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer
+) -> None:
     """Run every member of the suite `given` in order (`specval.suite`), print one line per member
     and the suite's verdict, write the suite record; exit with the most severe member status."""
     from specval import suite as suites
@@ -365,31 +437,49 @@ def _run_suite(given: ProtocolFile, suite_file: Path, profile, output: Path, exp
         click.echo(f"== suite {spec.name}: member {index}/{len(members)}: {path}")
         announced: list[Path] = []
         try:
-            _run_here(member, path, profile, output, None, exploratory, None, directory / f"{protocol.name}.junit.xml",
-                      quiet, signer, announced=announced)
+            _run_here(
+                member,
+                path,
+                profile,
+                output,
+                None,
+                exploratory,
+                None,
+                directory / f"{protocol.name}.junit.xml",
+                quiet,
+                signer,
+                announced=announced,
+            )
             code = EXIT_PASS  # _run_here always exits; kept for clarity
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        results.append(suites.MemberResult(str(path), protocol.name, protocol.hash, code,
-                                           announced[0] if announced else None))
+        results.append(
+            suites.MemberResult(str(path), protocol.name, protocol.hash, code, announced[0] if announced else None)
+        )
         if code == execution.EXIT_INTERRUPTED:
             break
     data = suites.record(directory, spec, suite_file, profile, state, results, started)
-    click.echo(f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
-               f"profile {profile or 'as written'}):")
+    click.echo(
+        f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
+        f"profile {profile or 'as written'}):"
+    )
     for member in data["members"]:
         click.echo(f"  {member['verdict']:<12} exit {member['exit']}  {member['file']}  {member['bundle'] or '-'}")
     final = results[-1].exit if results and results[-1].exit == execution.EXIT_INTERRUPTED else data["exit"]
-    click.echo(f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
-               f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}")
+    click.echo(
+        f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
+        f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}"
+    )
     sys.exit(final)
 
 
 def _recording(announced: list[Path], announce: Callable[[Path], None]) -> Callable[[Path], None]:
     """`announce`, also appending the bundle's path to `announced` (what an error message names)."""
+
     def record(path: Path) -> None:
         announced.append(path)
         announce(path)
+
     return record
 
 
@@ -407,8 +497,9 @@ def _no_verdict(err: BaseException, announced: list[Path], where: Callable[[Path
     of the bundle (EnvironmentFailed's, else the announced one; None: none was announced)."""
     path = err.path if isinstance(err, execution.EnvironmentFailed) else (announced[0] if announced else None)
     if isinstance(err, SystemExit):
-        _fail_with(execution.EXIT_SUT, f"error: the run was ended by SystemExit({err.code!r}) before any "
-                   f"verdict{where(path)}")
+        _fail_with(
+            execution.EXIT_SUT, f"error: the run was ended by SystemExit({err.code!r}) before any verdict{where(path)}"
+        )
     if isinstance(err, seeds.LedgerError):  # the output root's state, like a ledger.json that is a directory
         _fail_with(EXIT_ENVIRONMENT, f"error: environment: {err}{where(path)}")
     cause = err.cause if isinstance(err, execution.EnvironmentFailed) else err
@@ -424,8 +515,9 @@ def _interrupted(path: Path | None) -> None:
     _fail_with(execution.EXIT_INTERRUPTED, f"interrupted{_kept(path) if path else '; no bundle was started'}")
 
 
-def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool,
-           signer=None) -> None:
+def _bench(
+    given: ProtocolFile, protocol_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer=None
+) -> None:
     """Run a performance protocol, print each pair's ratio, the interval and the verdict; exit with its code."""
     from specval.preflight import SUTRaised
 
@@ -433,9 +525,15 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
     announced: list[Path] = []
     try:
         with execution.signals_interrupt():
-            path, summary = given.kind.runner()(protocol_file, profile, output, exploratory=exploratory,
-                                                progress=not quiet, parsed=given.load(),
-                                                announce=_recording(announced, lambda p: click.echo(f"bundle: {p}")))
+            path, summary = given.kind.runner()(
+                protocol_file,
+                profile,
+                output,
+                exploratory=exploratory,
+                progress=not quiet,
+                parsed=given.load(),
+                announce=_recording(announced, lambda p: click.echo(f"bundle: {p}")),
+            )
     except (protocols.ProtocolError, bundles.BundleError) as err:
         _input_error(err)
     except SUTRaised as err:  # building the engines, before any bundle
@@ -455,14 +553,19 @@ def _bench(given: ProtocolFile, protocol_file: Path, profile, output: Path, expl
 
 def _print_bench(summary: dict, path: Path) -> None:
     proto, ratio = summary["protocol"], summary["ratio"]
-    click.echo(f"{proto['statistic']} ratio b / a per pair ({summary['arms']['a']['name']} = a, "
-               f"{summary['arms']['b']['name']} = b):")
+    click.echo(
+        f"{proto['statistic']} ratio b / a per pair ({summary['arms']['a']['name']} = a, "
+        f"{summary['arms']['b']['name']} = b):"
+    )
     for pair in summary["pairs"]:
-        click.echo(f"  pair {pair['pair']:>3} {pair['order']}: a {pair['a']:.6g}  b {pair['b']:.6g}  "
-                   f"ratio {pair['ratio']:.4f}")
-    click.echo(f"median ratio {ratio['median']:.4f}, exact order-statistic interval [{ratio['low']:.4f}, "
-               f"{ratio['high']:.4f}] (coverage {ratio['coverage']:.4f} >= {ratio['confidence']:g}); "
-               f"{proto['hypothesis']} threshold {summary['threshold']:.4f}")
+        click.echo(
+            f"  pair {pair['pair']:>3} {pair['order']}: a {pair['a']:.6g}  b {pair['b']:.6g}  ratio {pair['ratio']:.4f}"
+        )
+    click.echo(
+        f"median ratio {ratio['median']:.4f}, exact order-statistic interval [{ratio['low']:.4f}, "
+        f"{ratio['high']:.4f}] (coverage {ratio['coverage']:.4f} >= {ratio['confidence']:g}); "
+        f"{proto['hypothesis']} threshold {summary['threshold']:.4f}"
+    )
     marker = "EXPLORATORY " if summary.get("registration", {}).get("exploratory") else ""
     click.echo(f"{marker}{summary['verdict']}: {summary['reason']}")
     click.echo(f"bundle: {path}")
@@ -471,10 +574,18 @@ def _print_bench(summary: dict, path: Path) -> None:
 @main.command()
 @click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Scale profile of the protocol (e.g. ci, full).")
-@click.option("--output", default=Path("results"), type=click.Path(path_type=Path),
-              show_default=True, help="Root directory of bundles.")
-@click.option("--exploratory", is_flag=True,
-              help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.")
+@click.option(
+    "--output",
+    default=Path("results"),
+    type=click.Path(path_type=Path),
+    show_default=True,
+    help="Root directory of bundles.",
+)
+@click.option(
+    "--exploratory",
+    is_flag=True,
+    help="Run a protocol that is not frozen in frozen.lock, or changed since; the verdict says EXPLORATORY.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def bench(protocol_file, profile, output, exploratory, quiet) -> None:
     """Time the two arms of a performance protocol (kind: performance) in ABBA order: two engine
@@ -485,8 +596,7 @@ def bench(protocol_file, profile, output, exploratory, quiet) -> None:
     protocol does the same."""
     given = _read(protocol_file)
     if _kind(given).name != PERFORMANCE_KIND:
-        _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); "
-                     "use specval run")
+        _input_error(f"{protocol_file}: kind: not a performance protocol (`kind: {PERFORMANCE_KIND}`); use specval run")
     _bench(given, protocol_file, profile, output, exploratory, quiet)
 
 
@@ -516,11 +626,20 @@ def _sign_sealed(bundle: Path, signer) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--key", "key_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="The signer's ed25519 public key (PEM): fail unless BUNDLE is signed by it and unchanged since.")
-@click.option("--protocol", "protocol_file", default=None,
-              type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Fail unless BUNDLE ran exactly this protocol, frozen in the lock beside it.")
+@click.option(
+    "--key",
+    "key_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The signer's ed25519 public key (PEM): fail unless BUNDLE is signed by it and unchanged since.",
+)
+@click.option(
+    "--protocol",
+    "protocol_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Fail unless BUNDLE ran exactly this protocol, frozen in the lock beside it.",
+)
 @click.option("--protocol-hash", default=None, help="Fail unless BUNDLE ran the frozen protocol of this hash.")
 def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
@@ -534,8 +653,10 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
         raise click.UsageError("give --protocol or --protocol-hash, not both")
     if suite_directory(bundle):
         if protocol_file is not None or protocol_hash is not None:
-            raise click.UsageError("--protocol and --protocol-hash pin one bundle's protocol; a suite records "
-                                   "each member's hash, checked against its bundle")
+            raise click.UsageError(
+                "--protocol and --protocol-hash pin one bundle's protocol; a suite records "
+                "each member's hash, checked against its bundle"
+            )
         _verify_suite(bundle, _public_key(key_file))
     try:
         found = api.verify(bundle, key=key_file, protocol=protocol_file, protocol_hash=protocol_hash)
@@ -565,8 +686,9 @@ def _verify_suite(directory: Path, key) -> None:
     signature against `key` (None: the key it embeds, if signed); exit 0 or 1."""
     from specval import suite as suites
 
-    problems = suites.verify(directory, lambda path: _bundle_kind(path).verify(path)
-                             + list(signing.check_signature(path, key).problems))
+    problems = suites.verify(
+        directory, lambda path: _bundle_kind(path).verify(path) + list(signing.check_signature(path, key).problems)
+    )
     for problem in problems:
         click.echo(f"DIFFERS {problem}")
     if problems:
@@ -578,8 +700,13 @@ def _verify_suite(directory: Path, key) -> None:
 
 @main.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="The ed25519 private key (PEM, as `specval keygen` writes).")
+@click.option(
+    "--key",
+    "key_file",
+    required=True,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The ed25519 private key (PEM, as `specval keygen` writes).",
+)
 def sign(bundle, key_file) -> None:
     """Sign the sealed BUNDLE (signature.dsse.json; an earlier signature is replaced) once it
     verifies. Exit 0 signed, 2 a bad key or a bundle that does not verify, 5 the operating system
@@ -587,8 +714,9 @@ def sign(bundle, key_file) -> None:
     signer = _signer(key_file)
     problems = _bundle_kind(bundle).verify(bundle)
     if problems:
-        _input_error(f"{bundle}: does not verify ({len(problems)} difference(s), first: {problems[0]}); "
-                     "refusing to sign")
+        _input_error(
+            f"{bundle}: does not verify ({len(problems)} difference(s), first: {problems[0]}); refusing to sign"
+        )
     _sign_sealed(bundle, signer)
 
 
@@ -602,8 +730,10 @@ def keygen(key_file) -> None:
     except signing.SigningError as err:
         _input_error(f"{key_file}: cannot write the key pair ({err})")
     except OSError as err:  # the operating system refused the write: an environment error, not input
-        _fail_with(EXIT_ENVIRONMENT, f"error: environment: {key_file}: cannot write the key pair "
-                   f"({execution.describe_os_error(err)})")
+        _fail_with(
+            EXIT_ENVIRONMENT,
+            f"error: environment: {key_file}: cannot write the key pair ({execution.describe_os_error(err)})",
+        )
     click.echo(f"private key: {key_file} (keep it secret)")
     click.echo(f"public key: {public} (publish it)")
     click.echo(f"key id: {key}")
@@ -638,8 +768,7 @@ def freeze(protocol_file) -> None:
 @main.command(name="seeds")
 @click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None)
-@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
-              show_default=True)
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path), show_default=True)
 def seeds_command(protocol_file, profile, output) -> None:
     """List the seed ranges held in the ledger and those the next run would take."""
     try:
@@ -650,15 +779,15 @@ def seeds_command(protocol_file, profile, output) -> None:
     held = [r for r in ledger if r.protocol == protocol.name]
     for r in held:
         click.echo(f"held  {r.run:<40} {r.group:<12} [{r.start}, {r.stop})")
-    nxt = seeds.allocate(ledger, protocol.name, "next", [g.name for g in protocol.groups],
-                         protocol.samples_per_group, protocol.seed_base)
+    nxt = seeds.allocate(
+        ledger, protocol.name, "next", [g.name for g in protocol.groups], protocol.samples_per_group, protocol.seed_base
+    )
     for r in nxt:
         click.echo(f"next  {'(next run)':<40} {r.group:<12} [{r.start}, {r.stop})")
 
 
 @main.command(name="ls")
-@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
-              show_default=True)
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path), show_default=True)
 def ls_command(output) -> None:
     """List the bundles under --output with their verdicts."""
     for path in sorted(p for p in Path(output).glob("*") if (p / bundles.RUN_FILE).exists()):
@@ -694,8 +823,7 @@ def _listed_state(path: Path, sealed: bool) -> str:
 
 
 @main.command()
-@click.argument("protocol_files", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("protocol_files", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def validate(protocol_files) -> None:
     """Parse each protocol (all profiles) and print its canonical hash and frozen state; exit 1 if
     any protocol changed since it was frozen, 2 if any does not parse."""
@@ -710,25 +838,43 @@ def validate(protocol_files) -> None:
             _input_error(err)
         if state == protocols.CHANGED:
             changed.append(str(path))
-        click.echo(f"{'CHANGED' if state == protocols.CHANGED else 'ok'} {path}: {protocol.name} {protocol.hash} "
-                   f"({state})")
+        click.echo(
+            f"{'CHANGED' if state == protocols.CHANGED else 'ok'} {path}: {protocol.name} {protocol.hash} ({state})"
+        )
     if changed:
         click.echo(f"FAIL: {len(changed)} protocol(s) changed since frozen: {', '.join(changed)}")
         sys.exit(EXIT_FAIL)
 
 
-
 @main.command()
 @click.argument("protocol_paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--profile", default="ci", show_default=True, help="Scale profile of every mutant run.")
-@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
-              show_default=True, help="Root under which the mutate directory (bundles, kill table) is made.")
-@click.option("--mutant", "names", multiple=True,
-              help="Only these mutants of the suite's adapter (repeatable; default: all it lists).")
-@click.option("--samples", default=None, type=click.IntRange(min=1),
-              help="Samples per group instead of the profile's (reduced runs, e.g. in tests).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Mutants run in this many processes (the table's rows keep their order).")
+@click.option(
+    "--output",
+    default=Path("results"),
+    type=click.Path(file_okay=False, path_type=Path),
+    show_default=True,
+    help="Root under which the mutate directory (bundles, kill table) is made.",
+)
+@click.option(
+    "--mutant",
+    "names",
+    multiple=True,
+    help="Only these mutants of the suite's adapter (repeatable; default: all it lists).",
+)
+@click.option(
+    "--samples",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Samples per group instead of the profile's (reduced runs, e.g. in tests).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Mutants run in this many processes (the table's rows keep their order).",
+)
 def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
     """Run a protocol suite (PROTOCOL_PATHS: files, or directories of *.yaml, all with one adapter)
     against every planted bug the adapter lists (`Capabilities.mutants`) and the harness's seed
@@ -737,8 +883,9 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
     from specval.distribution import mutate as mutation
 
     try:
-        root, table = mutation.mutate(tuple(protocol_paths), profile, output, tuple(names), samples,
-                                        " ".join(bundles.invocation()), workers)
+        root, table = mutation.mutate(
+            tuple(protocol_paths), profile, output, tuple(names), samples, " ".join(bundles.invocation()), workers
+        )
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)
     click.echo((root / mutation.KILL_TABLE_MD).read_text())
@@ -746,15 +893,29 @@ def mutate(protocol_paths, profile, output, names, samples, workers) -> None:
     sys.exit(EXIT_PASS if all(row["as_expected"] for row in table) else EXIT_FAIL)
 
 
-
 @main.command(name="check-adapter")
 @click.argument("adapter")
-@click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="Take the sut settings, prompt, sampling, groups and K from this protocol (nothing is run).")
-@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="A sut.options entry for the adapter's constructor (VALUE read as YAML; repeatable).")
-@click.option("--num-speculative-tokens", "-k", default=None, type=click.IntRange(min=1),
-              help="K given to the constructor (default: the protocol's, else 2).")
+@click.option(
+    "--protocol",
+    "protocol_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Take the sut settings, prompt, sampling, groups and K from this protocol (nothing is run).",
+)
+@click.option(
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A sut.options entry for the adapter's constructor (VALUE read as YAML; repeatable).",
+)
+@click.option(
+    "--num-speculative-tokens",
+    "-k",
+    default=None,
+    type=click.IntRange(min=1),
+    help="K given to the constructor (default: the protocol's, else 2).",
+)
 def check_adapter(adapter, protocol_file, options, num_speculative_tokens) -> None:
     """Exercise ADAPTER ("package.module:Class" or an entry point name) the way a run does, without
     a protocol run, and print what to fix: contract shapes and dtypes, token ranges and counts,
@@ -785,8 +946,10 @@ def check_adapter(adapter, protocol_file, options, num_speculative_tokens) -> No
         click.echo(finding.line())
     fixes = [f for f in findings if f.level == checks.FIX]
     advice = sum(f.level == checks.ADVICE for f in findings)
-    click.echo(f"{'FIX' if fixes else 'OK'}: {adapter}: {len(fixes)} to fix, {advice} advice, "
-               f"{len(findings) - len(fixes) - advice} ok (docs/harness.md section 8)")
+    click.echo(
+        f"{'FIX' if fixes else 'OK'}: {adapter}: {len(fixes)} to fix, {advice} advice, "
+        f"{len(findings) - len(fixes) - advice} ok (docs/harness.md section 8)"
+    )
     sys.exit(EXIT_FAIL if fixes else EXIT_PASS)
 
 
@@ -807,19 +970,41 @@ def _options(pairs: tuple[str, ...]) -> dict:
 
 
 @main.command()
-@click.option("--tv", default=None, type=click.FloatRange(0, 1, min_open=True),
-              help="Target total-variation distance: print the samples needed.")
-@click.option("--n", "num_samples", default=None, type=click.IntRange(1, protocols.MAX_INT), help="Samples: print the MDE.")
-@click.option("--bins", default=None, type=click.IntRange(2, protocols.MAX_INT),
-              help="Cells of the test (default: the protocol's top_k).")
-@click.option("--alpha", default=None, type=click.FloatRange(protocols.MIN_ALPHA, protocols.MAX_ALPHA),
-              help="Level (default: the protocol's, else 0.01).")
-@click.option("--power", default=None, type=click.FloatRange(protocols.MIN_POWER, protocols.MAX_POWER),
-              help="Power (default: the protocol's, else 0.8).")
+@click.option(
+    "--tv",
+    default=None,
+    type=click.FloatRange(0, 1, min_open=True),
+    help="Target total-variation distance: print the samples needed.",
+)
+@click.option(
+    "--n", "num_samples", default=None, type=click.IntRange(1, protocols.MAX_INT), help="Samples: print the MDE."
+)
+@click.option(
+    "--bins",
+    default=None,
+    type=click.IntRange(2, protocols.MAX_INT),
+    help="Cells of the test (default: the protocol's top_k).",
+)
+@click.option(
+    "--alpha",
+    default=None,
+    type=click.FloatRange(protocols.MIN_ALPHA, protocols.MAX_ALPHA),
+    help="Level (default: the protocol's, else 0.01).",
+)
+@click.option(
+    "--power",
+    default=None,
+    type=click.FloatRange(protocols.MIN_POWER, protocols.MAX_POWER),
+    help="Power (default: the protocol's, else 0.8).",
+)
 @click.option("--protocol", "protocol_file", default=None, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--profile", default=None, help="Profile of --protocol whose samples per group are planned.")
-@click.option("--vocab-size", default=None, type=click.IntRange(min=2),
-              help="Vocabulary size: bounds the cells of a --protocol without top_k.")
+@click.option(
+    "--vocab-size",
+    default=None,
+    type=click.IntRange(min=2),
+    help="Vocabulary size: bounds the cells of a --protocol without top_k.",
+)
 def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size) -> None:
     """Samples needed for a target TV (--tv), or the MDE of a sample size (--n), or every criterion of
     a protocol (--protocol) at its Holm level and confirmation rule."""
@@ -840,9 +1025,11 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
             bins = planning.protocol_bins(protocol, vocab_size)
         if tv is not None:
             result = planning.samples_for(tv, bins, alpha, power)
-            click.echo(f"TV >= {tv:g} over {bins} cells at alpha {alpha:g}, power {power:g}: "
-                       f"{result.samples_gof} samples (goodness of fit), "
-                       f"{result.samples_per_group_homogeneity} per group (homogeneity)")
+            click.echo(
+                f"TV >= {tv:g} over {bins} cells at alpha {alpha:g}, power {power:g}: "
+                f"{result.samples_gof} samples (goodness of fit), "
+                f"{result.samples_per_group_homogeneity} per group (homogeneity)"
+            )
             return
         n = num_samples
         if n is None:
@@ -850,9 +1037,11 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
         result = planning.mde_for(n, bins, alpha, power)
     except (protocols.ProtocolError, ValueError) as err:
         _input_error(err)
-    click.echo(f"n = {n} over {bins} cells at alpha {alpha:g}: deviations of TV >= {result.mde_gof:.4g} "
-               f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
-               f"have been detected with power >= {power:g}")
+    click.echo(
+        f"n = {n} over {bins} cells at alpha {alpha:g}: deviations of TV >= {result.mde_gof:.4g} "
+        f"(goodness of fit) or >= {result.mde_homogeneity:.4g} (homogeneity, two groups of n) would "
+        f"have been detected with power >= {power:g}"
+    )
 
 
 def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
@@ -865,12 +1054,16 @@ def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
     if loaded.kind.name != SEQUENCE_KIND:
         return False
     protocol = resolve(loaded.load(), profile)
-    click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.sequences_per_group} sequences of "
-               f"{protocol.sequence_length} tokens per group, alpha {protocol.alpha:g}, power {protocol.power:g}")
+    click.echo(
+        f"{protocol.name} ({protocol.profile or 'default'}): {protocol.sequences_per_group} sequences of "
+        f"{protocol.sequence_length} tokens per group, alpha {protocol.alpha:g}, power {protocol.power:g}"
+    )
     for row in protocol_plan(protocol):
         mde = f">= {row.mde:.4g}" if row.mde is not None else ""
-        click.echo(f"  {row.criterion} ({row.role}, m = {row.family_size}, level {row.level:.3g}, n = {row.n}): "
-                   f"{row.label} {mde}".rstrip())
+        click.echo(
+            f"  {row.criterion} ({row.role}, m = {row.family_size}, level {row.level:.3g}, n = {row.n}): "
+            f"{row.label} {mde}".rstrip()
+        )
     return True
 
 
@@ -880,31 +1073,52 @@ def _print_protocol_plan(protocol, rows) -> None:
     stages = "two-stage confirmation" if protocol.confirmation.is_two_stage else "one stage"
     if protocol.sequential is not None:
         sizes = looks.schedule(protocol, protocol.alpha)
-        stages += (f", {protocol.sequential.spending} looks at {', '.join(str(x.samples_per_group) for x in sizes)} "
-                   f"samples per group (levels below: the last look's)")
-    click.echo(f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
-               f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}")
+        stages += (
+            f", {protocol.sequential.spending} looks at {', '.join(str(x.samples_per_group) for x in sizes)} "
+            f"samples per group (levels below: the last look's)"
+        )
+    click.echo(
+        f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
+        f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}"
+    )
     for row in rows:
         levels = ", ".join(f"{level:.3g}" for level in row.levels)
-        click.echo(f"  {row.criterion} ({row.role}, m = {row.family_size}, level {levels}, df <= {row.df_bound}): "
-                   f"{row.label} >= {row.mde_tv:.4g}")
+        click.echo(
+            f"  {row.criterion} ({row.role}, m = {row.family_size}, level {levels}, df <= {row.df_bound}): "
+            f"{row.label} >= {row.mde_tv:.4g}"
+        )
 
 
 @main.command()
 @click.argument("protocol_file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @click.option("--replicates", default=200, show_default=True, type=click.IntRange(min=1))
-@click.option("--samples", default=None, type=click.IntRange(min=1),
-              help="Samples per group of each replicate (default: the profile's samples_per_group).")
+@click.option(
+    "--samples",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Samples per group of each replicate (default: the profile's samples_per_group).",
+)
 @click.option("--profile", default=None)
-@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path),
-              show_default=True)
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path), show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--resume", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
-              help="Continue a killed calibration in its bundle (same protocol, replicates, samples).")
-@click.option("--exact", is_flag=True,
-              help="Draw every group straight from the float64 reference (calibrates the statistics alone).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).")
+@click.option(
+    "--resume",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Continue a killed calibration in its bundle (same protocol, replicates, samples).",
+)
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Draw every group straight from the float64 reference (calibrates the statistics alone).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Processes sharing the replicates (with --exact: their sampling and evaluation; else their evaluation).",
+)
 def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume, exact, workers) -> None:
     """A/A calibration: FAIL rate per criterion, per family and per run (95% CI) next to nominal."""
     from specval.distribution import calibrate as calibration
@@ -915,22 +1129,29 @@ def calibrate(protocol_file, replicates, samples, profile, output, quiet, resume
         if exact:
             path, result = calibration.calibrate_exact_file(protocol_file, profile, output, replicates, size, workers)
         else:
-            path, result = calibration.calibrate(protocol_file, profile, output, replicates, size,
-                                                 progress=not quiet, resume=resume, workers=workers)
+            path, result = calibration.calibrate(
+                protocol_file, profile, output, replicates, size, progress=not quiet, resume=resume, workers=workers
+            )
     except (protocols.ProtocolError, seeds.SeedOverlapError, SUTError, ValueError) as err:
         _input_error(err)
     for name, row in list(result["criteria"].items()) + [(f"family {r}", f) for r, f in result["families"].items()]:
         ks = row.get("ks_uniformity")
         ks_text = f"; KS p = {ks['p_value']:.3g}" if ks else ""
         low, high = row["rate_ci95"]
-        click.echo(f"  {name}: {row['failures']}/{result['replicates']} FAIL = {row['rate']:.4f} "
-                   f"[{low:.4f}, {high:.4f}] vs nominal {row.get('nominal', row.get('alpha'))}{ks_text}")
+        click.echo(
+            f"  {name}: {row['failures']}/{result['replicates']} FAIL = {row['rate']:.4f} "
+            f"[{low:.4f}, {high:.4f}] vs nominal {row.get('nominal', row.get('alpha'))}{ks_text}"
+        )
     run = result["run"]
-    click.echo(f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.4f} "
-               f"[{run['rate_ci95'][0]:.4f}, {run['rate_ci95'][1]:.4f}] vs bound {run['bound']:.3g}")
+    click.echo(
+        f"run: {run['failures']}/{result['replicates']} FAIL = {run['rate']:.4f} "
+        f"[{run['rate_ci95'][0]:.4f}, {run['rate_ci95'][1]:.4f}] vs bound {run['bound']:.3g}"
+    )
     for look in result.get("sequential", {}).get("looks", []):
-        click.echo(f"look {look['look']} ({look['samples_per_group']} per group, level {look['level']:.3g}): "
-                   f"{look['stopped']}/{result['replicates']} stopped here, {look['failures']} with FAIL")
+        click.echo(
+            f"look {look['look']} ({look['samples_per_group']} per group, level {look['level']:.3g}): "
+            f"{look['stopped']}/{result['replicates']} stopped here, {look['failures']} with FAIL"
+        )
     click.echo(f"calibration: {path}")
 
 

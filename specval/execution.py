@@ -32,9 +32,9 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from specval import bundle as bundles
 from specval.preflight import SUTRaised

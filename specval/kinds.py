@@ -13,10 +13,11 @@ refuses a `kind` key naming the file; nothing else in specval branches on a prot
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from specval import bundle as bundles
 from specval.performance.protocol import PERFORMANCE_KIND, parse_performance_file
@@ -61,8 +62,9 @@ KINDS = {
     DISTRIBUTION_KIND: Kind(DISTRIBUTION_KIND, parse_protocol, "specval.distribution.runner", "run"),
     QUALITY_KIND: Kind(QUALITY_KIND, parse_quality_protocol, "specval.quality.runner", "run"),
     SEQUENCE_KIND: Kind(SEQUENCE_KIND, parse_sequence_protocol, "specval.sequence.runner", "run"),
-    PERFORMANCE_KIND: Kind(PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench",
-                           resumable=False),
+    PERFORMANCE_KIND: Kind(
+        PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench", resumable=False
+    ),
     # a list of member protocols, each run into its own bundle; the CLI runs it (specval.suite)
     SUITE_KIND: Kind(SUITE_KIND, parse_suite, "specval.suite", "run", resumable=False),
 }
@@ -107,5 +109,15 @@ def bundle_kind(bundle: Path) -> Kind:
     return kind_named(raw)
 
 
-__all__ = ["DISTRIBUTION_KIND", "KINDS", "RUN_KINDS", "SUITE_KIND", "Kind", "OTHER_KINDS", "ProtocolFile", "bundle_kind", "kind_named",
-           "read_protocol_file"]
+__all__ = [
+    "DISTRIBUTION_KIND",
+    "KINDS",
+    "RUN_KINDS",
+    "SUITE_KIND",
+    "Kind",
+    "OTHER_KINDS",
+    "ProtocolFile",
+    "bundle_kind",
+    "kind_named",
+    "read_protocol_file",
+]

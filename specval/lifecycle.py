@@ -21,10 +21,11 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from specval import bundle as bundles
 from specval import seeds
@@ -52,8 +53,9 @@ def new_bundle(output: Path, name: str) -> Path:
     return path
 
 
-def claim_bundle(output: Path, name: str, groups: list[str], size: int, base: int,
-                 offset: int | None) -> tuple[Path, list[seeds.SeedRange]]:
+def claim_bundle(
+    output: Path, name: str, groups: list[str], size: int, base: int, offset: int | None
+) -> tuple[Path, list[seeds.SeedRange]]:
     """Claim the next seed ranges of protocol `name` and create its bundle, under the ledger lock
     (the bundle is created only once the ranges are known to be free; if the ledger then cannot
     be written, the new directory is removed and nothing is claimed)."""
@@ -127,8 +129,11 @@ def adapter_identity(adapter: str) -> dict[str, Any]:
     if spec is None or spec.origin is None or not Path(spec.origin).is_file():
         return {"adapter": adapter, "module": module, "sha256": None}
     origin = Path(spec.origin).resolve()
-    files = ([p for p in sorted(origin.parent.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
-             if origin.name == "__init__.py" else [origin])
+    files = (
+        [p for p in sorted(origin.parent.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+        if origin.name == "__init__.py"
+        else [origin]
+    )
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.relative_to(origin.parent).as_posix().encode() + b"\0" + path.read_bytes())
@@ -152,17 +157,28 @@ def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases:
     overlaps the collection: the figure workers only start their imports then. What follows the manifest (report.md/html text from
     the figures, SHA256SUMS) is not in `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
     wall = time.perf_counter() - clock
-    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
-              "wall_s": wall, "collect_s": collect_s, "samples_drawn": drawn,
-              "samples_per_s": drawn / collect_s if collect_s > 0 else None}
+    timing = {
+        "started": started,
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "wall_s": wall,
+        "collect_s": collect_s,
+        "samples_drawn": drawn,
+        "samples_per_s": drawn / collect_s if collect_s > 0 else None,
+    }
     if phases:
         timing.update(phases, analysis_share=(phases["analysis_s"] + phases["report_s"]) / wall if wall > 0 else None)
     return timing
 
 
-def write_manifest(path: Path, protocol: Any, ranges: Sequence[seeds.SeedRange], device: dict,
-                   timing: dict, command: list[str] | None = None,
-                   seeds_stage2: Sequence[seeds.SeedRange] = ()) -> None:
+def write_manifest(
+    path: Path,
+    protocol: Any,
+    ranges: Sequence[seeds.SeedRange],
+    device: dict,
+    timing: dict,
+    command: list[str] | None = None,
+    seeds_stage2: Sequence[seeds.SeedRange] = (),
+) -> None:
     """manifest.json. `command` None records this process's own invocation (`bundles.invocation`).
     `code` is the code version of this process; `sessions` every session of the bundle
     (sessions.json), so a resumed run lists each process that worked on it with its own code
@@ -170,11 +186,19 @@ def write_manifest(path: Path, protocol: Any, ranges: Sequence[seeds.SeedRange],
     `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them;
     `adapter` the identity of the protocol's adapter code (`adapter_identity`)."""
     sut = getattr(protocol, "sut", None)
-    manifest = {"chunk_heads": bundles.chunk_heads(path),
-                "adapter": adapter_identity(sut.adapter) if sut is not None else None,"protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
-                "code": bundles.code_version(), "command": list(command or bundles.invocation()),
-                "packages": bundles.package_versions(), "python": sys.version.split()[0], "device": device,
-                "seeds": [r.to_dict() for r in ranges], "sessions": bundles.read_sessions(path), **timing}
+    manifest = {
+        "chunk_heads": bundles.chunk_heads(path),
+        "adapter": adapter_identity(sut.adapter) if sut is not None else None,
+        "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
+        "code": bundles.code_version(),
+        "command": list(command or bundles.invocation()),
+        "packages": bundles.package_versions(),
+        "python": sys.version.split()[0],
+        "device": device,
+        "seeds": [r.to_dict() for r in ranges],
+        "sessions": bundles.read_sessions(path),
+        **timing,
+    }
     if seeds_stage2:
         manifest["seeds_stage2"] = [r.to_dict() for r in seeds_stage2]
     bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
@@ -192,12 +216,19 @@ def seal(path: Path) -> None:
 # ---------------------------------------------------------------- completion
 
 STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage (as the distribution runner names it)
-UNRECORDED = ("not recorded: the run that collected this bundle stopped on an environment fault after its "
-              "verdict and before its manifest; a later session completed it without the system under test")
+UNRECORDED = (
+    "not recorded: the run that collected this bundle stopped on an environment fault after its "
+    "verdict and before its manifest; a later session completed it without the system under test"
+)
 
 
-def complete(path: Path, recompute: Callable[[Path], dict], finish: Callable[[Path], None],
-             command: list[str] | None = None, announce: Callable[[Path], None] | None = None) -> dict:
+def complete(
+    path: Path,
+    recompute: Callable[[Path], dict],
+    finish: Callable[[Path], None],
+    command: list[str] | None = None,
+    announce: Callable[[Path], None] | None = None,
+) -> dict:
     """Finish a bundle whose run recorded its verdict but was never sealed (an environment fault
     while writing the report, the manifest or SHA256SUMS): returns its summary, now sealed.
 
@@ -232,9 +263,11 @@ def _checked_summary(path: Path, recompute: Callable[[Path], dict]) -> dict:
     except bundles.SHAPE_ERRORS as err:  # an OSError is the environment's: it propagates
         raise bundles.BundleError(f"{path}: cannot recompute the summary ({err}); refusing to complete it") from err
     if differences:
-        raise bundles.BundleError(f"{path}: {bundles.SUMMARY_FILE} differs from its recomputation from the raw "
-                                  f"samples ({len(differences)} value(s), first: {differences[0]}); refusing to "
-                                  "complete it")
+        raise bundles.BundleError(
+            f"{path}: {bundles.SUMMARY_FILE} differs from its recomputation from the raw "
+            f"samples ({len(differences)} value(s), first: {differences[0]}); refusing to "
+            "complete it"
+        )
     return stored
 
 
@@ -259,13 +292,23 @@ def _complete_manifest(path: Path, command: list[str] | None) -> None:
     plan = bundles.RunPlan.from_dict(bundles.read_typed(path / bundles.RUN_FILE, dict))
     sut = bundles.read_typed(path / bundles.PROTOCOL_JSON, dict).get("sut")
     adapter = sut.get("adapter") if isinstance(sut, dict) else None
-    protocol = SimpleNamespace(name=plan.protocol, hash=plan.protocol_hash, profile=plan.profile,
-                               sut=SimpleNamespace(adapter=adapter) if adapter else None)
+    protocol = SimpleNamespace(
+        name=plan.protocol,
+        hash=plan.protocol_hash,
+        profile=plan.profile,
+        sut=SimpleNamespace(adapter=adapter) if adapter else None,
+    )
     ranges = [seeds.SeedRange(plan.protocol, path.name, g, a, b) for g, a, b in plan.ranges]
     stage2 = [seeds.SeedRange(plan.protocol, path.name + STAGE2_RUN_SUFFIX, g, a, b) for g, a, b in plan.stage2_ranges]
     sessions = bundles.read_sessions(path)
     drawn = sum(s.get("samples_drawn") or 0 for s in sessions)
-    timing = {"started": sessions[0]["started"] if sessions else None,
-              "finished": dt.datetime.now(dt.timezone.utc).isoformat(), "wall_s": None, "collect_s": None,
-              "samples_drawn": drawn, "samples_per_s": None, "timing": UNRECORDED}
+    timing = {
+        "started": sessions[0]["started"] if sessions else None,
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "wall_s": None,
+        "collect_s": None,
+        "samples_drawn": drawn,
+        "samples_per_s": None,
+        "timing": UNRECORDED,
+    }
     write_manifest(path, protocol, ranges, {"unrecorded": UNRECORDED}, timing, command, stage2)

@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +89,7 @@ def _guard_call(name: str, method: Callable) -> Callable:
             if isinstance(err, SUTError) and name in PASS_THROUGH:
                 raise
             raise sut_raised(name, err) from err
+
     return call
 
 
@@ -157,17 +159,28 @@ def needs(protocol: Protocol) -> list[Need]:
         out.append(Need("sampling", "top_k", ("sampling", "top_k")))
     if sampling.top_p < 1.0:
         out.append(Need("sampling", "top_p", ("sampling", "top_p")))
-    out += [Need("semantics", f"{field}={value}", ("sampling", "semantics", field))
-            for field, value in protocol.sampling.semantics]
-    out += [Need("draft_overrides", g.draft, ("groups", i, "draft")) for i, g in enumerate(protocol.groups)
-            if getattr(g, "draft", OWN_DRAFT) != OWN_DRAFT]
-    out += [Need("mixed_sampling", "companions", ("groups", i, "companions")) for i, g in enumerate(protocol.groups)
-            if getattr(g, "companions", ())]
+    out += [
+        Need("semantics", f"{field}={value}", ("sampling", "semantics", field))
+        for field, value in protocol.sampling.semantics
+    ]
+    out += [
+        Need("draft_overrides", g.draft, ("groups", i, "draft"))
+        for i, g in enumerate(protocol.groups)
+        if getattr(g, "draft", OWN_DRAFT) != OWN_DRAFT
+    ]
+    out += [
+        Need("mixed_sampling", "companions", ("groups", i, "companions"))
+        for i, g in enumerate(protocol.groups)
+        if getattr(g, "companions", ())
+    ]
     mutant = dict(protocol.sut.options).get("mutant")
     if mutant is not None:
         out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))
-    out += [Need("accept_single", "quadrature", ("tests", i, "kind"))
-            for i, t in enumerate(getattr(protocol, "tests", ())) if getattr(t, "kind", None) == "quadrature"]
+    out += [
+        Need("accept_single", "quadrature", ("tests", i, "kind"))
+        for i, t in enumerate(getattr(protocol, "tests", ()))
+        if getattr(t, "kind", None) == "quadrature"
+    ]
     return out
 
 
@@ -205,9 +218,11 @@ def check_capabilities(protocol: Protocol, sut: Any, protocol_file: Path) -> Non
         line = line_of(raw, need.key_path)
         where = f"{protocol_file}" + (f":{line}" if line else "")
         key = ".".join(str(k) if not isinstance(k, int) else f"[{k}]" for k in need.key_path).replace(".[", "[")
-        raise ProtocolError(f"{where}: {key}: the protocol needs capability {need.capability}={need.value!r}, which "
-                            f"adapter {protocol.sut.adapter!r} does not declare (it declares {need.capability}="
-                            f"{_declared(capabilities, need)})")
+        raise ProtocolError(
+            f"{where}: {key}: the protocol needs capability {need.capability}={need.value!r}, which "
+            f"adapter {protocol.sut.adapter!r} does not declare (it declares {need.capability}="
+            f"{_declared(capabilities, need)})"
+        )
 
 
 def _raw(protocol_file: Path) -> Any:
@@ -225,8 +240,13 @@ def _check_batch(batch: Any, group: str, num_tokens: int) -> None:
     if not isinstance(batch, SampleBatch):
         raise SUTRaised(call, f"returned {type(batch).__name__}, expected specval.sut.SampleBatch")
     rows = len(PROBE_SEEDS)
-    for name, shape in (("tokens", (rows, num_tokens)), ("sources", (rows, num_tokens)), ("num_rounds", (rows,)),
-                        ("num_draft_tokens", (rows,)), ("num_accepted_tokens", (rows,))):
+    for name, shape in (
+        ("tokens", (rows, num_tokens)),
+        ("sources", (rows, num_tokens)),
+        ("num_rounds", (rows,)),
+        ("num_draft_tokens", (rows,)),
+        ("num_accepted_tokens", (rows,)),
+    ):
         array = np.asarray(getattr(batch, name))
         if array.shape != shape:
             raise SUTRaised(call, f"{name} has shape {array.shape}, expected {shape}")
@@ -255,12 +275,15 @@ def probe(sut: GuardedSUT, protocol: Protocol) -> None:
     prompt_ids = sut.encode(protocol.prompt)
     ids = np.asarray(prompt_ids)
     if ids.ndim != 1 or not len(ids) or not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or ids.max() >= vocab:
-        raise SUTRaised("encode", f"returned {prompt_ids!r:.80}, expected a non-empty list of token ids in [0, {vocab})")
+        raise SUTRaised(
+            "encode", f"returned {prompt_ids!r:.80}, expected a non-empty list of token ids in [0, {vocab})"
+        )
     _check_logits(sut.target_logits(list(prompt_ids)), int(vocab), "target_logits")
     seeds = np.asarray(PROBE_SEEDS, dtype=np.int64)
     for group in protocol.groups:
-        batch = sut.sample(group, list(prompt_ids), protocol.sampling, seeds, protocol.positions,
-                           protocol.max_tokens(group))
+        batch = sut.sample(
+            group, list(prompt_ids), protocol.sampling, seeds, protocol.positions, protocol.max_tokens(group)
+        )
         _check_batch(batch, group.name, protocol.positions)
     if any(t.kind == "quadrature" for t in protocol.tests):
         _probe_accept(sut, protocol, list(prompt_ids), int(vocab))

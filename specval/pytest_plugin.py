@@ -21,15 +21,18 @@ pytest's session temp dir); `--specval-profile P` overrides every profile (e.g. 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 MARKER = "specval"
-MARKER_HELP = ("specval(protocol, *, profile=None, sut=None, exploratory=False): run the protocol file "
-               "(relative to the test file) through specval; the `specval_result` fixture holds its Result "
-               "and the test fails unless it PASSes")
+MARKER_HELP = (
+    "specval(protocol, *, profile=None, sut=None, exploratory=False): run the protocol file "
+    "(relative to the test file) through specval; the `specval_result` fixture holds its Result "
+    "and the test fails unless it PASSes"
+)
 RESULT_FIXTURE = "specval_result"
 MARKER_OPTIONS = ("profile", "sut", "exploratory", "seed_offset")
 OUTPUT_OPTION, PROFILE_OPTION, OUTPUT_INI = "--specval-output", "--specval-profile", "specval_output"
@@ -38,10 +41,18 @@ DEFAULT_OUTPUT_DIR = "specval"  # under pytest's session temp dir
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specval", "specval: lossless checks of speculative-decoding samplers")
-    group.addoption(OUTPUT_OPTION, default=None, metavar="DIR",
-                    help="Root of specval's bundles and seed ledger (default: a folder of the session temp dir).")
-    group.addoption(PROFILE_OPTION, default=None, metavar="PROFILE",
-                    help="Run every specval protocol at this profile (overrides the marker's and the call's).")
+    group.addoption(
+        OUTPUT_OPTION,
+        default=None,
+        metavar="DIR",
+        help="Root of specval's bundles and seed ledger (default: a folder of the session temp dir).",
+    )
+    group.addoption(
+        PROFILE_OPTION,
+        default=None,
+        metavar="PROFILE",
+        help="Run every specval protocol at this profile (overrides the marker's and the call's).",
+    )
     parser.addini(OUTPUT_INI, "Root of specval's bundles and seed ledger (as --specval-output).", default=None)
 
 
@@ -79,8 +90,10 @@ def specval_result(request: pytest.FixtureRequest, specval_output: Path):
     (a refusal is a setup error); the test then fails before its body unless the run PASSed."""
     marker = request.node.get_closest_marker(MARKER)
     if marker is None:
-        pytest.fail(f"{request.node.nodeid}: the specval_result fixture needs @pytest.mark.{MARKER}(protocol, ...)",
-                    pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid}: the specval_result fixture needs @pytest.mark.{MARKER}(protocol, ...)",
+            pytrace=False,
+        )
     protocol, options = _marker_arguments(request, marker)
     return run_protocol(request, specval_output, protocol, options.pop("profile", None), False, options)
 
@@ -97,14 +110,17 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 def _marker_arguments(request: pytest.FixtureRequest, marker: pytest.Mark) -> tuple[Any, dict]:
     unknown = sorted(set(marker.kwargs) - set(MARKER_OPTIONS))
     if len(marker.args) != 1 or unknown:
-        pytest.fail(f"{request.node.nodeid}: @pytest.mark.{MARKER} takes one protocol path and the options "
-                    f"{MARKER_OPTIONS}; got args {marker.args!r}" + (f", unknown {unknown}" if unknown else ""),
-                    pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid}: @pytest.mark.{MARKER} takes one protocol path and the options "
+            f"{MARKER_OPTIONS}; got args {marker.args!r}" + (f", unknown {unknown}" if unknown else ""),
+            pytrace=False,
+        )
     return marker.args[0], dict(marker.kwargs)
 
 
-def run_protocol(request: pytest.FixtureRequest, output: Path, protocol: str | Path, profile: str | None,
-                 check: bool, options: dict):
+def run_protocol(
+    request: pytest.FixtureRequest, output: Path, protocol: str | Path, profile: str | None, check: bool, options: dict
+):
     """Run `protocol` (relative to the test file's folder) and record the bundle on the test; a run
     that does not end in PASS fails the test when `check`. Refusals and adapter failures fail it with
     one line; an interrupt ends the session (exit 130) naming the kept bundle."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 from specval.bundle import atomic_write
 
@@ -53,7 +53,7 @@ class SeedRange:
     def size(self) -> int:
         return self.stop - self.start
 
-    def overlaps(self, other: "SeedRange") -> bool:
+    def overlaps(self, other: SeedRange) -> bool:
         return self.start < other.stop and other.start < self.stop
 
     def to_dict(self) -> dict:
@@ -82,8 +82,15 @@ def _write_ledger(output: str | Path, ranges: Sequence[SeedRange]) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))  # created with the umask, not mkstemp's 0600
 
 
-def allocate(ledger: Iterable[SeedRange], protocol: str, run: str, groups: Sequence[str],
-             size: int, base: int, offset: int | None = None) -> list[SeedRange]:
+def allocate(
+    ledger: Iterable[SeedRange],
+    protocol: str,
+    run: str,
+    groups: Sequence[str],
+    size: int,
+    base: int,
+    offset: int | None = None,
+) -> list[SeedRange]:
     """Plan one run's ranges: `size` seeds per group, consecutive, after every earlier range.
 
     `offset` forces the first seed (for replication on a chosen range); `claim` still checks it.
@@ -101,20 +108,25 @@ def check_disjoint(ledger: Iterable[SeedRange], ranges: Sequence[SeedRange]) -> 
     ledger = [r for r in ledger if r.protocol in {n.protocol for n in ranges}]
     for new in ranges:
         if new.stop > PROBE_SEED_START:
-            raise SeedOverlapError(f"seed range [{new.start}, {new.stop}) of group {new.group!r} reaches the seeds "
-                                   f"reserved for the adapter probe (>= {PROBE_SEED_START})")
+            raise SeedOverlapError(
+                f"seed range [{new.start}, {new.stop}) of group {new.group!r} reaches the seeds "
+                f"reserved for the adapter probe (>= {PROBE_SEED_START})"
+            )
     for i, new in enumerate(ranges):
-        for other in ranges[i + 1:]:
+        for other in ranges[i + 1 :]:
             if new.size and other.size and new.overlaps(other):
-                raise SeedOverlapError(f"seed ranges of groups {new.group!r} and {other.group!r} overlap: "
-                                       f"[{new.start}, {new.stop}) and [{other.start}, {other.stop})")
+                raise SeedOverlapError(
+                    f"seed ranges of groups {new.group!r} and {other.group!r} overlap: "
+                    f"[{new.start}, {new.stop}) and [{other.start}, {other.stop})"
+                )
         for old in ledger:
             same_owner = (old.run, old.group) == (new.run, new.group)
             if new.size and old.size and new.overlaps(old) and not same_owner:
                 raise SeedOverlapError(
                     f"seed range [{new.start}, {new.stop}) of group {new.group!r} overlaps "
                     f"[{old.start}, {old.stop}) held by group {old.group!r} of run {old.run!r} "
-                    f"of protocol {old.protocol!r}")
+                    f"of protocol {old.protocol!r}"
+                )
 
 
 @contextlib.contextmanager
@@ -143,8 +155,15 @@ def claim(output: str | Path, ranges: Sequence[SeedRange]) -> None:
         _claim_unlocked(output, ranges)
 
 
-def claim_next(output: str | Path, protocol: str, groups: Sequence[str], size: int, base: int,
-               offset: int | None, name_run: Callable[[], str]) -> list[SeedRange]:
+def claim_next(
+    output: str | Path,
+    protocol: str,
+    groups: Sequence[str],
+    size: int,
+    base: int,
+    offset: int | None,
+    name_run: Callable[[], str],
+) -> list[SeedRange]:
     """Allocate the next ranges of `protocol` and claim them for the run `name_run()` names, all
     under the ledger lock: concurrent runs on one output root never take the same seeds.
     `name_run` is called only once the ranges are known to be free (it may create the bundle)."""

@@ -26,8 +26,9 @@ declares refuses the run before any seed is claimed (specval.preflight).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 TIES_KEEP, TIES_LOWEST_INDEX = "keep", "lowest_index"
 CROSSING_KEEP, CROSSING_DROP = "keep", "drop"
@@ -57,7 +58,7 @@ class FilterSemantics:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "FilterSemantics":
+    def from_dict(cls, data: Mapping[str, Any]) -> FilterSemantics:
         """ValueError naming an unknown field or value."""
         unknown = sorted(set(data) - set(CHOICES))
         if unknown:

@@ -35,9 +35,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import specval
 from specval import bundle as bundles
@@ -78,8 +76,12 @@ def _crypto() -> SimpleNamespace:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    return SimpleNamespace(InvalidSignature=InvalidSignature, serialization=serialization,
-                           Ed25519PrivateKey=ed25519.Ed25519PrivateKey, Ed25519PublicKey=ed25519.Ed25519PublicKey)
+    return SimpleNamespace(
+        InvalidSignature=InvalidSignature,
+        serialization=serialization,
+        Ed25519PrivateKey=ed25519.Ed25519PrivateKey,
+        Ed25519PublicKey=ed25519.Ed25519PublicKey,
+    )
 
 
 def key_id(public_key: Ed25519PublicKey) -> str:
@@ -101,13 +103,13 @@ def generate_key_pair(private_path: Path) -> tuple[Path, str]:
             raise SigningError(f"{path}: exists; a key file is never overwritten")
     serialization = _crypto().serialization
     key = _crypto().Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_KEY_MODE)
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
-    public_path.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                          serialization.PublicFormat.SubjectPublicKeyInfo))
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return public_path, key_id(key.public_key())
 
 
@@ -160,13 +162,23 @@ def predicate(bundle: Path, public_key: Ed25519PublicKey) -> dict[str, Any]:
     plan = bundles.RunPlan.from_dict(bundles.read_typed(bundle / bundles.RUN_FILE, dict))
     manifest = bundles.read_typed(bundle / bundles.MANIFEST_FILE, dict)
     protocol = manifest.get("protocol") or {}
-    return {"protocol": {"name": plan.protocol, "hash": plan.protocol_hash, "profile": protocol.get("profile"),
-                         "registration": plan.registration, "exploratory": plan.exploratory},
-            "lock": dict(plan.lock) or None, "chunk_heads": manifest.get("chunk_heads"),
-            "code": {**(manifest.get("code") or {}), "adapter": manifest.get("adapter")},
-            "packages": manifest.get("packages"), "python": manifest.get("python"), "device": manifest.get("device"),
-            "signer": {"keyid": key_id(public_key), "public_key": base64.b64encode(_raw(public_key)).decode()},
-            "signed": {"time": dt.datetime.now(dt.timezone.utc).isoformat(), "specval": specval.__version__}}
+    return {
+        "protocol": {
+            "name": plan.protocol,
+            "hash": plan.protocol_hash,
+            "profile": protocol.get("profile"),
+            "registration": plan.registration,
+            "exploratory": plan.exploratory,
+        },
+        "lock": dict(plan.lock) or None,
+        "chunk_heads": manifest.get("chunk_heads"),
+        "code": {**(manifest.get("code") or {}), "adapter": manifest.get("adapter")},
+        "packages": manifest.get("packages"),
+        "python": manifest.get("python"),
+        "device": manifest.get("device"),
+        "signer": {"keyid": key_id(public_key), "public_key": base64.b64encode(_raw(public_key)).decode()},
+        "signed": {"time": dt.datetime.now(dt.timezone.utc).isoformat(), "specval": specval.__version__},
+    }
 
 
 def _sealed(bundle: Path) -> None:
@@ -181,14 +193,23 @@ def sign_bundle(bundle: Path, private_key: Ed25519PrivateKey) -> str:
     key id. SigningError unless the bundle is sealed and intact."""
     _sealed(bundle)
     public_key = private_key.public_key()
-    statement = {"_type": STATEMENT_TYPE, "predicateType": PREDICATE_TYPE,
-                 "subject": [{"name": name, "digest": {"sha256": digest}}
-                             for name, digest in sorted(subjects(bundle).items())],
-                 "predicate": predicate(bundle, public_key)}
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "predicateType": PREDICATE_TYPE,
+        "subject": [{"name": name, "digest": {"sha256": digest}} for name, digest in sorted(subjects(bundle).items())],
+        "predicate": predicate(bundle, public_key),
+    }
     payload = bundles.json_text(statement).encode()
-    envelope = {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(),
-                "signatures": [{"keyid": key_id(public_key),
-                                "sig": base64.b64encode(private_key.sign(pae(PAYLOAD_TYPE, payload))).decode()}]}
+    envelope = {
+        "payloadType": PAYLOAD_TYPE,
+        "payload": base64.b64encode(payload).decode(),
+        "signatures": [
+            {
+                "keyid": key_id(public_key),
+                "sig": base64.b64encode(private_key.sign(pae(PAYLOAD_TYPE, payload))).decode(),
+            }
+        ],
+    }
     bundles.write_json(bundle / SIGNATURE_FILE, envelope)
     return key_id(public_key)
 
@@ -206,7 +227,8 @@ def _statement(bundle: Path, public_key: Ed25519PublicKey | None) -> tuple[dict,
         sig = base64.b64decode(signature["sig"], validate=True)
         statement = json.loads(payload)
         embedded = _crypto().Ed25519PublicKey.from_public_bytes(
-            base64.b64decode(statement["predicate"]["signer"]["public_key"], validate=True))
+            base64.b64decode(statement["predicate"]["signer"]["public_key"], validate=True)
+        )
     except (KeyError, TypeError, ValueError) as err:
         raise SigningError(f"{where} not a DSSE envelope of a specval statement with one signature ({err})") from err
     if envelope.get("payloadType") != PAYLOAD_TYPE or statement.get("_type") != STATEMENT_TYPE:
@@ -227,10 +249,11 @@ def _subject_problems(bundle: Path, statement: dict) -> list[str]:
     except (KeyError, TypeError) as err:
         return [f"{SIGNATURE_FILE}: a subject is not {{name, digest.sha256}} ({err})"]
     here = subjects(bundle)
-    return ([f"{name}: added after signing" for name in sorted(set(here) - set(signed))]
-            + [f"{name}: removed after signing" for name in sorted(set(signed) - set(here))]
-            + [f"{name}: changed after signing" for name in sorted(set(here) & set(signed))
-               if here[name] != signed[name]])
+    return (
+        [f"{name}: added after signing" for name in sorted(set(here) - set(signed))]
+        + [f"{name}: removed after signing" for name in sorted(set(signed) - set(here))]
+        + [f"{name}: changed after signing" for name in sorted(set(here) & set(signed)) if here[name] != signed[name]]
+    )
 
 
 def check_signature(bundle: Path, public_key: Ed25519PublicKey | None = None) -> SignatureCheck:
@@ -248,6 +271,20 @@ def check_signature(bundle: Path, public_key: Ed25519PublicKey | None = None) ->
     return SignatureCheck(tuple(_subject_problems(bundle, statement)), f"signed by key {key_id(key)} ({whose})")
 
 
-__all__ = ["PAYLOAD_TYPE", "PREDICATE_TYPE", "SIGNATURE_FILE", "STATEMENT_TYPE", "SignatureCheck", "SigningError",
-           "UNSIGNED_LINE", "check_signature", "generate_key_pair", "key_id", "load_private_key", "load_public_key",
-           "pae", "sign_bundle", "subjects"]
+__all__ = [
+    "PAYLOAD_TYPE",
+    "PREDICATE_TYPE",
+    "SIGNATURE_FILE",
+    "STATEMENT_TYPE",
+    "SignatureCheck",
+    "SigningError",
+    "UNSIGNED_LINE",
+    "check_signature",
+    "generate_key_pair",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "pae",
+    "sign_bundle",
+    "subjects",
+]

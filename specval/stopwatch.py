@@ -8,8 +8,8 @@ so a step that waits for worker processes counts its wait, not their CPU.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class Stopwatch:

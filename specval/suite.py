@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specval import bundle as bundles
 from specval.protocol.canonical import canonical_hash
@@ -36,8 +37,13 @@ SUITE_FILE = "suite.json"
 MAX_MEMBERS = 64
 EXIT_PASS, EXIT_FAIL, EXIT_SUT, EXIT_INCONCLUSIVE, EXIT_ENVIRONMENT = 0, 1, 3, 4, 5
 SEVERITY = (EXIT_FAIL, EXIT_SUT, EXIT_ENVIRONMENT, EXIT_INCONCLUSIVE, EXIT_PASS)  # most severe first
-VERDICTS = {EXIT_PASS: "PASS", EXIT_FAIL: "FAIL", EXIT_INCONCLUSIVE: "INCONCLUSIVE", EXIT_SUT: "ERROR",
-            EXIT_ENVIRONMENT: "ERROR"}
+VERDICTS = {
+    EXIT_PASS: "PASS",
+    EXIT_FAIL: "FAIL",
+    EXIT_INCONCLUSIVE: "INCONCLUSIVE",
+    EXIT_SUT: "ERROR",
+    EXIT_ENVIRONMENT: "ERROR",
+}
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,12 @@ def parse_suite(raw: Any, file: str = "<suite>") -> SuiteProtocol:
     for i, member in enumerate(listed):
         if listed.index(member) != i:
             fail(file, f"members[{i}]", "listed twice", member)
-    return SuiteProtocol(kind=SUITE_KIND, name=read_name(raw["name"], file, "name"),
-                         description=str(raw.get("description", "")), members=listed)
+    return SuiteProtocol(
+        kind=SUITE_KIND,
+        name=read_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        members=listed,
+    )
 
 
 def load_suite(path: str | Path) -> SuiteProtocol:
@@ -125,18 +135,42 @@ def _digest(path: Path) -> str | None:
     return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else None
 
 
-def record(directory: Path, suite: SuiteProtocol, suite_file: Path, profile: str | None, registration: str,
-           results: list[MemberResult], started: str) -> dict:
+def record(
+    directory: Path,
+    suite: SuiteProtocol,
+    suite_file: Path,
+    profile: str | None,
+    registration: str,
+    results: list[MemberResult],
+    started: str,
+) -> dict:
     """Write `directory/suite.json` (member bundles relative to the directory) and return it."""
-    members = [{"file": r.file, "protocol": r.protocol, "protocol_hash": r.protocol_hash, "exit": r.exit,
-                "verdict": r.verdict,
-                "bundle": None if r.bundle is None else _relative(r.bundle, directory),
-                "sums_sha256": None if r.bundle is None else _digest(r.bundle)} for r in results]
+    members = [
+        {
+            "file": r.file,
+            "protocol": r.protocol,
+            "protocol_hash": r.protocol_hash,
+            "exit": r.exit,
+            "verdict": r.verdict,
+            "bundle": None if r.bundle is None else _relative(r.bundle, directory),
+            "sums_sha256": None if r.bundle is None else _digest(r.bundle),
+        }
+        for r in results
+    ]
     code = suite_exit(results)
-    data = {"kind": SUITE_KIND, "suite": suite.name, "suite_hash": suite.hash, "suite_file": str(suite_file),
-            "profile": profile, "registration": registration, "started": started,
-            "finished": dt.datetime.now(dt.timezone.utc).isoformat(), "members": members,
-            "verdict": VERDICTS.get(code, "ERROR"), "exit": code}
+    data = {
+        "kind": SUITE_KIND,
+        "suite": suite.name,
+        "suite_hash": suite.hash,
+        "suite_file": str(suite_file),
+        "profile": profile,
+        "registration": registration,
+        "started": started,
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "members": members,
+        "verdict": VERDICTS.get(code, "ERROR"),
+        "exit": code,
+    }
     bundles.write_json(directory / SUITE_FILE, data)
     return data
 
@@ -195,8 +229,10 @@ def _member_differences(member: dict, path: Path) -> list[str]:
     out = []
     plan = bundles.read_json(path / bundles.RUN_FILE)
     if plan.get("protocol_hash") != member.get("protocol_hash"):
-        out.append(f"{member['bundle']}: ran protocol {str(plan.get('protocol_hash'))[:12]}, the suite records "
-                   f"{str(member.get('protocol_hash'))[:12]}")
+        out.append(
+            f"{member['bundle']}: ran protocol {str(plan.get('protocol_hash'))[:12]}, the suite records "
+            f"{str(member.get('protocol_hash'))[:12]}"
+        )
     summary = path / bundles.SUMMARY_FILE
     verdict = bundles.read_json(summary).get("verdict") if summary.is_file() else None
     if member.get("exit") in (EXIT_PASS, EXIT_FAIL, EXIT_INCONCLUSIVE) and verdict != member.get("verdict"):

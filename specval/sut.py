@@ -18,9 +18,10 @@ from __future__ import annotations
 import abc
 import importlib
 import platform
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,8 +96,11 @@ class Capabilities:
     mixed_sampling: bool = False
 
     def __post_init__(self) -> None:
-        for name, values, allowed in (("modes", self.modes, MODES), ("sampling", self.sampling, SAMPLING_PARAMETERS),
-                                      ("draft_overrides", self.draft_overrides, DRAFT_OVERRIDES[1:])):
+        for name, values, allowed in (
+            ("modes", self.modes, MODES),
+            ("sampling", self.sampling, SAMPLING_PARAMETERS),
+            ("draft_overrides", self.draft_overrides, DRAFT_OVERRIDES[1:]),
+        ):
             unknown = sorted(set(values) - set(allowed))
             if unknown:
                 raise ValueError(f"Capabilities.{name}: unknown {unknown}; expected a subset of {allowed}")
@@ -163,16 +167,30 @@ class SUT(abc.ABC):
     def encode(self, text: str) -> list[int]: ...
 
     @abc.abstractmethod
-    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         """Return the first `num_tokens` tokens of a request of `max_tokens` tokens (EOS ignored)
         for each seed in int64[N]. A request may stop once it has them; the counts cover the rounds
         it ran (at least those that emitted its `num_tokens` tokens). The N requests of one call run
         together, row r in batch slot r (sequence protocols pair rows of one call). `group.draft`
         (a sequence protocol's group; absent elsewhere, meaning "own") names the draft to run."""
 
-    def sample_mixed(self, group: GroupSpec, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
-                     seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample_mixed(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        samplings: Sequence[SamplingSpec],
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         """`sample` with one sampling per request: row r uses `samplings[r]` (temperature 0 means
         greedy: the argmax of the raw logits) and seed `seeds[r]`, all rows in one call, row r in
         slot r. The guarantee is `sample`'s: each row is a pure function of its own request, so a
@@ -202,8 +220,9 @@ class SUT(abc.ABC):
         the quadrature, i.e. when `capabilities.accept_single` is True)."""
         raise SUTError(f"{type(self).__name__} does not provide draft_logits")
 
-    def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
-                      uniforms: np.ndarray) -> np.ndarray:
+    def accept_single(
+        self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
+    ) -> np.ndarray:
         """First committed token int64[N] of single-draft rows: draft_tokens[N], probs f64[N, V],
         uniforms f64[N, 3] laid out as (draft sample, accept test, correction/bonus). Adapters that
         cannot map caller-supplied uniforms to a token declare `Capabilities(accept_single=False)`
@@ -243,14 +262,17 @@ def load_adapter(name: str) -> type[SUT]:
         if not points and name in BUNDLED_ADAPTERS:  # an install whose metadata predates the entry point
             cls = _import_class(BUNDLED_ADAPTERS[name])
         elif not points:
-            raise SUTError(f"sut.adapter: no adapter {name!r}: use 'engine', 'module:Class' or an entry point "
-                           f"of group {ENTRY_POINT_GROUP!r}")
+            raise SUTError(
+                f"sut.adapter: no adapter {name!r}: use 'engine', 'module:Class' or an entry point "
+                f"of group {ENTRY_POINT_GROUP!r}"
+            )
         else:
             try:
                 cls = points[0].load()
             except (ImportError, AttributeError) as err:
-                raise SUTError(f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded "
-                               f"({err})") from err
+                raise SUTError(
+                    f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded ({err})"
+                ) from err
     if not (isinstance(cls, type) and issubclass(cls, SUT)):
         raise SUTError(f"sut.adapter: {name!r} is not a subclass of specval.sut.SUT")
     return cls

@@ -52,7 +52,8 @@ def module_files(root: Path) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _import_nodes(tree: ast.AST):
@@ -112,8 +113,11 @@ def violations(root: Path) -> list[str]:
             found.append(f"{where} (the engine never imports specval)")
         if _within(edge.target, "triton") and not any(_within(edge.importer, wing) for wing in KERNELS_WINGS):
             found.append(f"{where} (only the kernels wings {KERNELS_WINGS} import triton)")
-        if (_within(edge.importer, "specval") and _within(edge.target, "engine")
-                and not _within(edge.importer, ADAPTERS)):
+        if (
+            _within(edge.importer, "specval")
+            and _within(edge.target, "engine")
+            and not _within(edge.importer, ADAPTERS)
+        ):
             found.append(f"{where} (specval reaches the engine only through {ADAPTERS})")
     return list(dict.fromkeys(found))  # one line per statement, also when it imports several names
 
@@ -121,8 +125,7 @@ def violations(root: Path) -> list[str]:
 def circles(root: Path) -> list[list[str]]:
     """The strongly connected components of more than one module (or a module importing itself)."""
     modules, edges = all_edges(root)
-    graph = {name: sorted({e.target for e in edges if e.importer == name and e.target in modules})
-             for name in modules}
+    graph = {name: sorted({e.target for e in edges if e.importer == name and e.target in modules}) for name in modules}
     index, low, on_stack, stack, components = {}, {}, set(), [], []
 
     def visit(node: str) -> None:  # Tarjan's algorithm; the module graph is far below the recursion limit

@@ -14,9 +14,14 @@ import torch.nn.functional as F
 from engine.models.base import AttentionMetadata
 
 
-def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    metadata: AttentionMetadata) -> torch.Tensor:
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+) -> torch.Tensor:
     """Write the rows' key/value into the cache, then attend over each sequence's cached keys.
 
     query, key, value: [N, heads, head]; key_cache, value_cache: [num_blocks, block_size, heads,
@@ -28,8 +33,9 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if query.is_cuda and metadata.causal and kernel_supports(key_cache):
         from engine.models.kernels.paged_attention import paged_attention_triton
 
-        return paged_attention_triton(query, key_cache, value_cache, metadata.block_tables, metadata.row_seq,
-                                      metadata.positions)
+        return paged_attention_triton(
+            query, key_cache, value_cache, metadata.block_tables, metadata.row_seq, metadata.positions
+        )
     return paged_attention_torch(query, key_cache, value_cache, metadata)
 
 
@@ -40,8 +46,9 @@ def kernel_supports(key_cache: torch.Tensor) -> bool:
     return key_cache.is_contiguous() and block_size & (block_size - 1) == 0
 
 
-def paged_attention_torch(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                          metadata: AttentionMetadata) -> torch.Tensor:
+def paged_attention_torch(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, metadata: AttentionMetadata
+) -> torch.Tensor:
     """Attend over the cache (the rows' keys already written): the rows are scattered into a
     padded [B, max_query_len] block so that one masked SDPA call serves prefill, decode and
     verify rows alike."""
@@ -51,8 +58,9 @@ def paged_attention_torch(query: torch.Tensor, key_cache: torch.Tensor, value_ca
     num_seqs, max_query_len = metadata.attend_mask.shape[0], metadata.attend_mask.shape[1]
     padded = query.new_zeros(num_seqs, max_query_len, num_heads, head_size)
     padded[metadata.row_seq, metadata.row_slot] = query
-    out = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values,
-                                         attn_mask=metadata.attend_mask.unsqueeze(1))
+    out = F.scaled_dot_product_attention(
+        padded.transpose(1, 2), keys, values, attn_mask=metadata.attend_mask.unsqueeze(1)
+    )
     return out.transpose(1, 2)[metadata.row_seq, metadata.row_slot]
 
 
@@ -65,6 +73,7 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 
 def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """Dense causal attention on [batch, T, heads, head] tensors (training and serial replay)."""
-    out = F.scaled_dot_product_attention(query.transpose(1, 2), key.transpose(1, 2),
-                                         value.transpose(1, 2), is_causal=True)
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal=True
+    )
     return out.transpose(1, 2)

@@ -67,8 +67,9 @@ class DepthModel(Protocol):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """int64[N] -> hidden[N, D] in the model dtype."""
 
-    def forward_depth(self, depth: int, hidden: torch.Tensor, positions: torch.Tensor,
-                      metadata: AttentionMetadata, kv: "PagedKV") -> torch.Tensor:
+    def forward_depth(
+        self, depth: int, hidden: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata, kv: PagedKV
+    ) -> torch.Tensor:
         """Run depth `depth` (1-based) on hidden[N, D]; writes this depth's KV for the N rows."""
 
     def readout(self, hidden: torch.Tensor) -> torch.Tensor:

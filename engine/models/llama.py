@@ -20,8 +20,8 @@ llama.cpp files must undo llama.cpp's interleaving permutation first (see `engin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,20 +51,29 @@ class LlamaConfig:
     eos_token_id: int
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "context_length"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "context_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
-            raise ValueError(f"LlamaConfig.hidden_size={self.hidden_size} must split into "
-                             f"num_heads={self.num_heads} heads of even size")
+            raise ValueError(
+                f"LlamaConfig.hidden_size={self.hidden_size} must split into "
+                f"num_heads={self.num_heads} heads of even size"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"LlamaConfig.num_kv_heads={self.num_kv_heads} must divide "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(f"LlamaConfig.num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-            raise ValueError(f"LlamaConfig.rope_theta={self.rope_theta!r} and rms_norm_eps="
-                             f"{self.rms_norm_eps!r} must be > 0")
+            raise ValueError(
+                f"LlamaConfig.rope_theta={self.rope_theta!r} and rms_norm_eps={self.rms_norm_eps!r} must be > 0"
+            )
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
             if not 0 <= value < self.vocab_size:
@@ -91,9 +100,17 @@ class LayerWeights:
 
     def expected_shapes(self, config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
-        return {"attn_norm": (h,), "wq": (config.num_heads * d, h), "wk": (config.num_kv_heads * d, h),
-                "wv": (config.num_kv_heads * d, h), "wo": (h, config.num_heads * d),
-                "ffn_norm": (h,), "w_gate": (i, h), "w_up": (i, h), "w_down": (h, i)}
+        return {
+            "attn_norm": (h,),
+            "wq": (config.num_heads * d, h),
+            "wk": (config.num_kv_heads * d, h),
+            "wv": (config.num_kv_heads * d, h),
+            "wo": (h, config.num_heads * d),
+            "ffn_norm": (h,),
+            "w_gate": (i, h),
+            "w_up": (i, h),
+            "w_down": (h, i),
+        }
 
 
 @dataclass(frozen=True)
@@ -112,21 +129,24 @@ class LlamaWeights:
         for name, shape in top.items():
             _check_shape(name, getattr(self, name), shape)
         if len(self.layers) != config.num_layers:
-            raise ValueError(f"LlamaWeights.layers has {len(self.layers)} layers, "
-                             f"config says num_layers={config.num_layers}")
+            raise ValueError(
+                f"LlamaWeights.layers has {len(self.layers)} layers, config says num_layers={config.num_layers}"
+            )
         for index, layer in enumerate(self.layers):
             for name, shape in layer.expected_shapes(config).items():
                 _check_shape(f"layers[{index}].{name}", getattr(layer, name), shape)
 
-    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "LlamaWeights":
+    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> LlamaWeights:
         """A copy in `dtype` and on `device` (norm weights too); keeps the embedding/LM-head tie."""
+
         def move(tensor: torch.Tensor) -> torch.Tensor:
             return tensor.to(device=device, dtype=dtype)
 
         embed = move(self.embed)
         lm_head = embed if self.lm_head is self.embed else move(self.lm_head)
-        layers = tuple(replace(layer, **{f.name: move(getattr(layer, f.name)) for f in fields(layer)})
-                       for layer in self.layers)
+        layers = tuple(
+            replace(layer, **{f.name: move(getattr(layer, f.name)) for f in fields(layer)}) for layer in self.layers
+        )
         return LlamaWeights(embed=embed, layers=layers, final_norm=move(self.final_norm), lm_head=lm_head)
 
 
@@ -158,8 +178,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, None, :].to(x.dtype) + rotated * sin[:, None, :].to(x.dtype)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+) -> torch.Tensor:
     """Grouped-query attention of q[T, Hq, D] over k, v[S, Hkv, D]; query at p sees keys at <= p.
 
     Query head h reads key/value head h // (Hq // Hkv). Returns [T, Hq, D] in q's dtype.
@@ -168,8 +189,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     visible = k_positions[None, :] <= q_positions[:, None]  # [T, S]
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=visible)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible)
     return out.transpose(0, 1)
 
 
@@ -185,8 +205,9 @@ class ContiguousAttention:
         self.values: list[torch.Tensor | None] = [None] * num_layers  # each [S, Hkv, D]
         self.positions: list[torch.Tensor | None] = [None] * num_layers  # each int64[S]
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 positions: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         if self.keys[layer] is not None:
             k = torch.cat([self.keys[layer], k])
             v = torch.cat([self.values[layer], v])
@@ -235,8 +256,10 @@ class LlamaModel:
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """int64[T] -> hidden[T, H]. Token ids outside the vocabulary -> ValueError."""
         if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"token_ids must lie in [0, {self.config.vocab_size}), got "
-                             f"min={int(token_ids.min())} max={int(token_ids.max())}")
+            raise ValueError(
+                f"token_ids must lie in [0, {self.config.vocab_size}), got "
+                f"min={int(token_ids.min())} max={int(token_ids.max())}"
+            )
         return self.weights.embed[token_ids]
 
     def layer_step(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
@@ -253,8 +276,9 @@ class LlamaModel:
         x = rms_norm(hidden, w.ffn_norm, cfg.rms_norm_eps)
         return hidden + project(F.silu(project(x, w.w_gate)) * project(x, w.w_up), w.w_down)
 
-    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, start: int, stop: int,
-                   attend: Attend) -> torch.Tensor:
+    def run_layers(
+        self, hidden: torch.Tensor, positions: torch.Tensor, start: int, stop: int, attend: Attend
+    ) -> torch.Tensor:
         """Layers start..stop-1 (0-based) in order."""
         if not 0 <= start <= stop <= self.config.num_layers:
             raise ValueError(f"layer range [{start}, {stop}) is outside [0, {self.config.num_layers}]")
@@ -288,16 +312,19 @@ class LlamaModel:
             done = depth
         return logits
 
-    def greedy_continuation(self, token_ids: torch.Tensor, max_new_tokens: int,
-                            stop_token_ids: tuple[int, ...] = ()) -> list[int]:
+    def greedy_continuation(
+        self, token_ids: torch.Tensor, max_new_tokens: int, stop_token_ids: tuple[int, ...] = ()
+    ) -> list[int]:
         """Reference greedy decoding (argmax, lowest index on ties) with the contiguous cache.
 
         Returns the generated ids, ending with a stop token if one was produced.
         """
         self._check_length(token_ids)
         if token_ids.shape[0] + max_new_tokens > self.config.context_length:
-            raise ValueError(f"prompt of {token_ids.shape[0]} tokens + max_new_tokens={max_new_tokens} exceeds "
-                             f"context_length={self.config.context_length}")
+            raise ValueError(
+                f"prompt of {token_ids.shape[0]} tokens + max_new_tokens={max_new_tokens} exceeds "
+                f"context_length={self.config.context_length}"
+            )
         attend, generated = ContiguousAttention(self.config.num_layers), []
         step_ids, start = token_ids, 0
         while len(generated) < max_new_tokens:
@@ -314,13 +341,16 @@ class LlamaModel:
     def _check_depths(self, depths: tuple[int, ...]) -> None:
         valid = all(1 <= d <= self.config.num_layers for d in depths)
         if not depths or not valid or list(depths) != sorted(set(depths)):
-            raise ValueError(f"depths must be strictly increasing layer counts in "
-                             f"[1, {self.config.num_layers}], got {depths!r}")
+            raise ValueError(
+                f"depths must be strictly increasing layer counts in [1, {self.config.num_layers}], got {depths!r}"
+            )
 
     def _check_length(self, token_ids: torch.Tensor) -> None:
         if token_ids.dim() != 1 or token_ids.shape[0] > self.config.context_length:
-            raise ValueError(f"token_ids must be 1-D with at most context_length="
-                             f"{self.config.context_length} tokens, got shape {tuple(token_ids.shape)}")
+            raise ValueError(
+                f"token_ids must be 1-D with at most context_length="
+                f"{self.config.context_length} tokens, got shape {tuple(token_ids.shape)}"
+            )
 
 
 class LlamaDepthModel:
@@ -335,10 +365,15 @@ class LlamaDepthModel:
 
     def __init__(self, model: LlamaModel, layers_per_depth: int = 1):
         num_layers = model.config.num_layers
-        if isinstance(layers_per_depth, bool) or not isinstance(layers_per_depth, int) or layers_per_depth < 1 \
-                or num_layers % layers_per_depth:
-            raise ValueError(f"layers_per_depth={layers_per_depth!r} must be a positive divisor of "
-                             f"num_layers={num_layers}")
+        if (
+            isinstance(layers_per_depth, bool)
+            or not isinstance(layers_per_depth, int)
+            or layers_per_depth < 1
+            or num_layers % layers_per_depth
+        ):
+            raise ValueError(
+                f"layers_per_depth={layers_per_depth!r} must be a positive divisor of num_layers={num_layers}"
+            )
         self.model = model
         self.vocab_size = model.config.vocab_size
         self.num_layers_per_depth = layers_per_depth
@@ -355,16 +390,23 @@ class LlamaDepthModel:
         in the looped model; the engine only embeds prompt ids checked at admission and sampled ids."""
         return F.embedding(token_ids, self.model.weights.embed)
 
-    def forward_depth(self, depth: int, hidden: torch.Tensor, positions: torch.Tensor,
-                      metadata: AttentionMetadata, kv: PagedKV) -> torch.Tensor:
+    def forward_depth(
+        self, depth: int, hidden: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata, kv: PagedKV
+    ) -> torch.Tensor:
         """Layers of depth `depth` (1-based) on packed rows; writes their KV into `kv`'s pools."""
         self._check_depth(depth)
         first = (depth - 1) * self.num_layers_per_depth
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
             index = layer - first
-            return paged_attention(q, k.repeat_interleave(self._group, dim=1), v.repeat_interleave(self._group, dim=1),
-                                   kv.key[index], kv.value[index], metadata)
+            return paged_attention(
+                q,
+                k.repeat_interleave(self._group, dim=1),
+                v.repeat_interleave(self._group, dim=1),
+                kv.key[index],
+                kv.value[index],
+                metadata,
+            )
 
         return self.model.run_layers(hidden, positions, first, first + self.num_layers_per_depth, attend)
 
@@ -395,11 +437,15 @@ class LlamaDepthModel:
         layer steps in the same order, so its last readout is this one bit for bit."""
         self.model._check_length(token_ids)
         positions = torch.arange(token_ids.shape[0], device=token_ids.device)
-        hidden = self.model.run_layers(self.embed(token_ids), positions, 0, self.model.config.num_layers,
-                                       ContiguousAttention(self.model.config.num_layers))
+        hidden = self.model.run_layers(
+            self.embed(token_ids),
+            positions,
+            0,
+            self.model.config.num_layers,
+            ContiguousAttention(self.model.config.num_layers),
+        )
         return self.readout(hidden)
 
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= self.num_depths:
             raise ValueError(f"depth={depth!r} is invalid: expected 1..{self.num_depths}")
-

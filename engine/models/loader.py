@@ -63,16 +63,19 @@ def _real_model_part(build, config: EngineConfig) -> Any:
     try:
         return build(config)
     except ModuleNotFoundError as error:
-        raise ModuleNotFoundError(f"model={config.model!r} needs an optional package: {error}. "
-                                  f"Set up with `{REAL_MODEL_SETUP}`") from error
+        raise ModuleNotFoundError(
+            f"model={config.model!r} needs an optional package: {error}. Set up with `{REAL_MODEL_SETUP}`"
+        ) from error
 
 
 def load_weights(stem: Path) -> LoopedModel:
     """Load `<stem>.pt` after checking it against the sha256 recorded in `<stem>.json`."""
     weights, manifest = stem.with_suffix(".pt"), stem.with_suffix(".json")
     if not weights.exists() or not manifest.exists():
-        raise FileNotFoundError(f"missing {weights.name} or {manifest.name} in {stem.parent}; "
-                                "train them with `python -m engine.models.train`")
+        raise FileNotFoundError(
+            f"missing {weights.name} or {manifest.name} in {stem.parent}; "
+            "train them with `python -m engine.models.train`"
+        )
     meta = json.loads(manifest.read_text())
     digest = hashlib.sha256(weights.read_bytes()).hexdigest()
     if digest != meta["sha256"]:

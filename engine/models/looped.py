@@ -78,7 +78,7 @@ class LoopedModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @classmethod
-    def from_seed(cls, config: ModelConfig) -> "LoopedModel":
+    def from_seed(cls, config: ModelConfig) -> LoopedModel:
         """Random weights, a pure function of `config.seed` (small normal init)."""
         generator = torch.Generator().manual_seed(config.seed)
         model = cls(config)
@@ -91,8 +91,9 @@ class LoopedModel(nn.Module):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embedding(token_ids)
 
-    def forward_depth(self, depth: int, hidden: torch.Tensor, positions: torch.Tensor,
-                      metadata: AttentionMetadata, kv: PagedKV) -> torch.Tensor:
+    def forward_depth(
+        self, depth: int, hidden: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata, kv: PagedKV
+    ) -> torch.Tensor:
         self._check_depth(depth)
         for index, layer in enumerate(self.layers):
             q, k, v = layer.qkv_heads(hidden, positions)
@@ -129,8 +130,7 @@ class LoopedModel(nn.Module):
                 hidden = layer.finish(hidden, causal_attention(q, k, v))
             logits.append(self.readout(hidden[0]))
         shape = (num_depths, self.num_layers_per_depth) + keys[0].shape
-        return ReplayResult(torch.stack(logits), torch.stack(keys).view(shape),
-                            torch.stack(values).view(shape))
+        return ReplayResult(torch.stack(logits), torch.stack(keys).view(shape), torch.stack(values).view(shape))
 
     @torch.no_grad()
     def target_logits(self, token_ids: torch.Tensor) -> torch.Tensor:

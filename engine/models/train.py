@@ -31,15 +31,78 @@ from engine.models.loader import DEFAULT_WEIGHTS, WEIGHTS_DIR
 from engine.models.looped import LoopedModel
 
 CORPUS_MODULES = (
-    "abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "calendar", "cmath",
-    "collections", "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib",
-    "email", "enum", "fnmatch", "fractions", "functools", "glob", "gzip", "hashlib", "heapq",
-    "hmac", "html", "http.client", "inspect", "io", "ipaddress", "itertools", "json", "logging",
-    "math", "operator", "os", "pathlib", "pickle", "pprint", "queue", "random", "re", "sched",
-    "secrets", "shlex", "shutil", "socket", "sqlite3", "statistics", "string", "struct",
-    "subprocess", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "tokenize",
-    "traceback", "types", "typing", "unittest", "urllib.parse", "uuid", "warnings", "weakref",
-    "xml.etree.ElementTree", "zipfile", "zlib",
+    "abc",
+    "argparse",
+    "array",
+    "ast",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "cmath",
+    "collections",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email",
+    "enum",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "http.client",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "operator",
+    "os",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "sched",
+    "secrets",
+    "shlex",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "struct",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "time",
+    "timeit",
+    "tokenize",
+    "traceback",
+    "types",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "weakref",
+    "xml.etree.ElementTree",
+    "zipfile",
+    "zlib",
 )
 EOS_BYTE = 0
 
@@ -78,17 +141,17 @@ def corpus_bytes() -> bytes:
 def batches(data: torch.Tensor, config: TrainConfig, generator: torch.Generator):
     """Endless random windows int64[batch, seq_len + 1]."""
     while True:
-        starts = torch.randint(0, data.numel() - config.seq_len - 1, (config.batch_size,),
-                               generator=generator)
-        windows = torch.stack([data[s:s + config.seq_len + 1] for s in starts.tolist()])
+        starts = torch.randint(0, data.numel() - config.seq_len - 1, (config.batch_size,), generator=generator)
+        windows = torch.stack([data[s : s + config.seq_len + 1] for s in starts.tolist()])
         yield windows.to(config.device)
 
 
 def depth_losses(model: LoopedModel, window: torch.Tensor) -> torch.Tensor:
     """float32[num_loops]: next-byte cross-entropy of the readout after each loop."""
     inputs, targets = window[:, :-1], window[:, 1:]
-    return torch.stack([F.cross_entropy(model.readout(h).flatten(0, 1), targets.flatten())
-                        for h in model.forward_dense(inputs)])
+    return torch.stack(
+        [F.cross_entropy(model.readout(h).flatten(0, 1), targets.flatten()) for h in model.forward_dense(inputs)]
+    )
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
@@ -116,27 +179,35 @@ def train(model_config: ModelConfig, config: TrainConfig) -> tuple[LoopedModel, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % 50 == 0 or step == config.steps - 1:
-            print(f"step {step:5d}  loss per loop {[round(x, 3) for x in losses.tolist()]}  "
-                  f"{time.time() - start:.0f}s", flush=True)
+            print(
+                f"step {step:5d}  loss per loop {[round(x, 3) for x in losses.tolist()]}  {time.time() - start:.0f}s",
+                flush=True,
+            )
     model = model.cpu().eval()
     config = dataclasses.replace(config, device="cpu")
     with torch.no_grad():
         held_out = batches(data[split:], config, torch.Generator().manual_seed(config.seed + 1))
         eval_losses = torch.stack([depth_losses(model, next(held_out)) for _ in range(4)]).mean(0)
-    info = {"corpus_bytes": int(data.numel()), "held_out_loss_per_loop": eval_losses.tolist(),
-            "train_seconds": round(time.time() - start, 1)}
+    info = {
+        "corpus_bytes": int(data.numel()),
+        "held_out_loss_per_loop": eval_losses.tolist(),
+        "train_seconds": round(time.time() - start, 1),
+    }
     return model, info
 
 
-def save(model: LoopedModel, stem: Path, model_config: ModelConfig, config: TrainConfig,
-         info: dict) -> None:
+def save(model: LoopedModel, stem: Path, model_config: ModelConfig, config: TrainConfig, info: dict) -> None:
     weights = stem.with_suffix(".pt")
     torch.save({k: v.float().contiguous() for k, v in model.state_dict().items()}, weights)
-    manifest = {"model_config": dataclasses.asdict(model_config),
-                "train_config": dataclasses.asdict(config),
-                "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
-                "python": platform.python_version(), "torch": torch.__version__,
-                "device": config.device, **info}
+    manifest = {
+        "model_config": dataclasses.asdict(model_config),
+        "train_config": dataclasses.asdict(config),
+        "sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": config.device,
+        **info,
+    }
     stem.with_suffix(".json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 

@@ -75,10 +75,10 @@ class Frontier:
             self._slots[request] = self._free.pop()
         if newcomers:
             slots = to_device([self._slots[r] for r in newcomers], torch.int64, self.device)
-            self.tokens.index_copy_(0, slots, to_device([r.token_ids[-1] for r in newcomers],
-                                                        torch.int64, self.device))
-            self.positions.index_copy_(0, slots, to_device([r.num_computed for r in newcomers],
-                                                           torch.int64, self.device))
+            self.tokens.index_copy_(0, slots, to_device([r.token_ids[-1] for r in newcomers], torch.int64, self.device))
+            self.positions.index_copy_(
+                0, slots, to_device([r.num_computed for r in newcomers], torch.int64, self.device)
+            )
         return [self._slots[r] for r in requests]
 
     def release(self, request: Request) -> None:
@@ -102,20 +102,20 @@ class InFlightRound:
     requests: tuple[Request, ...]
     num_drafts: tuple[int, ...]  # K_r per request
     result: torch.Tensor  # int64[R, K+3] host rows of this round (a view of a reused buffer)
-    done: "torch.cuda.Event | None"  # recorded after the copy (CUDA); None on the CPU
+    done: torch.cuda.Event | None  # recorded after the copy (CUDA); None on the CPU
 
 
 def pack(result: AcceptResult) -> torch.Tensor:
     """int64[R, K+3]: tokens[0:K+1] (PLACEHOLDER_TOKEN-padded), num_accepted, error."""
-    return torch.cat([result.tokens, result.num_accepted[:, None],
-                      result.error.to(torch.int64)[:, None]], dim=1)
+    return torch.cat([result.tokens, result.num_accepted[:, None], result.error.to(torch.int64)[:, None]], dim=1)
 
 
 class AsyncSpeculativeRunner(SpeculativeRunner):
     """Queues each round on the device and hands back the previous round's outcomes."""
 
-    def __init__(self, *args, max_num_seqs: int, scratch_block: int | None = None,
-                 rounds_in_flight: int = 2, **kwargs) -> None:
+    def __init__(
+        self, *args, max_num_seqs: int, scratch_block: int | None = None, rounds_in_flight: int = 2, **kwargs
+    ) -> None:
         """`scratch_block` (a KV block never handed out) turns on padded rounds, captured as
         CUDA Graphs on CUDA (see engine.runners.graphs); None: always eager.
         `rounds_in_flight` 1 collects every round in the step that submits it (the synchronous
@@ -123,12 +123,14 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         super().__init__(*args, **kwargs)
         self.rounds_in_flight = rounds_in_flight
         self.frontier = Frontier(max_num_seqs, self.device)
-        self.graphs = None if scratch_block is None else RoundGraphs(
-            self, scratch_block, capture=self.device.type == "cuda")
+        self.graphs = (
+            None if scratch_block is None else RoundGraphs(self, scratch_block, capture=self.device.type == "cuda")
+        )
         width = self.num_speculative_tokens + 1 + NUM_RESULT_EXTRA_COLUMNS
         pin = self.device.type == "cuda"
-        self.host_buffers = tuple(torch.empty((max_num_seqs, width), dtype=torch.int64,
-                                              pin_memory=pin) for _ in range(NUM_HOST_BUFFERS))
+        self.host_buffers = tuple(
+            torch.empty((max_num_seqs, width), dtype=torch.int64, pin_memory=pin) for _ in range(NUM_HOST_BUFFERS)
+        )
         self._pending: deque[InFlightRound] = deque()
         self._num_submitted = 0
 
@@ -137,8 +139,7 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         """Rounds submitted and not collected yet, oldest first."""
         return tuple(self._pending)
 
-    def execute(self, requests: tuple[Request, ...],
-                num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
+    def execute(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
         """Submit this step's round (if any), then collect every older round."""
         if requests:
             self._pending.append(self.submit(requests, num_drafts))
@@ -163,12 +164,11 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         """int64[R, K+3]: inputs and positions gathered from the frontier, which the round
         then advances."""
         slots_t = to_device(slots, torch.int64, self.device)
-        frame = RoundFrame(self.frontier.tokens[slots_t], self.frontier.positions[slots_t],
-                           tables, tables.shape[-1])
-        rows = SamplingRows.from_requests(requests, self.device, frame.starts + 1,
-                                          with_prompt=self.ops.reads_prompt_length)
-        result = self.round(frame, plan_round(num_drafts, self.num_speculative_tokens,
-                                              self.device), rows)
+        frame = RoundFrame(self.frontier.tokens[slots_t], self.frontier.positions[slots_t], tables, tables.shape[-1])
+        rows = SamplingRows.from_requests(
+            requests, self.device, frame.starts + 1, with_prompt=self.ops.reads_prompt_length
+        )
+        result = self.round(frame, plan_round(num_drafts, self.num_speculative_tokens, self.device), rows)
         self.frontier.advance(slots_t, frame, result)
         return pack(result)
 
@@ -186,12 +186,17 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         scheduler for every round in flight, bounds the positions a round may touch."""
         capacity = tuple(table_capacity(r.block_tables, self.block_size) for r in requests)
         num_blocks = max(capacity) // self.block_size
-        return torch.stack([block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
-                                               capacity, self.block_size, self.device)
-                            for d in range(self.model.num_depths)])
+        return torch.stack(
+            [
+                block_table_tensor(
+                    [r.block_tables[d] for r in requests], num_blocks, capacity, self.block_size, self.device
+                )
+                for d in range(self.model.num_depths)
+            ]
+        )
 
     def _copy_out(self, requests, num_drafts, packed: torch.Tensor) -> InFlightRound:
-        buffer = self.host_buffers[self._num_submitted % NUM_HOST_BUFFERS][:len(requests)]
+        buffer = self.host_buffers[self._num_submitted % NUM_HOST_BUFFERS][: len(requests)]
         self._num_submitted += 1
         buffer.copy_(packed, non_blocking=True)
         done = None
@@ -206,9 +211,11 @@ class AsyncSpeculativeRunner(SpeculativeRunner):
         if pending.done is not None:
             pending.done.synchronize()
         rows = pending.result.tolist()
-        return [(request, outcome(k, row[:k + 1], row[-2], row[-1]))
-                for request, k, row in zip(pending.requests, pending.num_drafts, rows)
-                if not request.is_finished]
+        return [
+            (request, outcome(k, row[: k + 1], row[-2], row[-1]))
+            for request, k, row in zip(pending.requests, pending.num_drafts, rows)
+            if not request.is_finished
+        ]
 
     def release(self, request: Request) -> None:
         self.frontier.release(request)

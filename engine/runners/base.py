@@ -7,16 +7,15 @@ functions at the end (`RoundOutcome`s are built from one `.tolist()` per result 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from engine.kv_cache import PagedKVCache
 from engine.models.base import DepthModel
 from engine.request import Request
-from engine.runners.layout import (RowLayout, block_table_tensor, depth_metadata, layout_rows,
-                                   metadata_for)
+from engine.runners.layout import RowLayout, block_table_tensor, depth_metadata, layout_rows, metadata_for
 from engine.runners.transfer import to_device
 from engine.sampling import batched_probabilities, categorical, speculative_accept, uniform_blocks
 
@@ -24,7 +23,7 @@ GREEDY_UNIFORM = 0.5  # any u works for a one-hot row; greedy requests consume n
 GREEDY_SEED = 0  # placeholder seed of greedy rows (their uniforms are never used)
 
 
-def probabilities(logits: torch.Tensor, rows: "SamplingRows", backend: str) -> torch.Tensor:
+def probabilities(logits: torch.Tensor, rows: SamplingRows, backend: str) -> torch.Tensor:
     """float32[N, V] sampling distributions; a row whose logits hold NaN or +inf becomes all
     NaN, so that greedy rows fail like random ones (a one-hot argmax of NaN logits would
     otherwise look like a valid distribution) and the request ends with an error."""
@@ -33,8 +32,7 @@ def probabilities(logits: torch.Tensor, rows: "SamplingRows", backend: str) -> t
     return torch.where(is_broken, float("nan"), probs)
 
 
-def draft_probabilities(logits: torch.Tensor, rows: "SamplingRows",
-                        backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_probabilities(logits: torch.Tensor, rows: SamplingRows, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(distribution the drafts are sampled from, distribution the accept ratio and the residual
     use): both are q, float32[N, V]; a planted bug may make them differ (engine.mutants)."""
     q = probabilities(logits, rows, backend)
@@ -46,7 +44,7 @@ def draw(probs: torch.Tensor, u: torch.Tensor, backend: str) -> torch.Tensor:
     return categorical(probs, u, backend=backend)
 
 
-def round_uniforms(rows: "SamplingRows", width: int) -> torch.Tensor:
+def round_uniforms(rows: SamplingRows, width: int) -> torch.Tensor:
     """float64[R, width]: each request's block of the step, keyed by (seed, committed tokens)."""
     return uniform_blocks(rows.seeds, rows.num_committed, width)
 
@@ -99,9 +97,13 @@ class SamplingRows:
     num_prompt: torch.Tensor | None = None  # int64[R] prompt tokens; only for ops that read it
 
     @classmethod
-    def from_requests(cls, requests: tuple[Request, ...], device: torch.device,
-                      num_committed: torch.Tensor | None = None,
-                      with_prompt: bool = False) -> "SamplingRows":
+    def from_requests(
+        cls,
+        requests: tuple[Request, ...],
+        device: torch.device,
+        num_committed: torch.Tensor | None = None,
+        with_prompt: bool = False,
+    ) -> SamplingRows:
         """`num_committed` (device int64[R]) replaces the host counts when the committed
         lengths live on the device (asynchronous rounds); `with_prompt` also sends the prompt
         lengths (`SamplingOps.reads_prompt_length`: no transfer for the engine's own ops)."""
@@ -116,23 +118,32 @@ class SamplingRows:
             top_p=tensor([p.top_p for p in params], torch.float32),
             is_greedy=tensor([p.is_greedy for p in params], torch.bool),
             seeds=tensor([GREEDY_SEED if r.seed is None else r.seed for r in requests], torch.int64),
-            num_committed=(tensor([len(r.token_ids) for r in requests], torch.int64)
-                           if num_committed is None else num_committed),
-            num_prompt=(tensor([len(r.prompt_token_ids) for r in requests], torch.int64)
-                        if with_prompt else None))
+            num_committed=(
+                tensor([len(r.token_ids) for r in requests], torch.int64) if num_committed is None else num_committed
+            ),
+            num_prompt=(tensor([len(r.prompt_token_ids) for r in requests], torch.int64) if with_prompt else None),
+        )
 
-    def repeat(self, counts: torch.Tensor, total: int) -> "SamplingRows":
+    def repeat(self, counts: torch.Tensor, total: int) -> SamplingRows:
         """Row r repeated counts[r] times (e.g. once per verify row); `total` = sum(counts),
         known on the host, so no device read is needed to size the result."""
-        return SamplingRows(*(None if t is None else torch.repeat_interleave(t, counts, output_size=total)
-                              for t in self._fields()))
+        return SamplingRows(
+            *(None if t is None else torch.repeat_interleave(t, counts, output_size=total) for t in self._fields())
+        )
 
-    def select(self, index: torch.Tensor) -> "SamplingRows":
+    def select(self, index: torch.Tensor) -> SamplingRows:
         return SamplingRows(*(None if t is None else t[index] for t in self._fields()))
 
     def _fields(self) -> tuple[torch.Tensor | None, ...]:
-        return (self.temperature, self.top_k, self.top_p, self.is_greedy, self.seeds, self.num_committed,
-                self.num_prompt)
+        return (
+            self.temperature,
+            self.top_k,
+            self.top_p,
+            self.is_greedy,
+            self.seeds,
+            self.num_committed,
+            self.num_prompt,
+        )
 
 
 @dataclass(frozen=True)
@@ -148,16 +159,21 @@ class RoundFrame:
     tables: torch.Tensor  # int64[D, R, num_blocks] every depth's block table, PAD_BLOCK-padded
     num_blocks: int  # host bound: no position of the round lies beyond num_blocks * block_size
 
-    def select(self, index: torch.Tensor) -> "RoundFrame":
-        return RoundFrame(self.inputs[index], self.starts[index], self.tables[:, index],
-                          self.num_blocks)
+    def select(self, index: torch.Tensor) -> RoundFrame:
+        return RoundFrame(self.inputs[index], self.starts[index], self.tables[:, index], self.num_blocks)
 
 
 class ModelRunner:
     """Holds the model and its KV; runs depth ranges over laid-out rows."""
 
-    def __init__(self, model: DepthModel, kv: PagedKVCache, device: torch.device,
-                 sampling_backend: str, ops: SamplingOps = DEFAULT_OPS) -> None:
+    def __init__(
+        self,
+        model: DepthModel,
+        kv: PagedKVCache,
+        device: torch.device,
+        sampling_backend: str,
+        ops: SamplingOps = DEFAULT_OPS,
+    ) -> None:
         self.model = model
         self.ops = ops
         self.kv = kv
@@ -168,8 +184,9 @@ class ModelRunner:
     def layout(self, starts: list[int], lengths: list[int]) -> RowLayout:
         return layout_rows(starts, lengths, self.block_size, self.device)
 
-    def run_depths(self, hidden: torch.Tensor, layout: RowLayout, requests: tuple[Request, ...],
-                   first: int, last: int) -> torch.Tensor:
+    def run_depths(
+        self, hidden: torch.Tensor, layout: RowLayout, requests: tuple[Request, ...], first: int, last: int
+    ) -> torch.Tensor:
         """Apply depths first..last (1-based, inclusive) to hidden[N, D]; writes their KV."""
         for depth in range(first, last + 1):
             tables = [request.block_tables[depth - 1] for request in requests]
@@ -177,8 +194,9 @@ class ModelRunner:
             hidden = self.model.forward_depth(depth, hidden, layout.positions, metadata, self.kv)
         return hidden
 
-    def run_depths_on(self, hidden: torch.Tensor, layout: RowLayout, tables: torch.Tensor,
-                      first: int, last: int) -> torch.Tensor:
+    def run_depths_on(
+        self, hidden: torch.Tensor, layout: RowLayout, tables: torch.Tensor, first: int, last: int
+    ) -> torch.Tensor:
         """`run_depths` with device block tables int64[D, B, >= layout.num_blocks] (no host
         data involved, so it can be captured in a CUDA Graph)."""
         for depth in range(first, last + 1):
@@ -190,14 +208,16 @@ class ModelRunner:
         """Frame of a round from host state; request r's tables must already hold
         num_positions[r] positions (the scheduler grew them)."""
         num_blocks = -(-max(num_positions) // self.block_size)
-        tables = [block_table_tensor([r.block_tables[d] for r in requests], num_blocks,
-                                     tuple(num_positions), self.block_size, self.device)
-                  for d in range(self.model.num_depths)]
+        tables = [
+            block_table_tensor(
+                [r.block_tables[d] for r in requests], num_blocks, tuple(num_positions), self.block_size, self.device
+            )
+            for d in range(self.model.num_depths)
+        ]
         starts = to_device([r.num_computed for r in requests], torch.int64, self.device)
         return RoundFrame(self.last_tokens(requests), starts, torch.stack(tables), num_blocks)
 
-    def execute(self, requests: tuple[Request, ...],
-                num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
+    def execute(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> list[tuple[Request, RoundOutcome]]:
         """Run one round for `requests` and return the outcomes that are ready now. Synchronous
         runners return this round's; the asynchronous runner returns the previous round's."""
         if not requests:

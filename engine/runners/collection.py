@@ -50,8 +50,7 @@ from engine.runners.speculative import RoundPlan, plan_round
 from engine.runners.transfer import to_device
 from engine.sampling import PLACEHOLDER_TOKEN
 
-PLAIN, ACCEPTED, CORRECTION, BONUS = (SOURCES.index(name) for name in
-                                      ("plain", "accepted", "correction", "bonus"))
+PLAIN, ACCEPTED, CORRECTION, BONUS = (SOURCES.index(name) for name in ("plain", "accepted", "correction", "bonus"))
 NUM_DUMP_COLUMNS = 1  # output column that masked scatters write to (never read)
 KEPT_PROMPTS = 16  # prompts whose prefilled KV blocks a collector keeps (least recently used dropped)
 
@@ -124,7 +123,7 @@ class BatchCollector:
         self.is_plain = isinstance(self.runner, PlainRunner)
         self.capture = self.device.type == "cuda" if capture is None else capture
         self.disabled_reason: str | None = None
-        self._shapes: dict[tuple[int, int, int], tuple[BatchState, "torch.cuda.CUDAGraph | None"]] = {}
+        self._shapes: dict[tuple[int, int, int], tuple[BatchState, torch.cuda.CUDAGraph | None]] = {}
         self._pool = None
         self._num_batches = 0
         self._prompt_kv: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}  # prompt -> its prefilled blocks
@@ -140,8 +139,15 @@ class BatchCollector:
         captured = sum(graph is not None for _, graph in self._shapes.values())
         return f"{captured} batch shape(s) captured as CUDA Graphs"
 
-    def collect(self, prompt: list[int], params: SamplingParams, seeds,
-                max_tokens: int, batch_size: int | None = None, stop_after: int | None = None) -> CollectedBatch:
+    def collect(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        seeds,
+        max_tokens: int,
+        batch_size: int | None = None,
+        stop_after: int | None = None,
+    ) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
         top-k and top-p (its seed and stop settings are not used); `seeds` is a list of ints or an
         int64 array. `batch_size` (>= len(seeds)) pads the batch to a fixed shape, so partial
@@ -159,8 +165,10 @@ class BatchCollector:
         prompt = engine.prompt_token_ids(prompt)
         count, size = len(seeds), max(batch_size or 0, len(seeds))
         if len(prompt) + max_tokens > engine.config.max_model_len:
-            raise ValueError(f"max_tokens={max_tokens} is invalid: prompt ({len(prompt)}) + max_tokens "
-                             f"exceeds max_model_len={engine.config.max_model_len}")
+            raise ValueError(
+                f"max_tokens={max_tokens} is invalid: prompt ({len(prompt)}) + max_tokens "
+                f"exceeds max_model_len={engine.config.max_model_len}"
+            )
         stop_after = max_tokens if stop_after is None else stop_after
         if not 1 <= stop_after <= max_tokens:
             raise ValueError(f"stop_after={stop_after} is invalid: it must be in 1..max_tokens ({max_tokens})")
@@ -168,8 +176,10 @@ class BatchCollector:
         blocks = engine.scheduler.blocks
         needed = self.runner.model.num_depths * size * num_blocks
         if not blocks.can_reserve(needed):
-            raise ValueError(f"num_kv_blocks={engine.config.num_kv_blocks} is too small for a batch of "
-                             f"{size} requests: it needs {needed} blocks")
+            raise ValueError(
+                f"num_kv_blocks={engine.config.num_kv_blocks} is too small for a batch of "
+                f"{size} requests: it needs {needed} blocks"
+            )
         blocks.reserve(needed)
         ids = blocks.take(needed)
         try:
@@ -242,16 +252,36 @@ class BatchCollector:
 
         def zeros(*shape, dtype=torch.int64):
             return torch.zeros(shape, dtype=dtype, device=device)
+
         width = max_tokens + self.k + 1 + NUM_DUMP_COLUMNS
-        rows = SamplingRows(zeros(size, dtype=torch.float32), zeros(size), zeros(size, dtype=torch.float32),
-                            zeros(size, dtype=torch.bool), zeros(size), zeros(size), zeros(size))
+        rows = SamplingRows(
+            zeros(size, dtype=torch.float32),
+            zeros(size),
+            zeros(size, dtype=torch.float32),
+            zeros(size, dtype=torch.bool),
+            zeros(size),
+            zeros(size),
+            zeros(size),
+        )
         plan = None if self.is_plain else plan_round((self.k,) * size, self.k, device)
         scratch = scratch_block(self.engine.config.num_kv_blocks)  # warm-up rows write there
-        return BatchState(torch.full((depths, size, num_blocks), scratch, dtype=torch.int64, device=device),
-                          zeros(size), zeros(size), zeros(size), torch.ones(size, dtype=torch.bool, device=device),
-                          zeros(size, dtype=torch.bool), zeros(size, width), zeros(size, width),
-                          zeros(size, width), zeros(size, width), zeros(3, size), rows, plan, max_tokens,
-                          stop_after)
+        return BatchState(
+            torch.full((depths, size, num_blocks), scratch, dtype=torch.int64, device=device),
+            zeros(size),
+            zeros(size),
+            zeros(size),
+            torch.ones(size, dtype=torch.bool, device=device),
+            zeros(size, dtype=torch.bool),
+            zeros(size, width),
+            zeros(size, width),
+            zeros(size, width),
+            zeros(size, width),
+            zeros(3, size),
+            rows,
+            plan,
+            max_tokens,
+            stop_after,
+        )
 
     def _reset(self, state: BatchState, tables, prompt, params: SamplingParams, seeds, count: int) -> None:
         """Load a batch into the static state: rows past `count` are padding (done from the start)."""
@@ -291,7 +321,7 @@ class BatchCollector:
             if number >= least and bool(state.done.all()):
                 return
 
-    def _capture(self, state: BatchState) -> "torch.cuda.CUDAGraph":
+    def _capture(self, state: BatchState) -> torch.cuda.CUDAGraph:
         """Warm-ups run on the fresh state, every row done (padding): nothing changes."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -342,22 +372,45 @@ class BatchCollector:
         """nospec: PlainRunner.decode on device state -> (tokens [B, 1], accepted 0, error)."""
         runner = self.runner
         size = frame.inputs.shape[0]
-        layout = device_layout(frame.starts, torch.ones_like(frame.starts), num_rows=size, max_length=1,
-                               num_blocks=frame.num_blocks, block_size=runner.block_size)
-        hidden = runner.run_depths_on(runner.model.embed(frame.inputs), layout, frame.tables, 1,
-                                      runner.model.num_depths)
+        layout = device_layout(
+            frame.starts,
+            torch.ones_like(frame.starts),
+            num_rows=size,
+            max_length=1,
+            num_blocks=frame.num_blocks,
+            block_size=runner.block_size,
+        )
+        hidden = runner.run_depths_on(
+            runner.model.embed(frame.inputs), layout, frame.tables, 1, runner.model.num_depths
+        )
         probs = runner.ops.probabilities(runner.model.readout(hidden), rows, runner.sampling_backend)
-        token = runner.ops.draw_plain(probs, runner.uniforms(rows, 1)[:, 0].contiguous(),
-                                      runner.sampling_backend)
+        token = runner.ops.draw_plain(probs, runner.uniforms(rows, 1)[:, 0].contiguous(), runner.sampling_backend)
         return token[:, None], torch.zeros_like(token), token == PLACEHOLDER_TOKEN
 
     def _read(self, state: BatchState, count: int) -> CollectedBatch:
         """The batch's one host read (copies: the state is reused by the next batch)."""
         width = state.stop_after
-        tokens, sources, rounds, positions, counts, error = (t.cpu().numpy().copy() for t in (
-            state.tokens[:count, :width], state.sources[:count, :width], state.round_index[:count, :width],
-            state.round_position[:count, :width], state.counts[:, :count], state.error[:count]))
+        tokens, sources, rounds, positions, counts, error = (
+            t.cpu().numpy().copy()
+            for t in (
+                state.tokens[:count, :width],
+                state.sources[:count, :width],
+                state.round_index[:count, :width],
+                state.round_position[:count, :width],
+                state.counts[:, :count],
+                state.error[:count],
+            )
+        )
         self._num_batches += 1
-        return CollectedBatch(tokens, sources, counts[0], counts[1], counts[2], error, round_index=rounds,
-                              round_position=positions, slots=np.arange(count, dtype=np.int64),
-                              batch_index=self._num_batches - 1)
+        return CollectedBatch(
+            tokens,
+            sources,
+            counts[0],
+            counts[1],
+            counts[2],
+            error,
+            round_index=rounds,
+            round_position=positions,
+            slots=np.arange(count, dtype=np.int64),
+            batch_index=self._num_batches - 1,
+        )

@@ -49,8 +49,9 @@ class DraftOverride:
         """Whether the override reads the target logits at the draft position."""
         return self.kind in TARGET_BASED
 
-    def logits(self, draft: torch.Tensor, target: torch.Tensor | None, seeds: torch.Tensor,
-               positions: torch.Tensor) -> torch.Tensor:
+    def logits(
+        self, draft: torch.Tensor, target: torch.Tensor | None, seeds: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """float32[A, V] replacement draft logits of A rows (`target` only when needs_target)."""
         if self.kind == NOISY:
             return draft + self.noise_scale * gaussian_noise(seeds, positions, draft.shape[1]).to(draft.dtype)

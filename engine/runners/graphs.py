@@ -26,8 +26,9 @@ round also runs without capture (`capture=False`), which is how the CPU tests ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ class StaticRound:
     tables: torch.Tensor  # int64[D, B, num_blocks] block tables (scratch block for padding rows)
     rows: SamplingRows  # [B] per-row sampling parameters (num_committed is set inside the round)
     output: torch.Tensor  # int64[B, K+3] packed result (written by every replay)
-    graph: "torch.cuda.CUDAGraph | None"  # None: run the round eagerly on these buffers
+    graph: torch.cuda.CUDAGraph | None  # None: run the round eagerly on these buffers
 
 
 def next_power_of_two(value: int) -> int:
@@ -63,8 +64,9 @@ def next_power_of_two(value: int) -> int:
 class RoundGraphs:
     """Padded, optionally captured rounds (uniform or ragged) for an `AsyncSpeculativeRunner`."""
 
-    def __init__(self, runner, scratch_block: int, capture: bool,
-                 batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES) -> None:
+    def __init__(
+        self, runner, scratch_block: int, capture: bool, batch_sizes: tuple[int, ...] = GRAPH_BATCH_SIZES
+    ) -> None:
         self.runner = runner
         self.scratch_block = scratch_block
         self.capture = capture
@@ -73,8 +75,9 @@ class RoundGraphs:
         self._rounds: dict[tuple[int, int], StaticRound] = {}
         self._pool = None
 
-    def run(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...], slots: list[int],
-            tables: torch.Tensor) -> torch.Tensor | None:
+    def run(
+        self, requests: tuple[Request, ...], num_drafts: tuple[int, ...], slots: list[int], tables: torch.Tensor
+    ) -> torch.Tensor | None:
         """int64[R, K+3] packed result of the round, or None when it must run eagerly.
         `tables` int64[D, R, num_blocks] are the requests' block tables."""
         if self.disabled_reason is not None or len(requests) > max(self.batch_sizes, default=0):
@@ -89,31 +92,36 @@ class RoundGraphs:
             static.output.copy_(self.runner.static_round(static))
         else:
             static.graph.replay()
-        return static.output[:len(requests)]
+        return static.output[: len(requests)]
 
     def _blocks_needed(self, requests: tuple[Request, ...], num_drafts: tuple[int, ...]) -> int:
         """Key blocks that hold every row's K drafts: request r's table holds its round's
         K_r + 1 positions (the scheduler grew it), and its K - K_r uncounted drafts go further.
         Never fewer than the widest table, since K - K_r >= 0."""
         k, block_size = self.runner.num_speculative_tokens, self.runner.block_size
-        return max(-(-(table_capacity(r.block_tables, block_size) + k - k_r) // block_size)
-                   for r, k_r in zip(requests, num_drafts))
+        return max(
+            -(-(table_capacity(r.block_tables, block_size) + k - k_r) // block_size)
+            for r, k_r in zip(requests, num_drafts)
+        )
 
-    def _fill(self, static: StaticRound, requests, num_drafts: tuple[int, ...], slots: list[int],
-              tables: torch.Tensor) -> None:
+    def _fill(
+        self, static: StaticRound, requests, num_drafts: tuple[int, ...], slots: list[int], tables: torch.Tensor
+    ) -> None:
         """Real rows first, then the padding rows' neutral values (every field is rewritten, so
         nothing of an earlier, larger round survives)."""
         count, size = len(requests), static.slots.shape[0]
         k = self.runner.num_speculative_tokens
-        static.slots.copy_(to_device(slots + [self.runner.frontier.scratch_slot] * (size - count),
-                                     torch.int64, static.slots.device))
-        static.num_drafts.copy_(to_device(list(num_drafts) + [k] * (size - count), torch.int64,
-                                          static.num_drafts.device))
+        static.slots.copy_(
+            to_device(slots + [self.runner.frontier.scratch_slot] * (size - count), torch.int64, static.slots.device)
+        )
+        static.num_drafts.copy_(
+            to_device(list(num_drafts) + [k] * (size - count), torch.int64, static.num_drafts.device)
+        )
         static.tables.fill_(self.scratch_block)
-        static.tables[:, :count, :tables.shape[-1]] = torch.where(tables == PAD_BLOCK,
-                                                                  self.scratch_block, tables)
-        real = SamplingRows.from_requests(requests, static.slots.device,
-                                          with_prompt=self.runner.ops.reads_prompt_length)
+        static.tables[:, :count, : tables.shape[-1]] = torch.where(tables == PAD_BLOCK, self.scratch_block, tables)
+        real = SamplingRows.from_requests(
+            requests, static.slots.device, with_prompt=self.runner.ops.reads_prompt_length
+        )
         padding = self._padding_rows(size - count)
         names = ("temperature", "top_k", "top_p", "is_greedy", "seeds")
         for name in names + (("num_prompt",) if real.num_prompt is not None else ()):
@@ -125,9 +133,16 @@ class RoundGraphs:
 
         def full(value, dtype):
             return torch.full((size,), value, dtype=dtype, device=device)
-        return SamplingRows(full(0.0, torch.float32), full(TOP_K_DISABLED, torch.int64),
-                            full(TOP_P_DISABLED, torch.float32), full(True, torch.bool),
-                            full(0, torch.int64), full(0, torch.int64), full(0, torch.int64))
+
+        return SamplingRows(
+            full(0.0, torch.float32),
+            full(TOP_K_DISABLED, torch.int64),
+            full(TOP_P_DISABLED, torch.float32),
+            full(True, torch.bool),
+            full(0, torch.int64),
+            full(0, torch.int64),
+            full(0, torch.int64),
+        )
 
     def _build(self, size: int, num_blocks: int) -> StaticRound | None:
         """Create (and capture, largest first) every batch bucket for this key-block bucket."""
@@ -146,14 +161,15 @@ class RoundGraphs:
     def _static(self, size: int, num_blocks: int) -> StaticRound:
         runner = self.runner
         k = runner.num_speculative_tokens
-        tables = torch.full((runner.model.num_depths, size, num_blocks), self.scratch_block,
-                            dtype=torch.int64, device=runner.device)
-        slots = torch.full((size,), runner.frontier.scratch_slot, dtype=torch.int64,
-                           device=runner.device)
+        tables = torch.full(
+            (runner.model.num_depths, size, num_blocks), self.scratch_block, dtype=torch.int64, device=runner.device
+        )
+        slots = torch.full((size,), runner.frontier.scratch_slot, dtype=torch.int64, device=runner.device)
         output = torch.zeros((size, k + 3), dtype=torch.int64, device=runner.device)
         num_drafts = torch.full((size,), k, dtype=torch.int64, device=runner.device)
-        return StaticRound(plan_round((k,) * size, k, runner.device), num_drafts, slots, tables,
-                           self._padding_rows(size), output, None)
+        return StaticRound(
+            plan_round((k,) * size, k, runner.device), num_drafts, slots, tables, self._padding_rows(size), output, None
+        )
 
     def _capture(self, static: StaticRound) -> StaticRound:
         """Warm up on a side stream (padding rows only), then capture into the shared pool."""
@@ -163,7 +179,7 @@ class RoundGraphs:
         return replace(static, output=output, graph=graph)
 
 
-def warm_and_capture(run: Callable[[], Any], pool) -> tuple["torch.cuda.CUDAGraph", Any]:
+def warm_and_capture(run: Callable[[], Any], pool) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Call `run` NUM_WARMUP_RUNS times on a side stream (Triton kernels compile there, not
     during capture), then capture one call into the memory pool `pool`: (graph, its output)."""
     side = torch.cuda.Stream()

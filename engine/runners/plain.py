@@ -30,11 +30,14 @@ class PlainRunner(ModelRunner):
         hidden = self.model.embed(self.last_tokens(requests))
         hidden = self.run_depths(hidden, layout, requests, 1, self.model.num_depths)
         probs = self.ops.probabilities(self.model.readout(hidden), rows, self.sampling_backend)
-        return self.ops.draw_plain(probs, self.uniforms(rows, 1)[:, 0].contiguous(),
-                                   self.sampling_backend)
+        return self.ops.draw_plain(probs, self.uniforms(rows, 1)[:, 0].contiguous(), self.sampling_backend)
 
 
 def collect(tokens: torch.Tensor) -> list[RoundOutcome]:
     """The step's single host read."""
-    return [RoundOutcome((token,), (PLAIN_SOURCE,), 0, 0, False) if token != PLACEHOLDER_TOKEN
-            else RoundOutcome((), (), 0, 0, True) for token in tokens.tolist()]
+    return [
+        RoundOutcome((token,), (PLAIN_SOURCE,), 0, 0, False)
+        if token != PLACEHOLDER_TOKEN
+        else RoundOutcome((), (), 0, 0, True)
+        for token in tokens.tolist()
+    ]

@@ -79,11 +79,18 @@ def plan_round(num_drafts: tuple[int, ...], k: int, device: torch.device) -> Rou
     for j in range(1, max(num_drafts, default=0) + 1):
         active = [i for i, n in enumerate(num_drafts) if n >= j]
         active_t = to_device(active, torch.int64, device)
-        steps.append(DraftStep(len(active), active_t, cu[active_t] + j - 1,
-                               cu[active_t] + active_t + j - 1))
+        steps.append(DraftStep(len(active), active_t, cu[active_t] + j - 1, cu[active_t] + active_t + j - 1))
     flat_request = torch.repeat_interleave(index, counts, output_size=sum(num_drafts))
-    return RoundPlan(tuple(num_drafts), k, cu, counts, tuple(steps), cu[1:] + index,
-                     flat_request, torch.arange(flat_request.numel(), device=device) - cu[flat_request])
+    return RoundPlan(
+        tuple(num_drafts),
+        k,
+        cu,
+        counts,
+        tuple(steps),
+        cu[1:] + index,
+        flat_request,
+        torch.arange(flat_request.numel(), device=device) - cu[flat_request],
+    )
 
 
 class SpeculativeRunner(ModelRunner):
@@ -94,8 +101,14 @@ class SpeculativeRunner(ModelRunner):
     runner drives them unchanged from its device-side frontier.
     """
 
-    def __init__(self, *args, num_speculative_tokens: int, draft_depth: int,
-                 draft_override: DraftOverride | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        num_speculative_tokens: int,
+        draft_depth: int,
+        draft_override: DraftOverride | None = None,
+        **kwargs,
+    ) -> None:
         """`draft_override` (None: the model's own draft) replaces the draft logits (see
         engine.runners.draft_override); chosen here, once."""
         super().__init__(*args, **kwargs)
@@ -118,11 +131,11 @@ class SpeculativeRunner(ModelRunner):
         target_probs = self.verify(frame, plan, rows, drafts)
         return self.accept(plan, rows, drafts, target_probs, uniforms)
 
-    def draft(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
-              uniforms: torch.Tensor) -> Drafts:
+    def draft(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows, uniforms: torch.Tensor) -> Drafts:
         num_rows, count = sum(plan.num_drafts), plan.num_requests
-        tokens = torch.full((count, max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN,
-                            dtype=torch.int64, device=self.device)
+        tokens = torch.full(
+            (count, max(plan.num_speculative_tokens, 1)), PLACEHOLDER_TOKEN, dtype=torch.int64, device=self.device
+        )
         probs = torch.empty(num_rows, self.model.vocab_size, device=self.device)
         template = self.model.embed(frame.inputs[:0])  # [0, D]: the hidden size and dtype
         shallow = template.new_empty(num_rows + count, template.shape[-1])
@@ -130,73 +143,99 @@ class SpeculativeRunner(ModelRunner):
             step_inputs = frame.inputs[step.active] if j == 1 else tokens[step.active, j - 2]
             layout = self._single_rows(frame.starts[step.active] + (j - 1), frame.num_blocks)
             hidden = self.model.embed(step_inputs.clamp(min=0))
-            hidden = self.run_depths_on(hidden, layout, frame.tables[:, step.active], 1,
-                                        self.draft_depth)
+            hidden = self.run_depths_on(hidden, layout, frame.tables[:, step.active], 1, self.draft_depth)
             shallow[step.verify_rows] = hidden
             logits = self.model.readout(hidden)
             if self.draft_override is not None:
                 logits = self._overridden(logits, hidden, layout, frame, step, rows)
-            q, q_ratio = self.ops.draft_probabilities(logits, rows.select(step.active),
-                                                      self.sampling_backend)
+            q, q_ratio = self.ops.draft_probabilities(logits, rows.select(step.active), self.sampling_backend)
             probs[step.draft_rows] = q_ratio
             tokens[step.active, j - 1] = self.ops.draw_draft(
-                q, uniforms[step.active, j - 1].contiguous(), self.sampling_backend)
+                q, uniforms[step.active, j - 1].contiguous(), self.sampling_backend
+            )
         return Drafts(tokens, probs, shallow)
 
-    def _overridden(self, logits: torch.Tensor, hidden: torch.Tensor, layout: RowLayout,
-                    frame: RoundFrame, step: DraftStep, rows: SamplingRows) -> torch.Tensor:
+    def _overridden(
+        self,
+        logits: torch.Tensor,
+        hidden: torch.Tensor,
+        layout: RowLayout,
+        frame: RoundFrame,
+        step: DraftStep,
+        rows: SamplingRows,
+    ) -> torch.Tensor:
         """The draft override's logits of one draft step (target depths run on the draft's own
         row when the override reads the target; verify rewrites that KV before it is read)."""
         override, target = self.draft_override, None
         if override.needs_target:
-            deep = self.run_depths_on(hidden, layout, frame.tables[:, step.active], self.draft_depth + 1,
-                                      self.model.num_depths)
+            deep = self.run_depths_on(
+                hidden, layout, frame.tables[:, step.active], self.draft_depth + 1, self.model.num_depths
+            )
             target = self.model.readout(deep)
         return override.logits(logits, target, rows.seeds[step.active], layout.positions)
 
-    def verify(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows,
-               drafts: Drafts) -> torch.Tensor:
+    def verify(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows, drafts: Drafts) -> torch.Tensor:
         """float32[N + R, V]: p_1..p_{K_r+1} of every request, packed in request order."""
         count = plan.num_requests
         chain = torch.cat([frame.inputs[:, None], drafts.tokens], dim=1)
         last_inputs = chain[torch.arange(count, device=self.device), plan.num_drafts_t]
         layout = self._single_rows(frame.starts + plan.num_drafts_t, frame.num_blocks)
-        hidden = self.run_depths_on(self.model.embed(last_inputs.clamp(min=0)), layout,
-                                    frame.tables, 1, self.draft_depth)
+        hidden = self.run_depths_on(
+            self.model.embed(last_inputs.clamp(min=0)), layout, frame.tables, 1, self.draft_depth
+        )
         shallow = drafts.shallow
         shallow[plan.last_rows] = hidden
         num_rows = sum(plan.num_drafts) + count
-        layout = device_layout(frame.starts, plan.num_drafts_t + 1, num_rows=num_rows,
-                               max_length=max(plan.num_drafts) + 1, num_blocks=frame.num_blocks,
-                               block_size=self.block_size)
+        layout = device_layout(
+            frame.starts,
+            plan.num_drafts_t + 1,
+            num_rows=num_rows,
+            max_length=max(plan.num_drafts) + 1,
+            num_blocks=frame.num_blocks,
+            block_size=self.block_size,
+        )
         if self.ops.verify_context is not None:  # a planted bug only (engine.mutants)
             layout = self.ops.verify_context(layout, rows)
-        deep = self.run_depths_on(shallow, layout, frame.tables, self.draft_depth + 1,
-                                  self.model.num_depths)
-        return self.ops.verify_probabilities(self.model.readout(deep),
-                                             rows.repeat(plan.num_drafts_t + 1, num_rows),
-                                             self.sampling_backend)
+        deep = self.run_depths_on(shallow, layout, frame.tables, self.draft_depth + 1, self.model.num_depths)
+        return self.ops.verify_probabilities(
+            self.model.readout(deep), rows.repeat(plan.num_drafts_t + 1, num_rows), self.sampling_backend
+        )
 
-    def accept(self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts,
-               target_probs: torch.Tensor, uniforms: torch.Tensor) -> AcceptResult:
+    def accept(
+        self, plan: RoundPlan, rows: SamplingRows, drafts: Drafts, target_probs: torch.Tensor, uniforms: torch.Tensor
+    ) -> AcceptResult:
         flat_tokens = drafts.tokens[plan.flat_request, plan.flat_index].contiguous()
-        return self.ops.accept(flat_tokens, plan.cu_num_drafts, drafts.probs, target_probs,
-                               uniforms, rows.is_greedy, draft_limit=plan.draft_limit,
-                               backend=self.sampling_backend)
+        return self.ops.accept(
+            flat_tokens,
+            plan.cu_num_drafts,
+            drafts.probs,
+            target_probs,
+            uniforms,
+            rows.is_greedy,
+            draft_limit=plan.draft_limit,
+            backend=self.sampling_backend,
+        )
 
     def _single_rows(self, starts: torch.Tensor, num_blocks: int) -> RowLayout:
         """One query row per sequence at device positions `starts`."""
         count = starts.shape[0]
-        return device_layout(starts, torch.ones(count, dtype=torch.int64, device=self.device),
-                             num_rows=count, max_length=1, num_blocks=num_blocks,
-                             block_size=self.block_size)
+        return device_layout(
+            starts,
+            torch.ones(count, dtype=torch.int64, device=self.device),
+            num_rows=count,
+            max_length=1,
+            num_blocks=num_blocks,
+            block_size=self.block_size,
+        )
 
 
 def collect(plan: RoundPlan, result: AcceptResult) -> list[RoundOutcome]:
     """The round's single host read: emitted tokens and their sources per request."""
     rows = zip(result.tokens.tolist(), result.num_accepted.tolist(), result.error.tolist())
-    return [outcome(num_drafts, tokens, num_accepted, error)
-            for (tokens, num_accepted, error), num_drafts in zip(rows, plan.num_drafts)]
+    return [
+        outcome(num_drafts, tokens, num_accepted, error)
+        for (tokens, num_accepted, error), num_drafts in zip(rows, plan.num_drafts)
+    ]
 
 
 def outcome(num_drafts: int, tokens: list[int], num_accepted: int, error: int) -> RoundOutcome:
@@ -205,5 +244,6 @@ def outcome(num_drafts: int, tokens: list[int], num_accepted: int, error: int) -
     if error or not 0 <= num_accepted <= num_drafts:
         return RoundOutcome((), (), num_drafts, 0, True)
     last = "bonus" if num_accepted == num_drafts else "correction"
-    return RoundOutcome(tuple(tokens[:num_accepted + 1]), ("accepted",) * num_accepted + (last,),
-                        num_drafts, num_accepted, False)
+    return RoundOutcome(
+        tuple(tokens[: num_accepted + 1]), ("accepted",) * num_accepted + (last,), num_drafts, num_accepted, False
+    )

@@ -18,17 +18,24 @@ from __future__ import annotations
 import torch
 
 from engine.sampling import checks
+
 # The result layout lives below the front and its kernel; importable from here as before.
-from engine.sampling.accept_result import (ERR_BAD_DRAFT_TOKEN, ERR_BAD_OFFSETS,  # noqa: F401
-                                           ERR_EMPTY_RESIDUAL, ERR_INVALID_DRAFT,
-                                           ERR_INVALID_TARGET, ERR_NONE, ERROR_NAMES,
-                                           PLACEHOLDER_TOKEN, AcceptResult)
+from engine.sampling.accept_result import (  # noqa: F401
+    ERR_BAD_DRAFT_TOKEN,
+    ERR_BAD_OFFSETS,
+    ERR_EMPTY_RESIDUAL,
+    ERR_INVALID_DRAFT,
+    ERR_INVALID_TARGET,
+    ERR_NONE,
+    ERROR_NAMES,
+    PLACEHOLDER_TOKEN,
+    AcceptResult,
+)
 from engine.sampling.backend import TORCH, resolve_backend
 from engine.sampling.categorical import categorical_torch
 
 
-def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
-                  draft_limit=None):
+def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit=None):
     checks.require("draft_tokens", draft_tokens, ndim=1, dtypes=checks.INDEX_DTYPES)
     checks.require("cu_num_drafts", cu_num_drafts, ndim=1, dtypes=checks.INDEX_DTYPES)
     checks.require("draft_probs", draft_probs, ndim=2, dtypes=checks.PROB_DTYPES)
@@ -48,8 +55,14 @@ def _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
     checks.require_len("is_greedy", is_greedy, 0, num_requests)
     if uniforms.shape[1] % 2 != 1:
         raise ValueError(f"uniforms has {uniforms.shape[1]} columns; expected 2K+1 (odd)")
-    tensors = {"draft_tokens": draft_tokens, "cu_num_drafts": cu_num_drafts, "draft_probs": draft_probs,
-               "target_probs": target_probs, "uniforms": uniforms, "is_greedy": is_greedy}
+    tensors = {
+        "draft_tokens": draft_tokens,
+        "cu_num_drafts": cu_num_drafts,
+        "draft_probs": draft_probs,
+        "target_probs": target_probs,
+        "uniforms": uniforms,
+        "is_greedy": is_greedy,
+    }
     if draft_limit is not None:
         checks.require("draft_limit", draft_limit, ndim=1, dtypes=checks.INDEX_DTYPES)
         checks.require_len("draft_limit", draft_limit, 0, num_requests)
@@ -79,9 +92,7 @@ def speculative_accept(
     dtypes, devices, contiguity) is checked on the host with ValueError; bad data (offsets,
     token ids, distributions) is reported per request in AcceptResult.error.
     """
-    device = _check_inputs(
-        draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit
-    )
+    device = _check_inputs(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit)
     args = (draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit)
     if resolve_backend(backend, device) == TORCH:
         return accept_torch(*args)
@@ -117,8 +128,7 @@ def _is_probability(x: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(x) & (x >= 0)
 
 
-def accept_torch(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
-                 draft_limit=None):
+def accept_torch(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit=None):
     """Torch backend of `speculative_accept` (vectorised over requests and positions)."""
     num_requests, max_drafts = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
     num_drafts, vocab = draft_tokens.shape[0], target_probs.shape[1]

@@ -32,8 +32,7 @@ def require_len(name: str, t: torch.Tensor, dim: int, size: int) -> None:
     """Check that dimension `dim` of `t` has `size` elements."""
     if t.shape[dim] != size:
         raise ValueError(
-            f"{name} has {t.shape[dim]} elements in dimension {dim}; expected {size} "
-            f"(shape {tuple(t.shape)})"
+            f"{name} has {t.shape[dim]} elements in dimension {dim}; expected {size} (shape {tuple(t.shape)})"
         )
 
 

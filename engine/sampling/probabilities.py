@@ -26,16 +26,24 @@ def _well_formed(logits, temperature, top_k, top_p) -> torch.device | None:
     an eager call pays for (1.97 us against 3.59 for the named ones on the host of
     docs/notes/performance-notebook.md's H200 measurement): exact tensor types, so a subclass takes the named
     checks, which accept it. It must accept nothing the named checks reject."""
-    if not (type(logits) is _TENSOR and type(temperature) is _TENSOR
-            and type(top_k) is _TENSOR and type(top_p) is _TENSOR):
+    if not (
+        type(logits) is _TENSOR and type(temperature) is _TENSOR and type(top_k) is _TENSOR and type(top_p) is _TENSOR
+    ):
         return None
     shape = logits.shape
-    if not (len(shape) == 2 and shape[1] > 0 and logits.dtype in _LOGIT_DTYPES
-            and temperature.dtype is _FLOAT32 and top_p.dtype is _FLOAT32
-            and top_k.dtype in _INDEX_DTYPES
-            and temperature.shape == top_k.shape == top_p.shape == shape[:1]
-            and logits.is_contiguous() and temperature.is_contiguous()
-            and top_k.is_contiguous() and top_p.is_contiguous()):
+    if not (
+        len(shape) == 2
+        and shape[1] > 0
+        and logits.dtype in _LOGIT_DTYPES
+        and temperature.dtype is _FLOAT32
+        and top_p.dtype is _FLOAT32
+        and top_k.dtype in _INDEX_DTYPES
+        and temperature.shape == top_k.shape == top_p.shape == shape[:1]
+        and logits.is_contiguous()
+        and temperature.is_contiguous()
+        and top_k.is_contiguous()
+        and top_p.is_contiguous()
+    ):
         return None
     device = logits.device
     if temperature.device == device and top_k.device == device and top_p.device == device:
@@ -56,9 +64,7 @@ def _check_inputs(logits, temperature, top_k, top_p) -> torch.device:
         checks.require_len(name, t, 0, num_rows)
     if logits.shape[1] == 0:
         raise ValueError("logits has an empty vocabulary dimension (shape [B, 0])")
-    return checks.require_same_device(
-        {"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    )
+    return checks.require_same_device({"logits": logits, "temperature": temperature, "top_k": top_k, "top_p": top_p})
 
 
 def batched_probabilities(
@@ -99,9 +105,7 @@ def _greedy_rows(logits: torch.Tensor) -> torch.Tensor:
     return out.scatter_(1, torch.argmax(logits.float(), dim=1, keepdim=True), 1.0)
 
 
-def _keep_mask(
-    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:  # [B, V] bool
+def _keep_mask(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:  # [B, V] bool
     """Tokens kept by top-k then top-p, decided on the scaled logits x[B, V]."""
     num_cols = x.shape[1]
     desc = torch.sort(x, dim=1, descending=True).values  # [B, V]

@@ -17,8 +17,7 @@ import torch
 
 from engine.sampling import checks
 from engine.sampling.backend import TORCH, resolve_backend
-from engine.sampling.philox import (MASK32, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0,
-                                    PHILOX_W1)
+from engine.sampling.philox import MASK32, PHILOX_M0, PHILOX_M1, PHILOX_ROUNDS, PHILOX_W0, PHILOX_W1
 
 TWO_POW_26 = float(2**26)
 TWO_POW_MINUS_53 = 2.0**-53

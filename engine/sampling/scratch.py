@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 import torch
 
@@ -46,8 +47,9 @@ class ScratchCache:
         self._entries: OrderedDict[Hashable, Scratch] = OrderedDict()
         self._bytes: dict[Hashable, int] = {}
 
-    def get(self, key: Hashable, device: torch.device,
-            make: Callable[[], tuple[torch.Tensor, ...]], stream: int | None) -> Scratch:
+    def get(
+        self, key: Hashable, device: torch.device, make: Callable[[], tuple[torch.Tensor, ...]], stream: int | None
+    ) -> Scratch:
         """The tensors `make()` built for this key on this device, stream and thread.
         `stream`: the device's current stream (its raw handle; None on the CPU)."""
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -62,8 +64,7 @@ class ScratchCache:
         return scratch
 
     def _insert(self, full_key, scratch: Scratch) -> None:
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in scratch.tensors}
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in scratch.tensors}
         size = sum(storages.values())  # views of one allocation count once
         if size > self.max_bytes:
             return

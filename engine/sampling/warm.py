@@ -24,8 +24,7 @@ import torch
 from engine.sampling.backend import TORCH, compiles_natively, resolve_backend
 
 
-def warm_probabilities(vocab: int, row_counts, device: torch.device, *,
-                       backend: str = "auto") -> int:
+def warm_probabilities(vocab: int, row_counts, device: torch.device, *, backend: str = "auto") -> int:
     """Start compiling the Triton kernels that `batched_probabilities` calls of float32 logits
     [rows, vocab] (int64 top-k) take, for every rows of `row_counts`."""
     if resolve_backend(backend, device) == TORCH:
@@ -35,8 +34,9 @@ def warm_probabilities(vocab: int, row_counts, device: torch.device, *,
     return warm_up(vocab, row_counts, device)
 
 
-def warm_round(vocab: int, batch_rows: int, num_speculative_tokens: int, device: torch.device, *,
-               backend: str = "auto") -> int:
+def warm_round(
+    vocab: int, batch_rows: int, num_speculative_tokens: int, device: torch.device, *, backend: str = "auto"
+) -> int:
     """Start compiling every sampling kernel of a round of `batch_rows` requests over `vocab`
     entries with `num_speculative_tokens` (K) drafts each (K = 0: a plain round)."""
     if resolve_backend(backend, device) == TORCH or not compiles_natively(device):
@@ -50,10 +50,16 @@ def warm_round(vocab: int, batch_rows: int, num_speculative_tokens: int, device:
 
     requests = [uniform_blocks_warmup(1), categorical_warmup(vocab)]
     if k > 0:
-        requests += [uniform_blocks_warmup(2 * k + 1),
-                     *(accept_warmup(batch_rows * k, vocab, k, has_limit) for has_limit in (False, True))]
-    return started + sum(WARMUPS.start(("round", request[0], request[1], tuple(sorted(request[3].items()))),
-                                       [request], device, waited=False) for request in requests)
+        requests += [
+            uniform_blocks_warmup(2 * k + 1),
+            *(accept_warmup(batch_rows * k, vocab, k, has_limit) for has_limit in (False, True)),
+        ]
+    return started + sum(
+        WARMUPS.start(
+            ("round", request[0], request[1], tuple(sorted(request[3].items()))), [request], device, waited=False
+        )
+        for request in requests
+    )
 
 
 def cancel_warmups() -> int:
@@ -61,4 +67,3 @@ def cancel_warmups() -> int:
     before it needs them. 0 where none was ever started (Triton is then not imported here)."""
     module = sys.modules.get("engine.sampling.kernels.warmup")
     return module.WARMUPS.cancel() if module is not None else 0
-

@@ -26,10 +26,17 @@ WEIGHTS_SEED = 7  # the toy model's fixed weights
 TOY_VERSION = "1"  # recorded by describe(); bump when the sampler changes
 RESIDUAL_FROM_P, ACCEPT_BY_DIVISION = "residual_from_p", "accept_by_division"
 MUTANTS = (
-    PlantedMutant(RESIDUAL_FROM_P, "the correction is drawn from p instead of max(p - q, 0)",
-                  visible_at="t1 (quadrature, t1 goodness of fit)"),
-    PlantedMutant(ACCEPT_BY_DIVISION, "accept iff u < p(x) / q(x): the same rule up to float rounding",
-                  equivalent=True, visible_at="nowhere (equivalent)"),
+    PlantedMutant(
+        RESIDUAL_FROM_P,
+        "the correction is drawn from p instead of max(p - q, 0)",
+        visible_at="t1 (quadrature, t1 goodness of fit)",
+    ),
+    PlantedMutant(
+        ACCEPT_BY_DIVISION,
+        "accept iff u < p(x) / q(x): the same rule up to float rounding",
+        equivalent=True,
+        visible_at="nowhere (equivalent)",
+    ),
 )
 
 
@@ -54,9 +61,14 @@ def _inverse_cdf(weights: np.ndarray, u: float) -> int:
 
 
 class ToySUT(SUT):
-    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=True, draft_kind="temperature",
-                                sampling=("temperature",), mutants=MUTANTS,
-                                draft_overrides=("noisy", "adversarial", "temperature"))
+    capabilities = Capabilities(
+        modes=("nospec", "sync"),
+        accept_single=True,
+        draft_kind="temperature",
+        sampling=("temperature",),
+        mutants=MUTANTS,
+        draft_overrides=("noisy", "adversarial", "temperature"),
+    )
 
     def __init__(self, spec, num_speculative_tokens):
         super().__init__(spec, num_speculative_tokens)
@@ -82,9 +94,15 @@ class ToySUT(SUT):
 
     def describe(self) -> dict:
         """What the bundle's manifest records about the system under test: name, version, model, device."""
-        return {"adapter": type(self).__name__, "engine": "toy bigram speculative sampler", "version": TOY_VERSION,
-                "vocab_size": VOCAB, "weights_seed": WEIGHTS_SEED, "device": "cpu (numpy float64)",
-                "mutant": self.mutant}
+        return {
+            "adapter": type(self).__name__,
+            "engine": "toy bigram speculative sampler",
+            "version": TOY_VERSION,
+            "vocab_size": VOCAB,
+            "weights_seed": WEIGHTS_SEED,
+            "device": "cpu (numpy float64)",
+            "mutant": self.mutant,
+        }
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self.target[token_ids[-1]].astype(np.float32)
@@ -137,7 +155,8 @@ class ToySUT(SUT):
             sources=np.array([r[1][:num_tokens] for r in rows], dtype=object),
             num_rounds=np.array([r[2] for r in rows], dtype=np.int64),
             num_draft_tokens=np.array([r[3] for r in rows], dtype=np.int64),
-            num_accepted_tokens=np.array([r[4] for r in rows], dtype=np.int64))
+            num_accepted_tokens=np.array([r[4] for r in rows], dtype=np.int64),
+        )
 
     def _request(self, group, prompt_ids, temperature, seed, max_tokens):
         rng = np.random.default_rng(seed)  # the request's own stream: a pure function of its seed
@@ -149,8 +168,9 @@ class ToySUT(SUT):
                 tokens.append(_inverse_cdf(_softmax(self.target_logits(context), temperature), rng.random()))
                 sources.append("plain")
                 continue
-            new, kinds, num_accepted = self._round(group, context, temperature,
-                                                   rng.random(2 * self.num_speculative_tokens + 1))
+            new, kinds, num_accepted = self._round(
+                group, context, temperature, rng.random(2 * self.num_speculative_tokens + 1)
+            )
             tokens, sources = tokens + new, sources + kinds
             rounds, drafted, accepted = rounds + 1, drafted + self.num_speculative_tokens, accepted + num_accepted
         return tokens[:max_tokens], sources[:max_tokens], rounds, drafted, accepted

@@ -8,7 +8,7 @@ one forward pass without a KV cache, so a call carries no state from an earlier 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

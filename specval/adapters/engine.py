@@ -21,8 +21,9 @@ entry point `engine` of the group `specval.sut`), never by an import statement.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,9 +47,13 @@ class Completion:
 class EngineSUT(SUT):
     """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
 
-    capabilities = Capabilities(mutants=tuple(PlantedMutant(m.name, m.breaks, m.equivalent, m.visible_at)
-                                              for m in ALL_MUTANTS if m.layer == ENGINE_LAYER),
-                                draft_overrides=DRAFT_OVERRIDES[1:], mixed_sampling=True)
+    capabilities = Capabilities(
+        mutants=tuple(
+            PlantedMutant(m.name, m.breaks, m.equivalent, m.visible_at) for m in ALL_MUTANTS if m.layer == ENGINE_LAYER
+        ),
+        draft_overrides=DRAFT_OVERRIDES[1:],
+        mixed_sampling=True,
+    )
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 
@@ -66,7 +71,6 @@ class EngineSUT(SUT):
     def _llm(self, mode: str, draft_loops: int | None, draft: str = OWN_DRAFT):
         """The engine of one (mode, draft depth, draft override), built on first use."""
         import engine
-
         from engine.config import DEFAULT_DRAFT_LOOPS
 
         key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1), draft)
@@ -74,10 +78,16 @@ class EngineSUT(SUT):
             shared = next(iter(self._llms.values()), None)  # same model, dtype and device: load once
             override = {} if draft == OWN_DRAFT else {"draft_override": draft}
             try:
-                config = engine.EngineConfig(model=self.spec.model, dtype=self.spec.dtype, mode=mode,
-                                             num_speculative_tokens=self.num_speculative_tokens,
-                                             draft_loops=key[1], device=self.spec.device, **override,
-                                             **dict(self.spec.options))
+                config = engine.EngineConfig(
+                    model=self.spec.model,
+                    dtype=self.spec.dtype,
+                    mode=mode,
+                    num_speculative_tokens=self.num_speculative_tokens,
+                    draft_loops=key[1],
+                    device=self.spec.device,
+                    **override,
+                    **dict(self.spec.options),
+                )
                 self._llms[key] = engine.LLM(config, *((shared.engine.model, shared.tokenizer) if shared else ()))
             except (ValueError, TypeError, NotImplementedError) as err:
                 raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]} draft={draft!r}: {err}") from err
@@ -103,29 +113,62 @@ class EngineSUT(SUT):
     def encode(self, text: str) -> list[int]:
         return list(self._any_llm().tokenizer.encode(text))
 
-    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         llm = self._group_llm(group)
         if llm.engine.config.collection == "batched":
             return self._sample_batched(group, llm, prompt_ids, sampling, seeds, num_tokens, max_tokens)
         return self._generate(group, llm, prompt_ids, [sampling] * len(seeds), seeds, num_tokens, max_tokens)
 
-    def sample_mixed(self, group: GroupSpec, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
-                     seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample_mixed(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        samplings: Sequence[SamplingSpec],
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         """One `LLM.generate` call with each request's own `SamplingParams` (temperature 0: greedy).
         The batched collection runs one sampling per call, so a group using it is refused."""
         llm = self._group_llm(group)
         if llm.engine.config.collection == "batched":
-            raise SUTError(f"group {group.name!r}: collection 'batched' runs one sampling per call; "
-                           "companions need the default collection")
+            raise SUTError(
+                f"group {group.name!r}: collection 'batched' runs one sampling per call; "
+                "companions need the default collection"
+            )
         return self._generate(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
 
-    def _generate(self, group: GroupSpec, llm, prompt_ids: list[int], samplings: Sequence[SamplingSpec],
-                  seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def _generate(
+        self,
+        group: GroupSpec,
+        llm,
+        prompt_ids: list[int],
+        samplings: Sequence[SamplingSpec],
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         from engine import SamplingParams
 
-        params = [SamplingParams(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                                 seed=int(s), max_tokens=max_tokens, ignore_eos=True) for sp, s in zip(samplings, seeds)]
+        params = [
+            SamplingParams(
+                temperature=sp.temperature,
+                top_k=sp.top_k,
+                top_p=sp.top_p,
+                seed=int(s),
+                max_tokens=max_tokens,
+                ignore_eos=True,
+            )
+            for sp, s in zip(samplings, seeds)
+        ]
         outs = llm.generate([list(prompt_ids)] * len(params), params)
         bad = [o.finish_reason for o in outs if len(o.token_ids) != max_tokens]
         if bad:
@@ -149,11 +192,24 @@ class EngineSUT(SUT):
         from engine.sampling import warm_round
 
         self._batch_size = max(self._batch_size, int(largest))
-        warm_round(llm.engine.model.vocab_size, self._batch_size, self.num_speculative_tokens,
-                   llm.engine.device, backend=llm.engine.config.sampling_backend)
+        warm_round(
+            llm.engine.model.vocab_size,
+            self._batch_size,
+            self.num_speculative_tokens,
+            llm.engine.device,
+            backend=llm.engine.config.sampling_backend,
+        )
 
-    def _sample_batched(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec,
-                        seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def _sample_batched(
+        self,
+        group: GroupSpec,
+        llm,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         """`sample` through the engine's batched collection (`collection: batched`): columns come
         back as arrays, no per-request objects. Batches are padded to the largest batch seen so
         far, so the last, shorter batch of a chunk replays the same captured round (on CUDA to the
@@ -165,18 +221,33 @@ class EngineSUT(SUT):
         if key not in self._collectors:
             self._collectors[key] = BatchCollector(llm.engine)
         self._batch_size = max(self._batch_size, len(seeds))
-        params = SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                max_tokens=max_tokens, ignore_eos=True)
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+        )
         try:
-            out = self._collectors[key].collect(list(prompt_ids), params, np.asarray(seeds, dtype=np.int64), max_tokens,
-                                                batch_size=self._batch_size, stop_after=num_tokens)
+            out = self._collectors[key].collect(
+                list(prompt_ids),
+                params,
+                np.asarray(seeds, dtype=np.int64),
+                max_tokens,
+                batch_size=self._batch_size,
+                stop_after=num_tokens,
+            )
         except ValueError as err:
             raise SUTError(f"group {group.name!r}: {err}") from err
         if out.is_error.any():
             raise SUTError(f"group {group.name!r}: {int(out.is_error.sum())} request(s) ended early ('error')")
-        return SampleBatch(tokens=out.tokens[:, :num_tokens], sources=out.source_names()[:, :num_tokens],
-                           num_rounds=out.num_rounds, num_draft_tokens=out.num_draft_tokens,
-                           num_accepted_tokens=out.num_accepted_tokens)
+        return SampleBatch(
+            tokens=out.tokens[:, :num_tokens],
+            sources=out.source_names()[:, :num_tokens],
+            num_rounds=out.num_rounds,
+            num_draft_tokens=out.num_draft_tokens,
+            num_accepted_tokens=out.num_accepted_tokens,
+        )
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
         """The model's chat template applied to `messages`, ending with the assistant's turn."""
@@ -185,18 +256,40 @@ class EngineSUT(SUT):
             raise SUTError(f"sut.model={self.spec.model!r} has no chat template; use prompt_format: plain")
         return tokenizer.apply_chat_template(messages)
 
-    def complete(self, group: GroupSpec, prompts: Sequence[str], sampling: SamplingSpec, seeds: np.ndarray,
-                 max_tokens: int, progress: Callable[[int, int], None] | None = None) -> list[Completion]:
+    def complete(
+        self,
+        group: GroupSpec,
+        prompts: Sequence[str],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        max_tokens: int,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[Completion]:
         """One completion per (prompt, seed): at most `max_tokens` tokens, stopped by EOS."""
         from engine import SamplingParams
 
-        params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 seed=int(s), max_tokens=max_tokens) for s in seeds]
+        params = [
+            SamplingParams(
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                seed=int(s),
+                max_tokens=max_tokens,
+            )
+            for s in seeds
+        ]
         llm = self._llm(group.mode, group.draft_loops)
         outs = llm.generate(list(prompts), params, progress=progress)
-        return [Completion(text=llm.tokenizer.decode(o.token_ids), num_tokens=len(o.token_ids),
-                           num_draft_tokens=int(o.num_draft_tokens), num_accepted_tokens=int(o.num_accepted_tokens),
-                           finish_reason=str(o.finish_reason)) for o in outs]
+        return [
+            Completion(
+                text=llm.tokenizer.decode(o.token_ids),
+                num_tokens=len(o.token_ids),
+                num_draft_tokens=int(o.num_draft_tokens),
+                num_accepted_tokens=int(o.num_accepted_tokens),
+                finish_reason=str(o.finish_reason),
+            )
+            for o in outs
+        ]
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
         return self._any_llm().full_depth_logits(token_ids).float().numpy()
@@ -208,11 +301,13 @@ class EngineSUT(SUT):
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
         return self._group_llm(group).draft_logits(token_ids).float().numpy()
 
-    def accept_single(self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
-                      uniforms: np.ndarray) -> np.ndarray:
+    def accept_single(
+        self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
+    ) -> np.ndarray:
         """The accept rule the runners use (`sut.options.mutant`'s, if named) on the protocol's device
         and `sampling_backend` (default "auto": the Triton kernel on CUDA, torch on the CPU)."""
         import torch
+
         from engine.mutants import sampling_ops
 
         options = dict(self.spec.options)
@@ -243,8 +338,13 @@ class EngineSUT(SUT):
         import engine
 
         facts = super().describe()
-        facts.update(engine=getattr(engine, "__version__", None), model=self.spec.model, dtype=self.spec.dtype,
-                     device=self.spec.device, configs=[_config_label(*key) for key in self._llms])
+        facts.update(
+            engine=getattr(engine, "__version__", None),
+            model=self.spec.model,
+            dtype=self.spec.dtype,
+            device=self.spec.device,
+            configs=[_config_label(*key) for key in self._llms],
+        )
         if self._collectors:  # collection: batched
             facts["collection"] = {_config_label(*key): c.graph_status for key, c in self._collectors.items()}
         return facts
@@ -261,7 +361,7 @@ class EngineSUT(SUT):
 
 
 def _config_label(mode: str, draft_loops: int | None, draft: str) -> str:
-    """"mode/draft_loops=d[/draft=x]": one engine configuration in describe()."""
+    """ "mode/draft_loops=d[/draft=x]": one engine configuration in describe()."""
     label = mode if draft_loops is None else f"{mode}/draft_loops={draft_loops}"
     return label if draft == OWN_DRAFT else f"{label}/draft={draft}"
 
@@ -298,8 +398,10 @@ def _require_float32(name: str, array: np.ndarray) -> None:
     """The engine takes float32 probabilities: refuse other dtypes instead of rounding silently,
     because the rows are computed from the values given and must match what the engine sees."""
     if array.dtype != np.float32:
-        raise ValueError(f"{name} must be float32 for the engine adapter (cast p and q before "
-                         f"calling quadrature_check), got {array.dtype}")
+        raise ValueError(
+            f"{name} must be float32 for the engine adapter (cast p and q before "
+            f"calling quadrature_check), got {array.dtype}"
+        )
 
 
 def _tensor(array: np.ndarray, dtype: type, device: str):  # -> torch.Tensor
@@ -321,8 +423,9 @@ def engine_accept_fn(*, backend: str = "torch", device: str = "cpu") -> AcceptFn
 
     from engine.sampling import speculative_accept
 
-    def accept(draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray,
-               uniforms: np.ndarray) -> np.ndarray:
+    def accept(
+        draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
+    ) -> np.ndarray:
         _require_float32("draft_probs", draft_probs)
         _require_float32("target_probs", target_probs)
         rows, vocab = target_probs.shape

@@ -33,9 +33,10 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -67,8 +67,10 @@ def assisted_trace(chunks: list[list[int]], num_assistant_tokens: int, max_new_t
         num_drafts = max(0, min(num_assistant_tokens, max_length - cur_len - 1))
         num_matches = len(chunk) - 1
         if not 0 <= num_matches <= num_drafts:
-            raise SUTError(f"round {index}: {len(chunk)} tokens after at most {num_drafts} drafts; "
-                           f"transformers' draft schedule is not the constant one this adapter assumes")
+            raise SUTError(
+                f"round {index}: {len(chunk)} tokens after at most {num_drafts} drafts; "
+                f"transformers' draft schedule is not the constant one this adapter assumes"
+            )
         last = BONUS if num_matches == num_drafts else CORRECTION
         tokens += chunk
         sources += [ACCEPTED] * num_matches + [last]

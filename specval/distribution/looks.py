@@ -19,15 +19,17 @@ on each other; it PASSes only at its last look, on every planned sample.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from specval.protocol import Protocol
 from specval.seeds import SeedRange
 from specval.stats.sequential import Boundary, look_sizes, spend
 
-RULE = ("at each look the gating criteria are decided at the look's share of alpha (Holm within each family); "
-        "the stage stops with FAIL at the first look that FAILs and PASSes only at the last look")
+RULE = (
+    "at each look the gating criteria are decided at the look's share of alpha (Holm within each family); "
+    "the stage stops with FAIL at the first look that FAILs and PASSes only at the last look"
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,9 @@ def schedule(protocol: Protocol, alpha: float) -> tuple[Look, ...]:
     spent = boundary(protocol, alpha)
     sizes = look_sizes(protocol.samples_per_group, spent.fractions)
     last = len(sizes) - 1
-    return tuple(Look(k, f, n, level, k == last) for k, (f, n, level) in enumerate(zip(spent.fractions, sizes,
-                                                                                       spent.levels)))
+    return tuple(
+        Look(k, f, n, level, k == last) for k, (f, n, level) in enumerate(zip(spent.fractions, sizes, spent.levels))
+    )
 
 
 def final_level(protocol: Protocol, alpha: float) -> float:
@@ -71,8 +74,9 @@ def segments(ranges: Sequence[SeedRange], looks: Sequence[Look]) -> list[SeedRan
     in the order of `ranges`, so that chunks never straddle a look (`collect.plan_chunks` splits
     each segment)."""
     bounds = [0] + [look.samples_per_group for look in looks]
-    return [dataclasses.replace(r, start=r.start + a, stop=r.start + b) for r in ranges
-            for a, b in zip(bounds, bounds[1:])]
+    return [
+        dataclasses.replace(r, start=r.start + a, stop=r.start + b) for r in ranges for a, b in zip(bounds, bounds[1:])
+    ]
 
 
 def look_protocol(protocol: Protocol, look: Look, alpha_stage2: float | None = None) -> Protocol:
@@ -82,8 +86,14 @@ def look_protocol(protocol: Protocol, look: Look, alpha_stage2: float | None = N
     confirmation = protocol.confirmation
     if alpha_stage2 is not None:
         confirmation = dataclasses.replace(confirmation, alpha_stage2=alpha_stage2)
-    return dataclasses.replace(protocol, alpha=look.level, samples_per_group=look.samples_per_group, sequential=None,
-                               confirmation=confirmation, file_hash=protocol.hash)
+    return dataclasses.replace(
+        protocol,
+        alpha=look.level,
+        samples_per_group=look.samples_per_group,
+        sequential=None,
+        confirmation=confirmation,
+        file_hash=protocol.hash,
+    )
 
 
 @dataclass(frozen=True)
@@ -97,12 +107,23 @@ class Walked:
 
 
 def _record(look: Look, summary: dict, failing: Callable[[dict], list[str]]) -> dict:
-    return {"look": look.index + 1, "fraction": look.fraction, "samples_per_group": look.samples_per_group,
-            "level": look.level, "verdict": summary["verdict"], "failing": failing(summary)}
+    return {
+        "look": look.index + 1,
+        "fraction": look.fraction,
+        "samples_per_group": look.samples_per_group,
+        "level": look.level,
+        "verdict": summary["verdict"],
+        "failing": failing(summary),
+    }
 
 
-def walk(looks: Sequence[Look], advance: Callable[[Look], None], evaluate: Callable[[Look], dict],
-         stops: Callable[[dict], bool], failing: Callable[[dict], list[str]]) -> Walked:
+def walk(
+    looks: Sequence[Look],
+    advance: Callable[[Look], None],
+    evaluate: Callable[[Look], dict],
+    stops: Callable[[dict], bool],
+    failing: Callable[[dict], list[str]],
+) -> Walked:
     """Advance to each look, evaluate it, and stop at the first look whose summary `stops` (or at
     the last). `failing(summary)`: the gating criteria that FAIL, for the look's record."""
     records = []
@@ -119,14 +140,25 @@ def block(protocol: Protocol, alpha: float, walked: Walked) -> dict:
     """The summary's `sequential` entry of one stage: the rule, the boundary, where it stopped."""
     spent = boundary(protocol, alpha)
     sizes = look_sizes(protocol.samples_per_group, spent.fractions)
-    return {"rule": RULE, "spending": spent.spending, "alpha": alpha, "looks": list(spent.fractions),
-            "levels": list(spent.levels), "samples_per_group": list(sizes), "num_looks": spent.num_looks,
-            "stopped_at_look": walked.look.index + 1, "stopped_early": not walked.look.is_final,
-            "samples_per_group_at_stop": walked.look.samples_per_group, "records": list(walked.records)}
+    return {
+        "rule": RULE,
+        "spending": spent.spending,
+        "alpha": alpha,
+        "looks": list(spent.fractions),
+        "levels": list(spent.levels),
+        "samples_per_group": list(sizes),
+        "num_looks": spent.num_looks,
+        "stopped_at_look": walked.look.index + 1,
+        "stopped_early": not walked.look.is_final,
+        "samples_per_group_at_stop": walked.look.samples_per_group,
+        "records": list(walked.records),
+    }
 
 
 def stop_text(entry: dict) -> str:
     """Where a stage stopped, in words: "stopped at look 1 of 4, 300 of 3000 samples per group"."""
     where = "stopped" if entry["stopped_early"] else "decided"
-    return (f"{where} at look {entry['stopped_at_look']} of {entry['num_looks']}, "
-            f"{entry['samples_per_group_at_stop']} of {entry['samples_per_group'][-1]} samples per group")
+    return (
+        f"{where} at look {entry['stopped_at_look']} of {entry['num_looks']}, "
+        f"{entry['samples_per_group_at_stop']} of {entry['samples_per_group'][-1]} samples per group"
+    )

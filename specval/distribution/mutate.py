@@ -34,9 +34,9 @@ import yaml
 
 from specval import bundle as bundles
 from specval import seeds
+from specval.distribution.reference import transform
 from specval.kinds import DISTRIBUTION_KIND, read_protocol_file
 from specval.protocol import Protocol, resolve
-from specval.distribution.reference import transform
 from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 from specval.sut import DEFAULT_ADAPTER, PlantedMutant, capabilities_of, load_adapter, open_sut
 
@@ -45,8 +45,13 @@ SEED_COLLISION = "seed_collision"
 LEDGER_CHECK = "seed_ledger"
 EVERY_RUNNER = ("temperature_twice", "top_k_ties_dropped", "top_p_boundary_excluded")  # change p of every runner
 BONUS_MUTANTS = ("bonus_wrong_position", "bonus_from_q")
-HARNESS_MUTANTS = (PlantedMutant(SEED_COLLISION, "every group of a run gets the same seed range",
-                                 visible_at="the seed ledger (refused before sampling)"),)
+HARNESS_MUTANTS = (
+    PlantedMutant(
+        SEED_COLLISION,
+        "every group of a run gets the same seed range",
+        visible_at="the seed ledger (refused before sampling)",
+    ),
+)
 
 
 # ---------------------------------------------------------------- exact t1 laws
@@ -57,8 +62,14 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def _spec_law(p: np.ndarray, s: np.ndarray, a: np.ndarray, accept: np.ndarray | None = None,
-              residual: np.ndarray | None = None, unnormalised: bool = False) -> np.ndarray:
+def _spec_law(
+    p: np.ndarray,
+    s: np.ndarray,
+    a: np.ndarray,
+    accept: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    unnormalised: bool = False,
+) -> np.ndarray:
     """Law of the first token of one step: x ~ s, accepted w.p. accept[x] (default min(1, p / a)),
     else drawn from `residual` (default max(p - a, 0)), renormalised unless `unnormalised`."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -94,8 +105,13 @@ def _boundary_excluded(p: np.ndarray, top_p: float) -> np.ndarray:
     return kept / kept.sum()
 
 
-def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, protocol: Protocol,
-           semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
+def t1_law(
+    name: str,
+    target_logits: np.ndarray,
+    draft_logits: np.ndarray,
+    protocol: Protocol,
+    semantics: FilterSemantics = DEFAULT_SEMANTICS,
+) -> np.ndarray | None:
     """Exact law of t1 of a speculative group under mutant `name` (None: not computed); p and q
     follow the adapter's filter `semantics`."""
     sampling, t = protocol.sampling, protocol.sampling.temperature
@@ -113,7 +129,9 @@ def t1_law(name: str, target_logits: np.ndarray, draft_logits: np.ndarray, proto
         "target_unfiltered": lambda: _spec_law(p_raw, q, q),
         "argmax_draft": lambda: _spec_law(p, hot, q),
         "temperature_twice": lambda: transform(target_logits / t, sampling, semantics),
-        "top_k_ties_dropped": lambda: _ties_dropped(target_logits, t, sampling.top_k) if sampling.top_p >= 1.0 else None,
+        "top_k_ties_dropped": lambda: (
+            _ties_dropped(target_logits, t, sampling.top_k) if sampling.top_p >= 1.0 else None
+        ),
         "top_p_boundary_excluded": lambda: _boundary_excluded(p, sampling.top_p),
         "float32_cdf": lambda: _spec_law(p, _float32_cdf_law(q), q),
     }
@@ -132,8 +150,9 @@ def _float32_cdf_law(p: np.ndarray) -> np.ndarray:
     return law / law.sum()
 
 
-def plain_law(name: str, target_logits: np.ndarray, protocol: Protocol,
-              semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray | None:
+def plain_law(
+    name: str, target_logits: np.ndarray, protocol: Protocol, semantics: FilterSemantics = DEFAULT_SEMANTICS
+) -> np.ndarray | None:
     """Exact law of t1 of a nospec group under mutant `name` (None: not computed)."""
     p = transform(target_logits, protocol.sampling, semantics)
     if name == "float32_cdf":
@@ -173,8 +192,9 @@ def bonus_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     prompt, semantics = sut.encode(protocol.prompt), capabilities_of(sut).semantics
     target = np.asarray(sut.target_logits(prompt), dtype=np.float64)
     p = transform(target, protocol.sampling, semantics)
-    after = {int(t): _filtered(sut.target_logits(prompt + [int(t)]), protocol, semantics)
-             for t in np.flatnonzero(p > 0)}
+    after = {
+        int(t): _filtered(sut.target_logits(prompt + [int(t)]), protocol, semantics) for t in np.flatnonzero(p > 0)
+    }
     out = {}
     for group in (g for g in protocol.groups if g.is_speculative):
         q = _filtered(sut.draft_logits(group, prompt), protocol, semantics)
@@ -226,8 +246,12 @@ def _group_size(protocol) -> int:
 
 def seed_collision_refused(protocol: Protocol, output: Path) -> bool:
     """True iff the ledger refuses a run whose groups all share one seed range (before sampling)."""
-    ranges = [seeds.SeedRange(protocol.name, "collision", g.name, protocol.seed_base,
-                              protocol.seed_base + max(_group_size(protocol), 1)) for g in protocol.groups]
+    ranges = [
+        seeds.SeedRange(
+            protocol.name, "collision", g.name, protocol.seed_base, protocol.seed_base + max(_group_size(protocol), 1)
+        )
+        for g in protocol.groups
+    ]
     try:
         seeds.check_disjoint(seeds.read_ledger(output), ranges)
     except seeds.SeedOverlapError:
@@ -258,8 +282,9 @@ def _gating_failures(summary: dict) -> dict[str, float | None]:
     nothing), else the stage-1 control/primary FAILs."""
     confirmed = summary.get("confirmation", {}).get("failing")
     if confirmed is None:
-        confirmed = [n for n, t in summary["tests"].items()
-                     if t["role"] in ("control", "primary") and t["verdict"] == "FAIL"]
+        confirmed = [
+            n for n, t in summary["tests"].items() if t["role"] in ("control", "primary") and t["verdict"] == "FAIL"
+        ]
     return {n: summary["tests"][n].get("p_value") for n in sorted(confirmed)}
 
 
@@ -274,8 +299,9 @@ def _exact_tv(name: str, sut, protocol: Protocol) -> dict[str, float | None]:
     if protocol.sut.adapter != DEFAULT_ADAPTER:  # the closed forms describe the engine's mutants only
         return {"t1": None, "t2": None}
     known = [v for v in t1_tv(name, sut, protocol).values() if v is not None]
-    second = [v for v in (bonus_tv(name, sut, protocol) | reused_uniform_tv(name, sut, protocol)).values()
-              if v is not None]
+    second = [
+        v for v in (bonus_tv(name, sut, protocol) | reused_uniform_tv(name, sut, protocol)).values() if v is not None
+    ]
     return {"t1": max(known) if known else None, "t2": max(second) if second else None}
 
 
@@ -305,9 +331,16 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
     cell = {"protocol": protocol.name, "file": str(protocol_file)}
     if mutant.name == SEED_COLLISION:
         refused = seed_collision_refused(protocol, root)
-        return cell | {"killed": refused, "verdict": "REFUSED" if refused else "RAN",
-                       "killed_by": [LEDGER_CHECK] if refused else [], "p_values": {}, "bundle": None,
-                       "tv": {"t1": None, "t2": None}, "mde": None, "mde_t1": None}
+        return cell | {
+            "killed": refused,
+            "verdict": "REFUSED" if refused else "RAN",
+            "killed_by": [LEDGER_CHECK] if refused else [],
+            "p_values": {},
+            "bundle": None,
+            "tv": {"t1": None, "t2": None},
+            "mde": None,
+            "mde_t1": None,
+        }
     tv = {"t1": None, "t2": None}
     if protocol.sut.adapter == DEFAULT_ADAPTER and distribution:
         sut = open_sut(protocol.sut, protocol.num_speculative_tokens)
@@ -315,8 +348,9 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
             tv = _exact_tv(mutant.name, sut, protocol)
         finally:
             sut.close()
-    path, summary = loaded.kind.runner()(file, profile, root, progress=False,
-                                         exploratory=True)  # a mutant protocol is a modified copy, never frozen
+    path, summary = loaded.kind.runner()(
+        file, profile, root, progress=False, exploratory=True
+    )  # a mutant protocol is a modified copy, never frozen
     cell |= _cost(path)
     failed = _gating_failures(summary)
     killing = [n for n in failed if summary["tests"][n]["mde_tv"] is not None]
@@ -324,13 +358,22 @@ def run_protocol(mutant, protocol_file: Path, profile: str | None, root: Path, s
     # too small for an MDE (out-of-support samples): its position still names where the bug showed
     position = _killing_position([n for n in failed if re.match(r"t\d+_", n)] or killing)
     mdes = [summary["tests"][n]["mde_tv"] for n in killing if n.startswith(position)]
-    return cell | {"killed": bool(failed), "verdict": summary["verdict"], "killed_by": sorted(failed),
-                   "p_values": failed, "bundle": str(path.relative_to(root.parent)), "tv": tv, "kill_position": position,
-                   "mde": max(mdes) if mdes else None, "mde_t1": _min_mde(summary, "t1_gof.")}
+    return cell | {
+        "killed": bool(failed),
+        "verdict": summary["verdict"],
+        "killed_by": sorted(failed),
+        "p_values": failed,
+        "bundle": str(path.relative_to(root.parent)),
+        "tv": tv,
+        "kill_position": position,
+        "mde": max(mdes) if mdes else None,
+        "mde_t1": _min_mde(summary, "t1_gof."),
+    }
 
 
-def run_mutant(mutant, protocol_files: list[Path], profile: str | None, root: Path,
-               samples: int | None) -> dict[str, Any]:
+def run_mutant(
+    mutant, protocol_files: list[Path], profile: str | None, root: Path, samples: int | None
+) -> dict[str, Any]:
     """Run one mutant through the suite, stopping at the first kill unless it is equivalent."""
     cells = []
     for protocol_file in protocol_files:
@@ -338,12 +381,19 @@ def run_mutant(mutant, protocol_files: list[Path], profile: str | None, root: Pa
         if cells[-1]["killed"] and not mutant.equivalent:
             break
     killer = next((c for c in cells if c["killed"]), None)
-    row = {"mutant": mutant.name, "equivalent": mutant.equivalent, "visible_at": mutant.visible_at,
-           "breaks": mutant.breaks, "killed": killer is not None, "runs": cells,
-           "killed_in": killer["protocol"] if killer else None, "killed_by": killer["killed_by"] if killer else [],
-           "p_values": killer["p_values"] if killer else {},
-           "samples_to_kill": killer.get("samples") if killer else None,
-           "seconds_to_kill": killer.get("seconds") if killer else None}
+    row = {
+        "mutant": mutant.name,
+        "equivalent": mutant.equivalent,
+        "visible_at": mutant.visible_at,
+        "breaks": mutant.breaks,
+        "killed": killer is not None,
+        "runs": cells,
+        "killed_in": killer["protocol"] if killer else None,
+        "killed_by": killer["killed_by"] if killer else [],
+        "p_values": killer["p_values"] if killer else {},
+        "samples_to_kill": killer.get("samples") if killer else None,
+        "seconds_to_kill": killer.get("seconds") if killer else None,
+    }
     known_t1 = [c["tv"]["t1"] for c in cells if c["tv"]["t1"] is not None]
     row["tv_t1"] = max(known_t1) if known_t1 else None
     mde_t1 = [c["mde_t1"] for c in cells if c["mde_t1"] is not None]
@@ -368,9 +418,11 @@ def expected_outcome(row: dict) -> bool:
     if row["killed"]:
         return True
     at_t1_only = str(row.get("visible_at") or "").startswith("t1") and not any(
-        f"t{k}" in str(row.get("visible_at")) for k in range(2, 10))
-    return (at_t1_only and row["tv_t1"] is not None and row["min_mde_t1"] is not None
-            and row["tv_t1"] < row["min_mde_t1"])
+        f"t{k}" in str(row.get("visible_at")) for k in range(2, 10)
+    )
+    return (
+        at_t1_only and row["tv_t1"] is not None and row["min_mde_t1"] is not None and row["tv_t1"] < row["min_mde_t1"]
+    )
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -378,19 +430,28 @@ def _number(value: float | None, digits: int = 3) -> str:
 
 
 def render(table: list[dict], command: str) -> str:
-    lines = [f"# Kill table\n\nCommand: `{command}`\n",
-             "| mutant | equivalent | killed | in protocol | by | exact TV (position) | MDE of the killing criterion | "
-             "smallest t1 MDE run | samples to kill | seconds to kill |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Kill table\n\nCommand: `{command}`\n",
+        "| mutant | equivalent | killed | in protocol | by | exact TV (position) | MDE of the killing criterion | "
+        "smallest t1 MDE run | samples to kill | seconds to kill |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in table:
-        by = ", ".join(f"{n} (p={p:.2g})" if isinstance(p, float) else n
-                       for n, p in ((n, row["p_values"].get(n)) for n in row["killed_by"])) or "-"
+        by = (
+            ", ".join(
+                f"{n} (p={p:.2g})" if isinstance(p, float) else n
+                for n, p in ((n, row["p_values"].get(n)) for n in row["killed_by"])
+            )
+            or "-"
+        )
         position = row.get("kill_position") or "t1"
         tv = row.get("tv_at_kill") if row["killed"] else row["tv_t1"]
-        lines.append(f"| {row['mutant']} | {'yes' if row['equivalent'] else 'no'} | {'yes' if row['killed'] else 'no'} | "
-                     f"{row['killed_in'] or '-'} | {by} | {_number(tv, 4)} ({position}) | "
-                     f"{_number(row.get('mde_at_kill'))} | {_number(row['min_mde_t1'])} | "
-                     f"{_number(row.get('samples_to_kill'), 6)} | {_number(row.get('seconds_to_kill'))} |")
+        lines.append(
+            f"| {row['mutant']} | {'yes' if row['equivalent'] else 'no'} | {'yes' if row['killed'] else 'no'} | "
+            f"{row['killed_in'] or '-'} | {by} | {_number(tv, 4)} ({position}) | "
+            f"{_number(row.get('mde_at_kill'))} | {_number(row['min_mde_t1'])} | "
+            f"{_number(row.get('samples_to_kill'), 6)} | {_number(row.get('seconds_to_kill'))} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -409,8 +470,10 @@ def suite_adapter(protocols: list[Protocol], files: list[Path]) -> str:
     adapters = {p.sut.adapter: f for p, f in zip(protocols, files)}
     if len(adapters) > 1:
         (first, a), (second, b) = list(adapters.items())[:2]
-        raise ValueError(f"the suite mixes adapters: {a} uses sut.adapter {first!r}, {b} uses {second!r}; "
-                         "mutate runs one adapter's mutants")
+        raise ValueError(
+            f"the suite mixes adapters: {a} uses sut.adapter {first!r}, {b} uses {second!r}; "
+            "mutate runs one adapter's mutants"
+        )
     return next(iter(adapters))
 
 
@@ -421,14 +484,21 @@ def adapter_mutants(adapter: str, names: tuple[str, ...] = ()) -> list[PlantedMu
     by_name = {m.name: m for m in listed}
     unknown = [n for n in names if n not in by_name]
     if unknown:
-        raise ValueError(f"--mutant {unknown[0]!r}: adapter {adapter!r} does not list it (it lists "
-                         f"{[m.name for m in listed]})")
+        raise ValueError(
+            f"--mutant {unknown[0]!r}: adapter {adapter!r} does not list it (it lists {[m.name for m in listed]})"
+        )
     return [by_name[n] for n in names] if names else listed
 
 
-def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, output: Path,
-           names: tuple[str, ...] = (), samples: int | None = None, command: str = "",
-           workers: int = 1) -> tuple[Path, list[dict]]:
+def mutate(
+    protocol_paths: tuple[Path, ...] | list[Path],
+    profile: str | None,
+    output: Path,
+    names: tuple[str, ...] = (),
+    samples: int | None = None,
+    command: str = "",
+    workers: int = 1,
+) -> tuple[Path, list[dict]]:
     """Run the suite against the named mutants of its adapter (all when `names` is empty), in
     `workers` processes; write the table (rows in the order of the mutant list, whatever `workers`)."""
     files = suite_files(protocol_paths)
@@ -446,7 +516,15 @@ def mutate(protocol_paths: tuple[Path, ...] | list[Path], profile: str | None, o
         table = [run_mutant(m, files, profile, r, samples) for m, r in zip(chosen, roots)]
     for row in table:
         row["as_expected"] = expected_outcome(row)
-    bundles.write_json(root / KILL_TABLE_JSON, {"protocols": [str(f) for f in files], "profile": profile,
-                                                "samples_per_group": samples, "command": command, "rows": table})
+    bundles.write_json(
+        root / KILL_TABLE_JSON,
+        {
+            "protocols": [str(f) for f in files],
+            "profile": profile,
+            "samples_per_group": samples,
+            "command": command,
+            "rows": table,
+        },
+    )
     (root / KILL_TABLE_MD).write_text(render(table, command))
     return root, table

@@ -17,12 +17,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specval.distribution.verdict import (
+    P_VALUED_KINDS,
+    applicable_groups,
+    criterion_name,
+    decision_levels,
+    family_sizes,
+    mde_label,
+    mde_power,
+)
 from specval.protocol import Protocol
 from specval.stats import power as powers
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR
 from specval.stats.results import StatResult
-from specval.distribution.verdict import (P_VALUED_KINDS, applicable_groups, criterion_name, decision_levels, family_sizes,
-                             mde_label, mde_power)
 
 MAX_SAMPLES = 10**9  # the search for a sample size gives up above this
 
@@ -73,8 +80,9 @@ class Detectable(StatResult):
 
 def mde_for(n: int, n_bins: int, alpha: float, power: float) -> Detectable:
     """Minimum detectable TV at n samples (per group for the homogeneity test), single stage."""
-    return Detectable(n, n_bins, alpha, power, _single_mde(n, n_bins, alpha, power),
-                      _single_mde(n / 2, n_bins, alpha, power))
+    return Detectable(
+        n, n_bins, alpha, power, _single_mde(n, n_bins, alpha, power), _single_mde(n / 2, n_bins, alpha, power)
+    )
 
 
 def protocol_bins(protocol: Protocol, vocab_size: int | None = None) -> int:
@@ -111,6 +119,9 @@ def protocol_plan(protocol: Protocol, vocab_size: int | None = None) -> list[Cri
         levels = decision_levels(protocol, test.role)
         mde = powers.criterion_mde(n, df, levels, mde_power(protocol.power, levels))
         for group in applicable_groups(protocol, test):
-            rows.append(CriterionPlan(criterion_name(test, group), test.role, sizes[test.role], levels, n, df, mde,
-                                      mde_label(test, group)))
+            rows.append(
+                CriterionPlan(
+                    criterion_name(test, group), test.role, sizes[test.role], levels, n, df, mde, mde_label(test, group)
+                )
+            )
     return rows

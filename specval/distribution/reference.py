@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -92,8 +92,9 @@ def transform(logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSeman
     return _softmax(rows, alive).reshape(shape)
 
 
-def draft_law(draft_logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics,
-              draft_kind: str) -> np.ndarray:
+def draft_law(
+    draft_logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics, draft_kind: str
+) -> np.ndarray:
     """q f64[V], the law a SUT drafts from, by its declared draft kind (`specval.sut.DRAFT_KINDS`):
     `filtered`: `transform` with the protocol's temperature, top-k and top-p; `temperature`: the
     softmax of logits / T, no truncation; `greedy`: the point mass at the argmax of the logits
@@ -141,7 +142,7 @@ class Reference:
         return {"vocab_size": self.vocab_size, "prompt_token_ids": list(self.prompt_token_ids), "dists": entries}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Reference":
+    def from_dict(cls, data: Mapping) -> Reference:
         """The inverse of `to_dict`; also reads format 2, whose `tokens` and `probs` are JSON
         lists (always both). A malformed entry raises ValueError naming the prefix."""
         vocab = int(data["vocab_size"])
@@ -162,8 +163,10 @@ def _decode(text: str, dtype: np.dtype, field: str, prefix: Prefix) -> np.ndarra
     except (binascii.Error, UnicodeEncodeError) as err:
         raise ValueError(f"dists prefix {list(prefix)}: {field} is not base64 ({err})") from err
     if len(raw) % dtype.itemsize:
-        raise ValueError(f"dists prefix {list(prefix)}: {field} holds {len(raw)} bytes, not a whole "
-                         f"number of {dtype.itemsize}-byte values")
+        raise ValueError(
+            f"dists prefix {list(prefix)}: {field} holds {len(raw)} bytes, not a whole "
+            f"number of {dtype.itemsize}-byte values"
+        )
     return np.frombuffer(raw, dtype=dtype)
 
 
@@ -172,8 +175,9 @@ def _dense(entry: Mapping, vocab: int, prefix: Prefix) -> np.ndarray:
     values, tokens = entry["probs"], entry.get("tokens")
     if isinstance(values, str):
         values = _decode(values, PROBS_DTYPE, "probs", prefix).astype(np.float64)
-        tokens = (np.arange(vocab) if tokens is None
-                  else _decode(tokens, TOKENS_DTYPE, "tokens", prefix).astype(np.int64))
+        tokens = (
+            np.arange(vocab) if tokens is None else _decode(tokens, TOKENS_DTYPE, "tokens", prefix).astype(np.int64)
+        )
     else:
         values = np.asarray(values, dtype=np.float64)
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -205,16 +209,21 @@ def _distinct_rows(rows: np.ndarray, base: int) -> list[Prefix]:
     read as one k-digit number in `base` where that fits an int64 (a 1-D unique: ~10x faster
     than `np.unique(axis=0)` at 1.3 M rows), else by `np.unique(axis=0)`."""
     k = rows.shape[1]
-    if base ** k >= 2**62:
+    if base**k >= 2**62:
         return list(map(tuple, np.unique(rows, axis=0).tolist()))
     weights = base ** np.arange(k - 1, -1, -1, dtype=np.int64)  # most significant first
     keys = np.unique(rows @ weights)
     return list(map(tuple, ((keys[:, None] // weights) % base).tolist()))
 
 
-def build_reference(target_logits: Callable[[list[int]], np.ndarray], prompt_ids: Sequence[int],
-                    prefixes: Iterable[Prefix], sampling: SamplingSpec, vocab_size: int,
-                    semantics: FilterSemantics = DEFAULT_SEMANTICS) -> Reference:
+def build_reference(
+    target_logits: Callable[[list[int]], np.ndarray],
+    prompt_ids: Sequence[int],
+    prefixes: Iterable[Prefix],
+    sampling: SamplingSpec,
+    vocab_size: int,
+    semantics: FilterSemantics = DEFAULT_SEMANTICS,
+) -> Reference:
     """Replay the target model serially on prompt + prefix and apply `transform` (under `semantics`) in float64.
     Prefixes holding a token outside [0, vocab_size) are skipped (no model can replay them)."""
     dists = {}

@@ -26,8 +26,8 @@ import datetime as dt
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -35,20 +35,26 @@ import pandas as pd
 from specval import bundle as bundles
 from specval import lifecycle, report, seeds
 from specval.distribution import collect, looks, sharding
+from specval.distribution.reference import Reference, build_reference, draft_law, needed_prefixes, point_mass, transform
+from specval.distribution.verdict import (
+    FAIL,
+    STOP_POINT,
+    applicable_groups,
+    confirm,
+    confirms,
+    evaluate,
+    gating_failures,
+    needs_second_stage,
+)
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded, probe
-from specval.protocol import (FROZEN, Protocol, ProtocolError, check_registered, load_protocol,
-                              parse_protocol, resolve)
-from specval.distribution.reference import (Reference, build_reference, draft_law, needed_prefixes, point_mass,
-                                            transform)
+from specval.protocol import FROZEN, Protocol, ProtocolError, check_registered, load_protocol, parse_protocol, resolve
 from specval.report.figure_pool import FigurePool, worker_count
+from specval.semantics import FilterSemantics
 from specval.stats import montecarlo, quadrature
 from specval.stats.quadrature import adversarial_pairs
-from specval.semantics import FilterSemantics
 from specval.stopwatch import Stopwatch
 from specval.sut import DRAFT_GREEDY, SUT, SutFactory, capabilities_of, open_sut
-from specval.distribution.verdict import (FAIL, STOP_POINT, applicable_groups, confirm, confirms, evaluate,
-                                          gating_failures, needs_second_stage)
 
 ADVERSARIAL_VOCAB = 16  # vocabulary of the synthetic adversarial (p, q) pairs
 ADVERSARIAL_SEED = 0  # fixed: the adversarial pairs are part of the protocol, not of the run
@@ -65,8 +71,9 @@ def _ranges(plan: bundles.RunPlan, run: str) -> list[seeds.SeedRange]:
 # ---------------------------------------------------------------- start or resume
 
 
-def prepare(protocol_file: Path, profile: str | None, exploratory: bool = False,
-            parsed: Protocol | None = None) -> tuple[Protocol, Protocol, str]:
+def prepare(
+    protocol_file: Path, profile: str | None, exploratory: bool = False, parsed: Protocol | None = None
+) -> tuple[Protocol, Protocol, str]:
     """Load the protocol (`parsed`, when the caller has parsed `protocol_file` already), check its
     registration in frozen.lock (a protocol that is not frozen, or changed since, runs only when
     `exploratory`), apply the profile: (as written, resolved, state)."""
@@ -75,17 +82,35 @@ def prepare(protocol_file: Path, profile: str | None, exploratory: bool = False,
     return base, resolve(base, profile), state
 
 
-def start(protocol_file: Path, base: Protocol, protocol: Protocol, output: Path,
-          seed_offset: int | None = None, registration: str = FROZEN,
-          exploratory: bool = False, semantics: FilterSemantics | None = None) -> tuple[Path, list[seeds.SeedRange]]:
+def start(
+    protocol_file: Path,
+    base: Protocol,
+    protocol: Protocol,
+    output: Path,
+    seed_offset: int | None = None,
+    registration: str = FROZEN,
+    exploratory: bool = False,
+    semantics: FilterSemantics | None = None,
+) -> tuple[Path, list[seeds.SeedRange]]:
     """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet);
     run.json records the filter semantics the reference will follow (`semantics`, when given)."""
-    path, ranges = lifecycle.claim_bundle(output, protocol.name, [g.name for g in protocol.groups],
-                                          protocol.samples_per_group, protocol.seed_base, seed_offset)
-    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
-                           tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
-                           exploratory=exploratory,
-                           semantics=tuple(sorted(semantics.to_dict().items())) if semantics else ())
+    path, ranges = lifecycle.claim_bundle(
+        output,
+        protocol.name,
+        [g.name for g in protocol.groups],
+        protocol.samples_per_group,
+        protocol.seed_base,
+        seed_offset,
+    )
+    plan = bundles.RunPlan(
+        protocol.name,
+        protocol.hash,
+        protocol.profile,
+        tuple((r.group, r.start, r.stop) for r in ranges),
+        registration=registration,
+        exploratory=exploratory,
+        semantics=tuple(sorted(semantics.to_dict().items())) if semantics else (),
+    )
     lifecycle.record_plan(path, protocol_file, base, plan)
     return path, ranges
 
@@ -115,19 +140,27 @@ def quadrature_laws(sut: SUT, protocol: Protocol, prompt_ids: list[int]) -> dict
     semantics, kind = capabilities.semantics, capabilities.draft_kind
     p = transform(sut.target_logits(prompt_ids), protocol.sampling, semantics).astype(sut.prob_dtype)
     for name in applicable_groups(protocol, tests[0]):
-        q = draft_law(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling, semantics,
-                      kind).astype(sut.prob_dtype)
+        q = draft_law(sut.draft_logits(protocol.group(name), prompt_ids), protocol.sampling, semantics, kind).astype(
+            sut.prob_dtype
+        )
         if q.tobytes() not in swept:
             swept[q.tobytes()] = _law("model_prompt", p, q, sut, tests[0].tol)
         laws[name] = [swept[q.tobytes()]]
     rng = np.random.default_rng(ADVERSARIAL_SEED)
-    laws["adversarial"] = [_law(pair.name, pair.p.astype(sut.prob_dtype), _drafted(pair.q, kind).astype(sut.prob_dtype),
-                                sut, tests[0].tol)
-                           for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)]
+    laws["adversarial"] = [
+        _law(pair.name, pair.p.astype(sut.prob_dtype), _drafted(pair.q, kind).astype(sut.prob_dtype), sut, tests[0].tol)
+        for pair in adversarial_pairs(ADVERSARIAL_VOCAB, rng)
+    ]
     stop_p, stop_q = quadrature.stop_point_case(sut.prob_dtype)
-    laws[STOP_POINT] = [{"name": "p_zero_at_u_accept_0", "kind": STOP_POINT, "p": stop_p.astype(np.float64).tolist(),
-                         "q": stop_q.astype(np.float64).tolist(),
-                         "first_token": quadrature.stop_point_token(sut.accept_single, sut.prob_dtype)}]
+    laws[STOP_POINT] = [
+        {
+            "name": "p_zero_at_u_accept_0",
+            "kind": STOP_POINT,
+            "p": stop_p.astype(np.float64).tolist(),
+            "q": stop_q.astype(np.float64).tolist(),
+            "first_token": quadrature.stop_point_token(sut.accept_single, sut.prob_dtype),
+        }
+    ]
     return laws
 
 
@@ -141,17 +174,30 @@ def _law(name: str, p: np.ndarray, q: np.ndarray, sut: SUT, tol: float) -> dict:
     """One sweep on p, q cut to their supports (plus QUADRATURE_ZERO_TOKENS zero-mass tokens)."""
     p_cut, q_cut, tokens = quadrature.restrict_to_support(p, q, QUADRATURE_ZERO_TOKENS)
     result = quadrature.quadrature_check(p_cut, q_cut, sut.accept_single, tol, grid_size=QUADRATURE_GRID_SIZE)
-    return {"name": name, "tokens": tokens.tolist(), "prob_dtype": np.dtype(sut.prob_dtype).name,
-            "grid_size": result.grid_size, "p": np.asarray(p_cut, dtype=np.float64).tolist(),
-            "q": np.asarray(q_cut, dtype=np.float64).tolist(), "law": result.law.tolist(),
-            "error_mass": result.error_mass, "num_rows": result.num_rows}
+    return {
+        "name": name,
+        "tokens": tokens.tolist(),
+        "prob_dtype": np.dtype(sut.prob_dtype).name,
+        "grid_size": result.grid_size,
+        "p": np.asarray(p_cut, dtype=np.float64).tolist(),
+        "q": np.asarray(q_cut, dtype=np.float64).tolist(),
+        "law": result.law.tolist(),
+        "error_mass": result.error_mass,
+        "num_rows": result.num_rows,
+    }
 
 
 def reference_for(sut: SUT, protocol: Protocol, prompt_ids: list[int], tokens: np.ndarray) -> Reference:
     """The reference laws of every prefix that occurs in `tokens` (int64[N, positions]), replayed
     through the SUT's target logits under its declared filter semantics."""
-    return build_reference(sut.target_logits, prompt_ids, needed_prefixes(tokens, sut.vocab_size), protocol.sampling,
-                           sut.vocab_size, capabilities_of(sut).semantics)
+    return build_reference(
+        sut.target_logits,
+        prompt_ids,
+        needed_prefixes(tokens, sut.vocab_size),
+        protocol.sampling,
+        sut.vocab_size,
+        capabilities_of(sut).semantics,
+    )
 
 
 def token_matrix(frame, positions: int) -> np.ndarray:
@@ -159,8 +205,9 @@ def token_matrix(frame, positions: int) -> np.ndarray:
     return frame[collect.token_columns(positions)].to_numpy(dtype=np.int64)
 
 
-def _write_reference(directory: Path, sut: SUT, protocol: Protocol, prompt_ids: list[int],
-                     samples: pd.DataFrame) -> None:
+def _write_reference(
+    directory: Path, sut: SUT, protocol: Protocol, prompt_ids: list[int], samples: pd.DataFrame
+) -> None:
     """reference.json of one stage, from the prefixes that occur in its `samples`."""
     reference = reference_for(sut, protocol, prompt_ids, token_matrix(samples, protocol.positions))
     bundles.write_json(directory / bundles.REFERENCE_FILE, reference.to_dict())
@@ -179,8 +226,14 @@ def claim_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
     if recorded:
         return recorded
     output = path.parent
-    planned = seeds.allocate(seeds.read_ledger(output), protocol.name, path.name + STAGE2_RUN_SUFFIX,
-                             [g.name for g in protocol.groups], protocol.samples_per_group, protocol.seed_base)
+    planned = seeds.allocate(
+        seeds.read_ledger(output),
+        protocol.name,
+        path.name + STAGE2_RUN_SUFFIX,
+        [g.name for g in protocol.groups],
+        protocol.samples_per_group,
+        protocol.seed_base,
+    )
     seeds.claim(output, planned)
     plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
     plan = dataclasses.replace(plan, stage2_ranges=tuple((r.group, r.start, r.stop) for r in planned))
@@ -199,9 +252,16 @@ class Analysis:
     collect_stage2_s: float
 
 
-def analyse(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT,
-            progress: bool = False, sampler: collect.ChunkSampler | None = None,
-            pool: FigurePool | None = None, watch: Stopwatch | None = None) -> Analysis:
+def analyse(
+    path: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    sut: SUT,
+    progress: bool = False,
+    sampler: collect.ChunkSampler | None = None,
+    pool: FigurePool | None = None,
+    watch: Stopwatch | None = None,
+) -> Analysis:
     """Reference, quadrature, stage 2 when the protocol calls for it (collected by `sampler`), and
     the summary of a bundle whose stage-1 samples are complete.
 
@@ -254,8 +314,14 @@ ANALYSIS_STEPS = {  # the manifest's `analysis_steps`: seconds of wall time per 
 }
 
 
-def _stage_summary(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], laws: dict,
-                   samples: pd.DataFrame | None = None, stream: str = montecarlo.CURRENT_STREAM) -> dict:
+def _stage_summary(
+    directory: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    laws: dict,
+    samples: pd.DataFrame | None = None,
+    stream: str = montecarlo.CURRENT_STREAM,
+) -> dict:
     """One stage's summary from its samples (read from `directory` unless given) and reference in
     `directory` (the bundle or stage2/), its Monte Carlo draws from `stream`."""
     if samples is None:
@@ -271,26 +337,34 @@ def recorded_stream(path: Path) -> str:
     if not (path / bundles.SUMMARY_FILE).is_file():
         return montecarlo.CURRENT_STREAM
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    return summary.get(MC_STREAM_KEY, montecarlo.LEGACY_STREAM) if isinstance(summary, dict) else \
-        montecarlo.CURRENT_STREAM
+    return (
+        summary.get(MC_STREAM_KEY, montecarlo.LEGACY_STREAM) if isinstance(summary, dict) else montecarlo.CURRENT_STREAM
+    )
 
 
-def recompute(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], first: dict | None = None,
-              second_samples: pd.DataFrame | None = None) -> dict:
+def recompute(
+    path: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    first: dict | None = None,
+    second_samples: pd.DataFrame | None = None,
+) -> dict:
     """The summary recomputed from the bundle's files alone (raw samples, references, laws), both
     stages of a two-stage protocol included; `first`: stage 1's summary (`_stage_summary`), and
     `second_samples`: the stage-2 samples, when the caller has just read them from these files.
     The Monte Carlo draws come from the stream the bundle recorded (`recorded_stream`)."""
     if protocol.sequential is not None:
-        return _with_plan(path, summarise_looks(path, protocol, ranges, _read_look, _recorded_stage2).summary,
-                          recorded_stream(path))
+        return _with_plan(
+            path, summarise_looks(path, protocol, ranges, _read_look, _recorded_stage2).summary, recorded_stream(path)
+        )
     laws, stream = bundles.read_json(path / bundles.QUADRATURE_FILE), recorded_stream(path)
     first, second = first if first is not None else _stage_summary(path, protocol, ranges, laws, stream=stream), None
     if needs_second_stage(protocol, first):
         stage2 = stage2_ranges(path)
         if not stage2:
-            raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} "
-                                      "records no stage-2 seed ranges")
+            raise bundles.BundleError(
+                f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} records no stage-2 seed ranges"
+            )
         level2 = dataclasses.replace(protocol, alpha=protocol.alpha_stage2, file_hash=protocol.hash)
         second = _stage_summary(path / bundles.STAGE2_DIR, level2, stage2, laws, second_samples, stream)
     return _with_plan(path, confirm(protocol, first, second), stream)
@@ -324,9 +398,15 @@ class Looked:
     samples: pd.DataFrame
 
 
-def _walk_stage(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRange], alpha: float,
-                context: tuple[dict, str, float | None], advance: Advance,
-                stops: Callable[[dict], bool]) -> tuple[looks.Walked, pd.DataFrame]:
+def _walk_stage(
+    directory: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    alpha: float,
+    context: tuple[dict, str, float | None],
+    advance: Advance,
+    stops: Callable[[dict], bool],
+) -> tuple[looks.Walked, pd.DataFrame]:
     """One stage (`directory`: the bundle or stage2/) walked look by look (`looks.walk`), each look
     evaluated from the stage's files; `context`: the quadrature laws, the Monte Carlo stream, the
     second stage's final level (None: one stage). BundleError when the stage holds samples beyond
@@ -338,19 +418,32 @@ def _walk_stage(directory: Path, protocol: Protocol, ranges: list[seeds.SeedRang
         held["samples"] = advance(directory, ranges, look)
 
     def evaluate(look: looks.Look) -> dict:
-        return _stage_summary(directory, looks.look_protocol(protocol, look, final2),
-                              looks.prefix(ranges, look.samples_per_group), laws, held["samples"], stream)
+        return _stage_summary(
+            directory,
+            looks.look_protocol(protocol, look, final2),
+            looks.prefix(ranges, look.samples_per_group),
+            laws,
+            held["samples"],
+            stream,
+        )
 
     walked = looks.walk(looks.schedule(protocol, alpha), reach, evaluate, stops, gating_failures)
     collected = collect.collected_size(directory, ranges)
     if collected != walked.look.samples_per_group:
-        raise bundles.BundleError(f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group, but the looks "
-                                  f"stop at look {walked.look.index + 1} ({walked.look.samples_per_group})")
+        raise bundles.BundleError(
+            f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group, but the looks "
+            f"stop at look {walked.look.index + 1} ({walked.look.samples_per_group})"
+        )
     return walked, held["samples"]
 
 
-def summarise_looks(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], advance: Advance,
-                    stage2: Callable[[Path, Protocol], list[seeds.SeedRange]]) -> Looked:
+def summarise_looks(
+    path: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    advance: Advance,
+    stage2: Callable[[Path, Protocol], list[seeds.SeedRange]],
+) -> Looked:
     """The summary of a sequential protocol's bundle: stage 1 look by look (stopping at its first
     FAIL), then, when it FAILed on p-valued criteria only and the protocol has two stages, stage 2
     look by look on `stage2(path, protocol)`'s ranges (stopping at the first look that confirms a
@@ -359,15 +452,26 @@ def summarise_looks(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange
     two = protocol.confirmation.is_two_stage
     final2 = looks.final_level(protocol, protocol.alpha_stage2) if two else None
     context = (bundles.read_json(path / bundles.QUADRATURE_FILE), recorded_stream(path), final2)
-    first, samples = _walk_stage(path, protocol, ranges, protocol.alpha, context, advance,
-                                 lambda s: s["verdict"] == FAIL)
+    first, samples = _walk_stage(
+        path, protocol, ranges, protocol.alpha, context, advance, lambda s: s["verdict"] == FAIL
+    )
     second = None
     if needs_second_stage(protocol, first.summary):
-        second, _ = _walk_stage(path / bundles.STAGE2_DIR, protocol, stage2(path, protocol), protocol.alpha_stage2,
-                                context, advance, lambda s: confirms(first.summary, s))
+        second, _ = _walk_stage(
+            path / bundles.STAGE2_DIR,
+            protocol,
+            stage2(path, protocol),
+            protocol.alpha_stage2,
+            context,
+            advance,
+            lambda s: confirms(first.summary, s),
+        )
     summary = confirm(protocol, first.summary, second.summary if second else None)
-    summary["protocol"] = {**summary["protocol"], "alpha": protocol.alpha,
-                           "samples_per_group": protocol.samples_per_group}
+    summary["protocol"] = {
+        **summary["protocol"],
+        "alpha": protocol.alpha,
+        "samples_per_group": protocol.samples_per_group,
+    }
     summary["sequential"] = looks.block(protocol, protocol.alpha, first)
     summary["reason"] += f" (sequential: {looks.stop_text(summary['sequential'])})"
     if second is not None:
@@ -381,16 +485,19 @@ def _read_look(directory: Path, ranges: list[seeds.SeedRange], look: looks.Look)
     """verify's `Advance`: the stage's samples of the look's first seeds, from the chunks present."""
     collected = collect.collected_size(directory, ranges)
     if look.samples_per_group > collected:
-        raise bundles.BundleError(f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group end before "
-                                  f"look {look.index + 1} ({look.samples_per_group}), and no earlier look stopped")
+        raise bundles.BundleError(
+            f"{directory / bundles.SAMPLES_DIR}: {collected} samples per group end before "
+            f"look {look.index + 1} ({look.samples_per_group}), and no earlier look stopped"
+        )
     return collect.load_samples(directory, looks.prefix(ranges, look.samples_per_group), exact=False)
 
 
 def _recorded_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
     recorded = stage2_ranges(path)
     if not recorded:
-        raise bundles.BundleError(f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} records no "
-                                  "stage-2 seed ranges")
+        raise bundles.BundleError(
+            f"{path}: stage 1 FAILed a two-stage protocol but {bundles.RUN_FILE} records no stage-2 seed ranges"
+        )
     return recorded
 
 
@@ -401,8 +508,9 @@ class Collector:
     A resumed run may find chunks of a later look already written (it was killed inside that look):
     each look reads only its own first seeds. Counts the samples drawn and the seconds spent collecting, per stage directory."""
 
-    def __init__(self, sut: SUT, protocol: Protocol, progress: bool, sampler: collect.ChunkSampler | None,
-                 watch: Stopwatch) -> None:
+    def __init__(
+        self, sut: SUT, protocol: Protocol, progress: bool, sampler: collect.ChunkSampler | None, watch: Stopwatch
+    ) -> None:
         self.sut, self.protocol, self.progress, self.sampler, self.watch = sut, protocol, progress, sampler, watch
         self.prompt_ids = sut.encode(protocol.prompt)
         self.drawn: dict[Path, int] = {}
@@ -412,8 +520,15 @@ class Collector:
     def __call__(self, directory: Path, ranges: list[seeds.SeedRange], look: looks.Look) -> pd.DataFrame:
         done = looks.schedule(self.protocol, self.protocol.alpha)[: look.index + 1]
         start = time.perf_counter()
-        drawn = collect.collect(self.sut, self.protocol, self.prompt_ids, looks.segments(ranges, done), directory,
-                                self.progress, self.sampler)
+        drawn = collect.collect(
+            self.sut,
+            self.protocol,
+            self.prompt_ids,
+            looks.segments(ranges, done),
+            directory,
+            self.progress,
+            self.sampler,
+        )
         self.seconds[directory] = self.seconds.get(directory, 0.0) + time.perf_counter() - start
         self.drawn[directory] = self.drawn.get(directory, 0) + drawn
         with self.watch.step("load_s"):
@@ -426,16 +541,28 @@ class Collector:
         known = self._laws.setdefault(directory, {})
         tokens = token_matrix(samples, self.protocol.positions)
         new = [p for p in needed_prefixes(tokens, self.sut.vocab_size) if p not in known]
-        fresh = build_reference(self.sut.target_logits, self.prompt_ids, new, self.protocol.sampling,
-                                self.sut.vocab_size, capabilities_of(self.sut).semantics)
+        fresh = build_reference(
+            self.sut.target_logits,
+            self.prompt_ids,
+            new,
+            self.protocol.sampling,
+            self.sut.vocab_size,
+            capabilities_of(self.sut).semantics,
+        )
         known.update(fresh.dists)
         reference = Reference(self.sut.vocab_size, tuple(self.prompt_ids), dict(known))
         bundles.write_json(directory / bundles.REFERENCE_FILE, reference.to_dict())
 
 
-def analyse_looks(path: Path, protocol: Protocol, ranges: list[seeds.SeedRange], sut: SUT, progress: bool = False,
-                  sampler: collect.ChunkSampler | None = None,
-                  watch: Stopwatch | None = None) -> tuple[Analysis, int, float]:
+def analyse_looks(
+    path: Path,
+    protocol: Protocol,
+    ranges: list[seeds.SeedRange],
+    sut: SUT,
+    progress: bool = False,
+    sampler: collect.ChunkSampler | None = None,
+    watch: Stopwatch | None = None,
+) -> tuple[Analysis, int, float]:
     """Collect and decide a sequential protocol's bundle look by look (`summarise_looks` with a
     `Collector`), write summary.json: (analysis, stage-1 samples drawn now, seconds collecting them).
     The quadrature sweeps come first: a broken accept kernel FAILs at the first look."""
@@ -469,12 +596,22 @@ def open_checked(protocol: Protocol, protocol_file: Path, sut_factory: SutFactor
     return sut
 
 
-def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
-        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
-        sut_factory: SutFactory | None = None, command: list[str] | None = None,
-        announce: Callable[[Path], None] | None = None,
-        shards: sharding.ShardGroup | None = None, figure_workers: int | None = None,
-        parsed: Protocol | None = None) -> tuple[Path, dict]:
+def run(
+    protocol_file: Path | None,
+    profile: str | None,
+    output: Path,
+    *,
+    resume: Path | None = None,
+    exploratory: bool = False,
+    seed_offset: int | None = None,
+    progress: bool = True,
+    sut_factory: SutFactory | None = None,
+    command: list[str] | None = None,
+    announce: Callable[[Path], None] | None = None,
+    shards: sharding.ShardGroup | None = None,
+    figure_workers: int | None = None,
+    parsed: Protocol | None = None,
+) -> tuple[Path, dict]:
     """Run (or resume) a protocol and write a complete bundle; returns (bundle, summary).
 
     Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
@@ -511,8 +648,9 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             if shards is not None:
                 sharding.open_ranks(shards, protocol)  # every rank's adapter probed before any seed is claimed
             if resume is None:
-                path, ranges = start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
-                                     semantics)
+                path, ranges = start(
+                    Path(protocol_file), base, protocol, output, seed_offset, state, exploratory, semantics
+                )
             else:
                 path = Path(resume)
                 check_resumed_semantics(path, semantics)
@@ -541,9 +679,13 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             pngs = pending() if pending else report.figures(path, analysis.summary, analysis.samples)
         if pool:
             pool.release()  # the workers exit while the bundle is sealed; leaving the block joins them
-        phases = {"setup_s": t0 - clock, "collect_s": collect_s,
-                  "analysis_s": t2 - t0 - collect_s - analysis.collect_stage2_s,
-                  "report_s": time.perf_counter() - t2, "analysis_steps": watch.seconds()}
+        phases = {
+            "setup_s": t0 - clock,
+            "collect_s": collect_s,
+            "analysis_s": t2 - t0 - collect_s - analysis.collect_stage2_s,
+            "report_s": time.perf_counter() - t2,
+            "analysis_steps": watch.seconds(),
+        }
         if compiled is not None:
             phases["kernel_compile"] = compiled
         timing = lifecycle.run_timing(started, clock, collect_s, drawn, phases)
@@ -576,8 +718,10 @@ def check_resumed_semantics(path: Path, semantics: FilterSemantics) -> None:
     recorded = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).semantics
     before = FilterSemantics.from_dict(dict(recorded))
     if before != semantics:
-        raise ProtocolError(f"{path / bundles.RUN_FILE}: semantics: the bundle was started under filter semantics "
-                            f"({before.describe()}) but the adapter now declares ({semantics.describe()})")
+        raise ProtocolError(
+            f"{path / bundles.RUN_FILE}: semantics: the bundle was started under filter semantics "
+            f"({before.describe()}) but the adapter now declares ({semantics.describe()})"
+        )
 
 
 def finish(path: Path, pngs: dict[str, bytes] | None = None) -> None:

@@ -45,10 +45,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -56,7 +57,7 @@ from specval.distribution.collect import Chunk, Keep, collect_chunk
 from specval.execution import EXIT_INTERRUPTED
 from specval.preflight import SUTRaised, open_guarded, probe
 from specval.protocol import Protocol, ProtocolError, load_protocol
-from specval.sut import SUT, SutFactory, SUTError, open_sut
+from specval.sut import SUT, SUTError, SutFactory, open_sut
 
 LEADER = 0  # the rank that claims seeds and writes the bundle
 GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
@@ -203,8 +204,9 @@ def _share(chunks: tuple[Chunk, ...] | list[Chunk], first: int, rank: int) -> Ch
     return chunks[index] if index < len(chunks) else None
 
 
-def _attempt(sut: Any, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None,
-             rank: int) -> tuple[Chunk, pd.DataFrame] | Failure | None:
+def _attempt(
+    sut: Any, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None, rank: int
+) -> tuple[Chunk, pd.DataFrame] | Failure | None:
     """A serving rank collects one chunk; an exception becomes a Failure, so that every rank
     reaches the gather."""
     if chunk is None:
@@ -250,8 +252,9 @@ def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk
     return sample
 
 
-def _lead_round(group: ShardGroup, sut: SUT, protocol: Protocol, prompt_ids: list[int],
-                chunk: Chunk | None) -> tuple[list[Any], BaseException | None]:
+def _lead_round(
+    group: ShardGroup, sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None
+) -> tuple[list[Any], BaseException | None]:
     """Rank 0's part of one round: collect its chunk and gather every rank's; returns the gathered
     results and the round's failure (rank 0's own first, else the lowest failed rank's)."""
     error: BaseException | None = None

@@ -27,21 +27,22 @@ verdict; a deterministic failure in either stage FAILs the run.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from specval.distribution import looks
 from specval.distribution.collect import COUNT_COLUMNS
-from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.distribution.reference import Reference
+from specval.protocol import GATING_ROLES, ROLES, Protocol, TestSpec
 from specval.stats import montecarlo, multiplicity, power
 from specval.stats.confirmation import two_stage
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR
-from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 from specval.stats.quadrature import exact_law, rounding_allowance, stop_point_passed
+from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 from specval.sut import SOURCES
 
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
@@ -78,8 +79,9 @@ def prefix_groups(keys: np.ndarray) -> tuple[list[tuple[int, ...]], list[np.ndar
     return [tuple(int(t) for t in ordered[i]) for i in starts], np.split(order, starts[1:])
 
 
-def path_strata(tokens: np.ndarray, paths: np.ndarray, position: int) -> list[tuple[tuple[int, ...], tuple[int, ...],
-                                                                                  np.ndarray]]:
+def path_strata(
+    tokens: np.ndarray, paths: np.ndarray, position: int
+) -> list[tuple[tuple[int, ...], tuple[int, ...], np.ndarray]]:
     """Strata of (prefix, path): paths[N, n] holds each token's source code (index in SOURCES)."""
     keyed = np.concatenate([tokens[:, : position - 1], paths[:, : position - 1]], axis=1)
     with_key = np.concatenate([keyed, tokens[:, position - 1 : position]], axis=1)
@@ -110,19 +112,28 @@ def group_data(samples: pd.DataFrame, group: str, positions: int, vocab_size: in
     any integer a SUT returned)."""
     rows = samples[samples["group"] == group]
     tokens = rows[[f"t{k}" for k in range(1, positions + 1)]].to_numpy(dtype=np.int64)
-    paths = np.stack([source_codes(rows[f"src{k}"]) for k in range(1, positions + 1)], axis=1) \
-        if len(rows) else tokens.copy()
+    paths = (
+        np.stack([source_codes(rows[f"src{k}"]) for k in range(1, positions + 1)], axis=1)
+        if len(rows)
+        else tokens.copy()
+    )
     in_range = np.all(tokens >= 0, axis=1) & (np.all(tokens < vocab_size, axis=1) if vocab_size else True)
     counts = rows[list(COUNT_COLUMNS)].to_numpy(dtype=np.int64)
-    impossible = np.any(counts < 0, axis=1) | (rows["num_accepted_tokens"].to_numpy() >
-                                               rows["num_draft_tokens"].to_numpy())
+    impossible = np.any(counts < 0, axis=1) | (
+        rows["num_accepted_tokens"].to_numpy() > rows["num_draft_tokens"].to_numpy()
+    )
     return GroupData(tokens[in_range], paths[in_range], int((~in_range).sum()), int(impossible.sum()))
 
 
 def _coverage(strata_total: int, strata_covered: int, samples_total: int, samples_covered: int) -> dict[str, Any]:
     fraction = samples_covered / samples_total if samples_total else 0.0
-    return {"strata_total": strata_total, "strata_covered": strata_covered, "samples_total": samples_total,
-            "samples_covered": samples_covered, "fraction": float(fraction)}
+    return {
+        "strata_total": strata_total,
+        "strata_covered": strata_covered,
+        "samples_total": samples_total,
+        "samples_covered": samples_covered,
+        "fraction": float(fraction),
+    }
 
 
 def _coverage_floor(protocol: Protocol) -> float:
@@ -136,7 +147,7 @@ def _coverage_floor(protocol: Protocol) -> float:
 
 def family_sizes(protocol: Protocol) -> dict[str, int]:
     """Number of p-valued criteria per family (role): Holm's m, fixed by the protocol before any data."""
-    sizes = {role: 0 for role in ROLES}
+    sizes = dict.fromkeys(ROLES, 0)
     for test in protocol.tests:
         if test.kind in P_VALUED_KINDS:
             sizes[test.role] += len(applicable_groups(protocol, test))
@@ -167,8 +178,11 @@ def mde_label(test: TestSpec, group: str) -> str:
     given = "" if test.position == 1 else " given " + ", ".join(f"t{k}" for k in range(1, test.position))
     given += " and the path" if test.by_path else ""
     pair = f" between {group} and {test.baseline}" if test.kind == "homogeneity" else ""
-    pooled = ("" if test.position == 1 else
-              ", mean over strata weighted by " + ("n_a n_b / (n_a + n_b)" if test.kind == "homogeneity" else "n_s"))
+    pooled = (
+        ""
+        if test.position == 1
+        else ", mean over strata weighted by " + ("n_a n_b / (n_a + n_b)" if test.kind == "homogeneity" else "n_s")
+    )
     return f"TV of {target}{given}{pair} between pooled cells{pooled}"
 
 
@@ -205,31 +219,63 @@ def _stratum_counts(tokens: np.ndarray, position: int, paths: np.ndarray | None,
     if paths is None:
         parts = [(prefix, prefix, target) for prefix, target in strata(tokens, position)]
     else:
-        parts = [((prefix, tuple(SOURCES[c] for c in path)), prefix, target)
-                 for prefix, path, target in path_strata(tokens, paths, position)]
+        parts = [
+            ((prefix, tuple(SOURCES[c] for c in path)), prefix, target)
+            for prefix, path, target in path_strata(tokens, paths, position)
+        ]
     return [(key, prefix, *_support_counts(target, supports(prefix))) for key, prefix, target in parts]
 
 
-def _gof(protocol: Protocol, test: TestSpec, group: str, parts: list, total: int, supports,
-         level: float, rng: np.random.Generator, with_mde: bool) -> dict:
+def _gof(
+    protocol: Protocol,
+    test: TestSpec,
+    group: str,
+    parts: list,
+    total: int,
+    supports,
+    level: float,
+    rng: np.random.Generator,
+    with_mde: bool,
+) -> dict:
     out_of_support = sum(outside for *_, outside in parts)
     result = None
     if any(counts.sum() for _, _, counts, _ in parts):
-        result = stratified_gof([(key, counts, supports(prefix).probs) for key, prefix, counts, _ in parts],
-                                stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
-                                level=level, rng=rng)
+        result = stratified_gof(
+            [(key, counts, supports(prefix).probs) for key, prefix, counts, _ in parts],
+            stratum_min=protocol.stratum_min,
+            min_expected=protocol.min_expected,
+            level=level,
+            rng=rng,
+        )
     covered = int(result.n) if result else 0
     coverage = _coverage(len(parts), result.num_strata if result else 0, total, covered)
     return _criterion(protocol, test, group, None, result, out_of_support, total, coverage, with_mde)
 
 
-def _homogeneity(protocol: Protocol, test: TestSpec, group: str, parts_a: list, parts_b: list, totals: tuple,
-                 supports, level: float, rng: np.random.Generator, with_mde: bool) -> dict:
+def _homogeneity(
+    protocol: Protocol,
+    test: TestSpec,
+    group: str,
+    parts_a: list,
+    parts_b: list,
+    totals: tuple,
+    supports,
+    level: float,
+    rng: np.random.Generator,
+    with_mde: bool,
+) -> dict:
     by_key_b = {key: counts for key, _, counts, _ in parts_b}
-    both = [(key, counts, by_key_b.get(key, np.zeros_like(counts)), supports(prefix).probs)
-            for key, prefix, counts, _ in parts_a]
-    result = stratified_homogeneity(both, stratum_min=protocol.stratum_min, min_expected=protocol.min_expected,
-                                    level=level, rng=rng) if both else None
+    both = [
+        (key, counts, by_key_b.get(key, np.zeros_like(counts)), supports(prefix).probs)
+        for key, prefix, counts, _ in parts_a
+    ]
+    result = (
+        stratified_homogeneity(
+            both, stratum_min=protocol.stratum_min, min_expected=protocol.min_expected, level=level, rng=rng
+        )
+        if both
+        else None
+    )
     shared = [(a, b) for _, a, b, _ in both if a.sum() and b.sum()]
     covered = int(sum(a.sum() + b.sum() for a, b in shared))
     strata_total = len(set(by_key_b) | {key for key, *_ in parts_a})
@@ -260,8 +306,17 @@ def _key_dict(key: tuple, by_path: bool) -> dict:
     return {"prefix": list(key[0]), "path": list(key[1])} if by_path else {"prefix": list(key)}
 
 
-def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | None, result: StratifiedResult | None,
-               out_of_support: int, planned: int, coverage: dict, with_mde: bool) -> dict:
+def _criterion(
+    protocol: Protocol,
+    test: TestSpec,
+    group: str,
+    baseline: str | None,
+    result: StratifiedResult | None,
+    out_of_support: int,
+    planned: int,
+    coverage: dict,
+    with_mde: bool,
+) -> dict:
     floor = _coverage_floor(protocol)
     if out_of_support:
         verdict, reason = FAIL, f"{out_of_support} sample(s) on tokens of reference probability 0"
@@ -271,19 +326,48 @@ def _criterion(protocol: Protocol, test: TestSpec, group: str, baseline: str | N
         verdict, reason = INCONCLUSIVE, f"coverage {coverage['fraction']:.3g} below the pre-registered {floor:.3g}"
     else:
         verdict, reason = None, ""
-    stats_ = ({"statistic": result.statistic, "df": result.df, "p_value": result.p_value,
-               "num_strata": result.num_strata, "num_joint_strata": result.num_joint_strata,
-               "num_cells": result.num_cells, "monte_carlo": result.mc.to_dict(),
-               "strata": [_stratum_row(row, test.by_path) for row in result.components]}
-              if result else {"statistic": None, "df": None, "p_value": None, "num_strata": 0,
-                              "num_joint_strata": 0, "num_cells": 0, "monte_carlo": None, "strata": []})
+    stats_ = (
+        {
+            "statistic": result.statistic,
+            "df": result.df,
+            "p_value": result.p_value,
+            "num_strata": result.num_strata,
+            "num_joint_strata": result.num_joint_strata,
+            "num_cells": result.num_cells,
+            "monte_carlo": result.mc.to_dict(),
+            "strata": [_stratum_row(row, test.by_path) for row in result.components],
+        }
+        if result
+        else {
+            "statistic": None,
+            "df": None,
+            "p_value": None,
+            "num_strata": 0,
+            "num_joint_strata": 0,
+            "num_cells": 0,
+            "monte_carlo": None,
+            "strata": [],
+        }
+    )
     if out_of_support:
         stats_["p_value"] = 0.0
-    return {"kind": test.kind, "role": test.role, "group": group, "baseline": baseline,
-            "position": test.position, **stats_, "out_of_support": out_of_support,
-            **_mde(protocol, test, group, result, with_mde), "p_adjusted": None, "alpha": None,
-            "planned_n": planned, "effective_n": coverage["samples_covered"], "coverage": coverage,
-            "verdict": verdict, "reason": reason}
+    return {
+        "kind": test.kind,
+        "role": test.role,
+        "group": group,
+        "baseline": baseline,
+        "position": test.position,
+        **stats_,
+        "out_of_support": out_of_support,
+        **_mde(protocol, test, group, result, with_mde),
+        "p_adjusted": None,
+        "alpha": None,
+        "planned_n": planned,
+        "effective_n": coverage["samples_covered"],
+        "coverage": coverage,
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def _finite(value: float) -> float | None:
@@ -303,10 +387,17 @@ def _legacy_quadrature(test: TestSpec, pairs: list) -> tuple[dict, str, str, flo
     checked = [(pair["name"], *_legacy_pair_error(pair, test.tol)) for pair in pairs]
     worst = max(checked, key=lambda c: c[1])
     failed = [c[0] for c in checked if not c[2]]
-    reason = (f"exact law differs from p beyond tol {test.tol:.3g} for: {', '.join(failed)}" if failed else
-              f"{len(checked)} pair(s), max |law - p| = {worst[1]:.3g} <= tol {test.tol:.3g} (+ normalisation slack)")
-    return ({c[0]: {"max_abs_error": c[1], "passed": c[2]} for c in checked}, FAIL if failed else PASS, reason,
-            worst[1])
+    reason = (
+        f"exact law differs from p beyond tol {test.tol:.3g} for: {', '.join(failed)}"
+        if failed
+        else f"{len(checked)} pair(s), max |law - p| = {worst[1]:.3g} <= tol {test.tol:.3g} (+ normalisation slack)"
+    )
+    return (
+        {c[0]: {"max_abs_error": c[1], "passed": c[2]} for c in checked},
+        FAIL if failed else PASS,
+        reason,
+        worst[1],
+    )
 
 
 def _pair_error(pair: Mapping, tol: float) -> dict:
@@ -318,44 +409,84 @@ def _pair_error(pair: Mapping, tol: float) -> dict:
     mass_error = abs(float(pair["error_mass"]) - exact_error)
     resolution = 1.0 / int(pair["grid_size"])
     allowance = tol + rounding_allowance(np.dtype(pair["prob_dtype"]))
-    return {"max_abs_error": error, "error_mass_error": mass_error, "resolution": resolution,
-            "allowance": allowance, "law_deviation": float(np.abs(exact - p / p.sum()).max()),
-            "passed": bool(max(error, mass_error) <= resolution + allowance)}
+    return {
+        "max_abs_error": error,
+        "error_mass_error": mass_error,
+        "resolution": resolution,
+        "allowance": allowance,
+        "law_deviation": float(np.abs(exact - p / p.sum()).max()),
+        "passed": bool(max(error, mass_error) <= resolution + allowance),
+    }
 
 
 def _stop_point(pair: Mapping) -> dict:
-    return {"first_token": int(pair["first_token"]),
-            "passed": stop_point_passed(np.asarray(pair["p"], dtype=np.float64), int(pair["first_token"]))}
+    return {
+        "first_token": int(pair["first_token"]),
+        "passed": stop_point_passed(np.asarray(pair["p"], dtype=np.float64), int(pair["first_token"])),
+    }
 
 
 def _swept_quadrature(test: TestSpec, pairs: list) -> tuple[dict, str, str, float]:
-    checked = {pair["name"]: _stop_point(pair) if pair.get("kind") == STOP_POINT else _pair_error(pair, test.tol)
-               for pair in pairs}
+    checked = {
+        pair["name"]: _stop_point(pair) if pair.get("kind") == STOP_POINT else _pair_error(pair, test.tol)
+        for pair in pairs
+    }
     failed = [name for name, c in checked.items() if not c["passed"]]
     swept = [c for c in checked.values() if "max_abs_error" in c]
     if not swept:  # the stop point alone
         token = next(iter(checked.values()))["first_token"]
-        return checked, FAIL if failed else PASS, (
-            f"a draft with p = 0 at u_accept = 0 emitted token {token}" + (
-                " (it must be rejected)" if failed else ", a correction: rejected as it must be")), 0.0
+        return (
+            checked,
+            FAIL if failed else PASS,
+            (
+                f"a draft with p = 0 at u_accept = 0 emitted token {token}"
+                + (" (it must be rejected)" if failed else ", a correction: rejected as it must be")
+            ),
+            0.0,
+        )
     worst = max(swept, key=lambda c: c["max_abs_error"])
     bound = f"resolution {worst['resolution']:.3g} + allowance {worst['allowance']:.2g}"
     if failed:
-        return checked, FAIL, f"swept law differs from the exact law beyond {bound} for: {', '.join(failed)}", \
-            worst["max_abs_error"]
+        return (
+            checked,
+            FAIL,
+            f"swept law differs from the exact law beyond {bound} for: {', '.join(failed)}",
+            worst["max_abs_error"],
+        )
     deviation = max(c["law_deviation"] for c in swept)
-    return checked, PASS, (f"{len(swept)} pair(s), max |swept law - exact law| = {worst['max_abs_error']:.3g} <= "
-                           f"{bound}; exact law vs p / T_p: max {deviation:.3g} (normalisation, reported only)"), \
-        worst["max_abs_error"]
+    return (
+        checked,
+        PASS,
+        (
+            f"{len(swept)} pair(s), max |swept law - exact law| = {worst['max_abs_error']:.3g} <= "
+            f"{bound}; exact law vs p / T_p: max {deviation:.3g} (normalisation, reported only)"
+        ),
+        worst["max_abs_error"],
+    )
 
 
 def _quadrature(test: TestSpec, name: str, pairs: list) -> dict:
     is_legacy = all("grid_size" not in pair and pair.get("kind") != STOP_POINT for pair in pairs)
     checked, verdict, reason, statistic = (_legacy_quadrature if is_legacy else _swept_quadrature)(test, pairs)
-    return {"kind": test.kind, "role": test.role, "group": name, "baseline": None, "position": None,
-            "statistic": statistic, "df": None, "p_value": None, "p_adjusted": None, "alpha": None,
-            "tol": test.tol, "mde_tv": None, "planned_n": None, "effective_n": None,
-            "pairs": checked, "verdict": verdict, "reason": reason}
+    return {
+        "kind": test.kind,
+        "role": test.role,
+        "group": name,
+        "baseline": None,
+        "position": None,
+        "statistic": statistic,
+        "df": None,
+        "p_value": None,
+        "p_adjusted": None,
+        "alpha": None,
+        "tol": test.tol,
+        "mde_tv": None,
+        "planned_n": None,
+        "effective_n": None,
+        "pairs": checked,
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 # ---------------------------------------------------------------- applicability
@@ -383,10 +514,25 @@ def quadrature_names(protocol: Protocol, test: TestSpec, stored: Mapping[str, ob
 
 def _validity(kind: str, group: str, failures: int, what: str) -> dict:
     verdict = FAIL if failures else PASS
-    return {"kind": "validity", "check": kind, "role": "control", "group": group, "baseline": None,
-            "position": None, "statistic": failures, "df": None, "p_value": None, "p_adjusted": None,
-            "alpha": None, "mde_tv": None, "planned_n": None, "effective_n": None, "out_of_support": 0,
-            "verdict": verdict, "reason": f"{failures} sample(s) {what}"}
+    return {
+        "kind": "validity",
+        "check": kind,
+        "role": "control",
+        "group": group,
+        "baseline": None,
+        "position": None,
+        "statistic": failures,
+        "df": None,
+        "p_value": None,
+        "p_adjusted": None,
+        "alpha": None,
+        "mde_tv": None,
+        "planned_n": None,
+        "effective_n": None,
+        "out_of_support": 0,
+        "verdict": verdict,
+        "reason": f"{failures} sample(s) {what}",
+    }
 
 
 def _out_of_support(data: GroupData, ref: Reference) -> int:
@@ -402,13 +548,16 @@ def _validity_tests(protocol: Protocol, data: Mapping[str, GroupData], ref: Refe
     """Deterministic validity criteria of every group: what no correct SUT can ever return."""
     tests = {}
     for group, rows in data.items():
-        tests[f"{OUT_OF_RANGE}.{group}"] = _validity(OUT_OF_RANGE, group, rows.num_out_of_range,
-                                                     "with a token outside [0, vocab_size)")
-        tests[f"{IMPOSSIBLE_COUNTS}.{group}"] = _validity(IMPOSSIBLE_COUNTS, group, rows.num_impossible,
-                                                          "with a negative count or accepted > drafted tokens")
+        tests[f"{OUT_OF_RANGE}.{group}"] = _validity(
+            OUT_OF_RANGE, group, rows.num_out_of_range, "with a token outside [0, vocab_size)"
+        )
+        tests[f"{IMPOSSIBLE_COUNTS}.{group}"] = _validity(
+            IMPOSSIBLE_COUNTS, group, rows.num_impossible, "with a negative count or accepted > drafted tokens"
+        )
         if ref is not None and len(rows.tokens):
-            tests[f"{OUT_OF_SUPPORT}.{group}"] = _validity(OUT_OF_SUPPORT, group, _out_of_support(rows, ref),
-                                                           "with a token of reference probability 0")
+            tests[f"{OUT_OF_SUPPORT}.{group}"] = _validity(
+                OUT_OF_SUPPORT, group, _out_of_support(rows, ref), "with a token of reference probability 0"
+            )
     return tests
 
 
@@ -429,9 +578,15 @@ def supports_of(ref: Reference) -> Callable[[tuple], Support]:
     return support
 
 
-def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[str, int], supports,
-                      seed_keys: Mapping[str, str], with_mde: bool = True,
-                      stream: str = montecarlo.CURRENT_STREAM) -> dict[str, dict]:
+def statistical_tests(
+    protocol: Protocol,
+    source: StrataSource,
+    totals: Mapping[str, int],
+    supports,
+    seed_keys: Mapping[str, str],
+    with_mde: bool = True,
+    stream: str = montecarlo.CURRENT_STREAM,
+) -> dict[str, dict]:
     """Every gof and homogeneity criterion from per-stratum token counts (verdicts left to Holm).
 
     `source` gives a group's strata at a position; `totals[g]` its tested rows; `seed_keys[g]` a
@@ -452,17 +607,31 @@ def statistical_tests(protocol: Protocol, source: StrataSource, totals: Mapping[
                 rng = montecarlo.criterion_rng(digest, name, seed_keys[group], stream=stream)
                 tests[name] = _gof(protocol, test, group, parts, totals[group], supports, level, rng, with_mde)
             else:
-                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], seed_keys[test.baseline],
-                                               stream=stream)
+                rng = montecarlo.criterion_rng(digest, name, seed_keys[group], seed_keys[test.baseline], stream=stream)
                 base = source(test.baseline, test.position, False)
-                tests[name] = _homogeneity(protocol, test, group, parts, base,
-                                           (totals[group], totals[test.baseline]), supports, level, rng, with_mde)
+                tests[name] = _homogeneity(
+                    protocol,
+                    test,
+                    group,
+                    parts,
+                    base,
+                    (totals[group], totals[test.baseline]),
+                    supports,
+                    level,
+                    rng,
+                    with_mde,
+                )
     return tests
 
 
-def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | None,
-                    quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]],
-                    stream: str) -> dict[str, dict]:
+def _evaluate_tests(
+    protocol: Protocol,
+    samples: pd.DataFrame,
+    ref: Reference | None,
+    quadrature: Mapping[str, Mapping],
+    ranges: Mapping[str, tuple[int, int]],
+    stream: str,
+) -> dict[str, dict]:
     vocab = ref.vocab_size if ref is not None else None
     data = {g.name: group_data(samples, g.name, protocol.positions, vocab) for g in protocol.groups}
     tests = _validity_tests(protocol, data, ref)
@@ -478,13 +647,17 @@ def _evaluate_tests(protocol: Protocol, samples: pd.DataFrame, ref: Reference | 
     def source(group: str, position: int, by_path: bool) -> list:
         if (group, position, by_path) not in memo:
             rows = data[group]
-            memo[group, position, by_path] = _stratum_counts(rows.tokens, position, rows.paths if by_path else None,
-                                                             supports)
+            memo[group, position, by_path] = _stratum_counts(
+                rows.tokens, position, rows.paths if by_path else None, supports
+            )
         return memo[group, position, by_path]
 
     seed_keys = {g: f"{g}:{ranges[g][0]}-{ranges[g][1]}" for g in data}
-    tests.update(statistical_tests(protocol, source, {g: len(d.tokens) for g, d in data.items()}, supports,
-                                   seed_keys, stream=stream))
+    tests.update(
+        statistical_tests(
+            protocol, source, {g: len(d.tokens) for g, d in data.items()}, supports, seed_keys, stream=stream
+        )
+    )
     return tests
 
 
@@ -505,8 +678,11 @@ def _apply_holm(tests: dict[str, dict], alpha: float, target_power: float) -> di
             rejected = bool(adjusted.rejected[name])
             test["verdict"] = FAIL if rejected else PASS
             test["reason"] = _pvalue_reason(test, rejected, alpha, target_power)
-        families[role] = {"method": "holm", "alpha": alpha, "criteria": sorted(n for n, t in tests.items()
-                                                                             if t["role"] == role)}
+        families[role] = {
+            "method": "holm",
+            "alpha": alpha,
+            "criteria": sorted(n for n, t in tests.items() if t["role"] == role),
+        }
     return families
 
 
@@ -515,8 +691,11 @@ def _pvalue_reason(test: dict, rejected: bool, alpha: float, target_power: float
     if rejected:
         return f"Holm-adjusted p = {p:.3g} < alpha = {alpha}"
     mde = test["mde_tv"]
-    detect = (f"; {test['mde_label']} >= {mde:.3g} would have been detected with power >= {target_power}"
-              if mde is not None else "")
+    detect = (
+        f"; {test['mde_label']} >= {mde:.3g} would have been detected with power >= {target_power}"
+        if mde is not None
+        else ""
+    )
     return f"Holm-adjusted p = {p:.3g} >= alpha = {alpha}{detect}"
 
 
@@ -547,50 +726,86 @@ def group_facts(protocol: Protocol, samples: pd.DataFrame, ranges: Mapping[str, 
     for group in protocol.groups:
         rows = samples[samples["group"] == group.name]
         drafts, accepted = int(rows["num_draft_tokens"].sum()), int(rows["num_accepted_tokens"].sum())
-        sources = {f"t{k}": {str(s): int(c) for s, c in sorted(rows[f"src{k}"].value_counts().items())}
-                   for k in range(1, protocol.positions + 1)}
-        facts[group.name] = {"mode": group.mode, "draft_loops": group.draft_loops,
-                             "seed_start": ranges[group.name][0], "seed_stop": ranges[group.name][1],
-                             "planned_n": protocol.samples_per_group, "effective_n": int(len(rows)),
-                             "num_draft_tokens": drafts, "num_accepted_tokens": accepted,
-                             "acceptance_rate": accepted / drafts if drafts else None,
-                             "num_rounds": int(rows["num_rounds"].sum()), "sources": sources}
+        sources = {
+            f"t{k}": {str(s): int(c) for s, c in sorted(rows[f"src{k}"].value_counts().items())}
+            for k in range(1, protocol.positions + 1)
+        }
+        facts[group.name] = {
+            "mode": group.mode,
+            "draft_loops": group.draft_loops,
+            "seed_start": ranges[group.name][0],
+            "seed_stop": ranges[group.name][1],
+            "planned_n": protocol.samples_per_group,
+            "effective_n": int(len(rows)),
+            "num_draft_tokens": drafts,
+            "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafts if drafts else None,
+            "num_rounds": int(rows["num_rounds"].sum()),
+            "sources": sources,
+        }
     return facts
 
 
-def evaluate(protocol: Protocol, samples: pd.DataFrame, reference: Reference | None,
-             quadrature: Mapping[str, Mapping], ranges: Mapping[str, tuple[int, int]],
-             stream: str = montecarlo.CURRENT_STREAM) -> dict:
+def evaluate(
+    protocol: Protocol,
+    samples: pd.DataFrame,
+    reference: Reference | None,
+    quadrature: Mapping[str, Mapping],
+    ranges: Mapping[str, tuple[int, int]],
+    stream: str = montecarlo.CURRENT_STREAM,
+) -> dict:
     """The full summary (see docs/harness.md, "summary.json"): deterministic in its inputs, the
     Monte Carlo `stream` included."""
     tests = _evaluate_tests(protocol, samples, reference, quadrature, ranges, stream)
     families, verdict, reason = decide(tests, protocol)
-    return {"schema_version": SCHEMA_VERSION, "verdict": verdict, "reason": reason,
-            "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
-                         "alpha": protocol.alpha, "power": protocol.power, "stratum_min": protocol.stratum_min,
-                         "min_expected": protocol.min_expected, "multiplicity": protocol.multiplicity,
-                         "positions": protocol.positions, "samples_per_group": protocol.samples_per_group},
-            "groups": group_facts(protocol, samples, ranges), "families": families, "tests": tests}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "verdict": verdict,
+        "reason": reason,
+        "protocol": {
+            "name": protocol.name,
+            "hash": protocol.hash,
+            "profile": protocol.profile,
+            "alpha": protocol.alpha,
+            "power": protocol.power,
+            "stratum_min": protocol.stratum_min,
+            "min_expected": protocol.min_expected,
+            "multiplicity": protocol.multiplicity,
+            "positions": protocol.positions,
+            "samples_per_group": protocol.samples_per_group,
+        },
+        "groups": group_facts(protocol, samples, ranges),
+        "families": families,
+        "tests": tests,
+    }
 
 
 # ---------------------------------------------------------------- two-stage confirmation
 
 
-CONFIRMATION_RULE = ("per criterion: a gating criterion that FAILs stage 1 takes its stage-2 verdict (fresh disjoint "
-                     "seeds, same groups and sizes, alpha_stage2); a failed quadrature check or an out-of-support "
-                     "sample FAILs at once, without a second stage")
+CONFIRMATION_RULE = (
+    "per criterion: a gating criterion that FAILs stage 1 takes its stage-2 verdict (fresh disjoint "
+    "seeds, same groups and sizes, alpha_stage2); a failed quadrature check or an out-of-support "
+    "sample FAILs at once, without a second stage"
+)
 
 
 def deterministic_failures(tests: Mapping[str, dict]) -> list[str]:
     """Gating FAILs that no second stage may overturn: quadrature checks and out-of-support samples."""
-    return sorted(n for n, t in tests.items() if t["role"] in GATING_ROLES and t["verdict"] == FAIL
-                  and (t["kind"] in DETERMINISTIC_KINDS or t.get("out_of_support")))
+    return sorted(
+        n
+        for n, t in tests.items()
+        if t["role"] in GATING_ROLES
+        and t["verdict"] == FAIL
+        and (t["kind"] in DETERMINISTIC_KINDS or t.get("out_of_support"))
+    )
 
 
 def needs_second_stage(protocol: Protocol, first: Mapping) -> bool:
     """True iff the protocol has two stages and stage 1 FAILed on p-valued gating criteria only."""
-    return (protocol.confirmation.is_two_stage and first["verdict"] == FAIL
-            and not deterministic_failures(first["tests"]))
+    return (
+        protocol.confirmation.is_two_stage and first["verdict"] == FAIL and not deterministic_failures(first["tests"])
+    )
 
 
 def confirms(first: Mapping, second: Mapping) -> bool:
@@ -609,8 +824,13 @@ def _gating_failures(tests: Mapping[str, dict]) -> list[str]:
 
 
 def _num_gating_families(tests: Mapping[str, dict]) -> int:
-    return len({t["role"] for t in tests.values() if t["role"] in GATING_ROLES and t["p_value"] is not None
-                and t["kind"] != "quadrature"})
+    return len(
+        {
+            t["role"]
+            for t in tests.values()
+            if t["role"] in GATING_ROLES and t["p_value"] is not None and t["kind"] != "quadrature"
+        }
+    )
 
 
 def _two_stage_verdict(first: Mapping[str, dict], second: Mapping[str, dict]) -> tuple[str, str, list[str]]:
@@ -619,13 +839,17 @@ def _two_stage_verdict(first: Mapping[str, dict], second: Mapping[str, dict]) ->
     FAILs its criterion whatever stage 1 said: it is proof of a bug, not a chance deviation."""
     retried = _gating_failures(first)
     proven = deterministic_failures(second)
-    merged = {n: ({**t, "verdict": second[n]["verdict"]} if n in retried or n in proven else t)
-              for n, t in first.items()}
+    merged = {
+        n: ({**t, "verdict": second[n]["verdict"]} if n in retried or n in proven else t) for n, t in first.items()
+    }
     verdict, reason = run_verdict(merged)
     outcome = ", ".join(f"{n} {second[n]['verdict']}" for n in retried)
     outcome += "".join(f"; deterministic stage-2 failure: {n}" for n in proven if n not in retried)
-    return verdict, f"{reason} (two stages; stage 1 failed {', '.join(retried)}; stage 2: {outcome})", \
-        _gating_failures(merged)
+    return (
+        verdict,
+        f"{reason} (two stages; stage 1 failed {', '.join(retried)}; stage 2: {outcome})",
+        _gating_failures(merged),
+    )
 
 
 def _rates(protocol: Protocol, families: int) -> dict[str, Any]:
@@ -643,10 +867,17 @@ def confirm(protocol: Protocol, first: dict, second: dict | None = None) -> dict
     least both stages' MDE of a criterion FAILs it in both with probability >= power ** 2.
     """
     tests = first["tests"]
-    block = {"stages": protocol.confirmation.stages, "rule": CONFIRMATION_RULE, "alpha_stage1": protocol.alpha,
-             "alpha_stage2": protocol.alpha_stage2 if protocol.confirmation.is_two_stage else None,
-             "gating_families": _num_gating_families(tests), "deterministic": deterministic_failures(tests),
-             "triggered": second is not None, "failing": _gating_failures(tests), "stage2": None}
+    block = {
+        "stages": protocol.confirmation.stages,
+        "rule": CONFIRMATION_RULE,
+        "alpha_stage1": protocol.alpha,
+        "alpha_stage2": protocol.alpha_stage2 if protocol.confirmation.is_two_stage else None,
+        "gating_families": _num_gating_families(tests),
+        "deterministic": deterministic_failures(tests),
+        "triggered": second is not None,
+        "failing": _gating_failures(tests),
+        "stage2": None,
+    }
     block.update(_rates(protocol, block["gating_families"]))
     summary = {**first, "confirmation": block}
     if second is not None:

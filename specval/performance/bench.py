@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -43,11 +44,16 @@ from tqdm import tqdm
 
 from specval import bundle as bundles
 from specval import lifecycle, seeds
+from specval.execution import guard_bundle
+from specval.performance.protocol import (
+    ARM_KEYS,
+    PerformanceProtocol,
+    load_performance_protocol,
+    parse_performance_protocol,
+    resolve,
+)
 from specval.performance.report import render_files
 from specval.performance.summary import COLUMNS, PAIR, ScheduledRun, schedule, seed_start, summarise
-from specval.execution import guard_bundle
-from specval.performance.protocol import (ARM_KEYS, PerformanceProtocol, load_performance_protocol,
-                                          parse_performance_protocol, resolve)
 from specval.preflight import ADAPTER_FAULTS, GuardedSUT, SUTRaised, check_writable_dir, sut_raised
 from specval.protocol import GroupSpec, ProtocolError, check_registered
 
@@ -66,13 +72,21 @@ def engine_config(protocol: PerformanceProtocol, key: str):
     arm = protocol.arm(key)
     extra = {} if arm.mode != "async" else {"rounds_in_flight": arm.rounds_in_flight}
     try:
-        return adapter.engine_config(model=protocol.sut.model, dtype=protocol.sut.dtype, mode=arm.mode,
-                            num_speculative_tokens=protocol.num_speculative_tokens, draft_loops=arm.draft_loops,
-                            device=protocol.device, enforce_eager=arm.enforce_eager, **extra,
-                            **dict(protocol.sut.options))
+        return adapter.engine_config(
+            model=protocol.sut.model,
+            dtype=protocol.sut.dtype,
+            mode=arm.mode,
+            num_speculative_tokens=protocol.num_speculative_tokens,
+            draft_loops=arm.draft_loops,
+            device=protocol.device,
+            enforce_eager=arm.enforce_eager,
+            **extra,
+            **dict(protocol.sut.options),
+        )
     except (ValueError, TypeError) as err:
-        raise ProtocolError(f"{protocol.name}: arm {key} ({arm.name}): the engine refuses its configuration: "
-                            f"{err}") from err
+        raise ProtocolError(
+            f"{protocol.name}: arm {key} ({arm.name}): the engine refuses its configuration: {err}"
+        ) from err
 
 
 def build_engines(protocol: PerformanceProtocol) -> dict:
@@ -165,8 +179,10 @@ def check_capabilities(protocol: PerformanceProtocol, sut: Any) -> None:
     for capability, value, key in _needs(protocol):
         declared = getattr(capabilities, capability)
         if value not in declared:
-            raise ProtocolError(f"{protocol.name}: {key}: adapter {protocol.sut.adapter!r} does not support "
-                                f"{value!r} (its capabilities.{capability}: {list(declared)})")
+            raise ProtocolError(
+                f"{protocol.name}: {key}: adapter {protocol.sut.adapter!r} does not support "
+                f"{value!r} (its capabilities.{capability}: {list(declared)})"
+            )
 
 
 def build_adapter_arms(protocol: PerformanceProtocol) -> dict:
@@ -216,8 +232,12 @@ def time_adapter_run(protocol: PerformanceProtocol, arm: AdapterArm, index: int,
     try:
         _synchronize(protocol)
         start = clock_ns()
-        batches = [arm.sut.sample(arm.group, list(arm.prompt_ids[p]), sampling, seeds, protocol.max_tokens,
-                                  protocol.max_tokens) for p, seeds in calls]
+        batches = [
+            arm.sut.sample(
+                arm.group, list(arm.prompt_ids[p]), sampling, seeds, protocol.max_tokens, protocol.max_tokens
+            )
+            for p, seeds in calls
+        ]
         _synchronize(protocol)
         elapsed = clock_ns() - start
     except SUTRaised as err:
@@ -227,12 +247,23 @@ def time_adapter_run(protocol: PerformanceProtocol, arm: AdapterArm, index: int,
             batch.validate(len(seeds), protocol.max_tokens)
     except (SUTError, AttributeError) as err:
         raise SUTRaised(call, f"the adapter broke the contract of SUT.sample: {err}") from err
-    total = {name: sum(int(np.sum(getattr(b, name))) for b in batches)
-             for name in ("num_rounds", "num_draft_tokens", "num_accepted_tokens")}
-    return {"run": index, "phase": run.phase, "pair": run.pair, "arm": run.arm,
-            "seed_start": seed_start(protocol, run), "num_requests": sum(len(s) for _, s in calls),
-            "num_tokens": sum(b.tokens.size for b in batches), **total, "elapsed_ns": elapsed,
-            "graphs_before": 0, "graphs_after": 0}
+    total = {
+        name: sum(int(np.sum(getattr(b, name))) for b in batches)
+        for name in ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
+    }
+    return {
+        "run": index,
+        "phase": run.phase,
+        "pair": run.pair,
+        "arm": run.arm,
+        "seed_start": seed_start(protocol, run),
+        "num_requests": sum(len(s) for _, s in calls),
+        "num_tokens": sum(b.tokens.size for b in batches),
+        **total,
+        "elapsed_ns": elapsed,
+        "graphs_before": 0,
+        "graphs_after": 0,
+    }
 
 
 # ---------------------------------------------------------------- one timed run
@@ -243,9 +274,17 @@ def _requests(protocol: PerformanceProtocol, run: ScheduledRun) -> tuple[list[st
 
     sampling, first = protocol.arm_sampling(run.arm), seed_start(protocol, run)
     prompts = [protocol.prompts[j % len(protocol.prompts)] for j in range(protocol.concurrency)]
-    params = [adapter.sampling_params(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                             seed=first + j, max_tokens=protocol.max_tokens, ignore_eos=True)
-              for j in range(protocol.concurrency)]
+    params = [
+        adapter.sampling_params(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=first + j,
+            max_tokens=protocol.max_tokens,
+            ignore_eos=True,
+        )
+        for j in range(protocol.concurrency)
+    ]
     return prompts, params
 
 
@@ -273,14 +312,25 @@ def time_run(protocol: PerformanceProtocol, llm, index: int, run: ScheduledRun) 
         raise sut_raised(f"generate ({run.phase} {run.pair}, arm {run.arm})", err) from err
     short = [o.finish_reason for o in outputs if len(o.token_ids) != protocol.max_tokens]
     if short:
-        raise SUTRaised(f"generate ({run.phase} {run.pair}, arm {run.arm})",
-                        f"{len(short)} request(s) ended before max_tokens ({short[0]!r})")
-    return {"run": index, "phase": run.phase, "pair": run.pair, "arm": run.arm, "seed_start": params[0].seed,
-            "num_requests": len(outputs), "num_tokens": sum(len(o.token_ids) for o in outputs),
-            "num_rounds": sum(o.num_rounds for o in outputs),
-            "num_draft_tokens": sum(o.num_draft_tokens for o in outputs),
-            "num_accepted_tokens": sum(o.num_accepted_tokens for o in outputs), "elapsed_ns": elapsed,
-            "graphs_before": before, "graphs_after": graph_shapes(llm)}
+        raise SUTRaised(
+            f"generate ({run.phase} {run.pair}, arm {run.arm})",
+            f"{len(short)} request(s) ended before max_tokens ({short[0]!r})",
+        )
+    return {
+        "run": index,
+        "phase": run.phase,
+        "pair": run.pair,
+        "arm": run.arm,
+        "seed_start": params[0].seed,
+        "num_requests": len(outputs),
+        "num_tokens": sum(len(o.token_ids) for o in outputs),
+        "num_rounds": sum(o.num_rounds for o in outputs),
+        "num_draft_tokens": sum(o.num_draft_tokens for o in outputs),
+        "num_accepted_tokens": sum(o.num_accepted_tokens for o in outputs),
+        "elapsed_ns": elapsed,
+        "graphs_before": before,
+        "graphs_after": graph_shapes(llm),
+    }
 
 
 def time_schedule(protocol: PerformanceProtocol, llms: dict, progress: bool) -> pd.DataFrame:
@@ -307,11 +357,23 @@ def read_timings(path: Path) -> pd.DataFrame:
         raise bundles.BundleError(f"{path / TIMINGS_FILE}: not a table ({err})") from err
 
 
-def _start(protocol_file: Path, base: PerformanceProtocol, protocol: PerformanceProtocol, output: Path,
-           registration: str, exploratory: bool) -> Path:
+def _start(
+    protocol_file: Path,
+    base: PerformanceProtocol,
+    protocol: PerformanceProtocol,
+    output: Path,
+    registration: str,
+    exploratory: bool,
+) -> Path:
     path = lifecycle.new_bundle(output, protocol.name)
-    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile, (_seed_range(protocol),),
-                           registration=registration, exploratory=exploratory)
+    plan = bundles.RunPlan(
+        protocol.name,
+        protocol.hash,
+        protocol.profile,
+        (_seed_range(protocol),),
+        registration=registration,
+        exploratory=exploratory,
+    )
     lifecycle.record_plan(path, protocol_file, base, plan)
     return path
 
@@ -332,10 +394,17 @@ def recompute(path: Path) -> dict:
     return summarise(protocol, read_timings(path), plan.registration_block())
 
 
-def bench(protocol_file: Path, profile: str | None, output: Path, *, exploratory: bool = False,
-          progress: bool = True, command: list[str] | None = None,
-          announce: Callable[[Path], None] | None = None,
-          parsed: PerformanceProtocol | None = None) -> tuple[Path, dict]:
+def bench(
+    protocol_file: Path,
+    profile: str | None,
+    output: Path,
+    *,
+    exploratory: bool = False,
+    progress: bool = True,
+    command: list[str] | None = None,
+    announce: Callable[[Path], None] | None = None,
+    parsed: PerformanceProtocol | None = None,
+) -> tuple[Path, dict]:
     """Run a performance protocol and write a sealed bundle; returns (bundle, summary).
 
     Refused before any bundle exists (ProtocolError: exit 2): a bad or unregistered protocol (unless
@@ -368,8 +437,9 @@ def bench(protocol_file: Path, profile: str | None, output: Path, *, exploratory
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
     timed = int((table["phase"] == PAIR).sum())
     bundles.end_session(path, session, timed, summary["verdict"])
-    _write_manifest(path, protocol, {**bundles.device_facts(), "engines": engines, **described}, started, clock,
-                    bench_s, command)
+    _write_manifest(
+        path, protocol, {**bundles.device_facts(), "engines": engines, **described}, started, clock, bench_s, command
+    )
     finish(path)
     return path, summary
 
@@ -380,13 +450,26 @@ def _described(llms: dict) -> dict:
     return {"sut": arms[0].sut.describe()} if arms else {}
 
 
-def _write_manifest(path: Path, protocol: PerformanceProtocol, device: dict, started: str, clock: float,
-                    bench_s: float, command: list[str] | None) -> None:
+def _write_manifest(
+    path: Path,
+    protocol: PerformanceProtocol,
+    device: dict,
+    started: str,
+    clock: float,
+    bench_s: float,
+    command: list[str] | None,
+) -> None:
     group, start, stop = _seed_range(protocol)
-    timing = {"started": started, "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
-              "wall_s": time.perf_counter() - clock, "bench_s": bench_s, "runs": len(schedule(protocol))}
-    lifecycle.write_manifest(path, protocol, [seeds.SeedRange(protocol.name, path.name, group, start, stop)],
-                             device, timing, command)
+    timing = {
+        "started": started,
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "wall_s": time.perf_counter() - clock,
+        "bench_s": bench_s,
+        "runs": len(schedule(protocol)),
+    }
+    lifecycle.write_manifest(
+        path, protocol, [seeds.SeedRange(protocol.name, path.name, group, start, stop)], device, timing, command
+    )
 
 
 def finish(path: Path) -> None:

@@ -38,10 +38,19 @@ from typing import Any
 
 from specval.protocol import ProtocolError, line_of, read_yaml
 from specval.protocol.canonical import canonical_hash, plain_form
-from specval.protocol.readers import (check_keys, fail, read_bool, read_draft_loops, read_float, read_int,
-                                      read_mapping, read_name, read_str, read_unit)
-from specval.protocol.sections import (MIN_TEMPERATURE, GroupSpec, SamplingSpec, SutSpec, parse_profiles,
-                                       parse_sut)
+from specval.protocol.readers import (
+    check_keys,
+    fail,
+    read_bool,
+    read_draft_loops,
+    read_float,
+    read_int,
+    read_mapping,
+    read_name,
+    read_str,
+    read_unit,
+)
+from specval.protocol.sections import MIN_TEMPERATURE, GroupSpec, SamplingSpec, SutSpec, parse_profiles, parse_sut
 from specval.protocol.sections import resolve as protocol_resolve
 from specval.stats.median import min_count
 
@@ -150,13 +159,20 @@ def _parse_sampling(raw: Any, file: str, where: str) -> SamplingSpec:
     raw = read_mapping(raw, file, where)
     check_keys(raw, SamplingSpec, file, where)
     if "semantics" in raw:
-        fail(file, f"{where}.semantics", "a performance protocol pins no filter semantics (nothing is tested "
-                                          "about the distribution)", dict(raw["semantics"] or {}))
+        fail(
+            file,
+            f"{where}.semantics",
+            "a performance protocol pins no filter semantics (nothing is tested about the distribution)",
+            dict(raw["semantics"] or {}),
+        )
     temperature = read_float(raw["temperature"], file, f"{where}.temperature")
     if temperature < 0.0:
         fail(file, f"{where}.temperature", "must be >= 0 (0 is greedy)", raw["temperature"])
-    return SamplingSpec(temperature=temperature, top_k=read_int(raw.get("top_k", -1), file, f"{where}.top_k", minimum=-1),
-                        top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True))
+    return SamplingSpec(
+        temperature=temperature,
+        top_k=read_int(raw.get("top_k", -1), file, f"{where}.top_k", minimum=-1),
+        top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True),
+    )
 
 
 def _parse_arm(raw: Any, file: str, where: str, adapter: str) -> ArmSpec:
@@ -167,8 +183,13 @@ def _parse_arm(raw: Any, file: str, where: str, adapter: str) -> ArmSpec:
     if adapter != ENGINE_ADAPTER:
         for key in ENGINE_ONLY_ARM_KEYS:
             if key in raw:
-                fail(file, f"{where}.{key}", f"an option of the engine adapter only (this protocol times "
-                                             f"adapter {adapter!r}; put adapter options under sut.options)", raw[key])
+                fail(
+                    file,
+                    f"{where}.{key}",
+                    f"an option of the engine adapter only (this protocol times "
+                    f"adapter {adapter!r}; put adapter options under sut.options)",
+                    raw[key],
+                )
     rounds = read_int(raw.get("rounds_in_flight", 2), file, f"{where}.rounds_in_flight", minimum=1)
     if rounds not in ROUNDS_IN_FLIGHT:
         fail(file, f"{where}.rounds_in_flight", f"must be one of {list(ROUNDS_IN_FLIGHT)}", rounds)
@@ -178,17 +199,26 @@ def _parse_arm(raw: Any, file: str, where: str, adapter: str) -> ArmSpec:
     if sampling is not None:
         sampling = _parse_sampling(sampling, file, f"{where}.sampling")
         _check_adapter_sampling(sampling, adapter, file, f"{where}.sampling")
-    return ArmSpec(name=read_name(raw["name"], file, f"{where}.name"), mode=mode, draft_loops=draft_loops,
-                   enforce_eager=read_bool(raw.get("enforce_eager", False), file, f"{where}.enforce_eager"),
-                   rounds_in_flight=rounds, sampling=sampling)
+    return ArmSpec(
+        name=read_name(raw["name"], file, f"{where}.name"),
+        mode=mode,
+        draft_loops=draft_loops,
+        enforce_eager=read_bool(raw.get("enforce_eager", False), file, f"{where}.enforce_eager"),
+        rounds_in_flight=rounds,
+        sampling=sampling,
+    )
 
 
 def _check_adapter_sampling(sampling: SamplingSpec, adapter: str, file: str, where: str) -> None:
     """Greedy decoding (temperature 0) is the engine adapter's only: `SUT.sample` always draws."""
     if adapter != ENGINE_ADAPTER and sampling.temperature < MIN_TEMPERATURE:
-        fail(file, f"{where}.temperature", f"must be >= {MIN_TEMPERATURE:g} for adapter {adapter!r} (SUT.sample "
-                                           "draws; greedy decoding is timed on the engine adapter only)",
-             sampling.temperature)
+        fail(
+            file,
+            f"{where}.temperature",
+            f"must be >= {MIN_TEMPERATURE:g} for adapter {adapter!r} (SUT.sample "
+            "draws; greedy decoding is timed on the engine adapter only)",
+            sampling.temperature,
+        )
 
 
 def _parse_prompts(raw: Any, file: str) -> tuple[str, ...]:
@@ -200,12 +230,20 @@ def _parse_prompts(raw: Any, file: str) -> tuple[str, ...]:
 def _parse_sut(raw: Any, file: str) -> SutSpec:
     raw = read_mapping(raw, file, "sut")
     if "device" in raw:
-        fail(file, "sut.device", "a performance protocol names its device at the top level (`device`), "
-                                  "where a profile can change it", raw["device"])
+        fail(
+            file,
+            "sut.device",
+            "a performance protocol names its device at the top level (`device`), where a profile can change it",
+            raw["device"],
+        )
     spec = parse_sut(raw, file)
     if not spec.adapter.strip():
-        fail(file, "sut.adapter", "expected 'engine', an entry point name of group specval.sut or "
-                                  "'module:Class'", spec.adapter)
+        fail(
+            file,
+            "sut.adapter",
+            "expected 'engine', an entry point name of group specval.sut or 'module:Class'",
+            spec.adapter,
+        )
     return spec
 
 
@@ -218,11 +256,20 @@ def _check_scale(protocol: PerformanceProtocol, file: str, where: str) -> None:
     """Enough pairs for the confidence; on CUDA at least one warm-up round (graphs captured before timing)."""
     fewest = min_count(protocol.confidence)
     if protocol.pairs < fewest:
-        fail(file, f"{where}pairs", f"{protocol.pairs} pairs cannot give a {protocol.confidence:g} interval for "
-                                     f"the median (at least {fewest} are needed)", protocol.pairs)
+        fail(
+            file,
+            f"{where}pairs",
+            f"{protocol.pairs} pairs cannot give a {protocol.confidence:g} interval for "
+            f"the median (at least {fewest} are needed)",
+            protocol.pairs,
+        )
     if protocol.device.startswith(CUDA) and protocol.warmup_rounds < 1:
-        fail(file, f"{where}warmup_rounds", "a CUDA run needs >= 1 warm-up round (CUDA Graphs are captured "
-                                             "there, before timing)", protocol.warmup_rounds)
+        fail(
+            file,
+            f"{where}warmup_rounds",
+            "a CUDA run needs >= 1 warm-up round (CUDA Graphs are captured there, before timing)",
+            protocol.warmup_rounds,
+        )
 
 
 # ---------------------------------------------------------------- top level
@@ -241,15 +288,21 @@ def parse_performance_protocol(raw: Any, file: str = "<protocol>") -> Performanc
     sampling = _parse_sampling(raw["sampling"], file, "sampling")
     _check_adapter_sampling(sampling, sut.adapter, file, "sampling")
     protocol = PerformanceProtocol(
-        kind=PERFORMANCE_KIND, name=read_name(raw["name"], file, "name"), description=str(raw.get("description", "")),
-        device=read_str(raw["device"], file, "device"), sut=sut,
+        kind=PERFORMANCE_KIND,
+        name=read_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        device=read_str(raw["device"], file, "device"),
+        sut=sut,
         prompts=_parse_prompts(raw["prompts"], file),
         concurrency=read_int(raw["concurrency"], file, "concurrency", minimum=1),
         max_tokens=read_int(raw["max_tokens"], file, "max_tokens", minimum=1),
         sampling=sampling,
         num_speculative_tokens=read_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
-        a=_parse_arm(raw["a"], file, "a", sut.adapter), b=_parse_arm(raw["b"], file, "b", sut.adapter),
-        statistic=read_str(raw["statistic"], file, "statistic", STATISTICS), hypothesis=hypothesis, margin=margin,
+        a=_parse_arm(raw["a"], file, "a", sut.adapter),
+        b=_parse_arm(raw["b"], file, "b", sut.adapter),
+        statistic=read_str(raw["statistic"], file, "statistic", STATISTICS),
+        hypothesis=hypothesis,
+        margin=margin,
         confidence=read_unit(raw.get("confidence", 0.95), file, "confidence"),
         pairs=read_int(raw["pairs"], file, "pairs", minimum=1),
         warmup_rounds=read_int(raw["warmup_rounds"], file, "warmup_rounds", minimum=0),
@@ -288,10 +341,10 @@ def _with_line(message: str, file: str, raw: Any) -> str:
     prefix = f"{file}: "
     if not message.startswith(prefix):
         return message
-    key = message[len(prefix):].split(": ", 1)[0]
+    key = message[len(prefix) :].split(": ", 1)[0]
     steps = tuple(name if name else int(index) for name, index in KEY_STEP.findall(key))
     line = line_of(raw, steps) if steps else None
-    return message if line is None else f"{prefix}line {line}: {message[len(prefix):]}"
+    return message if line is None else f"{prefix}line {line}: {message[len(prefix) :]}"
 
 
 resolve = protocol_resolve  # one profile rule for every protocol kind (`device` is a top-level field)

@@ -33,8 +33,21 @@ from specval.stats.median import MedianInterval, median_interval
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
 WARMUP, PAIR = "warmup", "pair"
 NS_PER_S = 1e9
-COLUMNS = ("run", "phase", "pair", "arm", "seed_start", "num_requests", "num_tokens", "num_rounds",
-           "num_draft_tokens", "num_accepted_tokens", "elapsed_ns", "graphs_before", "graphs_after")
+COLUMNS = (
+    "run",
+    "phase",
+    "pair",
+    "arm",
+    "seed_start",
+    "num_requests",
+    "num_tokens",
+    "num_rounds",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "elapsed_ns",
+    "graphs_before",
+    "graphs_after",
+)
 STATISTIC_MEANING = {
     "throughput": "generated tokens per second of wall time (higher is better)",
     "latency": "wall seconds of the whole workload, submission to last completion (lower is better)",
@@ -82,8 +95,10 @@ def check_schedule(protocol: PerformanceProtocol, table: pd.DataFrame) -> None:
         want = (index, run.phase, run.pair, run.arm, seed_start(protocol, run), protocol.concurrency, tokens)
         got = (row.run, row.phase, row.pair, row.arm, row.seed_start, row.num_requests, row.num_tokens)
         if tuple(want) != tuple(got):
-            raise BundleError(f"timings row {index} is {got}, the schedule says {want} "
-                              "(run, phase, pair, arm, seed_start, num_requests, num_tokens)")
+            raise BundleError(
+                f"timings row {index} is {got}, the schedule says {want} "
+                "(run, phase, pair, arm, seed_start, num_requests, num_tokens)"
+            )
         if not row.elapsed_ns > 0:
             raise BundleError(f"timings row {index}: elapsed_ns {row.elapsed_ns} is not positive")
 
@@ -104,23 +119,30 @@ def pair_frame(protocol: PerformanceProtocol, table: pd.DataFrame) -> pd.DataFra
     timed = table.assign(value=run_values(protocol, table))[table["phase"] == PAIR]
     wide = timed.pivot(index="pair", columns="arm", values="value").sort_index()
     order = ["".join(ARM_KEYS if pair % 2 == 0 else ARM_KEYS[::-1]) for pair in wide.index]  # as `schedule`
-    return pd.DataFrame({"pair": wide.index.to_numpy(), "order": order, "a": wide["a"].to_numpy(),
-                         "b": wide["b"].to_numpy(), "ratio": (wide["b"] / wide["a"]).to_numpy()})
+    return pd.DataFrame(
+        {
+            "pair": wide.index.to_numpy(),
+            "order": order,
+            "a": wide["a"].to_numpy(),
+            "b": wide["b"].to_numpy(),
+            "ratio": (wide["b"] / wide["a"]).to_numpy(),
+        }
+    )
 
 
 def verdict(interval: MedianInterval, protocol: PerformanceProtocol) -> tuple[str, str]:
     """PASS / FAIL / INCONCLUSIVE of the interval against the protocol's threshold, with the reason."""
     low, high, threshold = interval.low, interval.high, protocol.threshold
-    good, bad = (low > threshold, high < threshold) if protocol.higher_is_better else (high < threshold,
-                                                                                         low > threshold)
+    good, bad = (
+        (low > threshold, high < threshold) if protocol.higher_is_better else (high < threshold, low > threshold)
+    )
     side = "above" if protocol.higher_is_better else "below"
     where = f"interval [{low:.4f}, {high:.4f}] of the median ratio b / a"
     if good:
         return PASS, f"{protocol.hypothesis}: the {where} lies {side} {threshold:.4f}"
     if bad:
         return FAIL, f"{protocol.hypothesis} refuted: the {where} lies entirely on the wrong side of {threshold:.4f}"
-    return INCONCLUSIVE, (f"the {where} contains {threshold:.4f}: too wide to decide at {interval.n} pairs; "
-                          "not a PASS")
+    return INCONCLUSIVE, (f"the {where} contains {threshold:.4f}: too wide to decide at {interval.n} pairs; not a PASS")
 
 
 def _arm_facts(protocol: PerformanceProtocol, table: pd.DataFrame, key: str) -> dict:
@@ -130,13 +152,22 @@ def _arm_facts(protocol: PerformanceProtocol, table: pd.DataFrame, key: str) -> 
     drafts, accepted = int(timed["num_draft_tokens"].sum()), int(timed["num_accepted_tokens"].sum())
     sampling = protocol.arm_sampling(key)
     engine = protocol.on_engine  # enforce_eager and rounds_in_flight are engine options (None elsewhere)
-    return {"name": arm.name, "mode": arm.mode, "draft_loops": arm.draft_loops,
-            "enforce_eager": arm.enforce_eager if engine else None,
-            "rounds_in_flight": arm.rounds_in_flight if engine and arm.mode == "async" else None,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "runs": len(timed), "median": float(np.median(values)), "min": float(values.min()), "max": float(values.max()),
-            "acceptance_rate": accepted / drafts if drafts else None,
-            "rounds_per_request": float(timed["num_rounds"].sum() / timed["num_requests"].sum())}
+    return {
+        "name": arm.name,
+        "mode": arm.mode,
+        "draft_loops": arm.draft_loops,
+        "enforce_eager": arm.enforce_eager if engine else None,
+        "rounds_in_flight": arm.rounds_in_flight if engine and arm.mode == "async" else None,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "runs": len(timed),
+        "median": float(np.median(values)),
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "acceptance_rate": accepted / drafts if drafts else None,
+        "rounds_per_request": float(timed["num_rounds"].sum() / timed["num_requests"].sum()),
+    }
 
 
 def _order_effect(pairs: pd.DataFrame) -> dict:
@@ -156,29 +187,55 @@ def summarise(protocol: PerformanceProtocol, table: pd.DataFrame, registration: 
     outcome, reason = verdict(interval, protocol)
     facts = _protocol_facts(protocol)
     if captured:
-        outcome, reason = INCONCLUSIVE, (f"{captured} timed run(s) captured CUDA Graphs, so their timings include "
-                                         "the capture (more warm-up rounds are needed); no verdict")
-    return {"kind": "performance", "verdict": outcome, "reason": reason, "registration": registration,
-            "ratio": interval.to_dict(), "threshold": protocol.threshold,
-            "false_pass_bound": interval.tail, "false_fail_bound": interval.tail,
-            "pairs": [{"pair": int(r.pair), "order": r.order, "a": float(r.a), "b": float(r.b),
-                       "ratio": float(r.ratio)} for r in pairs.itertuples(index=False)],
-            "arms": {key: _arm_facts(protocol, table, key) for key in ARM_KEYS},
-            "order_effect": _order_effect(pairs), "timed_runs_capturing_graphs": captured, "protocol": facts}
+        outcome, reason = (
+            INCONCLUSIVE,
+            (
+                f"{captured} timed run(s) captured CUDA Graphs, so their timings include "
+                "the capture (more warm-up rounds are needed); no verdict"
+            ),
+        )
+    return {
+        "kind": "performance",
+        "verdict": outcome,
+        "reason": reason,
+        "registration": registration,
+        "ratio": interval.to_dict(),
+        "threshold": protocol.threshold,
+        "false_pass_bound": interval.tail,
+        "false_fail_bound": interval.tail,
+        "pairs": [
+            {"pair": int(r.pair), "order": r.order, "a": float(r.a), "b": float(r.b), "ratio": float(r.ratio)}
+            for r in pairs.itertuples(index=False)
+        ],
+        "arms": {key: _arm_facts(protocol, table, key) for key in ARM_KEYS},
+        "order_effect": _order_effect(pairs),
+        "timed_runs_capturing_graphs": captured,
+        "protocol": facts,
+    }
 
 
 def _protocol_facts(protocol: PerformanceProtocol) -> dict:
     """The summary's `protocol` block; `adapter` only for adapters other than the engine, so that the
     summary of an engine bench is what it was before other adapters could be timed."""
-    facts = {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
-             "device": protocol.device, "statistic": protocol.statistic,
-             "statistic_meaning": STATISTIC_MEANING[protocol.statistic],
-             "hypothesis": protocol.hypothesis, "margin": protocol.margin,
-             "confidence": protocol.confidence, "pairs": protocol.pairs,
-             "warmup_rounds": protocol.warmup_rounds, "concurrency": protocol.concurrency,
-             "max_tokens": protocol.max_tokens, "num_prompts": len(protocol.prompts),
-             "num_speculative_tokens": protocol.num_speculative_tokens, "model": protocol.sut.model,
-             "dtype": protocol.sut.dtype}
+    facts = {
+        "name": protocol.name,
+        "hash": protocol.hash,
+        "profile": protocol.profile,
+        "device": protocol.device,
+        "statistic": protocol.statistic,
+        "statistic_meaning": STATISTIC_MEANING[protocol.statistic],
+        "hypothesis": protocol.hypothesis,
+        "margin": protocol.margin,
+        "confidence": protocol.confidence,
+        "pairs": protocol.pairs,
+        "warmup_rounds": protocol.warmup_rounds,
+        "concurrency": protocol.concurrency,
+        "max_tokens": protocol.max_tokens,
+        "num_prompts": len(protocol.prompts),
+        "num_speculative_tokens": protocol.num_speculative_tokens,
+        "model": protocol.sut.model,
+        "dtype": protocol.sut.dtype,
+    }
     if not protocol.on_engine:
         facts["adapter"] = protocol.sut.adapter
     return facts

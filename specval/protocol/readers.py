@@ -13,7 +13,8 @@ import dataclasses
 import difflib
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 # Every integer of a protocol (sizes, counts, seeds) fits in the 32-bit seed space; a larger one is

@@ -8,8 +8,9 @@ Guarantee: a confirmatory run only starts from a protocol whose canonical hash i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from specval.protocol.readers import ProtocolError
 from specval.protocol.schema import load_protocol
@@ -35,8 +36,7 @@ def read_lock(path: Path) -> dict[str, str]:
     return data
 
 
-def freeze(protocol_file: str | Path,
-           loader: Callable[[str | Path], Any] | None = None) -> tuple[Path, str]:
+def freeze(protocol_file: str | Path, loader: Callable[[str | Path], Any] | None = None) -> tuple[Path, str]:
     """Record the protocol's canonical hash in the lock file; returns (lock file, hash).
     `loader` parses the file (default `load_protocol`; quality protocols pass their own)."""
     protocol = (loader or load_protocol)(protocol_file)
@@ -63,7 +63,9 @@ def check_registered(protocol: Any, protocol_file: str | Path, exploratory: bool
     """The registration state; ProtocolError unless FROZEN or the run is declared `exploratory`."""
     state = registration(protocol, protocol_file)
     if state != FROZEN and not exploratory:
-        raise ProtocolError(f"{protocol_file}: protocol {protocol.name!r} is {state} in {lock_path(protocol_file)}; "
-                            f"run `specval freeze {protocol_file}` to pre-register it, or pass --exploratory "
-                            "(the verdict is then marked EXPLORATORY)")
+        raise ProtocolError(
+            f"{protocol_file}: protocol {protocol.name!r} is {state} in {lock_path(protocol_file)}; "
+            f"run `specval freeze {protocol_file}` to pre-register it, or pass --exploratory "
+            "(the verdict is then marked EXPLORATORY)"
+        )
     return state

@@ -31,10 +31,27 @@ from pathlib import Path
 from typing import Any
 
 from specval.protocol.canonical import canonical_hash, plain_form
-from specval.protocol.readers import (check_keys, fail, read_bool, read_bounded, read_float, read_int, read_mapping,
-                                      read_name, read_str, read_unit)
-from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
-                                       parse_sampling, parse_sut)
+from specval.protocol.readers import (
+    check_keys,
+    fail,
+    read_bool,
+    read_bounded,
+    read_float,
+    read_int,
+    read_mapping,
+    read_name,
+    read_str,
+    read_unit,
+)
+from specval.protocol.sections import (
+    GroupSpec,
+    SamplingSpec,
+    SutSpec,
+    parse_groups,
+    parse_profiles,
+    parse_sampling,
+    parse_sut,
+)
 from specval.protocol.strict_yaml import read_yaml
 from specval.stats.sequential import MAX_LOOKS, MIN_LOOKS, POCOCK, SPENDINGS, check_fractions, look_sizes, spend
 
@@ -199,8 +216,9 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], 
     by_path = read_bool(raw.get("by_path", False), file, f"{where}.by_path")
     if by_path and kind != "gof":
         fail(file, f"{where}.by_path", "only gof tests take path-aware strata", by_path)
-    return TestSpec(kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol,
-                    by_path=by_path)
+    return TestSpec(
+        kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol, by_path=by_path
+    )
 
 
 def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: int) -> tuple[TestSpec, ...]:
@@ -226,8 +244,12 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
     if alpha_stage2 is not None:
         alpha_stage2 = _read_alpha(alpha_stage2, file, "confirmation.alpha_stage2")
         if stages == 1:
-            fail(file, "confirmation.alpha_stage2", "only a two-stage protocol (stages: 2) takes a second-stage alpha",
-                  alpha_stage2)
+            fail(
+                file,
+                "confirmation.alpha_stage2",
+                "only a two-stage protocol (stages: 2) takes a second-stage alpha",
+                alpha_stage2,
+            )
     return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
 
 
@@ -238,8 +260,13 @@ def _parse_sequential(raw: Any, file: str) -> SequentialSpec | None:
     check_keys(raw, SequentialSpec, file, "sequential")
     looks = raw["looks"]
     if not isinstance(looks, list) or not MIN_LOOKS <= len(looks) <= MAX_LOOKS:
-        fail(file, "sequential.looks", f"expected a list of {MIN_LOOKS} to {MAX_LOOKS} fractions of the planned "
-             "samples (one look is the fixed-size design: leave `sequential` out)", looks)
+        fail(
+            file,
+            "sequential.looks",
+            f"expected a list of {MIN_LOOKS} to {MAX_LOOKS} fractions of the planned "
+            "samples (one look is the fixed-size design: leave `sequential` out)",
+            looks,
+        )
     fractions = tuple(read_unit(f, file, f"sequential.looks[{i}]", upper_closed=True) for i, f in enumerate(looks))
     try:
         check_fractions(fractions)
@@ -253,14 +280,24 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
     """Parse a YAML mapping into a Protocol; raises ProtocolError naming file, key and value."""
     raw = read_mapping(raw, file, "")
     if "kind" in raw:  # a quality or performance protocol given to a command of statistical ones
-        fail(file, "kind", "this command takes statistical protocols (no `kind` key); run a protocol of another "
-                            "kind with `specval run` (performance: also `specval bench`)", raw["kind"])
+        fail(
+            file,
+            "kind",
+            "this command takes statistical protocols (no `kind` key); run a protocol of another "
+            "kind with `specval run` (performance: also `specval bench`)",
+            raw["kind"],
+        )
     check_keys(raw, Protocol, file, "")
     positions = read_int(raw["positions"], file, "positions", minimum=1)
     if positions > MAX_POSITIONS:
-        fail(file, "positions", f"at most {MAX_POSITIONS} positions are supported (the exact reference of "
-                                f"t_j sums over V^(j-1) prefixes); a `kind: sequence` protocol tests every "
-                                f"token and round position 1..K+1", positions)
+        fail(
+            file,
+            "positions",
+            f"at most {MAX_POSITIONS} positions are supported (the exact reference of "
+            f"t_j sums over V^(j-1) prefixes); a `kind: sequence` protocol tests every "
+            f"token and round position 1..K+1",
+            positions,
+        )
     groups = parse_groups(raw["groups"], file)
     protocol = Protocol(
         name=read_name(raw["name"], file, "name"),
@@ -275,8 +312,9 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         tests=_parse_tests(raw["tests"], file, groups, positions),
         seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
         alpha=_read_alpha(raw.get("alpha", 0.01), file, "alpha"),
-        power=read_bounded(raw.get("power", 0.8), file, "power", MIN_POWER, MAX_POWER,
-                           "every minimum detectable effect must exist"),
+        power=read_bounded(
+            raw.get("power", 0.8), file, "power", MIN_POWER, MAX_POWER, "every minimum detectable effect must exist"
+        ),
         stratum_min=read_int(raw.get("stratum_min", 200), file, "stratum_min", minimum=1),
         min_expected=read_float(raw.get("min_expected", 5.0), file, "min_expected"),
         multiplicity=read_str(raw.get("multiplicity", "holm"), file, "multiplicity", MULTIPLICITY_METHODS),
@@ -304,16 +342,23 @@ def _check_testable(protocol: Protocol, file: str) -> None:
     >= min_expected (fewer samples pool every table into one cell: nothing could be tested)."""
     for key, size in _profile_sizes(protocol):
         if size < MIN_CELLS * protocol.min_expected:
-            fail(file, "min_expected", f"{MIN_CELLS} cells of this expected count need more samples than {key} "
-                 f"({size}): every table would pool into one cell and nothing could be tested",
-                 protocol.min_expected)
+            fail(
+                file,
+                "min_expected",
+                f"{MIN_CELLS} cells of this expected count need more samples than {key} "
+                f"({size}): every table would pool into one cell and nothing could be tested",
+                protocol.min_expected,
+            )
 
 
 def _profile_sizes(protocol: Protocol) -> list[tuple[str, int]]:
     """(key, samples per group) of the protocol and of every profile that sets its own."""
     sizes = [("samples_per_group", protocol.samples_per_group)]
-    return sizes + [(f"profiles.{name}.samples_per_group", dict(overrides)["samples_per_group"])
-                    for name, overrides in protocol.profiles if "samples_per_group" in dict(overrides)]
+    return sizes + [
+        (f"profiles.{name}.samples_per_group", dict(overrides)["samples_per_group"])
+        for name, overrides in protocol.profiles
+        if "samples_per_group" in dict(overrides)
+    ]
 
 
 def _check_looks(protocol: Protocol, file: str) -> None:
@@ -328,15 +373,26 @@ def _check_looks(protocol: Protocol, file: str) -> None:
         except ValueError as err:
             fail(file, "sequential.looks", f"{key} = {size} is too small for these looks ({err})", list(looks))
         if first < MIN_CELLS * protocol.min_expected:
-            fail(file, "sequential.looks", f"the first look sees {first} of {key} = {size} samples per group, too "
-                 f"few to fill {MIN_CELLS} cells of expected count {protocol.min_expected:g}", list(looks))
-    alphas = [("alpha", protocol.alpha)] + ([("confirmation.alpha_stage2", protocol.alpha_stage2)]
-                                            if protocol.confirmation.is_two_stage else [])
+            fail(
+                file,
+                "sequential.looks",
+                f"the first look sees {first} of {key} = {size} samples per group, too "
+                f"few to fill {MIN_CELLS} cells of expected count {protocol.min_expected:g}",
+                list(looks),
+            )
+    alphas = [("alpha", protocol.alpha)] + (
+        [("confirmation.alpha_stage2", protocol.alpha_stage2)] if protocol.confirmation.is_two_stage else []
+    )
     for key, alpha in alphas:
         smallest = min(spend(alpha, looks, protocol.sequential.spending).levels)
         if smallest < MIN_ALPHA:
-            fail(file, "sequential.spending", f"spends {key} = {alpha:g} down to a look level of {smallest:.3g}, below "
-                 f"{MIN_ALPHA:g} (the Monte Carlo draws a level needs are bounded)", protocol.sequential.spending)
+            fail(
+                file,
+                "sequential.spending",
+                f"spends {key} = {alpha:g} down to a look level of {smallest:.3g}, below "
+                f"{MIN_ALPHA:g} (the Monte Carlo draws a level needs are bounded)",
+                protocol.sequential.spending,
+            )
 
 
 def load_protocol(path: str | Path) -> Protocol:

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
-                                      read_name, read_str, read_unit)
+from specval.protocol.readers import (
+    check_keys,
+    fail,
+    read_draft_loops,
+    read_float,
+    read_int,
+    read_mapping,
+    read_name,
+    read_str,
+    read_unit,
+)
 from specval.semantics import CHOICES as SEMANTICS_CHOICES
 
 NOSPEC_MODE = "nospec"
@@ -90,15 +100,19 @@ def parse_sampling(raw: Any, file: str) -> SamplingSpec:
     check_keys(raw, SamplingSpec, file, "sampling")
     temperature = read_float(raw["temperature"], file, "sampling.temperature")
     if not temperature >= MIN_TEMPERATURE:
-        fail(file, "sampling.temperature", f"must be >= {MIN_TEMPERATURE:g} (below, decoding is greedy: a point "
-             "mass has no distribution to test)", raw["temperature"])
+        fail(
+            file,
+            "sampling.temperature",
+            f"must be >= {MIN_TEMPERATURE:g} (below, decoding is greedy: a point mass has no distribution to test)",
+            raw["temperature"],
+        )
     top_k = read_int(raw.get("top_k", -1), file, "sampling.top_k", minimum=-1)
     if top_k == GREEDY_TOP_K:
-        fail(file, "sampling.top_k", "1 keeps one token (greedy decoding): nothing to test; use -1 for no top-k",
-             top_k)
+        fail(file, "sampling.top_k", "1 keeps one token (greedy decoding): nothing to test; use -1 for no top-k", top_k)
     top_p = read_unit(raw.get("top_p", 1.0), file, "sampling.top_p", upper_closed=True)
-    return SamplingSpec(temperature=temperature, top_k=top_k, top_p=top_p,
-                        semantics=parse_semantics(raw.get("semantics", {}), file))
+    return SamplingSpec(
+        temperature=temperature, top_k=top_k, top_p=top_p, semantics=parse_semantics(raw.get("semantics", {}), file)
+    )
 
 
 def parse_semantics(raw: Any, file: str) -> tuple[tuple[str, str], ...]:
@@ -125,8 +139,9 @@ def parse_group(raw: Any, file: str, where: str) -> GroupSpec:
     )
 
 
-def parse_groups(raw: Any, file: str, parse: Callable[[Any, str, str], GroupSpec] | None = None
-                 ) -> tuple[GroupSpec, ...]:
+def parse_groups(
+    raw: Any, file: str, parse: Callable[[Any, str, str], GroupSpec] | None = None
+) -> tuple[GroupSpec, ...]:
     """The `groups` list: non-empty, names unique; each entry read by `parse` (default `parse_group`)."""
     if not isinstance(raw, list) or not raw:
         fail(file, "groups", "expected a non-empty list", raw)
@@ -138,10 +153,14 @@ def parse_groups(raw: Any, file: str, parse: Callable[[Any, str, str], GroupSpec
     return groups
 
 
-def parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
-                    zero_ok: tuple[str, ...] = (), text_keys: tuple[str, ...] = (),
-                    unit_keys: tuple[str, ...] = ()
-                    ) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+def parse_profiles(
+    raw: Any,
+    file: str,
+    keys: tuple[str, ...] = PROFILE_KEYS,
+    zero_ok: tuple[str, ...] = (),
+    text_keys: tuple[str, ...] = (),
+    unit_keys: tuple[str, ...] = (),
+) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
     """Profiles: name -> overrides of `keys` (integers >= 1, or >= 0 for those in `zero_ok`, or
     non-empty strings for those in `text_keys`, or numbers in (0, 1) for those in `unit_keys`,
     kept as floats). An integer or string override is kept as written, so the profiles of a
@@ -162,8 +181,15 @@ def parse_profiles(raw: Any, file: str, keys: tuple[str, ...] = PROFILE_KEYS,
     return tuple(profiles)
 
 
-def _profile_value(value: Any, file: str, where: str, key: str, zero_ok: tuple[str, ...],
-                   text_keys: tuple[str, ...], unit_keys: tuple[str, ...]) -> Any:
+def _profile_value(
+    value: Any,
+    file: str,
+    where: str,
+    key: str,
+    zero_ok: tuple[str, ...],
+    text_keys: tuple[str, ...],
+    unit_keys: tuple[str, ...],
+) -> Any:
     """One profile override read by its key's kind (see `parse_profiles`)."""
     if key in text_keys:
         return read_str(value, file, where)
@@ -180,6 +206,11 @@ def resolve(protocol: AnyProtocol, profile: str | None) -> AnyProtocol:
     profiles = dict(protocol.profiles)
     if profile not in profiles:
         close = difflib.get_close_matches(profile, list(profiles), n=1)
-        fail(protocol.name, "profile", f"unknown profile, choose from {sorted(profiles)}", profile,
-              close[0] if close else None)
+        fail(
+            protocol.name,
+            "profile",
+            f"unknown profile, choose from {sorted(profiles)}",
+            profile,
+            close[0] if close else None,
+        )
     return dataclasses.replace(protocol, profile=profile, file_hash=protocol.hash, **dict(profiles[profile]))

@@ -92,8 +92,9 @@ def _expanded(node: yaml.Node, depth: int, memo: dict[int, tuple[int, int]], ope
         memo[key] = (1 + sum(s for s, _ in sizes), 1 + max((h for _, h in sizes), default=0))
     size, height = memo[key]
     if depth - 1 + height > MAX_DEPTH:
-        raise _TooLarge(f"line {node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels once its "
-                        "aliases are expanded")
+        raise _TooLarge(
+            f"line {node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels once its aliases are expanded"
+        )
     return size, height
 
 
@@ -120,11 +121,14 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
         key = loader.construct_object(key_node, deep=deep)
         line = key_node.start_mark.line + 1
         if not isinstance(key, Hashable):
-            raise yaml.constructor.ConstructorError(None, None, f"line {line}: a key must be a scalar, not a "
-                                                    f"{type(key).__name__}", key_node.start_mark)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"line {line}: a key must be a scalar, not a {type(key).__name__}", key_node.start_mark
+            )
         if key in lines:
-            raise _DuplicateKey(f"key {key!r} given twice (lines {lines[key]} and {line}); "
-                                "a pre-registered protocol must say each thing once")
+            raise _DuplicateKey(
+                f"key {key!r} given twice (lines {lines[key]} and {line}); "
+                "a pre-registered protocol must say each thing once"
+            )
         lines[key] = line
         out[key] = loader.construct_object(value_node, deep=deep)
     out.lines = lines

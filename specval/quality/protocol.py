@@ -19,11 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specval.protocol import ProtocolError, read_yaml
+from specval.protocol import read_yaml
 from specval.protocol.canonical import canonical_hash, plain_form, plain_value
 from specval.protocol.readers import check_keys, fail, read_bool, read_int, read_mapping, read_name, read_str, read_unit
-from specval.protocol.sections import (GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
-                                       parse_sampling, parse_sut)
+from specval.protocol.sections import (
+    GroupSpec,
+    SamplingSpec,
+    SutSpec,
+    parse_groups,
+    parse_profiles,
+    parse_sampling,
+    parse_sut,
+)
 from specval.protocol.sections import resolve as protocol_resolve
 
 QUALITY_KIND = "quality"
@@ -102,10 +109,12 @@ def _parse_task(raw: Any, file: str) -> TaskSpec:
         fail(file, "task.options", "gsm8k takes no options", dict(options))
     if name == "arith":
         _check_arith_options(options, file)
-    return TaskSpec(name=name, metric=read_str(raw["metric"], file, "task.metric", METRICS[name]),
-                    prompt_format=read_str(raw.get("prompt_format", "plain"), file, "task.prompt_format",
-                                       PROMPT_FORMATS),
-                    options=tuple(sorted((str(k), plain_value(v)) for k, v in options.items())))
+    return TaskSpec(
+        name=name,
+        metric=read_str(raw["metric"], file, "task.metric", METRICS[name]),
+        prompt_format=read_str(raw.get("prompt_format", "plain"), file, "task.prompt_format", PROMPT_FORMATS),
+        options=tuple(sorted((str(k), plain_value(v)) for k, v in options.items())),
+    )
 
 
 def _check_arith_options(options: dict, file: str) -> None:
@@ -141,13 +150,19 @@ def parse_quality_protocol(raw: Any, file: str = "<protocol>") -> QualityProtoco
         fail(file, "groups", "a paired comparison needs at least two groups", [g.name for g in groups])
     margin = read_unit(raw["margin"], file, "margin")
     protocol = QualityProtocol(
-        kind=QUALITY_KIND, name=read_name(raw["name"], file, "name"), description=str(raw.get("description", "")),
-        task=_parse_task(raw["task"], file), sut=parse_sut(raw.get("sut", {}), file),
+        kind=QUALITY_KIND,
+        name=read_name(raw["name"], file, "name"),
+        description=str(raw.get("description", "")),
+        task=_parse_task(raw["task"], file),
+        sut=parse_sut(raw.get("sut", {}), file),
         sampling=parse_sampling(raw["sampling"], file),
         num_speculative_tokens=read_int(raw["num_speculative_tokens"], file, "num_speculative_tokens", minimum=1),
-        max_tokens=read_int(raw["max_tokens"], file, "max_tokens", minimum=1), groups=groups, baseline=baseline,
+        max_tokens=read_int(raw["max_tokens"], file, "max_tokens", minimum=1),
+        groups=groups,
+        baseline=baseline,
         num_items=read_int(raw["num_items"], file, "num_items", minimum=1),
-        seeds_per_item=read_int(raw["seeds_per_item"], file, "seeds_per_item", minimum=1), margin=margin,
+        seeds_per_item=read_int(raw["seeds_per_item"], file, "seeds_per_item", minimum=1),
+        margin=margin,
         seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
         alpha=read_unit(raw.get("alpha", 0.05), file, "alpha"),
         batch_size=read_int(raw.get("batch_size", 64), file, "batch_size", minimum=1),

@@ -8,43 +8,92 @@ from specval import bundle as bundles
 from specval.report import Section, summary_files
 from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
 
-COMPARISON_HEADER = ["comparison", "role", "n pairs", "acc a", "acc b", "diff (b - a)", "CI", "wins / losses / ties",
-                     "McNemar p (exact)", "margin", "verdict", "reason"]
-GROUP_HEADER = ["group", "mode", "draft loops", "seeds", "n (planned / effective)", "accuracy", "acceptance rate",
-                "mean tokens"]
-CAVEAT = ("A non-significant McNemar test alone is NOT evidence of no regression: with few discordant pairs it "
-          "has little power. Only the pre-registered non-inferiority criterion gates (the lower end of the "
-          "paired-difference interval above -margin); when the interval straddles -margin the comparison is "
-          "INCONCLUSIVE, never PASS.")
+COMPARISON_HEADER = [
+    "comparison",
+    "role",
+    "n pairs",
+    "acc a",
+    "acc b",
+    "diff (b - a)",
+    "CI",
+    "wins / losses / ties",
+    "McNemar p (exact)",
+    "margin",
+    "verdict",
+    "reason",
+]
+GROUP_HEADER = [
+    "group",
+    "mode",
+    "draft loops",
+    "seeds",
+    "n (planned / effective)",
+    "accuracy",
+    "acceptance rate",
+    "mean tokens",
+]
+CAVEAT = (
+    "A non-significant McNemar test alone is NOT evidence of no regression: with few discordant pairs it "
+    "has little power. Only the pre-registered non-inferiority criterion gates (the lower end of the "
+    "paired-difference interval above -margin); when the interval straddles -margin the comparison is "
+    "INCONCLUSIVE, never PASS."
+)
 
 
 def comparison_rows(summary: dict) -> list[list[str]]:
-    return [[name, t["role"], str(t["n"]), fmt(t["acc_a"], 3), fmt(t["acc_b"], 3), fmt(t["diff"], 3),
-             f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]", f"{t['wins']} / {t['losses']} / {t['ties']}",
-             fmt(t["p_value"], 3), fmt(t["margin"]), t["verdict"], t["reason"]]
-            for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))]
+    return [
+        [
+            name,
+            t["role"],
+            str(t["n"]),
+            fmt(t["acc_a"], 3),
+            fmt(t["acc_b"], 3),
+            fmt(t["diff"], 3),
+            f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]",
+            f"{t['wins']} / {t['losses']} / {t['ties']}",
+            fmt(t["p_value"], 3),
+            fmt(t["margin"]),
+            t["verdict"],
+            t["reason"],
+        ]
+        for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))
+    ]
 
 
 def group_rows(summary: dict) -> list[list[str]]:
-    return [[name, g["mode"], fmt(g["draft_loops"]), f"[{g['seed_start']}, {g['seed_stop']})",
-             f"{g['planned_n']} / {g['effective_n']}", fmt(g["accuracy"], 3), fmt(g["acceptance_rate"], 3),
-             fmt(g["mean_tokens"], 3)] for name, g in sorted(summary["groups"].items())]
+    return [
+        [
+            name,
+            g["mode"],
+            fmt(g["draft_loops"]),
+            f"[{g['seed_start']}, {g['seed_stop']})",
+            f"{g['planned_n']} / {g['effective_n']}",
+            fmt(g["accuracy"], 3),
+            fmt(g["acceptance_rate"], 3),
+            fmt(g["mean_tokens"], 3),
+        ]
+        for name, g in sorted(summary["groups"].items())
+    ]
 
 
 def _facts(summary: dict, manifest: dict) -> list[str]:
     proto = summary["protocol"]
-    return [f"protocol hash {proto['hash']} (profile: {proto['profile']})",
-            f"task {proto['task']} ({proto['prompt_format']} prompt), metric {proto['metric']}, "
-            f"{proto['num_items']} items x {proto['seeds_per_item']} seeds, at most {proto['max_tokens']} tokens",
-            f"paired: every group answers the same items with the same request seeds; alpha {proto['alpha']} "
-            f"(two-sided Newcombe interval), non-inferiority margin {proto['margin']} against {proto['baseline']}",
-            f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
+    return [
+        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
+        f"task {proto['task']} ({proto['prompt_format']} prompt), metric {proto['metric']}, "
+        f"{proto['num_items']} items x {proto['seeds_per_item']} seeds, at most {proto['max_tokens']} tokens",
+        f"paired: every group answers the same items with the same request seeds; alpha {proto['alpha']} "
+        f"(two-sided Newcombe interval), non-inferiority margin {proto['margin']} against {proto['baseline']}",
+        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
+    ]
 
 
 def _sections(summary: dict, manifest: dict) -> list[Section]:
-    return [Section("Paired comparisons", COMPARISON_HEADER, comparison_rows(summary), (CAVEAT,)),
-            Section("Groups", GROUP_HEADER, group_rows(summary)),
-            Section("Sessions", SESSION_HEADER, session_rows(manifest))]
+    return [
+        Section("Paired comparisons", COMPARISON_HEADER, comparison_rows(summary), (CAVEAT,)),
+        Section("Groups", GROUP_HEADER, group_rows(summary)),
+        Section("Sessions", SESSION_HEADER, session_rows(manifest)),
+    ]
 
 
 def render_files(path: Path) -> dict[str, bytes]:

@@ -24,20 +24,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
 
 from specval import bundle as bundles
 from specval import lifecycle, seeds
-from specval.quality.protocol import QualityProtocol, arith_config, load_quality_protocol, parse_quality_protocol
-from specval.quality.protocol import resolve as resolve_profile
-from specval.quality.report import render, render_files
 from specval.execution import guard_bundle
 from specval.preflight import GuardedSUT, check_capabilities, check_writable_dir, open_guarded
 from specval.protocol import check_registered
+from specval.quality.protocol import QualityProtocol, arith_config, load_quality_protocol, parse_quality_protocol
+from specval.quality.protocol import resolve as resolve_profile
+from specval.quality.report import render, render_files
 from specval.stats.mcnemar import paired_comparison
 from specval.sut import SUTError, SutFactory, open_sut
 
@@ -109,13 +109,16 @@ def collect(sut, protocol: QualityProtocol, start: int, path: Path, progress: bo
         if _samples_file(path, group.name).exists():
             continue  # complete (written atomically): resume skips it
         rows = []
-        with tqdm(total=len(prompts), unit="completion", disable=not progress,
-                  desc=f"{protocol.name}:{group.name}") as bar:
+        with tqdm(
+            total=len(prompts), unit="completion", disable=not progress, desc=f"{protocol.name}:{group.name}"
+        ) as bar:
             for lo in range(0, len(prompts), protocol.batch_size):
                 batch = slice(lo, lo + protocol.batch_size)
                 outs = sut.complete(group, prompts[batch], protocol.sampling, seed_list[batch], protocol.max_tokens)
-                rows += [_row(unit, int(seed), out) for unit, seed, out in
-                         zip(range(lo, lo + len(outs)), seed_list[batch], outs)]
+                rows += [
+                    _row(unit, int(seed), out)
+                    for unit, seed, out in zip(range(lo, lo + len(outs)), seed_list[batch], outs)
+                ]
                 bar.update(len(outs))
         bundles.write_json_chunk(path, _samples_file(path, group.name), rows)  # integrity: hash recorded
         drawn += len(rows)
@@ -123,9 +126,15 @@ def collect(sut, protocol: QualityProtocol, start: int, path: Path, progress: bo
 
 
 def _row(unit: int, seed: int, out) -> dict:
-    return {"unit": unit, "seed": seed, "completion": out.text, "num_tokens": out.num_tokens,
-            "num_draft_tokens": out.num_draft_tokens, "num_accepted_tokens": out.num_accepted_tokens,
-            "finish_reason": out.finish_reason}
+    return {
+        "unit": unit,
+        "seed": seed,
+        "completion": out.text,
+        "num_tokens": out.num_tokens,
+        "num_draft_tokens": out.num_draft_tokens,
+        "num_accepted_tokens": out.num_accepted_tokens,
+        "finish_reason": out.finish_reason,
+    }
 
 
 # ---------------------------------------------------------------- statistics and verdict
@@ -136,8 +145,9 @@ def correctness(protocol: QualityProtocol, rows: list[dict]) -> np.ndarray:
     items = load_items(protocol)
     if [r["unit"] for r in rows] != list(range(protocol.num_pairs)):
         raise bundles.BundleError(f"samples do not hold units 0..{protocol.num_pairs - 1} in order")
-    return np.array([score(protocol, items[r["unit"] // protocol.seeds_per_item], r["completion"]) for r in rows],
-                    dtype=bool)
+    return np.array(
+        [score(protocol, items[r["unit"] // protocol.seeds_per_item], r["completion"]) for r in rows], dtype=bool
+    )
 
 
 def comparison_verdict(ci_low: float, ci_high: float, margin: float) -> tuple[str, str]:
@@ -146,31 +156,58 @@ def comparison_verdict(ci_low: float, ci_high: float, margin: float) -> tuple[st
         return PASS, f"non-inferior: CI low {ci_low:+.4f} > -margin {-margin:+.4f}"
     if ci_high < -margin:
         return FAIL, f"regression beyond the margin: CI high {ci_high:+.4f} < -margin {-margin:+.4f}"
-    return INCONCLUSIVE, (f"CI [{ci_low:+.4f}, {ci_high:+.4f}] contains -margin {-margin:+.4f}: too wide to "
-                          "decide; a non-significant McNemar alone is not evidence of no regression")
+    return INCONCLUSIVE, (
+        f"CI [{ci_low:+.4f}, {ci_high:+.4f}] contains -margin {-margin:+.4f}: too wide to "
+        "decide; a non-significant McNemar alone is not evidence of no regression"
+    )
 
 
 def compare(protocol: QualityProtocol, role: str, a: str, b: str, flags: dict[str, np.ndarray]) -> dict:
     """One paired comparison of group b against group a: McNemar, CI, margin, verdict."""
     result = paired_comparison(flags[a], flags[b], alpha=protocol.alpha, margin=protocol.margin)
     verdict, reason = comparison_verdict(result.ci_low, result.ci_high, protocol.margin)
-    return {"kind": "mcnemar_noninferiority", "role": role, "group_a": a, "group_b": b, "n": result.n,
-            "wins": result.wins, "losses": result.losses, "ties": result.ties, "acc_a": result.acc_a,
-            "acc_b": result.acc_b, "diff": result.diff, "statistic": result.wins - result.losses,
-            "p_value": result.p_value, "ci_low": result.ci_low, "ci_high": result.ci_high,
-            "alpha": result.alpha, "margin": protocol.margin, "certifiable_margin": max(0.0, -result.ci_low),
-            "verdict": verdict, "reason": reason}
+    return {
+        "kind": "mcnemar_noninferiority",
+        "role": role,
+        "group_a": a,
+        "group_b": b,
+        "n": result.n,
+        "wins": result.wins,
+        "losses": result.losses,
+        "ties": result.ties,
+        "acc_a": result.acc_a,
+        "acc_b": result.acc_b,
+        "diff": result.diff,
+        "statistic": result.wins - result.losses,
+        "p_value": result.p_value,
+        "ci_low": result.ci_low,
+        "ci_high": result.ci_high,
+        "alpha": result.alpha,
+        "margin": protocol.margin,
+        "certifiable_margin": max(0.0, -result.ci_low),
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def _group_facts(protocol: QualityProtocol, name: str, rows: list[dict], flags: np.ndarray, start: int) -> dict:
     group = next(g for g in protocol.groups if g.name == name)
     drafted = sum(r["num_draft_tokens"] for r in rows)
     accepted = sum(r["num_accepted_tokens"] for r in rows)
-    return {"mode": group.mode, "draft_loops": group.draft_loops, "planned_n": protocol.num_pairs,
-            "effective_n": len(rows), "accuracy": float(flags.mean()), "num_correct": int(flags.sum()),
-            "seed_start": start, "seed_stop": start + protocol.num_pairs, "num_draft_tokens": drafted,
-            "num_accepted_tokens": accepted, "acceptance_rate": accepted / drafted if drafted else None,
-            "mean_tokens": float(np.mean([r["num_tokens"] for r in rows]))}
+    return {
+        "mode": group.mode,
+        "draft_loops": group.draft_loops,
+        "planned_n": protocol.num_pairs,
+        "effective_n": len(rows),
+        "accuracy": float(flags.mean()),
+        "num_correct": int(flags.sum()),
+        "seed_start": start,
+        "seed_stop": start + protocol.num_pairs,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_tokens": float(np.mean([r["num_tokens"] for r in rows])),
+    }
 
 
 def overall(tests: dict[str, dict]) -> tuple[str, str]:
@@ -181,8 +218,9 @@ def overall(tests: dict[str, dict]) -> tuple[str, str]:
         return FAIL, f"regression beyond the margin in {', '.join(failed)}"
     open_ = sorted(n for n, v in primary.items() if v != PASS)
     if open_:
-        return INCONCLUSIVE, (f"non-inferiority not established for {', '.join(open_)} (CI too wide at this n); "
-                              "not a PASS")
+        return INCONCLUSIVE, (
+            f"non-inferiority not established for {', '.join(open_)} (CI too wide at this n); not a PASS"
+        )
     return PASS, f"every primary comparison is non-inferior within the margin ({len(primary)} comparison(s))"
 
 
@@ -190,31 +228,63 @@ def summarise(path: Path, protocol: QualityProtocol, start: int) -> dict:
     """The summary computed from the bundle's raw completions alone."""
     rows = {g.name: bundles.read_json(_samples_file(path, g.name)) for g in protocol.groups}
     flags = {name: correctness(protocol, group_rows) for name, group_rows in rows.items()}
-    tests = {f"noninferiority.{b}_vs_{a}": compare(protocol, role, a, b, flags)
-             for role, a, b in protocol.comparisons()}
+    tests = {
+        f"noninferiority.{b}_vs_{a}": compare(protocol, role, a, b, flags) for role, a, b in protocol.comparisons()
+    }
     verdict, reason = overall(tests)
     registration = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
-    return json.loads(json.dumps({"kind": "quality", "verdict": verdict, "reason": reason, "tests": tests,
-            "registration": registration,
-            "groups": {name: _group_facts(protocol, name, rows[name], flags[name], start) for name in rows},
-            "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
-                         "alpha": protocol.alpha, "margin": protocol.margin, "task": protocol.task.name,
-                         "metric": protocol.task.metric, "prompt_format": protocol.task.prompt_format,
-                         "num_items": protocol.num_items, "seeds_per_item": protocol.seeds_per_item,
-                         "max_tokens": protocol.max_tokens, "baseline": protocol.baseline}}))
+    return json.loads(
+        json.dumps(
+            {
+                "kind": "quality",
+                "verdict": verdict,
+                "reason": reason,
+                "tests": tests,
+                "registration": registration,
+                "groups": {name: _group_facts(protocol, name, rows[name], flags[name], start) for name in rows},
+                "protocol": {
+                    "name": protocol.name,
+                    "hash": protocol.hash,
+                    "profile": protocol.profile,
+                    "alpha": protocol.alpha,
+                    "margin": protocol.margin,
+                    "task": protocol.task.name,
+                    "metric": protocol.task.metric,
+                    "prompt_format": protocol.task.prompt_format,
+                    "num_items": protocol.num_items,
+                    "seeds_per_item": protocol.seeds_per_item,
+                    "max_tokens": protocol.max_tokens,
+                    "baseline": protocol.baseline,
+                },
+            }
+        )
+    )
 
 
 # ---------------------------------------------------------------- the run
 
 
-def _start(protocol_file: Path, base: QualityProtocol, protocol: QualityProtocol, output: Path,
-           seed_offset: int | None, registration: str, exploratory: bool) -> tuple[Path, seeds.SeedRange]:
+def _start(
+    protocol_file: Path,
+    base: QualityProtocol,
+    protocol: QualityProtocol,
+    output: Path,
+    seed_offset: int | None,
+    registration: str,
+    exploratory: bool,
+) -> tuple[Path, seeds.SeedRange]:
     """Claim one seed range for all groups (under the ledger lock) and create the bundle."""
-    path, (claimed,) = lifecycle.claim_bundle(output, protocol.name, [PAIRED_GROUP], protocol.num_pairs,
-                                              protocol.seed_base, seed_offset)
-    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile, ((PAIRED_GROUP, claimed.start,
-                                                                              claimed.stop),),
-                           registration=registration, exploratory=exploratory)
+    path, (claimed,) = lifecycle.claim_bundle(
+        output, protocol.name, [PAIRED_GROUP], protocol.num_pairs, protocol.seed_base, seed_offset
+    )
+    plan = bundles.RunPlan(
+        protocol.name,
+        protocol.hash,
+        protocol.profile,
+        ((PAIRED_GROUP, claimed.start, claimed.stop),),
+        registration=registration,
+        exploratory=exploratory,
+    )
     lifecycle.record_plan(path, protocol_file, base, plan)
     return path, claimed
 
@@ -223,7 +293,7 @@ def load_bundle_protocol(path: Path) -> tuple[QualityProtocol, seeds.SeedRange]:
     """The resolved protocol and the seed range a quality bundle was (or is being) run with;
     BundleError unless protocol.yaml, protocol.json and run.json record the same protocol."""
     protocol, plan = bundles.load_plan_protocol(path, parse_quality_protocol, load_quality_protocol)
-    (group, start, stop), = plan.ranges
+    ((group, start, stop),) = plan.ranges
     return resolve_profile(protocol, plan.profile), seeds.SeedRange(plan.protocol, path.name, group, start, stop)
 
 
@@ -231,8 +301,10 @@ def _open(protocol: QualityProtocol, protocol_file: Path, sut_factory: SutFactor
     sut = open_guarded(sut_factory or open_sut, protocol)
     try:
         if not (hasattr(sut, "complete") and hasattr(sut, "render_chat")):
-            raise SUTError(f"sut.adapter {protocol.sut.adapter!r} cannot generate text completions "
-                           "(needs complete() and render_chat()); quality protocols need it")
+            raise SUTError(
+                f"sut.adapter {protocol.sut.adapter!r} cannot generate text completions "
+                "(needs complete() and render_chat()); quality protocols need it"
+            )
         sut.check_groups(protocol.groups)  # refuse unsupported groups before claiming any seed
         check_capabilities(protocol, sut, protocol_file)
     except BaseException:
@@ -241,10 +313,20 @@ def _open(protocol: QualityProtocol, protocol_file: Path, sut_factory: SutFactor
     return sut
 
 
-def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
-        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
-        sut_factory: SutFactory | None = None, command: list[str] | None = None,
-        announce: Callable[[Path], None] | None = None, parsed: QualityProtocol | None = None) -> tuple[Path, dict]:
+def run(
+    protocol_file: Path | None,
+    profile: str | None,
+    output: Path,
+    *,
+    resume: Path | None = None,
+    exploratory: bool = False,
+    seed_offset: int | None = None,
+    progress: bool = True,
+    sut_factory: SutFactory | None = None,
+    command: list[str] | None = None,
+    announce: Callable[[Path], None] | None = None,
+    parsed: QualityProtocol | None = None,
+) -> tuple[Path, dict]:
     """Run (or resume) a quality protocol and write a sealed bundle; returns (bundle, summary).
     Refusals, failures and interrupts behave as in `specval.distribution.runner.run`; `parsed`: the
     protocol of `protocol_file` when the caller has parsed it already (None: read here)."""
@@ -276,8 +358,9 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     summary = summarise(path, protocol, claimed.start)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
     bundles.end_session(path, session, drawn, summary["verdict"])  # integrity (lead: keep on merge)
-    lifecycle.write_manifest(path, protocol, [claimed], device, lifecycle.run_timing(started, clock, collect_s, drawn),
-                             command)
+    lifecycle.write_manifest(
+        path, protocol, [claimed], device, lifecycle.run_timing(started, clock, collect_s, drawn), command
+    )
     finish(path)
     return path, summary
 
@@ -298,4 +381,3 @@ def verify(path: Path) -> list[str]:
 def _recompute_bundle(path: Path) -> dict:
     protocol, claimed = load_bundle_protocol(path)
     return summarise(path, protocol, claimed.start)
-

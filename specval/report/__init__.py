@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -46,8 +46,9 @@ def observed_criteria(summary: dict) -> list[tuple[str, dict]]:
     return out
 
 
-def assemble(observed: list[tuple[str, bytes | None]], pvalues: bytes | None,
-             sources: bytes | None) -> dict[str, bytes]:
+def assemble(
+    observed: list[tuple[str, bytes | None]], pvalues: bytes | None, sources: bytes | None
+) -> dict[str, bytes]:
     """The report's figures in report order, those that came out None left out: `observed` as
     (criterion name, png) in `observed_criteria` order, then p-values, then token sources."""
     out = {f"{OBSERVED_TITLE}{name}": png for name, png in observed if png}
@@ -67,14 +68,20 @@ def figures(path: Path, summary: dict, samples: pd.DataFrame) -> dict[str, bytes
     sources; `samples` are the bundle's stage-1 samples (`bundle_samples`). Rendered here, one
     after the other: the reference rendering (a `FigurePool` gives the same bytes)."""
     reference, positions = read_reference(path), summary["protocol"]["positions"]
-    observed = [(name, plots.observed_vs_expected(name, test, samples, reference, positions))
-                for name, test in observed_criteria(summary)]
-    return assemble(observed, plots.pvalues_across_strata(summary["tests"]),
-                    plots.acceptance_by_position(summary["groups"]))
+    observed = [
+        (name, plots.observed_vs_expected(name, test, samples, reference, positions))
+        for name, test in observed_criteria(summary)
+    ]
+    return assemble(
+        observed, plots.pvalues_across_strata(summary["tests"]), plots.acceptance_by_position(summary["groups"])
+    )
 
 
-def render_files(path: Path, pngs: dict[str, bytes] | None = None,
-                 render_figures: Callable[[Path, dict, pd.DataFrame], dict[str, bytes]] = figures) -> dict[str, bytes]:
+def render_files(
+    path: Path,
+    pngs: dict[str, bytes] | None = None,
+    render_figures: Callable[[Path, dict, pd.DataFrame], dict[str, bytes]] = figures,
+) -> dict[str, bytes]:
     """report.md and report.html of the bundle at `path`, rendered from its files alone.
     Deterministic: the same bundle gives the same bytes (no clock, no PNG timestamp or software
     tag, sorted iteration), on any machine with the same matplotlib build. `pngs`: the bundle's
@@ -84,8 +91,10 @@ def render_files(path: Path, pngs: dict[str, bytes] | None = None,
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     if pngs is None:
         pngs = render_figures(path, summary, bundle_samples(path, manifest, summary))
-    return {"report.md": render_markdown(summary, manifest, pngs).encode(),
-            "report.html": render_html(summary, manifest, pngs).encode()}
+    return {
+        "report.md": render_markdown(summary, manifest, pngs).encode(),
+        "report.html": render_html(summary, manifest, pngs).encode(),
+    }
 
 
 def render(path: Path, pngs: dict[str, bytes] | None = None) -> None:
@@ -103,8 +112,9 @@ class Section:
     notes: tuple[str, ...] = ()
 
 
-def summary_files(path: Path, facts: Callable[[dict, dict], list[str]],
-                  sections: Callable[[dict, dict], list[Section]]) -> dict[str, bytes]:
+def summary_files(
+    path: Path, facts: Callable[[dict, dict], list[str]], sections: Callable[[dict, dict], list[Section]]
+) -> dict[str, bytes]:
     """report.md and report.html of a bundle whose report is rendered from summary.json and
     manifest.json alone (quality and performance bundles): "name: verdict", the reason,
     `facts(summary, manifest)` as a list, then `sections(summary, manifest)`, the same content in
@@ -118,7 +128,12 @@ def summary_files(path: Path, facts: Callable[[dict, dict], list[str]],
     for part in parts:
         lines += ["", f"## {part.title}", "", md_table(part.header, part.rows)]
         lines += [line for note in part.notes for line in ("", note)]
-    body = "".join(f"<h2>{part.title}</h2>{html_table(part.header, part.rows)}"
-                   + "".join(f"<p>{escape(note)}</p>" for note in part.notes) for part in parts)
-    return {"report.md": ("\n".join(lines) + "\n").encode(),
-            "report.html": page(name, verdict, reason, listed, body, shown).encode()}
+    body = "".join(
+        f"<h2>{part.title}</h2>{html_table(part.header, part.rows)}"
+        + "".join(f"<p>{escape(note)}</p>" for note in part.notes)
+        for part in parts
+    )
+    return {
+        "report.md": ("\n".join(lines) + "\n").encode(),
+        "report.html": page(name, verdict, reason, listed, body, shown).encode(),
+    }

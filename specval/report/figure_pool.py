@@ -29,19 +29,19 @@ import multiprocessing
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from specval import report
+from specval.distribution.verdict import applicable_groups, criterion_name
 from specval.protocol import Protocol
 from specval.report import plots
-from specval.distribution.verdict import applicable_groups, criterion_name
 
 SUMMARY_FIGURES = 2  # figures drawn from the summary: p-values across strata, token sources
 POOL_MIN_SAMPLES = 100_000  # a smaller run renders serially: its collection is too short to hide the workers' start
@@ -56,9 +56,12 @@ def predicted_criteria(protocol: Protocol) -> list[Prediction]:
     """The observed-vs-expected figures `report.observed_criteria` selects from a summary of
     `protocol`, predicted before the summary exists (a criterion without strata is predicted too;
     its figure is simply not used)."""
-    return [(criterion_name(test, group), group, test.position) for test in protocol.tests
-            if test.kind == "gof" and test.role != "control" and not test.by_path
-            for group in applicable_groups(protocol, test)]
+    return [
+        (criterion_name(test, group), group, test.position)
+        for test in protocol.tests
+        if test.kind == "gof" and test.role != "control" and not test.by_path
+        for group in applicable_groups(protocol, test)
+    ]
 
 
 def worker_count(protocol: Protocol, cpus: int | None = None) -> int:
@@ -82,8 +85,12 @@ def _worker_init() -> None:
 
 def _facts() -> dict:
     """What a worker is: its pid, the CUDA devices it sees, whether torch is loaded, its SIGINT handling."""
-    return {"pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "torch_loaded": "torch" in sys.modules, "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
+    return {
+        "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch_loaded": "torch" in sys.modules,
+        "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+    }
 
 
 def _observed(path: str, name: str, tokens: np.ndarray, position: int) -> bytes | None:
@@ -97,8 +104,9 @@ class FigurePool:
     def __init__(self, workers: int) -> None:
         if workers < 1:
             raise ValueError(f"workers: {workers}, expected >= 1 (0 workers: render with report.figures)")
-        self._executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init)
+        self._executor = ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
+        )
         self._observed: dict[Prediction, Future] = {}
         self._released: list = []  # the worker processes, once `release` let them exit
         self._started = [self._executor.submit(_facts) for _ in range(workers)]  # spawns every worker now
@@ -106,7 +114,7 @@ class FigurePool:
         # (its exit code recorded) once that thread is done, and shutdown(wait=False) forgets it.
         self._manager = getattr(self._executor, "_executor_manager_thread", None)
 
-    def __enter__(self) -> "FigurePool":
+    def __enter__(self) -> FigurePool:
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
@@ -155,8 +163,9 @@ class FigurePool:
         tokens = plots.tokens_by_group(samples, {group for _, group, _ in predicted}, protocol.positions)
         try:
             for name, group, position in predicted:
-                self._observed[name, group, position] = self._executor.submit(_observed, str(path), name,
-                                                                              tokens[group], position)
+                self._observed[name, group, position] = self._executor.submit(
+                    _observed, str(path), name, tokens[group], position
+                )
         except BrokenProcessPool:
             self._observed.clear()  # a worker is lost: `submit` finds the pool broken and renders serially
 
@@ -176,27 +185,39 @@ class FigurePool:
 
     def _submit_all(self, path: Path, summary: dict, samples: pd.DataFrame) -> tuple[list, Future, Future]:
         positions = summary["protocol"]["positions"]
-        observed = [(name, self._observed.get((name, test["group"], test["position"]))
-                     or self._executor.submit(_observed, str(path), name,
-                                              plots.group_tokens(samples, test["group"], positions), test["position"]))
-                    for name, test in report.observed_criteria(summary)]
-        return (observed, self._executor.submit(plots.pvalues_across_strata, summary["tests"]),
-                self._executor.submit(plots.acceptance_by_position, summary["groups"]))
+        observed = [
+            (
+                name,
+                self._observed.get((name, test["group"], test["position"]))
+                or self._executor.submit(
+                    _observed, str(path), name, plots.group_tokens(samples, test["group"], positions), test["position"]
+                ),
+            )
+            for name, test in report.observed_criteria(summary)
+        ]
+        return (
+            observed,
+            self._executor.submit(plots.pvalues_across_strata, summary["tests"]),
+            self._executor.submit(plots.acceptance_by_position, summary["groups"]),
+        )
 
-    def _wait(self, futures: tuple[list, Future, Future], path: Path, summary: dict,
-              samples: pd.DataFrame) -> dict[str, bytes]:
+    def _wait(
+        self, futures: tuple[list, Future, Future], path: Path, summary: dict, samples: pd.DataFrame
+    ) -> dict[str, bytes]:
         observed, pvalues, sources = futures
         try:
-            return report.assemble([(name, _result(future)) for name, future in observed], _result(pvalues),
-                                   _result(sources))
+            return report.assemble(
+                [(name, _result(future)) for name, future in observed], _result(pvalues), _result(sources)
+            )
         except (BrokenProcessPool, FutureTimeout) as err:
             return self._lost(err, path, summary, samples)
 
     def _lost(self, err: BaseException, path: Path, summary: dict, samples: pd.DataFrame) -> dict[str, bytes]:
         self._terminate()
         reason = f"{type(err).__name__}: {err}" if str(err) else f"no figure within {FIGURE_TIMEOUT_S:g} s"
-        print(f"warning: a figure worker was lost ({reason}); the figures are rendered in this process",
-              file=sys.stderr)
+        print(
+            f"warning: a figure worker was lost ({reason}); the figures are rendered in this process", file=sys.stderr
+        )
         return report.figures(path, summary, samples)
 
 

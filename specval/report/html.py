@@ -5,13 +5,30 @@ from __future__ import annotations
 import base64
 import html
 
-from specval.report.markdown import (CRITERIA_HEADER, GROUP_HEADER, LOOK_HEADER, SESSION_HEADER, look_rows,
-                                     confirmation_lines, criteria_rows, fmt, group_rows, patch_text, provenance,
-                                     semantics_text, sequential_blocks, sequential_lines, session_rows, verdict_text)
+from specval.report.markdown import (
+    CRITERIA_HEADER,
+    GROUP_HEADER,
+    LOOK_HEADER,
+    SESSION_HEADER,
+    confirmation_lines,
+    criteria_rows,
+    fmt,
+    group_rows,
+    look_rows,
+    patch_text,
+    provenance,
+    semantics_text,
+    sequential_blocks,
+    sequential_lines,
+    session_rows,
+    verdict_text,
+)
 
-STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
-         "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
-         ".INCONCLUSIVE{color:#a60}")
+STYLE = (
+    "body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse;"
+    "font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}.PASS{color:#070}.FAIL{color:#b00}"
+    ".INCONCLUSIVE{color:#a60}"
+)
 
 
 def heading(name: str, verdict: str, shown: str) -> str:
@@ -24,15 +41,18 @@ def page(name: str, verdict: str, reason: str, facts: list[str], body: str, show
     facts as a list, then `body` (HTML)."""
     title = html.escape(name)
     items = "".join(f"<li>{html.escape(fact)}</li>" for fact in facts)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
-            f"</head><body>{heading(name, verdict, shown or verdict)}"
-            f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
+        f"</head><body>{heading(name, verdict, shown or verdict)}"
+        f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n"
+    )
 
 
 def html_table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>"
-                   for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' for c in row) + "</tr>" for row in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -61,8 +81,9 @@ def _sequential(summary: dict) -> str:
     if not lines:
         return ""
     rows = [row for stage, block in sequential_blocks(summary) for row in look_rows(stage, block)]
-    paragraphs = "".join(f"<p>{html.escape(line.removeprefix('- '))}</p>" for line in lines[2:]
-                         if line and not line.startswith("|"))
+    paragraphs = "".join(
+        f"<p>{html.escape(line.removeprefix('- '))}</p>" for line in lines[2:] if line and not line.startswith("|")
+    )
     return f"<h2>Sequential looks</h2>{paragraphs}{html_table(LOOK_HEADER, rows)}"
 
 
@@ -78,20 +99,25 @@ def _patch(manifest: dict) -> str:
 
 def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
-    images = "".join(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
-                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">' for name, png in figures.items())
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
-            f"<style>{STYLE}</style></head><body>"
-            f"{heading(proto['name'], summary['verdict'], verdict_text(summary))}"
-            f"<p>{html.escape(summary['reason'])}</p>"
-            f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
-            f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
-            f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
-            f"{_semantics(summary)}{_patch(manifest)}"
-            f"<h2>Criteria</h2>{html_table(CRITERIA_HEADER, criteria_rows(summary))}"
-            f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
-            f"with power &ge; {proto['power']}.</p>"
-            f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
-            f"{_confirmation(summary)}{_sequential(summary)}"
-            f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}"
-            f"<h2>Figures</h2>{images}</body></html>\n")
+    images = "".join(
+        f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        for name, png in figures.items()
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
+        f"<style>{STYLE}</style></head><body>"
+        f"{heading(proto['name'], summary['verdict'], verdict_text(summary))}"
+        f"<p>{html.escape(summary['reason'])}</p>"
+        f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
+        f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
+        f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"
+        f"{_semantics(summary)}{_patch(manifest)}"
+        f"<h2>Criteria</h2>{html_table(CRITERIA_HEADER, criteria_rows(summary))}"
+        f"<p>MDE (TV): deviations of total-variation distance at least this large would have been detected "
+        f"with power &ge; {proto['power']}.</p>"
+        f"<h2>Groups</h2>{html_table(GROUP_HEADER, group_rows(summary))}"
+        f"{_confirmation(summary)}{_sequential(summary)}"
+        f"<h2>Sessions</h2>{html_table(SESSION_HEADER, session_rows(manifest))}"
+        f"<h2>Figures</h2>{images}</body></html>\n"
+    )

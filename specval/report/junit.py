@@ -26,8 +26,13 @@ def reason(summary: dict, name: str) -> str:
 
 
 CASE_PROPERTIES = (  # property name -> the criterion's summary keys, first present wins
-    ("statistic", ("statistic",)), ("p_value", ("p_value",)), ("p_adjusted", ("p_adjusted",)), ("mde", ("mde_tv",)),
-    ("mde_label", ("mde_label",)), ("sample_size", ("effective_n", "n")), ("planned_n", ("planned_n",)),
+    ("statistic", ("statistic",)),
+    ("p_value", ("p_value",)),
+    ("p_adjusted", ("p_adjusted",)),
+    ("mde", ("mde_tv",)),
+    ("mde_label", ("mde_label",)),
+    ("sample_size", ("effective_n", "n")),
+    ("planned_n", ("planned_n",)),
 )
 
 
@@ -48,10 +53,17 @@ def _case_properties(test: dict, bundle: Path | None) -> list[tuple[str, object]
 def _suite_properties(summary: dict, bundle: Path | None) -> list[tuple[str, object]]:
     proto, registration = summary["protocol"], summary.get("registration") or {}
     looked = summary.get("sequential") or {}
-    return [("protocol", proto["name"]), ("protocol_hash", proto.get("hash")), ("profile", proto.get("profile")),
-            ("verdict", summary["verdict"]), ("exploratory", registration.get("exploratory")),
-            ("stopped_at_look", looked.get("stopped_at_look")), ("looks", looked.get("num_looks")),
-            ("samples_per_group", looked.get("samples_per_group_at_stop")), ("bundle", bundle)]
+    return [
+        ("protocol", proto["name"]),
+        ("protocol_hash", proto.get("hash")),
+        ("profile", proto.get("profile")),
+        ("verdict", summary["verdict"]),
+        ("exploratory", registration.get("exploratory")),
+        ("stopped_at_look", looked.get("stopped_at_look")),
+        ("looks", looked.get("num_looks")),
+        ("samples_per_group", looked.get("samples_per_group_at_stop")),
+        ("bundle", bundle),
+    ]
 
 
 def inconclusive(summary: dict) -> set[str]:
@@ -69,9 +81,14 @@ def write_junit(summary: dict, path: Path, bundle: Path | None = None) -> None:
     `bundle` (those the criterion has). A run with sequential looks adds to the suite the look it
     stopped at, the number of looks and the samples per group it had collected then."""
     tests, failed, errors = summary["tests"], failing(summary), inconclusive(summary)
-    suite = ET.Element("testsuite", name=f"specval.{summary['protocol']['name']}", tests=str(len(tests)),
-                       failures=str(len(failed)), errors=str(len(errors)),
-                       skipped=str(sum(t["verdict"] != "PASS" and n not in failed | errors for n, t in tests.items())))
+    suite = ET.Element(
+        "testsuite",
+        name=f"specval.{summary['protocol']['name']}",
+        tests=str(len(tests)),
+        failures=str(len(failed)),
+        errors=str(len(errors)),
+        skipped=str(sum(t["verdict"] != "PASS" and n not in failed | errors for n, t in tests.items())),
+    )
     _properties(suite, _suite_properties(summary, bundle))
     for name, test in sorted(tests.items()):
         case = ET.SubElement(suite, "testcase", classname=test["role"], name=name)

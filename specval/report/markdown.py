@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from specval.semantics import FilterSemantics
 
-
 EXPLORATORY = "EXPLORATORY"  # marks the verdict of a protocol run unfrozen (--exploratory)
 
 
@@ -32,22 +31,45 @@ def criteria_rows(summary: dict) -> list[list[str]]:
     rows = []
     for name, test in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0])):
         coverage = test.get("coverage")
-        cover = (f"{coverage['strata_covered']}/{coverage['strata_total']} strata, "
-                 f"{coverage['samples_covered']}/{coverage['samples_total']} samples" if coverage else "-")
-        rows.append([name, test["role"], fmt(test["statistic"]), fmt(test["df"]), fmt(test["p_value"]),
-                     fmt(test["p_adjusted"]), fmt(test["mde_tv"], 3), cover, test["verdict"], test["reason"]])
+        cover = (
+            f"{coverage['strata_covered']}/{coverage['strata_total']} strata, "
+            f"{coverage['samples_covered']}/{coverage['samples_total']} samples"
+            if coverage
+            else "-"
+        )
+        rows.append(
+            [
+                name,
+                test["role"],
+                fmt(test["statistic"]),
+                fmt(test["df"]),
+                fmt(test["p_value"]),
+                fmt(test["p_adjusted"]),
+                fmt(test["mde_tv"], 3),
+                cover,
+                test["verdict"],
+                test["reason"],
+            ]
+        )
     return rows
 
 
-CRITERIA_HEADER = ["criterion", "role", "statistic", "df", "p", "p (Holm)", "MDE (TV)", "coverage", "verdict",
-                   "reason"]
+CRITERIA_HEADER = ["criterion", "role", "statistic", "df", "p", "p (Holm)", "MDE (TV)", "coverage", "verdict", "reason"]
 GROUP_HEADER = ["group", "mode", "draft loops", "seeds", "n (planned / effective)", "acceptance rate"]
 
 
 def group_rows(summary: dict) -> list[list[str]]:
-    return [[name, g["mode"], fmt(g["draft_loops"]), f"[{g['seed_start']}, {g['seed_stop']})",
-             f"{g['planned_n']} / {g['effective_n']}", fmt(g["acceptance_rate"], 3)]
-            for name, g in sorted(summary["groups"].items())]
+    return [
+        [
+            name,
+            g["mode"],
+            fmt(g["draft_loops"]),
+            f"[{g['seed_start']}, {g['seed_stop']})",
+            f"{g['planned_n']} / {g['effective_n']}",
+            fmt(g["acceptance_rate"], 3),
+        ]
+        for name, g in sorted(summary["groups"].items())
+    ]
 
 
 def confirmation_lines(summary: dict) -> list[str]:
@@ -57,22 +79,35 @@ def confirmation_lines(summary: dict) -> list[str]:
     if not block or block["stages"] < 2:
         return []
     rates = block["rates"]
-    lines = ["## Two-stage confirmation", "", f"Rule (pre-registered): {block['rule']}.", "",
-             f"- stage 1 alpha {block['alpha_stage1']}, stage 2 alpha {block['alpha_stage2']} (Holm within each "
-             f"family in each stage); power {rates['power1']} per stage at each criterion's MDE",
-             f"- combined false-fail rate per family <= alpha1 * alpha2 = {fmt(rates['false_fail'], 3)}; "
-             f"run (over {block['gating_families']} gating families) <= {fmt(block['run_false_fail_bound'], 3)}",
-             f"- combined power >= power1 * power2 = {fmt(rates['power'], 3)} at a TV >= both stages' MDE; "
-             f"expected stages per run of a correct sampler {fmt(rates['expected_stages'], 4)}"]
+    lines = [
+        "## Two-stage confirmation",
+        "",
+        f"Rule (pre-registered): {block['rule']}.",
+        "",
+        f"- stage 1 alpha {block['alpha_stage1']}, stage 2 alpha {block['alpha_stage2']} (Holm within each "
+        f"family in each stage); power {rates['power1']} per stage at each criterion's MDE",
+        f"- combined false-fail rate per family <= alpha1 * alpha2 = {fmt(rates['false_fail'], 3)}; "
+        f"run (over {block['gating_families']} gating families) <= {fmt(block['run_false_fail_bound'], 3)}",
+        f"- combined power >= power1 * power2 = {fmt(rates['power'], 3)} at a TV >= both stages' MDE; "
+        f"expected stages per run of a correct sampler {fmt(rates['expected_stages'], 4)}",
+    ]
     if block["deterministic"]:
         lines.append(f"- stage 2 not run: deterministic failure of {', '.join(block['deterministic'])}")
     elif not block["triggered"]:
         lines.append("- stage 2 not run: stage 1 did not FAIL")
     else:
         second = block["stage2"]
-        lines += [f"- stage 2 ran on fresh seeds: {second['verdict']}: {second['reason']}", "",
-                  "### Stage 2 criteria", "", md_table(CRITERIA_HEADER, criteria_rows(second)), "",
-                  "### Stage 2 groups", "", md_table(GROUP_HEADER, group_rows(second))]
+        lines += [
+            f"- stage 2 ran on fresh seeds: {second['verdict']}: {second['reason']}",
+            "",
+            "### Stage 2 criteria",
+            "",
+            md_table(CRITERIA_HEADER, criteria_rows(second)),
+            "",
+            "### Stage 2 groups",
+            "",
+            md_table(GROUP_HEADER, group_rows(second)),
+        ]
     return lines + [""]
 
 
@@ -80,8 +115,18 @@ LOOK_HEADER = ["stage", "look", "fraction", "samples per group", "level", "verdi
 
 
 def look_rows(stage: str, block: dict) -> list[list[str]]:
-    return [[stage, str(r["look"]), fmt(r["fraction"]), str(r["samples_per_group"]), fmt(r["level"], 3),
-             r["verdict"], ", ".join(r["failing"]) or "-"] for r in block["records"]]
+    return [
+        [
+            stage,
+            str(r["look"]),
+            fmt(r["fraction"]),
+            str(r["samples_per_group"]),
+            fmt(r["level"], 3),
+            r["verdict"],
+            ", ".join(r["failing"]) or "-",
+        ]
+        for r in block["records"]
+    ]
 
 
 def sequential_blocks(summary: dict) -> list[tuple[str, dict]]:
@@ -103,9 +148,11 @@ def sequential_lines(summary: dict) -> list[str]:
     lines = ["## Sequential looks", "", f"Rule (pre-registered): {first['rule']}.", ""]
     for stage, block in blocks:
         looks = ", ".join(f"{fmt(f)} ({n})" for f, n in zip(block["looks"], block["samples_per_group"]))
-        lines += [f"- stage {stage}: {block['spending']} spending of alpha {block['alpha']} over "
-                  f"{block['num_looks']} looks at {looks} samples per group, levels "
-                  f"{', '.join(fmt(v, 3) for v in block['levels'])}; {sequential_text(block)}"]
+        lines += [
+            f"- stage {stage}: {block['spending']} spending of alpha {block['alpha']} over "
+            f"{block['num_looks']} looks at {looks} samples per group, levels "
+            f"{', '.join(fmt(v, 3) for v in block['levels'])}; {sequential_text(block)}"
+        ]
     rows = [row for stage, block in blocks for row in look_rows(stage, block)]
     return lines + ["", md_table(LOOK_HEADER, rows), ""]
 
@@ -113,8 +160,10 @@ def sequential_lines(summary: dict) -> list[str]:
 def sequential_text(block: dict) -> str:
     """Where a stage with looks stopped, in words."""
     if block["stopped_early"]:
-        return (f"stopped with FAIL at look {block['stopped_at_look']} of {block['num_looks']}, after "
-                f"{block['samples_per_group_at_stop']} of {block['samples_per_group'][-1]} planned samples per group")
+        return (
+            f"stopped with FAIL at look {block['stopped_at_look']} of {block['num_looks']}, after "
+            f"{block['samples_per_group_at_stop']} of {block['samples_per_group'][-1]} planned samples per group"
+        )
     return f"ran all {block['num_looks']} looks ({block['samples_per_group_at_stop']} samples per group)"
 
 
@@ -136,8 +185,18 @@ def provenance(manifest: dict) -> str:
 
 def session_rows(manifest: dict) -> list[list[str]]:
     """One row per session; a session that never finished (killed, or raised) shows `-`."""
-    return [[str(i), " ".join(s["command"]), s["started"], fmt(s["finished"]), fmt(s["samples_drawn"]),
-             fmt(s["outcome"]), code_text(s["code"])] for i, s in enumerate(manifest.get("sessions") or [])]
+    return [
+        [
+            str(i),
+            " ".join(s["command"]),
+            s["started"],
+            fmt(s["finished"]),
+            fmt(s["samples_drawn"]),
+            fmt(s["outcome"]),
+            code_text(s["code"]),
+        ]
+        for i, s in enumerate(manifest.get("sessions") or [])
+    ]
 
 
 def semantics_text(summary: dict) -> str | None:
@@ -172,8 +231,10 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
 def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
     proto = summary["protocol"]
     lines = [
-        f"# {proto['name']}: {verdict_text(summary)}", "",
-        summary["reason"], "",
+        f"# {proto['name']}: {verdict_text(summary)}",
+        "",
+        summary["reason"],
+        "",
         f"- protocol hash: `{proto['hash']}` (profile: {proto['profile']})",
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
         "iff every control and primary criterion passes",
@@ -182,15 +243,26 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         *patch_lines(manifest),
         f"- {provenance(manifest)}; started {manifest.get('started')}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s, {fmt(manifest.get('samples_per_s'), 3)} samples/s",
-        "", "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""), "",
-        md_table(CRITERIA_HEADER, criteria_rows(summary)), "",
+        "",
+        "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""),
+        "",
+        md_table(CRITERIA_HEADER, criteria_rows(summary)),
+        "",
         "MDE (TV): deviations of total-variation distance >= this value would have been detected with power "
-        f">= {proto['power']} at the run's sample size.", "",
-        "## Groups", "", md_table(GROUP_HEADER, group_rows(summary)), "",
+        f">= {proto['power']} at the run's sample size.",
+        "",
+        "## Groups",
+        "",
+        md_table(GROUP_HEADER, group_rows(summary)),
+        "",
         *confirmation_lines(summary),
         *sequential_lines(summary),
-        "## Sessions", "", md_table(SESSION_HEADER, session_rows(manifest)), "",
-        "## Figures", "",
+        "## Sessions",
+        "",
+        md_table(SESSION_HEADER, session_rows(manifest)),
+        "",
+        "## Figures",
+        "",
     ]
     lines += [f"- `{name}` (embedded in report.html)" for name in figures]
     return "\n".join(lines) + "\n"

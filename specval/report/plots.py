@@ -49,8 +49,9 @@ def group_tokens(samples: pd.DataFrame, group: str, positions: int) -> np.ndarra
     return tokens_by_group(samples, {group}, positions)[group]
 
 
-def observed_vs_expected(name: str, test: dict, samples: pd.DataFrame, reference: Reference,
-                         positions: int) -> bytes | None:
+def observed_vs_expected(
+    name: str, test: dict, samples: pd.DataFrame, reference: Reference, positions: int
+) -> bytes | None:
     """Bars of observed and expected counts of the most likely tokens in the largest strata."""
     return observed_figure(name, group_tokens(samples, test["group"], positions), test["position"], reference)
 

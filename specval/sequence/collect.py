@@ -17,9 +17,9 @@ request, whatever the batch) its tokens equal the first run's, bit for bit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -78,16 +78,18 @@ def frame(batch: Batch, result: SampleBatch, seeds: np.ndarray | None = None) ->
     default the batch's own seeds). Rows past the batch's own seeds are companions."""
     rows, length = result.tokens.shape
     seeds = np.asarray(batch.seeds if seeds is None else seeds, dtype=np.int64)
-    return pd.DataFrame({
-        "batch": np.full(rows * length, batch.index, dtype=np.int64),
-        "slot": np.repeat(np.arange(rows, dtype=np.int64), length),
-        "seed": np.repeat(seeds, length),
-        "prompt": np.full(rows * length, batch.prompt, dtype=np.int64),
-        "index": np.tile(np.arange(length, dtype=np.int64), rows),
-        "token": result.tokens.reshape(-1).astype(np.int64),
-        "source": result.sources.reshape(-1).astype(str),
-        "companion": np.repeat(np.arange(rows) >= len(batch.seeds), length),
-    })
+    return pd.DataFrame(
+        {
+            "batch": np.full(rows * length, batch.index, dtype=np.int64),
+            "slot": np.repeat(np.arange(rows, dtype=np.int64), length),
+            "seed": np.repeat(seeds, length),
+            "prompt": np.full(rows * length, batch.prompt, dtype=np.int64),
+            "index": np.tile(np.arange(length, dtype=np.int64), rows),
+            "token": result.tokens.reshape(-1).astype(np.int64),
+            "source": result.sources.reshape(-1).astype(str),
+            "companion": np.repeat(np.arange(rows) >= len(batch.seeds), length),
+        }
+    )
 
 
 def companion_seeds(seeds: Sequence[int]) -> np.ndarray:
@@ -106,21 +108,33 @@ def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int
         result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, length, max_tokens)
         return frame(batch, check_batch(batch.call("sample"), result, len(seeds), length, vocab))
     seeds = np.concatenate([seeds, companion_seeds(seeds)])
-    samplings = [protocol.sampling] * len(batch.seeds) + [group.companions[j % len(group.companions)]
-                                                          for j in range(len(batch.seeds))]
+    samplings = [protocol.sampling] * len(batch.seeds) + [
+        group.companions[j % len(group.companions)] for j in range(len(batch.seeds))
+    ]
     result = sut.sample_mixed(group, prompt_ids[batch.prompt], samplings, seeds, length, max_tokens)
     return frame(batch, check_batch(batch.call("sample_mixed"), result, len(seeds), length, vocab), seeds)
 
 
-def collect(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], ranges: Sequence[SeedRange],
-            bundle: Path, progress: bool = True) -> int:
+def collect(
+    sut: SUT,
+    protocol: SequenceProtocol,
+    prompt_ids: list[list[int]],
+    ranges: Sequence[SeedRange],
+    bundle: Path,
+    progress: bool = True,
+) -> int:
     """Sample every batch not yet on disk; returns the sequences drawn now."""
     out = bundle / SAMPLES_DIR
     out.mkdir(parents=True, exist_ok=True)
     todo = [b for b in plan_batches(protocol, ranges) if not (out / b.file_name).exists()]
     drawn = 0
-    with tqdm(total=sum(len(b.seeds) for b in todo), unit="sequence", disable=not progress, desc=protocol.name,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=sum(len(b.seeds) for b in todo),
+        unit="sequence",
+        disable=not progress,
+        desc=protocol.name,
+        dynamic_ncols=True,
+    ) as bar:
         for batch in todo:
             table = sample_batch(sut, protocol, prompt_ids, batch)
             bundles.write_chunk(bundle, out / batch.file_name, lambda tmp: table.to_parquet(tmp, index=False))
@@ -135,8 +149,9 @@ def _tested(table: pd.DataFrame) -> pd.Series:
     return ~table["companion"] if "companion" in table else pd.Series(True, index=table.index)
 
 
-def load_tables(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[pd.DataFrame, pd.DataFrame,
-                                                                                 pd.DataFrame]:
+def load_tables(
+    bundle: Path, protocol: SequenceProtocol, group: str
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(main batches, companions, re-run) of one group, each sorted by (batch, slot, index);
     ValueError when a batch is missing or holds other than the planned tokens."""
     files = sorted((bundle / SAMPLES_DIR).glob(f"{group}-b*.parquet"))
@@ -148,8 +163,10 @@ def load_tables(bundle: Path, protocol: SequenceProtocol, group: str) -> tuple[p
     expected = protocol.sequences_per_group * protocol.sequence_length
     has_companions = bool(protocol.group(group).companions)
     if len(main) != expected or len(companions) != (expected if has_companions else 0):
-        raise ValueError(f"samples of group {group!r}: {len(main)} tested and {len(companions)} companion tokens, "
-                         f"expected {expected} and {expected if has_companions else 0}")
+        raise ValueError(
+            f"samples of group {group!r}: {len(main)} tested and {len(companions)} companion tokens, "
+            f"expected {expected} and {expected if has_companions else 0}"
+        )
     rerun = pd.read_parquet(bundle / SAMPLES_DIR / f"{group}-{RERUN}.parquet")
     order = ["batch", "slot", "index"]
     return tuple(t.sort_values(order, kind="stable").reset_index(drop=True) for t in (main, companions, rerun))

@@ -26,7 +26,7 @@ COUNT_FIELDS = ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
 
 
 def _first_bad(mask: np.ndarray, values: np.ndarray, axes: tuple[str, str] = ("row", "position")) -> str:
-    """"row r, position i: value" of the first True entry of `mask` (2-D) in `values`."""
+    """ "row r, position i: value" of the first True entry of `mask` (2-D) in `values`."""
     r, i = (int(x) for x in np.argwhere(mask)[0])
     value = values[r, i]
     return f"{axes[0]} {r}, {axes[1]} {i}: {value.item() if isinstance(value, np.generic) else value!r}"
@@ -45,13 +45,19 @@ def check_batch(call: str, batch: Any, rows: int, length: int, vocab: int) -> Sa
     tokens = np.asarray(batch.tokens)
     outside = (tokens < 0) | (tokens >= vocab)
     if outside.any():
-        raise SUTRaised(call, f"tokens holds {int(outside.sum())} token id(s) outside [0, {vocab}), first at "
-                              f"{_first_bad(outside, tokens)}")
+        raise SUTRaised(
+            call,
+            f"tokens holds {int(outside.sum())} token id(s) outside [0, {vocab}), first at "
+            f"{_first_bad(outside, tokens)}",
+        )
     sources = np.asarray(batch.sources)
     unknown = ~np.isin(sources.astype(str), SOURCES)
     if unknown.any():
-        raise SUTRaised(call, f"sources holds {int(unknown.sum())} unknown value(s), first at "
-                              f"{_first_bad(unknown, sources)}; expected one of {SOURCES}")
+        raise SUTRaised(
+            call,
+            f"sources holds {int(unknown.sum())} unknown value(s), first at "
+            f"{_first_bad(unknown, sources)}; expected one of {SOURCES}",
+        )
     return batch
 
 
@@ -63,8 +69,11 @@ def check_logits_along(call: str, logits: Any, length: int, vocab: int) -> np.nd
     array = array.astype(np.float32)  # what the reference uses: a logit beyond float32 is +inf here
     for what, mask in (("NaN", np.isnan(array)), ("+inf", np.isposinf(array))):
         if mask.any():
-            raise SUTRaised(call, f"returned {int(mask.sum())} {what} logit(s), first at "
-                                  f"{_first_bad(mask, array, ('position', 'token'))}")
+            raise SUTRaised(
+                call,
+                f"returned {int(mask.sum())} {what} logit(s), first at "
+                f"{_first_bad(mask, array, ('position', 'token'))}",
+            )
     empty = ~np.isfinite(array).any(axis=1)
     if empty.any():
         raise SUTRaised(call, f"returned no finite logit at position {int(np.flatnonzero(empty)[0])} (all -inf)")

@@ -32,16 +32,24 @@ def _mde(protocol: SequenceProtocol, kind: str, level: float) -> tuple[int, floa
     n_seq, length, k = protocol.sequences_per_group, protocol.sequence_length, protocol.num_speculative_tokens
     tokens, pairs = n_seq * length, n_seq // 2
     if kind == "pit_pooled":
-        return tokens, sequence_power.pit_uniformity_mde(tokens, [level], power=protocol.power), \
-            "mean binned PIT TV over buckets"
+        return (
+            tokens,
+            sequence_power.pit_uniformity_mde(tokens, [level], power=protocol.power),
+            "mean binned PIT TV over buckets",
+        )
     if kind in ("pit_position", "pit_path"):
         buckets = (k + 1) * (verdict.QUARTERS if kind == "pit_position" else k + 2)
-        return tokens, sequence_power.pit_uniformity_mde(tokens, [level], num_buckets=buckets,
-                                                         power=protocol.power), "mean binned PIT TV over buckets"
+        return (
+            tokens,
+            sequence_power.pit_uniformity_mde(tokens, [level], num_buckets=buckets, power=protocol.power),
+            "mean binned PIT TV over buckets",
+        )
     if kind == "serial":
-        return tokens, sequence_power.serial_dependence_mde(n_seq * (length - 1), [level], max_lag=k + 1,
-                                                            power=protocol.power), \
-            "TV of one lag's pair-bin law from independence"
+        return (
+            tokens,
+            sequence_power.serial_dependence_mde(n_seq * (length - 1), [level], max_lag=k + 1, power=protocol.power),
+            "TV of one lag's pair-bin law from independence",
+        )
     if kind.startswith("association"):
         n = pairs * length  # adjacent and cross pairs each use every row once
         return n, sequence_power.association_rho_mde(n, [level], power=protocol.power), "|Spearman rho| of paired PITs"
@@ -57,6 +65,15 @@ def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
             continue
         level = protocol.alpha / max(sizes.get(role, 1), 1)
         n, mde, label = _mde(protocol, kind, level)
-        rows.append(PlanRow(name, role, sizes.get(role, 1), level, n,
-                            None if mde is None or mde == NOTHING_DETECTABLE else mde, label))
+        rows.append(
+            PlanRow(
+                name,
+                role,
+                sizes.get(role, 1),
+                level,
+                n,
+                None if mde is None or mde == NOTHING_DETECTABLE else mde,
+                label,
+            )
+        )
     return rows

@@ -29,11 +29,28 @@ from pathlib import Path
 from typing import Any
 
 from specval.protocol.canonical import canonical_hash, plain_form
-from specval.protocol.readers import (check_keys, fail, read_draft_loops, read_float, read_int, read_mapping,
-                                      read_name, read_str, read_unit)
+from specval.protocol.readers import (
+    check_keys,
+    fail,
+    read_draft_loops,
+    read_float,
+    read_int,
+    read_mapping,
+    read_name,
+    read_str,
+    read_unit,
+)
 from specval.protocol.schema import GATING_ROLES, ROLES
-from specval.protocol.sections import (MIN_TEMPERATURE, GroupSpec, SamplingSpec, SutSpec, parse_groups, parse_profiles,
-                                       parse_sampling, parse_sut)
+from specval.protocol.sections import (
+    MIN_TEMPERATURE,
+    GroupSpec,
+    SamplingSpec,
+    SutSpec,
+    parse_groups,
+    parse_profiles,
+    parse_sampling,
+    parse_sut,
+)
 from specval.protocol.sections import resolve as resolve_profile
 from specval.protocol.strict_yaml import read_yaml
 from specval.sut import DRAFT_OVERRIDES as DRAFTS
@@ -146,9 +163,11 @@ def _parse_companion(raw: Any, file: str, where: str) -> SamplingSpec:
     temperature = read_float(raw["temperature"], file, f"{where}.temperature")
     if temperature != 0.0 and not temperature >= MIN_TEMPERATURE:
         fail(file, f"{where}.temperature", f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g}", raw["temperature"])
-    return SamplingSpec(temperature=temperature,
-                        top_k=read_int(raw.get("top_k", -1), file, f"{where}.top_k", minimum=-1),
-                        top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True))
+    return SamplingSpec(
+        temperature=temperature,
+        top_k=read_int(raw.get("top_k", -1), file, f"{where}.top_k", minimum=-1),
+        top_p=read_unit(raw.get("top_p", 1.0), file, f"{where}.top_p", upper_closed=True),
+    )
 
 
 def _parse_companions(raw: Any, file: str, where: str) -> tuple[SamplingSpec, ...]:
@@ -160,12 +179,13 @@ def _parse_companions(raw: Any, file: str, where: str) -> tuple[SamplingSpec, ..
 def _parse_group(raw: Any, file: str, where: str) -> SequenceGroup:
     raw = read_mapping(raw, file, where)
     check_keys(raw, SequenceGroup, file, where)
-    group = SequenceGroup(name=read_name(raw["name"], file, f"{where}.name"),
-                          mode=read_name(raw["mode"], file, f"{where}.mode"),
-                          draft_loops=read_draft_loops(raw, file, where),
-                          draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS),
-                          companions=_parse_companions(raw["companions"], file, f"{where}.companions")
-                          if "companions" in raw else ())
+    group = SequenceGroup(
+        name=read_name(raw["name"], file, f"{where}.name"),
+        mode=read_name(raw["mode"], file, f"{where}.mode"),
+        draft_loops=read_draft_loops(raw, file, where),
+        draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS),
+        companions=_parse_companions(raw["companions"], file, f"{where}.companions") if "companions" in raw else (),
+    )
     if group.draft != OWN_DRAFT and not group.is_speculative:
         fail(file, f"{where}.draft", "a draft override needs a speculative mode", group.draft)
     return group
@@ -178,9 +198,11 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[SequenceGroup, ..
     if not isinstance(listed, list):
         fail(file, f"{where}.groups", "expected a list of group names", listed)
     names = tuple(g.name for g in groups)
-    return SequenceTest(kind=read_str(raw["kind"], file, f"{where}.kind", TEST_KINDS),
-                        role=read_str(raw["role"], file, f"{where}.role", ROLES),
-                        groups=tuple(read_str(n, file, f"{where}.groups", names) for n in listed))
+    return SequenceTest(
+        kind=read_str(raw["kind"], file, f"{where}.kind", TEST_KINDS),
+        role=read_str(raw["role"], file, f"{where}.role", ROLES),
+        groups=tuple(read_str(n, file, f"{where}.groups", names) for n in listed),
+    )
 
 
 def _parse_tests(raw: Any, file: str, groups: tuple[SequenceGroup, ...]) -> tuple[SequenceTest, ...]:
@@ -208,14 +230,27 @@ def check_layout(protocol: SequenceProtocol, file: str) -> None:
     if protocol.batch_size % 2:
         fail(file, "batch_size", f"{where}must be even (adjacent slots are paired)", protocol.batch_size)
     if protocol.sequences_per_group % protocol.batch_size:
-        fail(file, "sequences_per_group", f"{where}must be a multiple of batch_size ({protocol.batch_size})",
-             protocol.sequences_per_group)
+        fail(
+            file,
+            "sequences_per_group",
+            f"{where}must be a multiple of batch_size ({protocol.batch_size})",
+            protocol.sequences_per_group,
+        )
     if protocol.num_batches < 2 * len(protocol.prompts):
-        fail(file, "sequences_per_group", f"{where}needs at least 2 batches per prompt ({2 * len(protocol.prompts)} "
-             f"x batch_size {protocol.batch_size})", protocol.sequences_per_group)
+        fail(
+            file,
+            "sequences_per_group",
+            f"{where}needs at least 2 batches per prompt ({2 * len(protocol.prompts)} "
+            f"x batch_size {protocol.batch_size})",
+            protocol.sequences_per_group,
+        )
     if not MIN_SEQUENCE_LENGTH <= protocol.sequence_length <= MAX_SEQUENCE_LENGTH:
-        fail(file, "sequence_length", f"{where}must lie in [{MIN_SEQUENCE_LENGTH}, {MAX_SEQUENCE_LENGTH}]",
-             protocol.sequence_length)
+        fail(
+            file,
+            "sequence_length",
+            f"{where}must lie in [{MIN_SEQUENCE_LENGTH}, {MAX_SEQUENCE_LENGTH}]",
+            protocol.sequence_length,
+        )
 
 
 def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProtocol:
@@ -242,8 +277,9 @@ def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProto
         seed_base=read_int(raw.get("seed_base", 0), file, "seed_base", minimum=0),
         alpha=read_unit(raw.get("alpha", 0.01), file, "alpha"),
         power=read_unit(raw.get("power", 0.8), file, "power"),
-        support_tolerance=read_float(raw.get("support_tolerance", DEFAULT_SUPPORT_TOLERANCE), file,
-                                     "support_tolerance"),
+        support_tolerance=read_float(
+            raw.get("support_tolerance", DEFAULT_SUPPORT_TOLERANCE), file, "support_tolerance"
+        ),
         profiles=parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS),
     )
     if protocol.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:

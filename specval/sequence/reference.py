@@ -46,8 +46,14 @@ COMPANIONS_SUFFIX = "-companions.parquet"
 PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
 
 
-def support_status(logits: np.ndarray, tokens: np.ndarray, mass: np.ndarray, sampling: SamplingSpec,
-                   tolerance: float, semantics: FilterSemantics) -> np.ndarray:
+def support_status(
+    logits: np.ndarray,
+    tokens: np.ndarray,
+    mass: np.ndarray,
+    sampling: SamplingSpec,
+    tolerance: float,
+    semantics: FilterSemantics,
+) -> np.ndarray:
     """int8[L]: IN_SUPPORT where mass > 0; for a token of mass 0, BOUNDARY iff the law of its row
     with the token's logit raised by `tolerance` gives it mass > 0, else OUT_OF_SUPPORT.
     Raising one token's logit only helps it survive top-k (its rank improves) and top-p (its
@@ -71,8 +77,9 @@ def greedy_status(logits: np.ndarray, tokens: np.ndarray, tolerance: float) -> n
     return np.where(gap <= 0, IN_SUPPORT, np.where(gap <= tolerance, BOUNDARY, OUT_OF_SUPPORT)).astype(np.int8)
 
 
-def companion_status(logits: np.ndarray, tokens: np.ndarray, sampling: SamplingSpec, tolerance: float,
-                     semantics: FilterSemantics) -> np.ndarray:
+def companion_status(
+    logits: np.ndarray, tokens: np.ndarray, sampling: SamplingSpec, tolerance: float, semantics: FilterSemantics
+) -> np.ndarray:
     """The status of a companion's tokens under its own sampling (greedy when temperature is 0)."""
     if sampling.temperature == 0.0:
         return greedy_status(logits, tokens, tolerance)
@@ -80,15 +87,20 @@ def companion_status(logits: np.ndarray, tokens: np.ndarray, sampling: SamplingS
     return support_status(logits, tokens, mass, sampling, tolerance, semantics)
 
 
-def sequence_parts(logits: np.ndarray, tokens: np.ndarray, protocol: SequenceProtocol,
-                   semantics: FilterSemantics) -> dict[str, np.ndarray]:
+def sequence_parts(
+    logits: np.ndarray, tokens: np.ndarray, protocol: SequenceProtocol, semantics: FilterSemantics
+) -> dict[str, np.ndarray]:
     """The reference parts (PART_COLUMNS) of one sequence's tokens int64[L] from its logits f32[L, V]."""
     probs = transform(logits, protocol.sampling, semantics)
     lower_rank, mass = pit_parts(probs, tokens, "rank")
     lower_index, _ = pit_parts(probs, tokens, "index")
-    return {"mass": mass, "lower_rank": lower_rank, "lower_index": lower_index,
-            "self_match": (probs * probs).sum(axis=1),
-            "status": support_status(logits, tokens, mass, protocol.sampling, protocol.support_tolerance, semantics)}
+    return {
+        "mass": mass,
+        "lower_rank": lower_rank,
+        "lower_index": lower_index,
+        "self_match": (probs * probs).sum(axis=1),
+        "status": support_status(logits, tokens, mass, protocol.sampling, protocol.support_tolerance, semantics),
+    }
 
 
 def _file(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> Path:
@@ -98,8 +110,9 @@ def _file(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> Path:
 def replay(sut: SUT, prompt_ids: list[int], tokens: np.ndarray, call: str) -> np.ndarray:
     """The target's logits f32[L, V] along one sequence's tokens int64[L] (one `target_logits_along`
     call), checked (`contract.check_logits_along`: SUTRaised naming `call` otherwise)."""
-    return check_logits_along(call, sut.target_logits_along(list(prompt_ids), tokens.tolist()), len(tokens),
-                              int(sut.vocab_size))
+    return check_logits_along(
+        call, sut.target_logits_along(list(prompt_ids), tokens.tolist()), len(tokens), int(sut.vocab_size)
+    )
 
 
 def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame, label: str):
@@ -121,8 +134,14 @@ def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], 
         yield r, row, replay(sut, prompt_ids[int(prompt)], row, f"target_logits_along ({label}, sequence {r})")
 
 
-def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame,
-                semantics: FilterSemantics, group: str = "") -> pd.DataFrame:
+def build_group(
+    sut: SUT,
+    protocol: SequenceProtocol,
+    prompt_ids: list[list[int]],
+    samples: pd.DataFrame,
+    semantics: FilterSemantics,
+    group: str = "",
+) -> pd.DataFrame:
     """The parts of every token of one group's main batches (samples sorted by batch, slot, index)."""
     parts = {name: [] for name in PART_COLUMNS}
     for _, row, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
@@ -134,23 +153,42 @@ def build_group(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]
     return table
 
 
-def build_companions(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], companions: pd.DataFrame,
-                     group: str, semantics: FilterSemantics) -> pd.DataFrame:
+def build_companions(
+    sut: SUT,
+    protocol: SequenceProtocol,
+    prompt_ids: list[list[int]],
+    companions: pd.DataFrame,
+    group: str,
+    semantics: FilterSemantics,
+) -> pd.DataFrame:
     """The `status` of every companion token (companions sorted by batch, slot, index): companion
     slot B + j uses `companions[j mod C]` of its group."""
     spec, batch_size = protocol.group(group), protocol.batch_size
-    slots = companions["slot"].to_numpy()[::protocol.sequence_length]
-    status = [companion_status(logits, row, spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)],
-                               protocol.support_tolerance, semantics)
-              for r, row, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions")]
+    slots = companions["slot"].to_numpy()[:: protocol.sequence_length]
+    status = [
+        companion_status(
+            logits,
+            row,
+            spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)],
+            protocol.support_tolerance,
+            semantics,
+        )
+        for r, row, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions")
+    ]
     table = companions[["batch", "slot", "index"]].copy()
     table["status"] = np.concatenate(status) if status else np.zeros(0, dtype=np.int8)
     return table
 
 
-def build(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], bundle: Path,
-          samples: dict[str, pd.DataFrame], semantics: FilterSemantics,
-          companions: dict[str, pd.DataFrame] | None = None) -> None:
+def build(
+    sut: SUT,
+    protocol: SequenceProtocol,
+    prompt_ids: list[list[int]],
+    bundle: Path,
+    samples: dict[str, pd.DataFrame],
+    semantics: FilterSemantics,
+    companions: dict[str, pd.DataFrame] | None = None,
+) -> None:
     """Write samples/<group>-reference.parquet for every group that lacks it, and
     samples/<group>-companions.parquet for every group in `companions` that lacks it (resumable,
     hashes recorded)."""
@@ -167,5 +205,8 @@ def build(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], bun
 
 
 def load(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> pd.DataFrame:
-    return pd.read_parquet(_file(bundle, group, suffix)).sort_values(["batch", "slot", "index"],
-                                                                       kind="stable").reset_index(drop=True)
+    return (
+        pd.read_parquet(_file(bundle, group, suffix))
+        .sort_values(["batch", "slot", "index"], kind="stable")
+        .reset_index(drop=True)
+    )

@@ -9,44 +9,81 @@ from specval.report import Section, summary_files
 from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
 
 CRITERION_HEADER = ["criterion", "role", "n", "statistic", "p", "Holm p", "MDE", "MDE scale", "verdict", "reason"]
-GROUP_HEADER = ["group", "mode", "draft loops", "draft", "seeds", "sequences", "tokens", "acceptance rate",
-                "tokens by round position"]
-SCOPE = ("Every committed token is tested against the target's law given its actual prefix (randomized PIT), "
-         "bucketed by round position 1..K+1 (the bonus is K+1) and by quarter of the sequence; serial "
-         "dependence looks at lags 1..K+1 within a sequence; paired requests (adjacent slots, one slot of two "
-         "batches) must be independent. Not seen: a request's law when it shares a batch with rows of other "
-         "sampling parameters (the adapter contract runs one parameter set per call), and deviations below "
-         "the MDEs. A binned-PIT MDE bounds the PIT's deviation, which is at most the token law's (data "
-         "processing), so a token-law TV above the MDE can still pass when it moves mass within PIT bins.")
+GROUP_HEADER = [
+    "group",
+    "mode",
+    "draft loops",
+    "draft",
+    "seeds",
+    "sequences",
+    "tokens",
+    "acceptance rate",
+    "tokens by round position",
+]
+SCOPE = (
+    "Every committed token is tested against the target's law given its actual prefix (randomized PIT), "
+    "bucketed by round position 1..K+1 (the bonus is K+1) and by quarter of the sequence; serial "
+    "dependence looks at lags 1..K+1 within a sequence; paired requests (adjacent slots, one slot of two "
+    "batches) must be independent. Not seen: a request's law when it shares a batch with rows of other "
+    "sampling parameters (the adapter contract runs one parameter set per call), and deviations below "
+    "the MDEs. A binned-PIT MDE bounds the PIT's deviation, which is at most the token law's (data "
+    "processing), so a token-law TV above the MDE can still pass when it moves mass within PIT bins."
+)
 
 
 def criterion_rows(summary: dict) -> list[list[str]]:
-    return [[name, t["role"], str(t["effective_n"]), fmt(t["statistic"], 4), fmt(t["p_value"], 3),
-             fmt(t["p_adjusted"], 3), fmt(t["mde_tv"], 3), t["mde_label"] or "-", t["verdict"], t["reason"]]
-            for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))]
+    return [
+        [
+            name,
+            t["role"],
+            str(t["effective_n"]),
+            fmt(t["statistic"], 4),
+            fmt(t["p_value"], 3),
+            fmt(t["p_adjusted"], 3),
+            fmt(t["mde_tv"], 3),
+            t["mde_label"] or "-",
+            t["verdict"],
+            t["reason"],
+        ]
+        for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))
+    ]
 
 
 def group_rows(summary: dict) -> list[list[str]]:
-    return [[name, g["mode"], fmt(g["draft_loops"]), g["draft"], f"[{g['seed_start']}, {g['seed_stop']})",
-             str(g["sequences"]), str(g["tokens"]), fmt(g["acceptance_rate"], 3),
-             ", ".join(f"{k}: {v}" for k, v in sorted(g["round_positions"].items(), key=lambda kv: int(kv[0])))]
-            for name, g in sorted(summary["groups"].items())]
+    return [
+        [
+            name,
+            g["mode"],
+            fmt(g["draft_loops"]),
+            g["draft"],
+            f"[{g['seed_start']}, {g['seed_stop']})",
+            str(g["sequences"]),
+            str(g["tokens"]),
+            fmt(g["acceptance_rate"], 3),
+            ", ".join(f"{k}: {v}" for k, v in sorted(g["round_positions"].items(), key=lambda kv: int(kv[0]))),
+        ]
+        for name, g in sorted(summary["groups"].items())
+    ]
 
 
 def _facts(summary: dict, manifest: dict) -> list[str]:
     proto = summary["protocol"]
     families = ", ".join(f"{role}: m = {size}" for role, size in sorted(proto["family_sizes"].items()))
-    return [f"protocol hash {proto['hash']} (profile: {proto['profile']})",
-            f"{len(proto['prompts'])} prompt(s), {proto['sequence_length']} tokens per sequence, K = "
-            f"{proto['num_speculative_tokens']}, batches of {proto['batch_size']}",
-            f"alpha {proto['alpha']} per role (Holm; {families}), power {proto['power']} at the MDEs",
-            f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s"]
+    return [
+        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
+        f"{len(proto['prompts'])} prompt(s), {proto['sequence_length']} tokens per sequence, K = "
+        f"{proto['num_speculative_tokens']}, batches of {proto['batch_size']}",
+        f"alpha {proto['alpha']} per role (Holm; {families}), power {proto['power']} at the MDEs",
+        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
+    ]
 
 
 def _sections(summary: dict, manifest: dict) -> list[Section]:
-    return [Section("Criteria", CRITERION_HEADER, criterion_rows(summary), (SCOPE,)),
-            Section("Groups", GROUP_HEADER, group_rows(summary)),
-            Section("Sessions", SESSION_HEADER, session_rows(manifest))]
+    return [
+        Section("Criteria", CRITERION_HEADER, criterion_rows(summary), (SCOPE,)),
+        Section("Groups", GROUP_HEADER, group_rows(summary)),
+        Section("Sessions", SESSION_HEADER, session_rows(manifest)),
+    ]
 
 
 def render_files(path: Path) -> dict[str, bytes]:

@@ -22,8 +22,8 @@ import dataclasses
 import datetime as dt
 import json
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -87,8 +87,10 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError
     (exit 2) for an adapter without `target_logits_along`; SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
     if not callable(getattr(sut, "target_logits_along", None)):
-        raise ProtocolError(f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
-                            f"{protocol.sut.adapter!r} does not provide")
+        raise ProtocolError(
+            f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
+            f"{protocol.sut.adapter!r} does not provide"
+        )
     vocab = sut.vocab_size
     if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)) or vocab < 2:
         raise SUTRaised("vocab_size", f"is {vocab!r}, expected an integer >= 2")
@@ -97,27 +99,54 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     for group in protocol.groups:
         batch = collect.Batch(group.name, 0, seeds.PROBE_SEEDS, 0, probe=True)
         table = collect.sample_batch(sut, short, prompt_ids, batch)
-        first = table["token"].to_numpy()[:short.sequence_length]
+        first = table["token"].to_numpy()[: short.sequence_length]
         reference.replay(sut, prompt_ids[0], first, f"target_logits_along (probe, group {group.name!r})")
 
 
 def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:
     ids = sut.encode(text)
     array = np.asarray(ids)
-    if array.ndim != 1 or not len(array) or not np.issubdtype(array.dtype, np.integer) or array.min() < 0 \
-            or array.max() >= vocab:
-        raise SUTRaised("encode", f"returned {ids!r:.80} for prompt {text!r:.40}, expected a non-empty list of "
-                                  f"token ids in [0, {vocab})")
+    if (
+        array.ndim != 1
+        or not len(array)
+        or not np.issubdtype(array.dtype, np.integer)
+        or array.min() < 0
+        or array.max() >= vocab
+    ):
+        raise SUTRaised(
+            "encode",
+            f"returned {ids!r:.80} for prompt {text!r:.40}, expected a non-empty list of token ids in [0, {vocab})",
+        )
     return [int(i) for i in array]
 
 
-def _start(protocol_file: Path, base: SequenceProtocol, protocol: SequenceProtocol, output: Path,
-           seed_offset: int | None, registration: str, exploratory: bool, semantics) -> tuple[Path, list]:
-    path, ranges = lifecycle.claim_bundle(output, protocol.name, [g.name for g in protocol.groups],
-                                          protocol.sequences_per_group, protocol.seed_base, seed_offset)
-    plan = bundles.RunPlan(protocol.name, protocol.hash, protocol.profile,
-                           tuple((r.group, r.start, r.stop) for r in ranges), registration=registration,
-                           exploratory=exploratory, semantics=tuple(sorted(semantics.to_dict().items())))
+def _start(
+    protocol_file: Path,
+    base: SequenceProtocol,
+    protocol: SequenceProtocol,
+    output: Path,
+    seed_offset: int | None,
+    registration: str,
+    exploratory: bool,
+    semantics,
+) -> tuple[Path, list]:
+    path, ranges = lifecycle.claim_bundle(
+        output,
+        protocol.name,
+        [g.name for g in protocol.groups],
+        protocol.sequences_per_group,
+        protocol.seed_base,
+        seed_offset,
+    )
+    plan = bundles.RunPlan(
+        protocol.name,
+        protocol.hash,
+        protocol.profile,
+        tuple((r.group, r.start, r.stop) for r in ranges),
+        registration=registration,
+        exploratory=exploratory,
+        semantics=tuple(sorted(semantics.to_dict().items())),
+    )
     lifecycle.record_plan(path, protocol_file, base, plan)
     return path, ranges
 
@@ -126,9 +155,15 @@ def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: lis
     prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
     drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
     tables = {g.name: collect.load_tables(path, protocol, g.name) for g in protocol.groups}
-    reference.build(sut, protocol, prompt_ids, path, {g: t[0] for g, t in tables.items()},
-                    capabilities_of(sut).semantics,
-                    {g.name: tables[g.name][1] for g in protocol.groups if g.companions})
+    reference.build(
+        sut,
+        protocol,
+        prompt_ids,
+        path,
+        {g: t[0] for g, t in tables.items()},
+        capabilities_of(sut).semantics,
+        {g.name: tables[g.name][1] for g in protocol.groups if g.companions},
+    )
     return drawn
 
 
@@ -137,8 +172,9 @@ def group_data(path: Path, protocol: SequenceProtocol) -> dict[str, verdict.Grou
     for group in protocol.groups:
         main, _, rerun = collect.load_tables(path, protocol, group.name)
         companions = reference.load(path, group.name, reference.COMPANIONS_SUFFIX) if group.companions else None
-        out[group.name] = verdict.group_sequences(main, rerun, reference.load(path, group.name),
-                                                  protocol.sequence_length, companions)
+        out[group.name] = verdict.group_sequences(
+            main, rerun, reference.load(path, group.name), protocol.sequence_length, companions
+        )
     return out
 
 
@@ -148,11 +184,18 @@ def _group_facts(protocol: SequenceProtocol, data: verdict.GroupSequences, seed_
     keys, counts = np.unique(position, return_counts=True)
     accepted = int((data.sources == "accepted").sum())
     drafted_rounds = int(np.isin(data.sources, ("correction", "bonus")).sum())
-    return {"mode": group.mode, "draft_loops": group.draft_loops, "draft": group.draft,
-            "companions": [c.to_dict() for c in group.companions],
-            "seed_start": seed_range.start, "seed_stop": seed_range.stop, "sequences": int(data.tokens.shape[0]),
-            "tokens": int(data.tokens.size), "round_positions": {str(k): int(c) for k, c in zip(keys, counts)},
-            "acceptance_rate": (accepted / (accepted + drafted_rounds)) if accepted + drafted_rounds else None}
+    return {
+        "mode": group.mode,
+        "draft_loops": group.draft_loops,
+        "draft": group.draft,
+        "companions": [c.to_dict() for c in group.companions],
+        "seed_start": seed_range.start,
+        "seed_stop": seed_range.stop,
+        "sequences": int(data.tokens.shape[0]),
+        "tokens": int(data.tokens.size),
+        "round_positions": {str(k): int(c) for k, c in zip(keys, counts)},
+        "acceptance_rate": (accepted / (accepted + drafted_rounds)) if accepted + drafted_rounds else None,
+    }
 
 
 def summarise(path: Path, protocol: SequenceProtocol, ranges: list, stream: str = montecarlo.CURRENT_STREAM) -> dict:
@@ -163,21 +206,48 @@ def summarise(path: Path, protocol: SequenceProtocol, ranges: list, stream: str 
     decided = verdict.evaluate(protocol, data, starts, stream)
     registration = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
     groups = {r.group: _group_facts(protocol, data[r.group], r) for r in ranges}
-    return json.loads(json.dumps({
-        "kind": "sequence", "verdict": decided["verdict"], "reason": decided["reason"], "tests": decided["tests"],
-        "families": decided["families"], "registration": registration, "groups": groups,
-        MC_STREAM_KEY: stream,
-        "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile,
-                     "alpha": protocol.alpha, "power": protocol.power, "prompts": list(protocol.prompts),
-                     "sequence_length": protocol.sequence_length,
-                     "num_speculative_tokens": protocol.num_speculative_tokens,
-                     "batch_size": protocol.batch_size, "family_sizes": verdict.family_sizes(protocol)}}))
+    return json.loads(
+        json.dumps(
+            {
+                "kind": "sequence",
+                "verdict": decided["verdict"],
+                "reason": decided["reason"],
+                "tests": decided["tests"],
+                "families": decided["families"],
+                "registration": registration,
+                "groups": groups,
+                MC_STREAM_KEY: stream,
+                "protocol": {
+                    "name": protocol.name,
+                    "hash": protocol.hash,
+                    "profile": protocol.profile,
+                    "alpha": protocol.alpha,
+                    "power": protocol.power,
+                    "prompts": list(protocol.prompts),
+                    "sequence_length": protocol.sequence_length,
+                    "num_speculative_tokens": protocol.num_speculative_tokens,
+                    "batch_size": protocol.batch_size,
+                    "family_sizes": verdict.family_sizes(protocol),
+                },
+            }
+        )
+    )
 
 
-def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume: Path | None = None,
-        exploratory: bool = False, seed_offset: int | None = None, progress: bool = True,
-        sut_factory: SutFactory | None = None, command: list[str] | None = None,
-        announce: Callable[[Path], None] | None = None, parsed: SequenceProtocol | None = None) -> tuple[Path, dict]:
+def run(
+    protocol_file: Path | None,
+    profile: str | None,
+    output: Path,
+    *,
+    resume: Path | None = None,
+    exploratory: bool = False,
+    seed_offset: int | None = None,
+    progress: bool = True,
+    sut_factory: SutFactory | None = None,
+    command: list[str] | None = None,
+    announce: Callable[[Path], None] | None = None,
+    parsed: SequenceProtocol | None = None,
+) -> tuple[Path, dict]:
     """Run (or resume) a sequence protocol and write a sealed bundle; returns (bundle, summary).
 
     Refused before any seed is claimed (nothing written): protocol errors, an unregistered protocol
@@ -205,8 +275,9 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
         try:
             semantics = capabilities_of(sut).semantics
             if path is None:
-                path, ranges = _start(Path(protocol_file), base, protocol, output, seed_offset, state, exploratory,
-                                      semantics)
+                path, ranges = _start(
+                    Path(protocol_file), base, protocol, output, seed_offset, state, exploratory, semantics
+                )
             else:
                 check_resumed_semantics(path, semantics)
             if announce:
@@ -219,9 +290,14 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
             summary, drawn, collect_s, device = _decide(sut, protocol, ranges, path, progress)
         with _after_verdict(path):
             bundles.end_session(path, session, drawn, summary["verdict"])
-            lifecycle.write_manifest(path, protocol, ranges, device,
-                                     lifecycle.run_timing(started, clock, collect_s,
-                                                          drawn * protocol.sequence_length), command)
+            lifecycle.write_manifest(
+                path,
+                protocol,
+                ranges,
+                device,
+                lifecycle.run_timing(started, clock, collect_s, drawn * protocol.sequence_length),
+                command,
+            )
             finish(path)
     except BaseException:
         if path is not None:
@@ -230,8 +306,9 @@ def run(protocol_file: Path | None, profile: str | None, output: Path, *, resume
     return path, summary
 
 
-def _decide(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path,
-            progress: bool) -> tuple[dict, int, float, dict]:
+def _decide(
+    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
+) -> tuple[dict, int, float, dict]:
     """Collect, replay, close the adapter, then decide and write summary.json: (summary, sequences
     drawn, seconds collecting, device facts)."""
     try:
@@ -275,6 +352,9 @@ def verify(path: Path) -> list[str]:
 def _recompute_bundle(path: Path) -> dict:
     protocol, ranges = load_bundle_protocol(path)
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    stream = summary.get(MC_STREAM_KEY, montecarlo.CURRENT_STREAM) if isinstance(summary, dict) else \
-        montecarlo.CURRENT_STREAM
+    stream = (
+        summary.get(MC_STREAM_KEY, montecarlo.CURRENT_STREAM)
+        if isinstance(summary, dict)
+        else montecarlo.CURRENT_STREAM
+    )
     return summarise(path, protocol, ranges, stream)

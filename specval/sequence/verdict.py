@@ -31,8 +31,9 @@ by the protocol hash, the group, the criterion and the group's first seed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,13 +47,14 @@ from specval.stats.power import NOTHING_DETECTABLE
 
 QUARTERS = 4  # sequence-index buckets of pit_position: early to late tokens
 ENDS_ROUND = ("correction", "bonus", "plain")  # sources that close a round ("accepted" continues it)
-P_VALUED = {"pit": ("pit_pooled", "pit_position", "pit_path"), "serial": ("serial",),
-            "independence": ("equal_t1_adjacent", "equal_t1_cross", "association_adjacent", "association_cross",
-                             "identical")}
+P_VALUED = {
+    "pit": ("pit_pooled", "pit_position", "pit_path"),
+    "serial": ("serial",),
+    "independence": ("equal_t1_adjacent", "equal_t1_cross", "association_adjacent", "association_cross", "identical"),
+}
 DETERMINISTIC = {"reproducibility": ("reproducible",)}
 CRITERIA = P_VALUED | DETERMINISTIC
-__all__ = ["CRITERIA", "FAIL", "INCONCLUSIVE", "PASS", "GroupSequences", "evaluate", "family_sizes",
-           "round_positions"]
+__all__ = ["CRITERIA", "FAIL", "INCONCLUSIVE", "PASS", "GroupSequences", "evaluate", "family_sizes", "round_positions"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,9 @@ class GroupSequences:
     companion_status: np.ndarray | None = None  # [C, L] reference status of companion tokens; None: no companions
 
 
-def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFrame, length: int,
-                    companions: pd.DataFrame | None = None) -> GroupSequences:
+def group_sequences(
+    samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFrame, length: int, companions: pd.DataFrame | None = None
+) -> GroupSequences:
     """Reshape one group's long tables (sorted by batch, slot, index) into [N, L] arrays;
     `companions`: the companion status table of a group with companions."""
     shape = (-1, length)
@@ -80,12 +83,15 @@ def group_sequences(samples: pd.DataFrame, rerun: pd.DataFrame, parts: pd.DataFr
     first = np.searchsorted(seeds, rerun_seeds[rerun_order]) if np.all(np.diff(seeds) > 0) else None
     tokens = samples["token"].to_numpy().reshape(shape)
     return GroupSequences(
-        tokens=tokens, sources=samples["source"].to_numpy().reshape(shape),
-        batch=samples["batch"].to_numpy()[::length], slot=samples["slot"].to_numpy()[::length],
+        tokens=tokens,
+        sources=samples["source"].to_numpy().reshape(shape),
+        batch=samples["batch"].to_numpy()[::length],
+        slot=samples["slot"].to_numpy()[::length],
         parts={name: parts[name].to_numpy().reshape(shape) for name in reference.PART_COLUMNS},
         rerun_tokens=rerun["token"].to_numpy().reshape(shape)[rerun_order],
         rerun_expected=tokens[first] if first is not None else np.full((len(rerun_order), length), -1),
-        companion_status=None if companions is None else companions["status"].to_numpy().reshape(shape))
+        companion_status=None if companions is None else companions["status"].to_numpy().reshape(shape),
+    )
 
 
 # ---------------------------------------------------------------- round structure
@@ -114,7 +120,10 @@ def pits(data: GroupSequences, rng: np.random.Generator) -> tuple[np.ndarray, np
     v = rng.random(data.tokens.size).reshape(data.tokens.shape)
     mass = data.parts["mass"]
     clip = sequence.TOP_OF_UNIT
-    return (np.minimum(data.parts["lower_rank"] + v * mass, clip), np.minimum(data.parts["lower_index"] + v * mass, clip))
+    return (
+        np.minimum(data.parts["lower_rank"] + v * mass, clip),
+        np.minimum(data.parts["lower_index"] + v * mass, clip),
+    )
 
 
 # ---------------------------------------------------------------- pairs
@@ -132,8 +141,11 @@ def cross_pairs(data: GroupSequences, num_prompts: int) -> tuple[np.ndarray, np.
     """Row indices (a, b): slot s of batch b and of batch b + P, for b with (b // P) even and b + P
     present (disjoint pairs of batches of the same prompt)."""
     partner = {(int(b), int(s)): r for r, (b, s) in enumerate(zip(data.batch, data.slot))}
-    a_rows = [r for r, b in enumerate(data.batch) if (b // num_prompts) % 2 == 0
-              and (int(b) + num_prompts, int(data.slot[r])) in partner]
+    a_rows = [
+        r
+        for r, b in enumerate(data.batch)
+        if (b // num_prompts) % 2 == 0 and (int(b) + num_prompts, int(data.slot[r])) in partner
+    ]
     b_rows = [partner[(int(data.batch[r]) + num_prompts, int(data.slot[r]))] for r in a_rows]
     return np.asarray(a_rows, dtype=np.int64), np.asarray(b_rows, dtype=np.int64)
 
@@ -141,11 +153,32 @@ def cross_pairs(data: GroupSequences, num_prompts: int) -> tuple[np.ndarray, np.
 # ---------------------------------------------------------------- criteria
 
 
-def _row(kind: str, role: str, group: str, statistic: float, p_value: float | None, n: int, mde: float | None,
-         label: str, details: dict | None = None) -> dict[str, Any]:
-    return {"kind": kind, "role": role, "group": group, "statistic": float(statistic), "p_value": p_value,
-            "p_adjusted": None, "alpha": None, "mde_tv": None if mde is None or mde == NOTHING_DETECTABLE else mde,
-            "mde_label": label, "effective_n": int(n), "verdict": None, "reason": "", **(details or {})}
+def _row(
+    kind: str,
+    role: str,
+    group: str,
+    statistic: float,
+    p_value: float | None,
+    n: int,
+    mde: float | None,
+    label: str,
+    details: dict | None = None,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "role": role,
+        "group": group,
+        "statistic": float(statistic),
+        "p_value": p_value,
+        "p_adjusted": None,
+        "alpha": None,
+        "mde_tv": None if mde is None or mde == NOTHING_DETECTABLE else mde,
+        "mde_label": label,
+        "effective_n": int(n),
+        "verdict": None,
+        "reason": "",
+        **(details or {}),
+    }
 
 
 def _deterministic(kind: str, group: str, failures: int, what: str, n: int, details: dict | None = None) -> dict:
@@ -158,23 +191,39 @@ def support_criterion(group: str, data: GroupSequences) -> dict:
     status = data.parts["status"]
     out = int((status == reference.OUT_OF_SUPPORT).sum())
     boundary = int((status == reference.BOUNDARY).sum())
-    return _deterministic("support", group, out, f"token(s) outside the target's support ({boundary} within "
-                          "the support tolerance, not counted)", status.size, {"boundary_tokens": boundary})
+    return _deterministic(
+        "support",
+        group,
+        out,
+        f"token(s) outside the target's support ({boundary} within the support tolerance, not counted)",
+        status.size,
+        {"boundary_tokens": boundary},
+    )
 
 
 def companions_criterion(group: str, data: GroupSequences) -> dict:
     status = data.companion_status
     out = int((status == reference.OUT_OF_SUPPORT).sum())
     boundary = int((status == reference.BOUNDARY).sum())
-    return _deterministic("companions", group, out, f"companion token(s) outside their own law's support "
-                          f"({boundary} within the support tolerance, not counted)", status.size,
-                          {"boundary_tokens": boundary})
+    return _deterministic(
+        "companions",
+        group,
+        out,
+        f"companion token(s) outside their own law's support ({boundary} within the support tolerance, not counted)",
+        status.size,
+        {"boundary_tokens": boundary},
+    )
 
 
 def reproducible_criterion(group: str, data: GroupSequences) -> dict:
     changed = int((data.rerun_tokens != data.rerun_expected).any(axis=1).sum())
-    return _deterministic("reproducible", group, changed, f"of {len(data.rerun_tokens)} re-run seed(s) changed "
-                          "tokens in another slot and batch", len(data.rerun_tokens))
+    return _deterministic(
+        "reproducible",
+        group,
+        changed,
+        f"of {len(data.rerun_tokens)} re-run seed(s) changed tokens in another slot and batch",
+        len(data.rerun_tokens),
+    )
 
 
 @dataclass(frozen=True)
@@ -193,12 +242,20 @@ class Context:
 
 
 def _pit(ctx: Context, name: str, u: np.ndarray, buckets: np.ndarray | None, max_buckets: int) -> tuple:
-    result = sequence.pit_uniformity(u.reshape(-1), None if buckets is None else buckets.reshape(-1),
-                                     level=ctx.level, rng=ctx.rng(name))
-    mde = sequence_power.pit_uniformity_mde(result.n, [ctx.level], num_buckets=max(len(result.bucket_keys), 1),
-                                            power=ctx.protocol.power)
-    return result.statistic, result.p_value, result.n, mde, "mean binned PIT TV over buckets", \
-        {"bucket_keys": result.bucket_keys, "bucket_sizes": result.bucket_sizes}
+    result = sequence.pit_uniformity(
+        u.reshape(-1), None if buckets is None else buckets.reshape(-1), level=ctx.level, rng=ctx.rng(name)
+    )
+    mde = sequence_power.pit_uniformity_mde(
+        result.n, [ctx.level], num_buckets=max(len(result.bucket_keys), 1), power=ctx.protocol.power
+    )
+    return (
+        result.statistic,
+        result.p_value,
+        result.n,
+        mde,
+        "mean binned PIT TV over buckets",
+        {"bucket_keys": result.bucket_keys, "bucket_sizes": result.bucket_sizes},
+    )
 
 
 def pit_pooled(ctx: Context) -> tuple:
@@ -212,8 +269,9 @@ def pit_position(ctx: Context) -> tuple:
 
 
 def pit_path(ctx: Context) -> tuple:
-    return _pit(ctx, "pit_path", ctx.u_index, ctx.position * (ctx.protocol.num_speculative_tokens + 2) + ctx.previous,
-                0)
+    return _pit(
+        ctx, "pit_path", ctx.u_index, ctx.position * (ctx.protocol.num_speculative_tokens + 2) + ctx.previous, 0
+    )
 
 
 def serial(ctx: Context) -> tuple:
@@ -221,8 +279,14 @@ def serial(ctx: Context) -> tuple:
     result = sequence.serial_dependence(list(ctx.u_index), max_lag, level=ctx.level, rng=ctx.rng("serial"))
     pairs = result.lag_pairs[0] if result.lag_pairs else 0
     mde = sequence_power.serial_dependence_mde(pairs, [ctx.level], max_lag=max_lag, power=ctx.protocol.power)
-    return result.statistic, result.p_value, result.n, mde, "TV of one lag's pair-bin law from independence", \
-        {"lag_statistics": result.lag_statistics}
+    return (
+        result.statistic,
+        result.p_value,
+        result.n,
+        mde,
+        "TV of one lag's pair-bin law from independence",
+        {"lag_statistics": result.lag_statistics},
+    )
 
 
 def _equal_t1(ctx: Context, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
@@ -230,11 +294,19 @@ def _equal_t1(ctx: Context, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
     pi = ctx.data.parts["self_match"][a, 0]  # same prompt, empty prefix: one law p, P(equal) = sum p^2
     count = int((ctx.data.tokens[a, 0] == ctx.data.tokens[b, 0]).sum())
     p_value = independence.discrete_pvalue(independence.poisson_binomial_pmf(pi), count, "two-sided")
-    mde = max(sequence_power.equal_rate_mde(pi, [ctx.level / 2], alternative=alt, power=ctx.protocol.power)
-              for alt in ("greater", "less"))
+    mde = max(
+        sequence_power.equal_rate_mde(pi, [ctx.level / 2], alternative=alt, power=ctx.protocol.power)
+        for alt in ("greater", "less")
+    )
     expected = float(pi.sum())
-    return count, p_value, len(a), mde, "relative change of P(t1 equal)", \
-        {"expected": expected, "ratio": count / expected if expected > 0 else None}
+    return (
+        count,
+        p_value,
+        len(a),
+        mde,
+        "relative change of P(t1 equal)",
+        {"expected": expected, "ratio": count / expected if expected > 0 else None},
+    )
 
 
 def equal_t1_adjacent(ctx: Context) -> tuple:
@@ -247,11 +319,18 @@ def equal_t1_cross(ctx: Context) -> tuple:
 
 def _association(ctx: Context, name: str, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
     a, b = rows
-    result = independence.pit_association(ctx.u_index[a].reshape(-1), ctx.u_index[b].reshape(-1), level=ctx.level,
-                                           rng=ctx.rng(name))
+    result = independence.pit_association(
+        ctx.u_index[a].reshape(-1), ctx.u_index[b].reshape(-1), level=ctx.level, rng=ctx.rng(name)
+    )
     mde = sequence_power.association_rho_mde(result.n, [ctx.level], power=ctx.protocol.power)
-    return abs(result.rho), result.p_value, result.n, mde, "|Spearman rho| of paired PITs", \
-        {"rho": result.rho, "chi2": result.chi2}
+    return (
+        abs(result.rho),
+        result.p_value,
+        result.n,
+        mde,
+        "|Spearman rho| of paired PITs",
+        {"rho": result.rho, "chi2": result.chi2},
+    )
 
 
 def association_adjacent(ctx: Context) -> tuple:
@@ -267,14 +346,27 @@ def identical(ctx: Context) -> tuple:
     match = np.array([independence.sequence_match_probability(m) for m in ctx.data.parts["mass"][a]])
     result = independence.identical_sequences(list(ctx.data.tokens[a]), list(ctx.data.tokens[b]), match)
     mde = sequence_power.identical_pairs_mde(match, [ctx.level], power=ctx.protocol.power)
-    return result.count, result.p_value, result.n_pairs, mde, "fraction of pairs sharing a stream", \
-        {"expected": result.expected, "identical_pairs": result.identical_pairs[:10]}
+    return (
+        result.count,
+        result.p_value,
+        result.n_pairs,
+        mde,
+        "fraction of pairs sharing a stream",
+        {"expected": result.expected, "identical_pairs": result.identical_pairs[:10]},
+    )
 
 
-P_VALUED_FUNCTIONS = {"pit_pooled": pit_pooled, "pit_position": pit_position, "pit_path": pit_path,
-                      "serial": serial, "equal_t1_adjacent": equal_t1_adjacent, "equal_t1_cross": equal_t1_cross,
-                      "association_adjacent": association_adjacent, "association_cross": association_cross,
-                      "identical": identical}
+P_VALUED_FUNCTIONS = {
+    "pit_pooled": pit_pooled,
+    "pit_position": pit_position,
+    "pit_path": pit_path,
+    "serial": serial,
+    "equal_t1_adjacent": equal_t1_adjacent,
+    "equal_t1_cross": equal_t1_cross,
+    "association_adjacent": association_adjacent,
+    "association_cross": association_cross,
+    "identical": identical,
+}
 
 
 # ---------------------------------------------------------------- the family
@@ -299,8 +391,12 @@ def family_sizes(protocol: SequenceProtocol) -> dict[str, int]:
     return sizes
 
 
-def evaluate(protocol: SequenceProtocol, data: dict[str, GroupSequences], seed_starts: dict[str, int],
-             stream: str = CURRENT_STREAM) -> dict:
+def evaluate(
+    protocol: SequenceProtocol,
+    data: dict[str, GroupSequences],
+    seed_starts: dict[str, int],
+    stream: str = CURRENT_STREAM,
+) -> dict:
     """Every criterion, Holm per role and the run verdict: {"tests", "families", "verdict", "reason"};
     the PIT uniforms and Monte Carlo nulls are drawn from `stream` (`montecarlo.STREAMS`)."""
     sizes, tests = family_sizes(protocol), {}
@@ -314,8 +410,9 @@ def evaluate(protocol: SequenceProtocol, data: dict[str, GroupSequences], seed_s
         elif kind == "reproducible":
             tests[name] = reproducible_criterion(group, data[group]) | {"role": role}
         else:
-            ctx = contexts.get(f"{group}/{role}") or _context(protocol, group, data[group], role, sizes,
-                                                              seed_starts[group], stream)
+            ctx = contexts.get(f"{group}/{role}") or _context(
+                protocol, group, data[group], role, sizes, seed_starts[group], stream
+            )
             contexts[f"{group}/{role}"] = ctx
             statistic, p_value, n, mde, label, details = P_VALUED_FUNCTIONS[kind](ctx)
             tests[name] = _row(kind, role, group, statistic, p_value, n, mde, label, details)
@@ -323,12 +420,20 @@ def evaluate(protocol: SequenceProtocol, data: dict[str, GroupSequences], seed_s
     return {"tests": tests, "families": families, "verdict": verdict, "reason": reason}
 
 
-def _context(protocol: SequenceProtocol, group: str, data: GroupSequences, role: str, sizes: dict[str, int],
-             seed_start: int, stream: str) -> Context:
+def _context(
+    protocol: SequenceProtocol,
+    group: str,
+    data: GroupSequences,
+    role: str,
+    sizes: dict[str, int],
+    seed_start: int,
+    stream: str,
+) -> Context:
     def rng(name: str) -> np.random.Generator:
         return criterion_rng(protocol.hash, group, name, str(seed_start), stream=stream)
 
     u_rank, u_index = pits(data, rng("pit-uniforms"))
     position, previous = round_positions(data.sources, protocol.num_speculative_tokens)
-    return Context(protocol, group, data, u_rank, u_index, position, previous,
-                   protocol.alpha / max(sizes.get(role, 1), 1), rng)
+    return Context(
+        protocol, group, data, u_rank, u_index, position, previous, protocol.alpha / max(sizes.get(role, 1), 1), rng
+    )

@@ -16,18 +16,19 @@ from specval.stats.gof import GofResult, aggregate_gof, goodness_of_fit
 from specval.stats.homogeneity import HomogeneityResult, aggregate_homogeneity, homogeneity
 from specval.stats.mcnemar import McNemarResult, paired_comparison
 from specval.stats.median import MedianInterval, median_interval
+from specval.stats.montecarlo import McPValue, criterion_rng, sequential_pvalue
 from specval.stats.multiplicity import HolmResult, adjust, bonferroni, holm
 from specval.stats.pooling import OUT_OF_SUPPORT, CellPooling, pool_cells
 from specval.stats.power import (
     NOTHING_DETECTABLE,
     SimulatedPower,
-    mde_tv,
     criterion_mde,
+    mde_tv,
     mde_tv_two_sample,
     samples_for_tv,
-    stage_power,
     samples_for_tv_two_sample,
     simulate_power,
+    stage_power,
 )
 from specval.stats.quadrature import (
     QuadratureResult,
@@ -35,18 +36,53 @@ from specval.stats.quadrature import (
     quadrature_check,
     sweep_law,
 )
-from specval.stats.montecarlo import McPValue, criterion_rng, sequential_pvalue
 from specval.stats.rates import UniformityResult, pvalue_uniformity, rate_ci
 from specval.stats.strata import StratifiedResult, stratified_gof, stratified_homogeneity
 
 __all__ = [
-    "AggregateResult", "CellPooling", "GofResult", "HolmResult", "HomogeneityResult",
-    "McNemarResult", "MedianInterval", "NOTHING_DETECTABLE", "OUT_OF_SUPPORT", "ProbPair", "QuadratureResult",
-    "SimulatedPower", "UniformityResult", "adjust", "adversarial_pairs", "aggregate_chi2",
-    "aggregate_gof", "aggregate_homogeneity", "bonferroni", "draft_quadrature_check",
-    "goodness_of_fit", "holm", "homogeneity", "mde_tv", "mde_tv_two_sample", "median_interval", "paired_comparison",
-    "pool_cells", "pvalue_uniformity", "quadrature_check", "rate_ci", "samples_for_tv",
-    "simulate_power", "sweep_law", "TwoStageRates", "two_stage", "samples_for_tv_two_sample",
-    "McPValue", "criterion_rng", "sequential_pvalue", "StratifiedResult", "stratified_gof",
-    "stratified_homogeneity", "criterion_mde", "stage_power",
+    "AggregateResult",
+    "CellPooling",
+    "GofResult",
+    "HolmResult",
+    "HomogeneityResult",
+    "McNemarResult",
+    "MedianInterval",
+    "NOTHING_DETECTABLE",
+    "OUT_OF_SUPPORT",
+    "ProbPair",
+    "QuadratureResult",
+    "SimulatedPower",
+    "UniformityResult",
+    "adjust",
+    "adversarial_pairs",
+    "aggregate_chi2",
+    "aggregate_gof",
+    "aggregate_homogeneity",
+    "bonferroni",
+    "draft_quadrature_check",
+    "goodness_of_fit",
+    "holm",
+    "homogeneity",
+    "mde_tv",
+    "mde_tv_two_sample",
+    "median_interval",
+    "paired_comparison",
+    "pool_cells",
+    "pvalue_uniformity",
+    "quadrature_check",
+    "rate_ci",
+    "samples_for_tv",
+    "simulate_power",
+    "sweep_law",
+    "TwoStageRates",
+    "two_stage",
+    "samples_for_tv_two_sample",
+    "McPValue",
+    "criterion_rng",
+    "sequential_pvalue",
+    "StratifiedResult",
+    "stratified_gof",
+    "stratified_homogeneity",
+    "criterion_mde",
+    "stage_power",
 ]

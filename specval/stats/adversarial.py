@@ -63,8 +63,11 @@ def adversarial_pairs(vocab: int, rng: np.random.Generator) -> Iterator[ProbPair
     base_p = _normalised(rng.gamma(0.5, size=vocab))
     base_q = _normalised(rng.gamma(0.5, size=vocab))
     yield ProbPair("dense", base_p, base_q)
-    yield ProbPair("disjoint", _normalised(np.r_[base_p[:half], np.zeros(vocab - half)]),
-                   _normalised(np.r_[np.zeros(half), base_q[half:]]))
+    yield ProbPair(
+        "disjoint",
+        _normalised(np.r_[base_p[:half], np.zeros(vocab - half)]),
+        _normalised(np.r_[np.zeros(half), base_q[half:]]),
+    )
     yield ProbPair("equal", base_p, base_p.copy())
     yield _ties(vocab, rng)
     tied = _normalised(np.r_[np.full(3, 4.0), rng.integers(1, 4, size=vocab - 3).astype(float)])
@@ -73,8 +76,7 @@ def adversarial_pairs(vocab: int, rng: np.random.Generator) -> Iterator[ProbPair
     yield ProbPair("topp_target", _top_p(base_p, TOP_P), base_q)
     yield ProbPair("topp_draft", base_p, _top_p(base_q, TOP_P))
     tiny = np.r_[base_q[:half] * TINY_MASS / base_q[:half].sum(), base_q[half:]]
-    yield ProbPair("tiny_overlap", _normalised(np.r_[base_p[:half], np.zeros(vocab - half)]),
-                   _normalised(tiny))
+    yield ProbPair("tiny_overlap", _normalised(np.r_[base_p[:half], np.zeros(vocab - half)]), _normalised(tiny))
     yield ProbPair("onehot_target", _one_hot(vocab, int(np.argmin(base_q))), base_q)
     yield ProbPair("onehot_draft", base_p, _one_hot(vocab, int(np.argmax(base_p))))
     yield ProbPair("onehot_both", _one_hot(vocab, 0), _one_hot(vocab, vocab - 1))

@@ -44,8 +44,9 @@ def aggregate_chi2(
     detects it with the stated power; a deviation confined to one small stratum may not be.
     """
     if not (len(statistics) == len(dfs) == len(ns)):
-        raise ValueError(f"statistics, dfs and ns must have one entry per stratum, got "
-                         f"{len(statistics)}, {len(dfs)}, {len(ns)}")
+        raise ValueError(
+            f"statistics, dfs and ns must have one entry per stratum, got {len(statistics)}, {len(dfs)}, {len(ns)}"
+        )
     total_stat = float(sum(float(s) for s, d in zip(statistics, dfs) if d > 0))
     total_df = int(sum(int(d) for d in dfs))
     if out_of_support > 0:

@@ -37,9 +37,7 @@ class GofResult(StatResult):
     is_degenerate: bool
 
 
-def goodness_of_fit(
-    observed: np.ndarray, probs: np.ndarray, *, min_expected: float = 5.0
-) -> GofResult:
+def goodness_of_fit(observed: np.ndarray, probs: np.ndarray, *, min_expected: float = 5.0) -> GofResult:
     """Pearson chi-square test of `observed` [V] counts against reference `probs` [V].
 
     Assumptions: the n samples are i.i.d.; `probs` is the exact reference law (unnormalised

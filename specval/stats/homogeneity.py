@@ -73,9 +73,7 @@ def homogeneity(
     return _test_table(table, n_a, n_b, min_expected, out_of_hint)
 
 
-def _pooling(
-    totals: np.ndarray, n_a: int, n_b: int, probs_hint: np.ndarray | None, min_expected: float
-) -> CellPooling:
+def _pooling(totals: np.ndarray, n_a: int, n_b: int, probs_hint: np.ndarray | None, min_expected: float) -> CellPooling:
     """Cell pooling from the margins (no hint) or from the reference hint."""
     smaller = min(n_a, n_b)
     if probs_hint is None:
@@ -88,14 +86,11 @@ def _pooling(
     return pool_cells(expected, min_expected)
 
 
-def _test_table(
-    table: np.ndarray, n_a: int, n_b: int, min_expected: float, out_of_hint: int
-) -> HomogeneityResult:
+def _test_table(table: np.ndarray, n_a: int, n_b: int, min_expected: float, out_of_hint: int) -> HomogeneityResult:
     """chi2_contingency on the 2 x C table, or the degenerate result."""
     num_cells = int(table.shape[1])
     if num_cells < 2 or n_a == 0 or n_b == 0:
-        return HomogeneityResult(0.0, 0, 1.0, n_a, n_b, num_cells, 0.0, float(min_expected),
-                                 out_of_hint, True)
+        return HomogeneityResult(0.0, 0, 1.0, n_a, n_b, num_cells, 0.0, float(min_expected), out_of_hint, True)
     test = stats.chi2_contingency(table, correction=False)
     return HomogeneityResult(
         statistic=float(test.statistic),

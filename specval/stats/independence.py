@@ -24,8 +24,16 @@ from scipy import signal
 from specval.stats import checks
 from specval.stats.montecarlo import McPValue, sequential_pvalue
 from specval.stats.results import StatResult
-from specval.stats.sequence import (SERIAL_BINS, as_pit, in_chunks, independence_chi2, packed_digits, pair_counts,
-                                    to_bins, uniform_bins)
+from specval.stats.sequence import (
+    SERIAL_BINS,
+    as_pit,
+    in_chunks,
+    independence_chi2,
+    packed_digits,
+    pair_counts,
+    to_bins,
+    uniform_bins,
+)
 
 ALTERNATIVES = ("two-sided", "greater", "less")
 PMF_RTOL = 1e-7  # two-sided p-value: outcomes with pmf <= pmf(observed) * (1 + PMF_RTOL) count (scipy's rule)
@@ -51,7 +59,7 @@ def _pmf_direct(probs: np.ndarray) -> np.ndarray:
     pmf = np.zeros(probs.size + 1)
     pmf[0] = 1.0
     for i, p in enumerate(probs):
-        pmf[1:i + 2] = pmf[1:i + 2] * (1.0 - p) + pmf[:i + 1] * p
+        pmf[1 : i + 2] = pmf[1 : i + 2] * (1.0 - p) + pmf[: i + 1] * p
         pmf[0] *= 1.0 - p
     return pmf
 
@@ -68,14 +76,14 @@ def poisson_binomial_pmf(probs: np.ndarray) -> np.ndarray:
     brute-force enumeration and the binomial law in the suite.
     """
     probs = as_probabilities("probs", probs)
-    blocks = [_pmf_direct(probs[i:i + DIRECT_MAX]) for i in range(0, max(probs.size, 1), DIRECT_MAX)]
+    blocks = [_pmf_direct(probs[i : i + DIRECT_MAX]) for i in range(0, max(probs.size, 1), DIRECT_MAX)]
     width = max(block.size for block in blocks)
     polys = np.stack([np.pad(block, (0, width - block.size)) for block in blocks])
     while polys.shape[0] > 1:
         if polys.shape[0] % 2:
             polys = np.concatenate([polys, np.eye(1, polys.shape[1])])
         polys = signal.fftconvolve(polys[0::2], polys[1::2], axes=1)
-    pmf = np.clip(polys[0][:probs.size + 1], 0.0, None)
+    pmf = np.clip(polys[0][: probs.size + 1], 0.0, None)
     return pmf / pmf.sum()
 
 
@@ -125,8 +133,9 @@ def match_probabilities(p_a: np.ndarray, p_b: np.ndarray) -> np.ndarray:
     return np.clip((p_a * p_b).sum(axis=1) / (p_a.sum(axis=1) * p_b.sum(axis=1)), 0.0, 1.0)
 
 
-def equal_rate(tokens_a: np.ndarray, tokens_b: np.ndarray, p_a: np.ndarray, p_b: np.ndarray,
-               alternative: str = "two-sided") -> EqualRateResult:
+def equal_rate(
+    tokens_a: np.ndarray, tokens_b: np.ndarray, p_a: np.ndarray, p_b: np.ndarray, alternative: str = "two-sided"
+) -> EqualRateResult:
     """Exact test of the count of equal paired tokens against independence.
 
     Assumptions: pair i's tokens are independent draws from p_a[i] and p_b[i] under H0, and the
@@ -177,8 +186,9 @@ def _rho(u_a: np.ndarray, u_b: np.ndarray) -> np.ndarray:
     return RHO_SCALE * ((u_a - 0.5) * (u_b - 0.5)).mean(axis=-1)
 
 
-def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_BINS, level: float,
-                    rng: np.random.Generator) -> PitAssociationResult:
+def pit_association(
+    u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_BINS, level: float, rng: np.random.Generator
+) -> PitAssociationResult:
     """Exact-size test that paired PITs are independent: |rho| (linear, monotone dependence such as
     antithetic u, 1 - u) and the B x B independence X^2 (any dependence), each a sequential Monte
     Carlo p-value at level / 2, combined by Bonferroni.
@@ -198,8 +208,9 @@ def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_
     if n == 0:
         return PitAssociationResult(0.0, 1.0, 0.0, 0, 1.0, 1.0, 0, num_bins, None, None)
     rho = float(_rho(u_a, u_b))
-    chi2 = float(independence_chi2(pair_counts(to_bins(u_a, num_bins)[None], to_bins(u_b, num_bins)[None],
-                                               num_bins))[0])
+    chi2 = float(
+        independence_chi2(pair_counts(to_bins(u_a, num_bins)[None], to_bins(u_b, num_bins)[None], num_bins))[0]
+    )
 
     def draw_rho(gen: np.random.Generator, size: int) -> np.ndarray:
         return np.abs(_rho(gen.random((size, n)), gen.random((size, n))))
@@ -214,8 +225,9 @@ def pit_association(u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_
     mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng)
     mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng)
     p_value = min(1.0, STATISTICS * min(mc_rho.p_value, mc_chi2.p_value))
-    return PitAssociationResult(rho, mc_rho.p_value, chi2, (num_bins - 1) ** 2, mc_chi2.p_value, p_value, n,
-                                num_bins, mc_rho, mc_chi2)
+    return PitAssociationResult(
+        rho, mc_rho.p_value, chi2, (num_bins - 1) ** 2, mc_chi2.p_value, p_value, n, num_bins, mc_rho, mc_chi2
+    )
 
 
 # ---------------------------------------------------------------- identical sequences
@@ -243,8 +255,9 @@ def sequence_match_probability(mass: np.ndarray) -> float:
         return float(np.exp(np.log(mass).sum()))
 
 
-def identical_sequences(seqs_a: Sequence[np.ndarray], seqs_b: Sequence[np.ndarray],
-                        match_probs: np.ndarray) -> IdenticalSequencesResult:
+def identical_sequences(
+    seqs_a: Sequence[np.ndarray], seqs_b: Sequence[np.ndarray], match_probs: np.ndarray
+) -> IdenticalSequencesResult:
     """Deterministic count of pairs (distinct seeds) that produced identical whole sequences, with
     its exact law given side a's sequences.
 

@@ -69,9 +69,18 @@ def paired_comparison(
     p_value = float(mcnemar([[both, losses], [wins, neither]], exact=True).pvalue)
     low, high = newcombe_paired_ci(both, wins, losses, neither, alpha)
     return McNemarResult(
-        n=n, wins=wins, losses=losses, ties=both + neither,
-        acc_a=(both + losses) / n, acc_b=(both + wins) / n, diff=(wins - losses) / n,
-        p_value=p_value, ci_low=low, ci_high=high, alpha=alpha, margin=margin,
+        n=n,
+        wins=wins,
+        losses=losses,
+        ties=both + neither,
+        acc_a=(both + losses) / n,
+        acc_b=(both + wins) / n,
+        diff=(wins - losses) / n,
+        p_value=p_value,
+        ci_low=low,
+        ci_high=high,
+        alpha=alpha,
+        margin=margin,
         non_inferior=None if margin is None else bool(low > -margin),
     )
 

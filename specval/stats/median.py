@@ -55,9 +55,11 @@ def rank_for(n: int, confidence: float) -> tuple[int, float]:
     coverages = 1.0 - 2.0 * stats.binom.cdf(ranks - 1, n, HALF)
     ok = ranks[coverages >= confidence]
     if ok.size == 0:
-        raise ValueError(f"n={n} values cannot give a {confidence:g} median interval: the widest one "
-                         f"(min, max) covers with probability {1.0 - 2.0 * HALF ** n:.4g}; "
-                         f"at least {min_count(confidence)} are needed")
+        raise ValueError(
+            f"n={n} values cannot give a {confidence:g} median interval: the widest one "
+            f"(min, max) covers with probability {1.0 - 2.0 * HALF**n:.4g}; "
+            f"at least {min_count(confidence)} are needed"
+        )
     k = int(ok.max())
     return k, float(1.0 - 2.0 * stats.binom.cdf(k - 1, n, HALF))
 
@@ -65,7 +67,7 @@ def rank_for(n: int, confidence: float) -> tuple[int, float]:
 def min_count(confidence: float) -> int:
     """The fewest values whose (min, max) interval reaches `confidence`: 1 - 2 / 2^n >= confidence."""
     n = 2
-    while 1.0 - 2.0 * HALF ** n < confidence:
+    while 1.0 - 2.0 * HALF**n < confidence:
         n += 1
     return n
 
@@ -86,6 +88,13 @@ def median_interval(values: np.ndarray, confidence: float) -> MedianInterval:
     n = int(array.size)
     k, coverage = rank_for(n, confidence)
     ordered = np.sort(array)
-    return MedianInterval(n=n, median=float(np.median(ordered)), low=float(ordered[k - 1]),
-                          high=float(ordered[n - k]), rank=k, confidence=float(confidence), coverage=coverage,
-                          tail=float(stats.binom.cdf(k - 1, n, HALF)))
+    return MedianInterval(
+        n=n,
+        median=float(np.median(ordered)),
+        low=float(ordered[k - 1]),
+        high=float(ordered[n - k]),
+        rank=k,
+        confidence=float(confidence),
+        coverage=coverage,
+        tail=float(stats.binom.cdf(k - 1, n, HALF)),
+    )

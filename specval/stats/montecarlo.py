@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from scipy import stats

@@ -43,9 +43,7 @@ def mde_tv(n: float, n_bins: int, alpha: float, power: float = 0.8) -> float:
     power = checks.probability("power", power)
     if n == 0 or n_bins < 2:
         return NOTHING_DETECTABLE
-    w = GofChisquarePower().solve_power(
-        effect_size=None, nobs=n, alpha=alpha, power=power, n_bins=n_bins
-    )
+    w = GofChisquarePower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, n_bins=n_bins)
     return float(w) / 2.0
 
 
@@ -60,9 +58,7 @@ def samples_for_tv(tv: float, n_bins: int, alpha: float, power: float = 0.8) -> 
     n_bins = checks.count("n_bins", n_bins, minimum=2)
     alpha = checks.probability("alpha", alpha)
     power = checks.probability("power", power)
-    n = GofChisquarePower().solve_power(
-        effect_size=2.0 * tv, nobs=None, alpha=alpha, power=power, n_bins=n_bins
-    )
+    n = GofChisquarePower().solve_power(effect_size=2.0 * tv, nobs=None, alpha=alpha, power=power, n_bins=n_bins)
     return int(math.ceil(float(n)))
 
 
@@ -132,9 +128,7 @@ def simulate_power(
     reps = checks.count("reps", reps, minimum=1)
     alpha = checks.probability("alpha", alpha)
     samples = rng.multinomial(n, p1 / p1.sum(), size=reps)
-    rejections = sum(
-        goodness_of_fit(row, p0, min_expected=min_expected).p_value < alpha for row in samples
-    )
+    rejections = sum(goodness_of_fit(row, p0, min_expected=min_expected).p_value < alpha for row in samples)
     low, high = proportion_confint(rejections, reps, alpha=0.05, method="beta")
     return SimulatedPower(rejections / reps, int(rejections), reps, float(low), float(high))
 

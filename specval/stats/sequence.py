@@ -122,11 +122,15 @@ def pit_parts(probs: np.ndarray, tokens: np.ndarray, order: str = "rank") -> tup
     lower = np.empty(num_rows)
     step = max(1, CHUNK_ELEMENTS // vocab)
     for start in range(0, num_rows, step):
-        rows, tok, px = probs[start:start + step], tokens[start:start + step, None], mass[start:start + step, None]
+        rows, tok, px = (
+            probs[start : start + step],
+            tokens[start : start + step, None],
+            mass[start : start + step, None],
+        )
         before = ids < tok
         if order == "rank":
             before = (rows > px) | ((rows == px) & before)
-        lower[start:start + step] = np.where(before, rows, 0.0).sum(axis=1)
+        lower[start : start + step] = np.where(before, rows, 0.0).sum(axis=1)
     return lower, mass
 
 
@@ -215,8 +219,14 @@ def _uniform_counts(gen, sizes: np.ndarray, num_bins: int, rows: int) -> np.ndar
     return gen.uniform_digit_counts(num_bins, sizes, rows)
 
 
-def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | None = None, *,
-                   num_bins: int = PIT_BINS, level: float, rng: np.random.Generator) -> PitUniformityResult:
+def pit_uniformity(
+    u: np.ndarray,
+    buckets: Sequence[Hashable] | np.ndarray | None = None,
+    *,
+    num_bins: int = PIT_BINS,
+    level: float,
+    rng: np.random.Generator,
+) -> PitUniformityResult:
     """Exact-size test that the U of all committed tokens are U(0, 1) within each bucket.
 
     Design: ONE table of (bucket, bin) cells, X^2 = sum over buckets of Pearson's X^2 of the
@@ -243,8 +253,9 @@ def pit_uniformity(u: np.ndarray, buckets: Sequence[Hashable] | np.ndarray | Non
     counts = np.bincount(group * num_bins + to_bins(u, num_bins), minlength=keys.size * num_bins)
     counts = counts.reshape(keys.size, num_bins)
     sizes = counts.sum(axis=1)
-    common = dict(n=int(u.size), num_bins=num_bins, bucket_keys=keys.tolist(), bucket_sizes=sizes.tolist(),
-                  counts=counts.tolist())
+    common = dict(
+        n=int(u.size), num_bins=num_bins, bucket_keys=keys.tolist(), bucket_sizes=sizes.tolist(), counts=counts.tolist()
+    )
     if u.size == 0 or num_bins < 2:
         return PitUniformityResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
     statistic = float(_uniform_chi2(counts, sizes, num_bins))
@@ -295,8 +306,11 @@ def popcount(words: np.ndarray) -> np.ndarray:
     else a byte table: the same integers)."""
     if hasattr(np, "bitwise_count"):
         return np.bitwise_count(words)
-    return _BYTE_POPCOUNT[np.ascontiguousarray(words).view(np.uint8)].reshape(words.shape + (8,)).sum(
-        axis=-1, dtype=np.uint8)
+    return (
+        _BYTE_POPCOUNT[np.ascontiguousarray(words).view(np.uint8)]
+        .reshape(words.shape + (8,))
+        .sum(axis=-1, dtype=np.uint8)
+    )
 
 
 def bit_planes(bins: np.ndarray, num_bins: int) -> np.ndarray:
@@ -305,7 +319,7 @@ def bit_planes(bins: np.ndarray, num_bins: int) -> np.ndarray:
     rows, width = bins.shape
     planes = np.zeros((rows, num_bins, (width // WORD_BITS + 1) * 8), dtype=np.uint8)
     for value in range(num_bins):
-        planes[:, value, :(width + 7) // 8] = np.packbits(bins == value, axis=-1, bitorder="little")
+        planes[:, value, : (width + 7) // 8] = np.packbits(bins == value, axis=-1, bitorder="little")
     return planes.view("<u8").astype(np.uint64)
 
 
@@ -319,7 +333,7 @@ def _shift_down(planes: np.ndarray, lag: int) -> np.ndarray:
         out[..., :count] = source
     else:
         out[..., :count] = source >> np.uint64(bits)
-        out[..., :count - 1] |= source[..., 1:] << np.uint64(WORD_BITS - bits)
+        out[..., : count - 1] |= source[..., 1:] << np.uint64(WORD_BITS - bits)
     return out
 
 
@@ -389,8 +403,14 @@ def _lag_chi2(bins: np.ndarray, starts: list[np.ndarray], num_bins: int) -> np.n
     return out
 
 
-def serial_dependence(u_by_sequence: Sequence[np.ndarray], max_lag: int, *, num_bins: int = SERIAL_BINS,
-                      level: float, rng: np.random.Generator) -> SerialDependenceResult:
+def serial_dependence(
+    u_by_sequence: Sequence[np.ndarray],
+    max_lag: int,
+    *,
+    num_bins: int = SERIAL_BINS,
+    level: float,
+    rng: np.random.Generator,
+) -> SerialDependenceResult:
     """Exact-size test of dependence between U_i and U_{i+l} within sequences, l = 1..max_lag.
 
     Statistic: sum over lags of the B x B binned independence X^2 (margins estimated per table, so
@@ -410,15 +430,21 @@ def serial_dependence(u_by_sequence: Sequence[np.ndarray], max_lag: int, *, num_
     flat = np.concatenate(sequences) if sequences else np.zeros(0)
     starts = _lag_starts(lengths, max_lag)
     lag_stats = _lag_chi2(to_bins(flat, num_bins)[None, :], starts, num_bins)[0]
-    common = dict(n=int(flat.size), num_sequences=len(sequences), max_lag=max_lag, num_bins=num_bins,
-                  lag_statistics=lag_stats.tolist(), lag_pairs=[int(s.size) for s in starts])
+    common = dict(
+        n=int(flat.size),
+        num_sequences=len(sequences),
+        max_lag=max_lag,
+        num_bins=num_bins,
+        lag_statistics=lag_stats.tolist(),
+        lag_pairs=[int(s.size) for s in starts],
+    )
     used = sum(s.size > 0 for s in starts)
     if used == 0:
         return SerialDependenceResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
+
     def draw(gen: np.random.Generator, size: int) -> np.ndarray:
         return _lag_chi2(uniform_bins(gen, num_bins, (size, flat.size)), starts, num_bins).sum(axis=1)
 
     statistic = float(lag_stats.sum())
     mc = sequential_pvalue(statistic, in_chunks(draw, flat.size), level, rng)
-    return SerialDependenceResult(statistic, used * (num_bins - 1) ** 2, mc.p_value, mc, is_degenerate=False,
-                                  **common)
+    return SerialDependenceResult(statistic, used * (num_bins - 1) ** 2, mc.p_value, mc, is_degenerate=False, **common)

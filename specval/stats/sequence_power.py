@@ -57,8 +57,9 @@ def _chi2_mde(n: float, df: int, levels: Sequence[float], power: float, split: i
     return criterion_mde(n, df, decided, power / factor)
 
 
-def pit_uniformity_mde(n: float, levels: Sequence[float], *, num_bins: int = 10, num_buckets: int = 1,
-                       power: float = 0.8) -> float:
+def pit_uniformity_mde(
+    n: float, levels: Sequence[float], *, num_bins: int = 10, num_buckets: int = 1, power: float = 0.8
+) -> float:
     """Minimum n-weighted mean over buckets of TV(binned U law, uniform bins) that `pit_uniformity`
     detects with `power` (df = buckets * (bins - 1)). Scaling: ~ 1 / sqrt(n)."""
     num_bins = checks.count("num_bins", num_bins, minimum=2)
@@ -66,8 +67,9 @@ def pit_uniformity_mde(n: float, levels: Sequence[float], *, num_bins: int = 10,
     return _chi2_mde(n, num_buckets * (num_bins - 1), levels, power)
 
 
-def serial_dependence_mde(pairs: float, levels: Sequence[float], *, max_lag: int, num_bins: int = 5,
-                          power: float = 0.8) -> float:
+def serial_dependence_mde(
+    pairs: float, levels: Sequence[float], *, max_lag: int, num_bins: int = 5, power: float = 0.8
+) -> float:
     """Minimum TV between one lag's pair-bin law and the product of its margins that
     `serial_dependence` detects with `power`, given that lag's pair count `pairs` (noncentrality
     n w^2 >= 4 n TV^2 by Cauchy-Schwarz; df of all max_lag tables). Scaling: ~ sqrt(max_lag) / sqrt(n)
@@ -95,14 +97,17 @@ def association_rho_mde(n: float, levels: Sequence[float], *, power: float = 0.8
         return NOTHING_DETECTABLE
 
     def shortfall(rho: float) -> float:
-        return float(np.prod([stats.norm.sf(stats.norm.isf(t / 2) - rho * math.sqrt(n)) for t in decided])) \
+        return (
+            float(np.prod([stats.norm.sf(stats.norm.isf(t / 2) - rho * math.sqrt(n)) for t in decided]))
             - power / factor
+        )
 
     return float(optimize.brentq(shortfall, 0.0, 1.0, xtol=XTOL)) if shortfall(1.0) > 0 else NOTHING_DETECTABLE
 
 
-def equal_rate_mde(match_probs: np.ndarray, levels: Sequence[float], *, alternative: str = "greater",
-                   power: float = 0.8) -> float:
+def equal_rate_mde(
+    match_probs: np.ndarray, levels: Sequence[float], *, alternative: str = "greater", power: float = 0.8
+) -> float:
     """Minimum relative change r of every match probability that `equal_rate` (exact, tested with
     `alternative` 'greater' (pi -> min(1, (1 + r) pi)) or 'less' (pi -> (1 - r) pi)) detects with
     `power` at every stage level. Exact: powers from the Poisson-binomial laws, no approximation.

@@ -93,8 +93,14 @@ def _component(keys, supports, expected, weights, sizes, observed, min_expected)
     per_stratum = np.split(pooling.cell_of_token, bounds)
     cells, cell_weights = zip(*(_compact(c, w) for c, w in zip(per_stratum, weights)))
     counts = np.bincount(pooling.cell_of_token, weights=np.concatenate(observed), minlength=pooling.num_cells)
-    return Component(tuple(keys), tuple(c.astype(np.int64) for c in cells), tuple(cell_weights),
-                     np.asarray(sizes, dtype=np.int64), pooling.num_cells, counts.astype(np.int64))
+    return Component(
+        tuple(keys),
+        tuple(c.astype(np.int64) for c in cells),
+        tuple(cell_weights),
+        np.asarray(sizes, dtype=np.int64),
+        pooling.num_cells,
+        counts.astype(np.int64),
+    )
 
 
 def _split(entries: list, is_big) -> list[list]:
@@ -107,8 +113,9 @@ def _split(entries: list, is_big) -> list[list]:
 # ---------------------------------------------------------------- goodness of fit
 
 
-def gof_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], stratum_min: int,
-                   min_expected: float) -> list[Component]:
+def gof_components(
+    strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], stratum_min: int, min_expected: float
+) -> list[Component]:
     """Components of a stratified GOF from (key, counts[V], probs[V]) per stratum.
 
     Samples on tokens of probability 0 are left out (they FAIL the out-of-support criterion);
@@ -121,9 +128,18 @@ def gof_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], st
         n = int(counts[support].sum())
         if n:
             entries.append((key, support, probs[support] / probs[support].sum(), n, counts[support]))
-    return [_component([e[0] for e in part], [e[1] for e in part], [e[3] * e[2] for e in part],
-                       [e[2] for e in part], [e[3] for e in part], [e[4] for e in part], min_expected)
-            for part in _split(entries, lambda e: e[3] >= stratum_min)]
+    return [
+        _component(
+            [e[0] for e in part],
+            [e[1] for e in part],
+            [e[3] * e[2] for e in part],
+            [e[2] for e in part],
+            [e[3] for e in part],
+            [e[4] for e in part],
+            min_expected,
+        )
+        for part in _split(entries, lambda e: e[3] >= stratum_min)
+    ]
 
 
 def _gof_expected(component: Component) -> np.ndarray:
@@ -156,8 +172,14 @@ def _gof_null(components: list[Component]):
     return draw, observed, expected
 
 
-def stratified_gof(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], *, stratum_min: int,
-                   min_expected: float, level: float, rng: np.random.Generator) -> StratifiedResult:
+def stratified_gof(
+    strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]],
+    *,
+    stratum_min: int,
+    min_expected: float,
+    level: float,
+    rng: np.random.Generator,
+) -> StratifiedResult:
     """Exact-size stratified GOF of per-stratum token counts against the reference probabilities.
 
     Assumptions: given the strata sizes, the samples of a stratum are i.i.d. from its `probs`
@@ -169,16 +191,19 @@ def stratified_gof(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray]], *,
     """
     components = gof_components(strata, stratum_min, min_expected)
     draw, observed, expected = _gof_null(components)
-    rows = [_row(c, float(c.sizes.sum()), _pearson(c.observed[None, :].astype(np.float64), m)[0])
-            for c, m in zip(components, expected)]
+    rows = [
+        _row(c, float(c.sizes.sum()), _pearson(c.observed[None, :].astype(np.float64), m)[0])
+        for c, m in zip(components, expected)
+    ]
     return _result(components, observed(), draw, level, rng, float(sum(c.sizes.sum() for c in components)), rows)
 
 
 # ---------------------------------------------------------------- homogeneity
 
 
-def homogeneity_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray, np.ndarray]],
-                           stratum_min: int, min_expected: float) -> list[Component]:
+def homogeneity_components(
+    strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray, np.ndarray]], stratum_min: int, min_expected: float
+) -> list[Component]:
     """Components of a stratified homogeneity test from (key, counts_a[V], counts_b[V], probs[V]).
 
     Cells are pooled by min(n_a, n_b) * p(token | s) (the reference as a hint fixed before the
@@ -194,10 +219,18 @@ def homogeneity_components(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarr
         smaller = min(int(a.sum()), int(b.sum()))
         if smaller:
             entries.append((key, support, smaller * probs[support] / probs[support].sum(), a, b, smaller))
-    return [_component([e[0] for e in part], [e[1] for e in part], [e[2] for e in part],
-                       [e[3] + e[4] for e in part], [int(e[3].sum()) for e in part], [e[3] for e in part],
-                       min_expected)
-            for part in _split(entries, lambda e: e[5] >= stratum_min)]
+    return [
+        _component(
+            [e[0] for e in part],
+            [e[1] for e in part],
+            [e[2] for e in part],
+            [e[3] + e[4] for e in part],
+            [int(e[3].sum()) for e in part],
+            [e[3] for e in part],
+            min_expected,
+        )
+        for part in _split(entries, lambda e: e[5] >= stratum_min)
+    ]
 
 
 def _split_weights(component: Component) -> tuple[np.ndarray, np.ndarray, float]:
@@ -225,19 +258,26 @@ def _homogeneity_null(components: list[Component]):
         for component, (inverse, mean_a, _) in zip(components, weights):
             counts = np.zeros((size, component.num_cells))
             for cells, totals, n_a in zip(component.cells, component.weights, component.sizes):
-                counts[:, cells] += rng.multivariate_hypergeometric(totals.astype(np.int64), int(n_a), size=size,
-                                                                    method="marginals")
+                counts[:, cells] += rng.multivariate_hypergeometric(
+                    totals.astype(np.int64), int(n_a), size=size, method="marginals"
+                )
             total += statistic(counts, inverse, mean_a)
         return total
 
-    per_component = [statistic(c.observed[None, :].astype(np.float64), w[0], w[1])[0]
-                     for c, w in zip(components, weights)]
+    per_component = [
+        statistic(c.observed[None, :].astype(np.float64), w[0], w[1])[0] for c, w in zip(components, weights)
+    ]
     return draw, per_component, [w[2] for w in weights]
 
 
-def stratified_homogeneity(strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray, np.ndarray]], *,
-                           stratum_min: int, min_expected: float, level: float,
-                           rng: np.random.Generator) -> StratifiedResult:
+def stratified_homogeneity(
+    strata: Sequence[tuple[Hashable, np.ndarray, np.ndarray, np.ndarray]],
+    *,
+    stratum_min: int,
+    min_expected: float,
+    level: float,
+    rng: np.random.Generator,
+) -> StratifiedResult:
     """Exact-size stratified two-sample test (group a vs group b) of per-stratum token counts.
 
     Assumptions: the groups are independent (disjoint seeds), i.i.d. within a group and stratum.
@@ -260,17 +300,36 @@ def _row(component: Component, n: float, statistic: float) -> dict:
     cells, X^2 and the asymptotic chi-square p-value (descriptive only: the criterion's p-value is
     the Monte Carlo one of the summed statistic)."""
     df = component.num_cells - 1
-    return {"key": component.keys[0] if not component.is_joint else JOINT,
-            "joint_keys": list(component.keys) if component.is_joint else None,
-            "n": float(n), "num_cells": component.num_cells, "statistic": float(statistic), "df": df,
-            "p_value": float(special.chdtrc(df, statistic)) if df > 0 else 1.0}
+    return {
+        "key": component.keys[0] if not component.is_joint else JOINT,
+        "joint_keys": list(component.keys) if component.is_joint else None,
+        "n": float(n),
+        "num_cells": component.num_cells,
+        "statistic": float(statistic),
+        "df": df,
+        "p_value": float(special.chdtrc(df, statistic)) if df > 0 else 1.0,
+    }
 
 
-def _result(components: list[Component], observed: float, draw, level: float, rng: np.random.Generator,
-            n: float, rows: list[dict]) -> StratifiedResult:
+def _result(
+    components: list[Component],
+    observed: float,
+    draw,
+    level: float,
+    rng: np.random.Generator,
+    n: float,
+    rows: list[dict],
+) -> StratifiedResult:
     df = int(sum(c.num_cells - 1 for c in components))
-    mc = (sequential_pvalue(observed, draw, level, rng) if df > 0 else McPValue(1.0, 0, 0, 0, False))
-    return StratifiedResult(statistic=observed, df=df, p_value=mc.p_value, mc=mc, n=n,
-                            num_strata=int(sum(len(c.keys) for c in components)),
-                            num_joint_strata=int(sum(len(c.keys) for c in components if c.is_joint)),
-                            num_cells=int(sum(c.num_cells for c in components)), components=rows)
+    mc = sequential_pvalue(observed, draw, level, rng) if df > 0 else McPValue(1.0, 0, 0, 0, False)
+    return StratifiedResult(
+        statistic=observed,
+        df=df,
+        p_value=mc.p_value,
+        mc=mc,
+        n=n,
+        num_strata=int(sum(len(c.keys) for c in components)),
+        num_joint_strata=int(sum(len(c.keys) for c in components if c.is_joint)),
+        num_cells=int(sum(c.num_cells for c in components)),
+        components=rows,
+    )

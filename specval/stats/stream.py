@@ -63,7 +63,7 @@ version; a bundle records its version and `specval verify` redraws with it
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -137,7 +137,7 @@ class Stream:
         while done < count:  # each round draws exactly the words still needed: no word is left over
             product = (self.raw(min(count - done, CHUNK_WORDS)) >> np.uint64(32)) * np.uint64(span)
             accepted = (product >> np.uint64(32))[(product & LOW_BITS) >= threshold]
-            out[done:done + accepted.size] = accepted.astype(np.int64) + low
+            out[done : done + accepted.size] = accepted.astype(np.int64) + low
             done += accepted.size
         return int(out[0]) if size is None else out.reshape(shape)
 
@@ -158,15 +158,17 @@ class Stream:
         last = int(np.flatnonzero(pvals > 0)[-1])
         counts = np.zeros((trials.size, pvals.size), dtype=np.int64)
         for cells in _chunks(trials):
-            draws = np.minimum(np.searchsorted(cdf, self.random(int(trials[cells].sum())) * cdf[-1], side="right"),
-                               last)
+            draws = np.minimum(
+                np.searchsorted(cdf, self.random(int(trials[cells].sum())) * cdf[-1], side="right"), last
+            )
             owner = np.repeat(np.arange(cells.start, cells.stop), trials[cells])
             flat = np.bincount((owner - cells.start) * pvals.size + draws, minlength=len(trials[cells]) * pvals.size)
             counts[cells] = flat.reshape(-1, pvals.size)
         return counts.reshape(shape + (pvals.size,))
 
-    def multivariate_hypergeometric(self, colors, nsample: int, size: Size = None, method: str | None = None
-                                    ) -> np.ndarray:
+    def multivariate_hypergeometric(
+        self, colors, nsample: int, size: Size = None, method: str | None = None
+    ) -> np.ndarray:
         """Counts per color of `nsample` items drawn without replacement: int64 of shape size +
         (len(colors),). `method` is accepted for numpy's signature and ignored: one rule here."""
         colors = np.asarray(colors, dtype=np.int64)
@@ -186,7 +188,6 @@ class Stream:
             taken = np.concatenate([np.zeros((stop - start, 1), dtype=np.int64), np.cumsum(chosen, axis=1)], axis=1)
             counts[start:stop] = np.diff(taken[:, np.r_[0, ends]], axis=1)
         return counts.reshape(shape + (colors.size,))
-
 
     def uniform_digits(self, base: int, size: Size) -> np.ndarray:
         """Values uniform on [0, base), packed k to a field of a word (module docstring): uint8 of
@@ -216,7 +217,7 @@ class Stream:
             full.append((a, max(a, b)))
         covered = np.zeros(width, dtype=bool)
         for a, b in full:
-            covered[a * digits:b * digits] = True
+            covered[a * digits : b * digits] = True
         loose = np.flatnonzero(~covered)  # digits of fields that straddle a segment's edge or the end
         loose_segment = np.searchsorted(bounds, loose, side="right") - 1
         counts = np.zeros((rows, sizes.size, base), dtype=np.int64)
@@ -226,8 +227,7 @@ class Stream:
             offsets = (np.arange(stop - start, dtype=np.int64) * values)[:, None]
             for g, (a, b) in enumerate(full):
                 if b > a:
-                    histogram = np.bincount((fields[:, a:b] + offsets).reshape(-1),
-                                            minlength=(stop - start) * values)
+                    histogram = np.bincount((fields[:, a:b] + offsets).reshape(-1), minlength=(stop - start) * values)
                     part[:, g] += _digit_marginals(histogram.reshape(stop - start, values), base)
             if loose.size:
                 loose_digits = table[fields[:, loose // digits], loose % digits].astype(np.int64)
@@ -240,7 +240,9 @@ class Stream:
         `need` = ceil(width / k) accepted fields, words consumed row after row (a row starts at a
         fresh word), the words past the last row kept for the next call."""
         if self.version < 2:
-            raise ValueError(f"uniform_digits is a transform of stream version 2, this stream is version {self.version}")
+            raise ValueError(
+                f"uniform_digits is a transform of stream version 2, this stream is version {self.version}"
+            )
         digits, bits, table = _packing(int(base))
         need = -(-width // digits)
         if rows == 0 or need == 0:
@@ -271,13 +273,13 @@ class Stream:
                     break
                 last_word[row], taken = last, int(ends[last])
             else:
-                self._keep(words[last + 1:])
-                used = accepted[:last + 1].copy()
+                self._keep(words[last + 1 :])
+                used = accepted[: last + 1].copy()
                 before = np.where(last_word > 0, ends[last_word - 1], 0)  # accepted before each row's last word
                 keep = need - (before - first)  # of its last word's accepted fields, the first `keep`
                 rank = np.cumsum(accepted[last_word], axis=1)
                 used[last_word] &= rank <= keep[:, None]
-                return fields[:last + 1][used].reshape(rows, need)
+                return fields[: last + 1][used].reshape(rows, need)
             words = np.concatenate([words, self.raw(max(words.size // 4, 64))])
 
 
@@ -317,7 +319,7 @@ def _make_packing(base: int) -> tuple[int, int, np.ndarray]:
             best = (rate, digits, bits)
     _, digits, bits = best
     values = np.arange(base**digits)
-    table = np.stack([(values // base**(digits - 1 - i)) % base for i in range(digits)], axis=1)
+    table = np.stack([(values // base ** (digits - 1 - i)) % base for i in range(digits)], axis=1)
     return digits, bits, table.astype(np.uint8)
 
 
@@ -344,7 +346,7 @@ def _smallest(keys: np.ndarray, count: int) -> np.ndarray:
     """bool[rows, items]: per row, the `count` smallest keys, ties at the cut in item order."""
     if count == 0:
         return np.zeros(keys.shape, dtype=bool)
-    cut = np.partition(keys, count - 1, axis=1)[:, count - 1:count]  # the count-th smallest value: unique
+    cut = np.partition(keys, count - 1, axis=1)[:, count - 1 : count]  # the count-th smallest value: unique
     below, at = keys < cut, keys == cut
     room = count - below.sum(axis=1, keepdims=True)
     return below | (at & (np.cumsum(at, axis=1) <= room))

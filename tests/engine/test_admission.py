@@ -26,14 +26,16 @@ def tokens_and_seeds(outputs):
     return [(o.request_id, o.token_ids, o.seed) for o in outputs]
 
 
-@pytest.mark.parametrize("bad_prompt, match", [
-    ([1, TINY_MODEL.vocab_size], "outside"),  # invalid token id (prompt_token_ids)
-    ([5] * MAX_MODEL_LEN, "prompt of 32 tokens is too long"),  # too long (_check_fits)
-])
+@pytest.mark.parametrize(
+    "bad_prompt, match",
+    [
+        ([1, TINY_MODEL.vocab_size], "outside"),  # invalid token id (prompt_token_ids)
+        ([5] * MAX_MODEL_LEN, "prompt of 32 tokens is too long"),  # too long (_check_fits)
+    ],
+)
 def test_refused_batch_admits_nothing_and_draws_no_seed(bad_prompt, match):
     llm = fresh_llm()
-    with pytest.raises(ValueError, match=f"request 2 of the batch .*{match}.*no request of the "
-                                         "batch was admitted"):
+    with pytest.raises(ValueError, match=f"request 2 of the batch .*{match}.*no request of the batch was admitted"):
         llm.generate([VALID[0], VALID[1], bad_prompt], RANDOM)
     assert not llm.engine.has_unfinished()
     expected = tokens_and_seeds(fresh_llm().generate(VALID, RANDOM))

@@ -26,10 +26,17 @@ def run_all(engine: Engine) -> dict[str, RequestOutput]:
     return outputs
 
 
-@pytest.mark.parametrize("prompt, match", [
-    ([], "prompt"), ("", "prompt"), ([1, 64], "outside"), ([-1], "outside"), ([1.5], "outside"),
-    (None, "prompt"),
-])
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        ([], "prompt"),
+        ("", "prompt"),
+        ([1, 64], "outside"),
+        ([-1], "outside"),
+        ([1.5], "outside"),
+        (None, "prompt"),
+    ],
+)
 def test_bad_prompt(engine, prompt, match):
     with pytest.raises(ValueError, match=match):
         engine.add_request("a", prompt, GREEDY)
@@ -106,29 +113,27 @@ def test_stop_tokens_eos_and_length():
     llm = tiny_llm(mode="sync", num_speculative_tokens=3)
     free = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     stop = free.token_ids[4]
-    cut = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=12,
-                                                   stop_token_ids=(stop,)))[0]
+    cut = llm.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=(stop,)))[0]
     first = free.token_ids.index(stop)
-    assert cut.token_ids == free.token_ids[:first + 1] and cut.finish_reason == "stop"
+    assert cut.token_ids == free.token_ids[: first + 1] and cut.finish_reason == "stop"
     assert len(cut.token_sources) == len(cut.token_ids)
     assert free.finish_reason == "length" and len(free.token_ids) == 12
 
 
 def test_eos_stops_unless_ignored():
     config = dict(mode="nospec")
-    free = tiny_llm(**config).generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=12,
-                                                                ignore_eos=True))[0]
+    free = tiny_llm(**config).generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     eos = free.token_ids[2]
     model = TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "eos_token_id": eos})
-    stopped = tiny_llm(model_config=model, **config).generate(
-        [[1, 2]], SamplingParams(temperature=0.0, max_tokens=12))[0]
+    stopped = tiny_llm(model_config=model, **config).generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=12))[
+        0
+    ]
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == eos
-    assert stopped.token_ids == free.token_ids[:free.token_ids.index(eos) + 1]
+    assert stopped.token_ids == free.token_ids[: free.token_ids.index(eos) + 1]
 
 
 def test_generate_accepts_text_and_keeps_order():
-    llm = tiny_llm(mode="sync", model_config=TINY_MODEL.__class__(
-        **{**TINY_MODEL.__dict__, "vocab_size": 256}))
+    llm = tiny_llm(mode="sync", model_config=TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "vocab_size": 256}))
     outputs = llm.generate(["hi", "there", "a"], SamplingParams(seed=1, max_tokens=3))
     assert [o.prompt_token_ids for o in outputs] == [list(b"hi"), list(b"there"), list(b"a")]
     with pytest.raises(ValueError, match="params"):
@@ -160,7 +165,7 @@ def _decode_rows(recorded, sources) -> torch.Tensor:
     rows, token = [], 0
     for logits in recorded:
         end = next(i for i in range(token, len(sources)) if sources[i] in ("correction", "bonus"))
-        rows.append(logits[:end - token + 1])
+        rows.append(logits[: end - token + 1])
         token = end + 1
     assert token == len(sources)
     return torch.cat(rows)
@@ -179,10 +184,15 @@ def test_target_logits_along_equal_the_logits_the_decode_used():
     along = llm.target_logits_along(ALONG_PROMPT, output.token_ids)
     assert along.shape == (ALONG_TOKENS, 64) and along.dtype == torch.float32
     assert "accepted" in output.token_sources and "correction" in output.token_sources
-    torch.testing.assert_close(along, decoded, rtol=0,
-                               atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS))
-    torch.testing.assert_close(along[-1], llm.full_depth_logits(ALONG_PROMPT + output.token_ids[:-1]), rtol=0,
-                               atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS))
+    torch.testing.assert_close(
+        along, decoded, rtol=0, atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS)
+    )
+    torch.testing.assert_close(
+        along[-1],
+        llm.full_depth_logits(ALONG_PROMPT + output.token_ids[:-1]),
+        rtol=0,
+        atol=looped_atol(llm.engine.model, decoded, len(ALONG_PROMPT) + ALONG_TOKENS),
+    )
     assert not llm.engine.has_unfinished() and llm.engine.scheduler.blocks.num_reserved == 0
 
 
@@ -196,10 +206,16 @@ def test_target_logits_along_leave_running_requests_alone():
     assert run_all(llm.engine)["live"].token_ids == alone.token_ids
 
 
-@pytest.mark.parametrize(("tokens", "match"), [
-    ([], "token_ids"), ([64], "outside"), ([1.5], "outside"), ("ab", "token_ids"),
-    ([1] * 21, "max_model_len=32"),
-])
+@pytest.mark.parametrize(
+    ("tokens", "match"),
+    [
+        ([], "token_ids"),
+        ([64], "outside"),
+        ([1.5], "outside"),
+        ("ab", "token_ids"),
+        ([1] * 21, "max_model_len=32"),
+    ],
+)
 def test_target_logits_along_names_bad_input_and_the_length_limit(tokens, match):
     llm = tiny_llm(mode="sync", max_model_len=32)
     with pytest.raises(ValueError, match=match):

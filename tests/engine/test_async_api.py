@@ -21,8 +21,7 @@ def async_llm(**overrides) -> LLM:
 
 
 def random_params(seed: int | None) -> SamplingParams:
-    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=12,
-                          ignore_eos=True)
+    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=12, ignore_eos=True)
 
 
 def test_random_requests_complete_replay_and_close_cleanly():
@@ -53,5 +52,4 @@ def test_greedy_unchanged_next_to_random_requests():
     mixed = async_llm().generate(PROMPTS * 2, [GREEDY] * 3 + [random_params(s) for s in (1, 2, 3)])
     assert [o.token_ids for o in mixed[:3]] == [o.token_ids for o in alone]
     assert all(o.seed is None for o in mixed[:3])
-    assert [o.token_ids for o in async_llm(mode="nospec").generate(PROMPTS, GREEDY)] == \
-        [o.token_ids for o in alone]
+    assert [o.token_ids for o in async_llm(mode="nospec").generate(PROMPTS, GREEDY)] == [o.token_ids for o in alone]

@@ -37,6 +37,7 @@ def poison_after(num_calls: int, temperature: float):
         if len(calls) >= num_calls:
             logits = torch.where((rows.temperature == temperature)[:, None], float("nan"), logits)
         return probabilities(logits, rows, backend)
+
     return poisoned
 
 
@@ -44,14 +45,15 @@ def test_nan_in_one_request_fails_it_once_and_others_continue(monkeypatch):
     """From the 3rd round on, request 1's logits are NaN: its round raises the error flag while
     its next round is queued; it finishes with "error" through one cleanup call, keeping only
     the tokens of its earlier rounds; the others are unchanged and nothing leaks."""
-    params = [GREEDY, SamplingParams(temperature=VICTIM_TEMPERATURE, seed=5, max_tokens=12,
-                                     ignore_eos=True),
-              SamplingParams(temperature=1.0, seed=6, max_tokens=12, ignore_eos=True)]
+    params = [
+        GREEDY,
+        SamplingParams(temperature=VICTIM_TEMPERATURE, seed=5, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=1.0, seed=6, max_tokens=12, ignore_eos=True),
+    ]
     reference = tiny_llm(mode="async").generate(PROMPTS, params)
     failures = []
     fail = Scheduler.fail
-    monkeypatch.setattr(Scheduler, "fail", lambda self, r: (failures.append(r.request_id),
-                                                            fail(self, r)))
+    monkeypatch.setattr(Scheduler, "fail", lambda self, r: (failures.append(r.request_id), fail(self, r)))
     # each round builds its target rows once; poison them from the 3rd round on
     llm = tiny_llm(mode="async")
     runner = llm.engine.runner
@@ -59,9 +61,8 @@ def test_nan_in_one_request_fails_it_once_and_others_continue(monkeypatch):
     outputs = llm.generate(PROMPTS, params)
     assert outputs[1].finish_reason == "error" and failures == [outputs[1].request_id]
     assert 0 < len(outputs[1].token_ids) < len(reference[1].token_ids)
-    assert outputs[1].token_ids == reference[1].token_ids[:len(outputs[1].token_ids)]
-    assert [outputs[0].token_ids, outputs[2].token_ids] == [reference[0].token_ids,
-                                                            reference[2].token_ids]
+    assert outputs[1].token_ids == reference[1].token_ids[: len(outputs[1].token_ids)]
+    assert [outputs[0].token_ids, outputs[2].token_ids] == [reference[0].token_ids, reference[2].token_ids]
     assert_nothing_leaks(llm.engine)
 
 
@@ -69,8 +70,9 @@ def test_stale_flags_in_reused_buffers_never_fail_a_round():
     """Every row of both host result buffers is pre-filled with an error flag and out-of-range
     tokens; rounds overwrite only their own rows and are decoded within them, so the run equals
     a clean one (live flags are the previous test's)."""
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=m, ignore_eos=True)
-              for s, m in zip((1, 2, 3), (12, 5, 3))]  # shrinking rounds leave stale rows
+    params = [
+        SamplingParams(temperature=1.0, seed=s, max_tokens=m, ignore_eos=True) for s, m in zip((1, 2, 3), (12, 5, 3))
+    ]  # shrinking rounds leave stale rows
     clean = tiny_llm(mode="async").generate(PROMPTS, params)
     llm = tiny_llm(mode="async")
     for buffer in llm.engine.runner.host_buffers:

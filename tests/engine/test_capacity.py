@@ -8,8 +8,10 @@ from tests.fixtures.engine_helpers import tiny_llm
 
 def workload():
     prompts = [[(7 * i + j) % 63 + 1 for j in range(1 + i % 9)] for i in range(40)]
-    params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 1.0, top_k=30, seed=i,
-                             max_tokens=3 + i % 7, ignore_eos=True) for i in range(40)]
+    params = [
+        SamplingParams(temperature=0.0 if i % 3 == 0 else 1.0, top_k=30, seed=i, max_tokens=3 + i % 7, ignore_eos=True)
+        for i in range(40)
+    ]
     return prompts, params
 
 

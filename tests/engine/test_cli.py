@@ -8,8 +8,25 @@ from engine.__main__ import main
 
 
 def test_generate_prints_text_and_stats(capsys):
-    code = main(["generate", "--prompt", "Return the", "--mode", "sync", "--temperature", "1",
-                 "--top-k", "20", "--max-tokens", "8", "--seed", "3", "-n", "2"])
+    code = main(
+        [
+            "generate",
+            "--prompt",
+            "Return the",
+            "--mode",
+            "sync",
+            "--temperature",
+            "1",
+            "--top-k",
+            "20",
+            "--max-tokens",
+            "8",
+            "--seed",
+            "3",
+            "-n",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert out.count("--- seed=") == 2 and "seed=3 " in out and "seed=4 " in out

@@ -9,14 +9,30 @@ from engine import Engine, EngineConfig, ModelConfig, SpeculativeConfig
 from tests.fixtures.engine_helpers import TINY_MODEL
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_speculative_tokens", -1), ("draft_loops", 0), ("dtype", "float16"), ("dtype", "fp32"),
-    ("mode", "pipeline"), ("model", "gpt2"), ("block_size", 0), ("max_num_seqs", 0),
-    ("seed", -3), ("num_kv_blocks", 1.5), ("device", "gpu0"), ("device", ""),
-    ("sampling_backend", "cuda"), ("draft_override", "oracle"), ("draft_noise_scale", -0.5),
-    ("draft_noise_scale", float("nan")), ("draft_noise_scale", True), ("draft_temperature_factor", 0.0),
-    ("draft_temperature_factor", "2"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_speculative_tokens", -1),
+        ("draft_loops", 0),
+        ("dtype", "float16"),
+        ("dtype", "fp32"),
+        ("mode", "pipeline"),
+        ("model", "gpt2"),
+        ("block_size", 0),
+        ("max_num_seqs", 0),
+        ("seed", -3),
+        ("num_kv_blocks", 1.5),
+        ("device", "gpu0"),
+        ("device", ""),
+        ("sampling_backend", "cuda"),
+        ("draft_override", "oracle"),
+        ("draft_noise_scale", -0.5),
+        ("draft_noise_scale", float("nan")),
+        ("draft_noise_scale", True),
+        ("draft_temperature_factor", 0.0),
+        ("draft_temperature_factor", "2"),
+    ],
+)
 def test_bad_engine_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         EngineConfig(**{field: value})
@@ -27,8 +43,9 @@ def test_unknown_option_is_an_error():
         EngineConfig(num_speculative_token=3)
 
 
-@pytest.mark.parametrize("field, value", [("hidden_size", 33), ("num_loops", 0),
-                                          ("eos_token_id", 64), ("vocab_size", True)])
+@pytest.mark.parametrize(
+    "field, value", [("hidden_size", 33), ("num_loops", 0), ("eos_token_id", 64), ("vocab_size", True)]
+)
 def test_bad_model_config_names_field(field, value):
     options = dict(vocab_size=64, hidden_size=32, num_heads=2)
     options[field] = value

@@ -22,8 +22,10 @@ NUM_REQUESTS = 48
 @pytest.mark.parametrize("draft_loops", [1, 2])
 def test_acceptance_rate_in_range(draft_loops):
     llm = LLM(EngineConfig(mode="sync", num_speculative_tokens=3, draft_loops=draft_loops))
-    params = [SamplingParams(temperature=1.0, top_k=20, seed=1000 + i, max_tokens=24,
-                             ignore_eos=True) for i in range(NUM_REQUESTS)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=20, seed=1000 + i, max_tokens=24, ignore_eos=True)
+        for i in range(NUM_REQUESTS)
+    ]
     outputs = llm.generate([PROMPT] * NUM_REQUESTS, params)
     drafts = sum(o.num_draft_tokens for o in outputs)
     rate = sum(o.num_accepted_tokens for o in outputs) / drafts

@@ -7,8 +7,7 @@ import torch
 
 from engine import LLM, EngineConfig, SamplingParams
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 PROMPTS = ["Return the number of", "Raise ValueError if", "A"]
 
@@ -21,8 +20,7 @@ def test_greedy_sync_equals_nospec_on_cuda():
 
 
 def test_seeded_random_replays_on_cuda():
-    params = [SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=12, ignore_eos=True)
-              for s in (1, 2, 3)]
+    params = [SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2, 3)]
     first = LLM(EngineConfig(mode="sync", device="cuda")).generate(PROMPTS, params)
     again = LLM(EngineConfig(mode="sync", device="cuda")).generate(PROMPTS, params)
     assert [o.token_ids for o in first] == [o.token_ids for o in again]

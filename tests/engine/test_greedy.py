@@ -32,8 +32,7 @@ def nospec_tokens() -> list[list[int]]:
 @pytest.mark.parametrize("draft_loops", [1, 2])
 @pytest.mark.parametrize("budget", [16384, 15])
 def test_sync_equals_nospec(nospec_tokens, k, draft_loops, budget):
-    llm = tiny_llm(mode="sync", num_speculative_tokens=k, draft_loops=draft_loops,
-                   max_num_batched_tokens=budget)
+    llm = tiny_llm(mode="sync", num_speculative_tokens=k, draft_loops=draft_loops, max_num_batched_tokens=budget)
     outputs = llm.generate(PROMPTS, greedy_params())
     assert [o.token_ids for o in outputs] == nospec_tokens
     for output, max_tokens in zip(outputs, MAX_TOKENS):

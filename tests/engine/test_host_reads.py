@@ -28,8 +28,11 @@ def tiny_llama_llm(**options):
 def started_engine(mode: str, family: str = "looped"):
     make = tiny_llm if family == "looped" else tiny_llama_llm
     engine = make(mode=mode, num_speculative_tokens=3).engine
-    params = [SamplingParams(temperature=0.0, max_tokens=8), SamplingParams(seed=1, max_tokens=8),
-              SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=2, max_tokens=2)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=8),
+        SamplingParams(seed=1, max_tokens=8),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=2, max_tokens=2),
+    ]
     for i, p in enumerate(params):
         engine.add_request(str(i), [1 + i, 2, 3], p)
     batch = engine.scheduler.schedule()
@@ -45,8 +48,7 @@ def test_speculative_round_has_no_host_reads(monkeypatch, family):
     assert batch.num_drafts == (3, 3, 1)  # the max_tokens=2 row is ragged
     with torch.inference_mode():
         plan = plan_round(batch.num_drafts, runner.num_speculative_tokens, device)
-        frame = runner.frame(batch.decode, [r.num_computed + k + 1
-                                            for r, k in zip(batch.decode, batch.num_drafts)])
+        frame = runner.frame(batch.decode, [r.num_computed + k + 1 for r, k in zip(batch.decode, batch.num_drafts)])
         rows = SamplingRows.from_requests(batch.decode, device)
         with no_host_reads(monkeypatch):
             uniforms = runner.uniforms(rows, 2 * runner.num_speculative_tokens + 1)

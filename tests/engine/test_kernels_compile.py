@@ -27,8 +27,7 @@ def _cuda_backend_missing() -> str | None:
 def test_probabilities_kernels_compile_for_sm90_without_a_gpu():
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     compiled = set(done.stdout.splitlines())
     for vocab in (152064, 200):

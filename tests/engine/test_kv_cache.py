@@ -47,8 +47,9 @@ def test_freed_blocks_are_reused_and_reported_for_zeroing():
 
 
 def test_zero_blocks_clears_every_layer():
-    cache = PagedKVCache(KVLayout(num_blocks=3, block_size=2, num_layers=2, num_heads=1,
-                                  head_size=2), torch.float32, "cpu")
+    cache = PagedKVCache(
+        KVLayout(num_blocks=3, block_size=2, num_layers=2, num_heads=1, head_size=2), torch.float32, "cpu"
+    )
     for pool in cache.key + cache.value:
         pool.fill_(float("nan"))
     cache.zero_blocks([1])

@@ -64,8 +64,9 @@ def test_bfloat16_engine_generates(mode):
     llm = tiny_llm(mode=mode, dtype="bfloat16")
     assert llm.engine.model.embedding.weight.dtype == torch.bfloat16
     assert llm.engine.kv.key[0].dtype == torch.bfloat16
-    outputs = llm.generate([[1, 2, 3]] * 2, [SamplingParams(temperature=0.0, max_tokens=5),
-                                              SamplingParams(seed=4, max_tokens=5)])
+    outputs = llm.generate(
+        [[1, 2, 3]] * 2, [SamplingParams(temperature=0.0, max_tokens=5), SamplingParams(seed=4, max_tokens=5)]
+    )
     assert all(len(o.token_ids) == 5 and o.finish_reason == "length" for o in outputs)
     assert llm.full_depth_logits([1, 2, 3]).dtype == torch.float32
 
@@ -75,9 +76,7 @@ def test_engine_serves_an_injected_depth_model():
     model = LoopedModel.from_seed(TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "seed": 5}))
     injected = tiny_llm(mode="sync", model_config=TINY_MODEL)
     injected = type(injected)(injected.engine.config, model=model)
-    built = tiny_llm(mode="sync", model_config=TINY_MODEL.__class__(**{**TINY_MODEL.__dict__,
-                                                                       "seed": 5}))
+    built = tiny_llm(mode="sync", model_config=TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "seed": 5}))
     greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     assert injected.engine.model is model
-    assert injected.generate([[1, 2, 3]], greedy)[0].token_ids == \
-        built.generate([[1, 2, 3]], greedy)[0].token_ids
+    assert injected.generate([[1, 2, 3]], greedy)[0].token_ids == built.generate([[1, 2, 3]], greedy)[0].token_ids

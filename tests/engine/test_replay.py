@@ -38,11 +38,13 @@ def check_against_replay(engine: Engine, request) -> None:
         for layer in range(model.num_layers_per_depth):
             for pool, expected in ((kv.key[layer], replay.keys), (kv.value[layer], replay.values)):
                 expected = expected[depth, layer, :length]
-                torch.testing.assert_close(paged(pool, table, length), expected, rtol=0,
-                                           atol=looped_atol(model, expected, length))
+                torch.testing.assert_close(
+                    paged(pool, table, length), expected, rtol=0, atol=looped_atol(model, expected, length)
+                )
     expected = replay.logits[-1, -1]
-    torch.testing.assert_close(frontier_logits(engine, request), expected, rtol=0,
-                               atol=looped_atol(model, expected, length + 1))
+    torch.testing.assert_close(
+        frontier_logits(engine, request), expected, rtol=0, atol=looped_atol(model, expected, length + 1)
+    )
 
 
 def frontier_logits(engine: Engine, request) -> torch.Tensor:
@@ -53,16 +55,18 @@ def frontier_logits(engine: Engine, request) -> torch.Tensor:
     for table in request.block_tables:
         engine.scheduler.blocks.grow(table, request.num_computed + 1)
     layout = runner.layout([request.num_computed], [1])
-    hidden = runner.run_depths(engine.model.embed(runner.last_tokens(requests)), layout, requests,
-                               1, engine.model.num_depths)
+    hidden = runner.run_depths(
+        engine.model.embed(runner.last_tokens(requests)), layout, requests, 1, engine.model.num_depths
+    )
     return engine.model.readout(hidden)[0]
 
 
 def test_committed_state_equals_serial_replay(engine):
     prompt = engine.tokenizer.encode(PROMPT)
     for i in range(4):
-        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=1.0, top_k=20, seed=100 + i,
-                                                           max_tokens=14, ignore_eos=True))
+        engine.add_request(
+            f"r{i}", prompt, SamplingParams(temperature=1.0, top_k=20, seed=100 + i, max_tokens=14, ignore_eos=True)
+        )
     engine.add_request("g", prompt, SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True))
     outputs, checked = run_checking_live(engine, check_against_replay)
     assert checked >= 5 and len(outputs) == 5
@@ -76,8 +80,7 @@ def model_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
 def test_first_round_follows_the_rng_protocol(engine):
     """Round 1 of a random request, rebuilt serially: one block uniform_blocks(seed, n, 2K+1),
     drafts categorical(q_j, u[j-1]), accept tests u[K:2K], correction/bonus u[2K]."""
-    k, seed, params = 3, 7, SamplingParams(temperature=1.0, top_k=20, seed=7, max_tokens=4,
-                                           ignore_eos=True)
+    k, seed, params = 3, 7, SamplingParams(temperature=1.0, top_k=20, seed=7, max_tokens=4, ignore_eos=True)
     prompt = engine.tokenizer.encode(PROMPT)
     engine.add_request("proto", prompt, params)
     while engine.has_unfinished():
@@ -92,10 +95,11 @@ def test_first_round_follows_the_rng_protocol(engine):
         q.append(sampler.probabilities(draft_logits, params))
         drafts.append(int(categorical(q[-1][None], u[:, j])[0]))
         ids.append(drafts[-1])
-    result = speculative_accept(torch.tensor(drafts), torch.tensor([0, k]), torch.stack(q),
-                                torch.stack(p), u, torch.tensor([False]))
+    result = speculative_accept(
+        torch.tensor(drafts), torch.tensor([0, k]), torch.stack(q), torch.stack(p), u, torch.tensor([False])
+    )
     num_accepted = int(result.num_accepted[0])
-    assert output.token_ids[:num_accepted + 1] == result.tokens[0, :num_accepted + 1].tolist()
+    assert output.token_ids[: num_accepted + 1] == result.tokens[0, : num_accepted + 1].tolist()
     assert output.token_sources[num_accepted] == ("bonus" if num_accepted == k else "correction")
 
 
@@ -109,7 +113,7 @@ def test_nospec_token_follows_the_rng_protocol():
         outputs += engine.step()
     ids = prompt + outputs[0].token_ids
     for i in range(2):
-        probs = Sampler().probabilities(model_logits(engine, ids[:len(prompt) + i]), params)
+        probs = Sampler().probabilities(model_logits(engine, ids[: len(prompt) + i]), params)
         u = uniform_blocks(torch.tensor([11]), torch.tensor([len(prompt) + i]), 1)[:, 0]
         assert int(categorical(probs[None], u)[0]) == outputs[0].token_ids[i]
     assert outputs[0].token_sources == ["plain", "plain"]

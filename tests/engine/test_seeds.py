@@ -17,8 +17,7 @@ PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 
 
 def random_params(seed: int | None, max_tokens: int = 12) -> SamplingParams:
-    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=max_tokens,
-                          ignore_eos=True)
+    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=max_tokens, ignore_eos=True)
 
 
 @pytest.mark.parametrize("mode", ["nospec", "sync"])
@@ -57,8 +56,7 @@ def test_assigned_seeds_are_recorded_and_replay():
     assert all(isinstance(s, int) and s >= 0 for s in seeds) and len(set(seeds)) == 3
     replayed = tiny_llm(mode="sync").generate([PROMPTS[2]] * 3, [random_params(s) for s in seeds])
     assert [o.token_ids for o in replayed] == [o.token_ids for o in outputs]
-    assert [o.seed for o in tiny_llm(mode="sync", seed=99).generate(
-        [PROMPTS[2]] * 3, random_params(None))] == seeds
+    assert [o.seed for o in tiny_llm(mode="sync", seed=99).generate([PROMPTS[2]] * 3, random_params(None))] == seeds
 
 
 def test_shared_prompt_prefill_matches_separate_runs():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 

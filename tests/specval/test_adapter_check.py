@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import adapter_check as checks
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 FAULTS = "tests.fixtures.adapter_faults"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adapter_minimal"
@@ -34,16 +34,30 @@ def _levels(adapter: str, **options) -> dict[str, set[str]]:
 def test_a_correct_adapter_has_nothing_to_fix():
     levels = _levels(f"{FAULTS}:CheckedFakeSUT")
     assert levels[checks.FIX] == set() and levels[checks.ADVICE] == set()
-    assert {"modes", "contract", "tokens", "reproducible", "batch_independent", "distinct_seeds", "target_logits",
-            "quadrature", "vectorised", "speed", "describe"} <= levels[checks.OK]
+    assert {
+        "modes",
+        "contract",
+        "tokens",
+        "reproducible",
+        "batch_independent",
+        "distinct_seeds",
+        "target_logits",
+        "quadrature",
+        "vectorised",
+        "speed",
+        "describe",
+    } <= levels[checks.OK]
 
 
-@pytest.mark.parametrize("adapter, fixes", [
-    ("SeedIgnoredSUT", {"distinct_seeds"}),
-    ("BatchSeededSUT", {"batch_independent"}),
-    ("OutOfRangeSUT", {"tokens"}),
-    ("ResidualFromPSUT", {"quadrature"}),
-])
+@pytest.mark.parametrize(
+    "adapter, fixes",
+    [
+        ("SeedIgnoredSUT", {"distinct_seeds"}),
+        ("BatchSeededSUT", {"batch_independent"}),
+        ("OutOfRangeSUT", {"tokens"}),
+        ("ResidualFromPSUT", {"quadrature"}),
+    ],
+)
 def test_each_planted_break_is_named(adapter, fixes):
     assert _levels(f"{FAULTS}:{adapter}")[checks.FIX] == fixes
 
@@ -75,9 +89,11 @@ def test_exit_codes_and_output(toy_importable):
     assert ok.exit_code == 0 and ok.output.splitlines()[-1].startswith("OK: toy_adapter:ToySUT: 0 to fix, 0 advice")
     planted = cli.invoke(main, ["check-adapter", "toy_adapter:ToySUT", "--option", "mutant=residual_from_p"])
     assert planted.exit_code == 1 and "FIX     quadrature:" in planted.output
-    for args, text in ((["nowhere.at_all:Missing"], "cannot import 'nowhere.at_all:Missing'"),
-                       ([f"{FAULTS}:RaisingConstructorSUT"], "the constructor raised RuntimeError: no model file"),
-                       (["toy_adapter:ToySUT", "--option", "mutant"], "--option 'mutant': expected KEY=VALUE")):
+    for args, text in (
+        (["nowhere.at_all:Missing"], "cannot import 'nowhere.at_all:Missing'"),
+        ([f"{FAULTS}:RaisingConstructorSUT"], "the constructor raised RuntimeError: no model file"),
+        (["toy_adapter:ToySUT", "--option", "mutant"], "--option 'mutant': expected KEY=VALUE"),
+    ):
         refused = cli.invoke(main, ["check-adapter", *args])
         assert refused.exit_code == 2 and text in refused.output and "Traceback" not in refused.output, args
 

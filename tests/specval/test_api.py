@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
-from tests.fixtures.fault_suts import RaisingSUT
 
 import specval
 from specval import seeds
 from specval.api import sut_factory
 from specval.protocol import SutSpec
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
+from tests.fixtures.fault_suts import RaisingSUT
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +33,21 @@ def passed(tmp_path_factory) -> tuple[specval.Result, Path]:
     """One PASS run of the fake protocol's ci profile (shared: a run takes seconds), and its JUnit file."""
     root = tmp_path_factory.mktemp("api")
     junit = root / "j.xml"
-    return specval.run(write_protocol(root, fake_protocol_dict()), profile="ci", output=root / "out", junit=junit), junit
+    return specval.run(
+        write_protocol(root, fake_protocol_dict()), profile="ci", output=root / "out", junit=junit
+    ), junit
 
 
 def test_run_returns_the_bundles_verdict_criteria_and_mdes(passed):
     result, junit = passed
     assert isinstance(result, specval.Result) and result.passed and result.verdict == "PASS"
     assert result.bundle.parent.name == "out" and (result.bundle / "SHA256SUMS").is_file()
-    assert (result.protocol, result.profile, result.kind, result.exploratory) == ("fake_t2", "ci", "distribution",
-                                                                                   False)
+    assert (result.protocol, result.profile, result.kind, result.exploratory) == (
+        "fake_t2",
+        "ci",
+        "distribution",
+        False,
+    )
     t2 = result.criterion("t2_gof.sync")
     assert t2.gating and t2.role == "primary" and t2.verdict == "PASS" and t2.sample_size == 800
     assert 0 < t2.mde < 1 and t2.p_value is not None and t2.statistic is not None and "TV of t2" in t2.mde_label
@@ -82,8 +88,9 @@ def test_sut_argument_replaces_the_protocols_adapter_and_failing_names_what_fail
     assert "specval.run" in sessions and "sut=tests.fixtures.fake_sut:BuggyFakeSUT" in sessions
 
 
-@pytest.mark.parametrize("sut", ["tests.fixtures.fake_sut:BuggyFakeSUT", BuggyFakeSUT,
-                                 lambda spec, k: BuggyFakeSUT(spec, k)])
+@pytest.mark.parametrize(
+    "sut", ["tests.fixtures.fake_sut:BuggyFakeSUT", BuggyFakeSUT, lambda spec, k: BuggyFakeSUT(spec, k)]
+)
 def test_every_form_of_the_sut_argument_builds_the_adapter(sut):
     spec = SutSpec(adapter="engine")
     assert isinstance(sut_factory(sut)(spec, 3), BuggyFakeSUT)
@@ -109,8 +116,13 @@ def test_an_adapter_that_raises_keeps_the_bundle_and_resume_finishes_it(tmp_path
     monkeypatch.setenv("FAULT_RAISE_AT_CALL", "4")  # after the probe's 2 calls and one batch of the run
     announced = []
     with pytest.raises(specval.RunFailed) as caught:
-        specval.run(write_protocol(tmp_path, fake_protocol_dict()), profile="ci", sut=RaisingSUT,
-                    output=tmp_path / "out", announce=announced.append)
+        specval.run(
+            write_protocol(tmp_path, fake_protocol_dict()),
+            profile="ci",
+            sut=RaisingSUT,
+            output=tmp_path / "out",
+            announce=announced.append,
+        )
     bundle = caught.value.path
     assert announced == [bundle] and not (bundle / "SHA256SUMS").exists()
     result = specval.resume(bundle, sut=FakeSUT)

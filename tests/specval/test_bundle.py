@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 from specval import bundle as bundles
 from specval.distribution import runner
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,9 @@ def fake_bundle(tmp_path_factory) -> Path:
     from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
     root = tmp_path_factory.mktemp("bundle")
-    path, summary = runner.run(write_protocol(root, fake_protocol_dict()), "ci", root / "results",
-                               sut_factory=FakeSUT, progress=False)
+    path, summary = runner.run(
+        write_protocol(root, fake_protocol_dict()), "ci", root / "results", sut_factory=FakeSUT, progress=False
+    )
     assert summary["verdict"] == "PASS", summary["reason"]
     return path
 
@@ -32,20 +33,33 @@ def bundle_copy(fake_bundle, tmp_path) -> Path:
 
 def test_fresh_bundle_verifies_and_holds_every_documented_file(fake_bundle):
     assert runner.verify(fake_bundle) == []
-    for name in ("protocol.yaml", "protocol.json", "run.json", "reference.json", "quadrature.json",
-                 "summary.json", "report.md", "report.html", "manifest.json", "SHA256SUMS", "chunks.json",
-                 "sessions.json"):
+    for name in (
+        "protocol.yaml",
+        "protocol.json",
+        "run.json",
+        "reference.json",
+        "quadrature.json",
+        "summary.json",
+        "report.md",
+        "report.html",
+        "manifest.json",
+        "SHA256SUMS",
+        "chunks.json",
+        "sessions.json",
+    ):
         assert (fake_bundle / name).is_file(), name
     manifest = json.loads((fake_bundle / "manifest.json").read_text())
-    assert {"protocol", "code", "sessions", "command", "packages", "device", "seeds", "started",
-            "finished"} <= set(manifest)
+    assert {"protocol", "code", "sessions", "command", "packages", "device", "seeds", "started", "finished"} <= set(
+        manifest
+    )
     assert "data:image/png;base64," in (fake_bundle / "report.html").read_text()
     summary = json.loads((fake_bundle / "summary.json").read_text())
     by_path = summary["tests"]["t2_gof_by_path.sync"]
     plain = summary["tests"]["t2_gof.sync"]
     # the fake SUT samples t1 at prefill, so every path is ("plain",) and the strata coincide
-    assert [(s["prefix"], s["path"], s["n"]) for s in by_path["strata"]] == \
-        [(s["prefix"], ["plain"], s["n"]) for s in plain["strata"]]
+    assert [(s["prefix"], s["path"], s["n"]) for s in by_path["strata"]] == [
+        (s["prefix"], ["plain"], s["n"]) for s in plain["strata"]
+    ]
 
 
 def test_manifest_splits_the_run_wall_into_its_phases(fake_bundle):
@@ -54,8 +68,9 @@ def test_manifest_splits_the_run_wall_into_its_phases(fake_bundle):
     assert all(p >= 0 for p in phases)
     # consecutive parts of the run: their sum misses only the few statements between them
     assert sum(phases) <= manifest["wall_s"] < sum(phases) + 0.5
-    assert manifest["analysis_share"] == pytest.approx((manifest["analysis_s"] + manifest["report_s"])
-                                                       / manifest["wall_s"], rel=1e-12)
+    assert manifest["analysis_share"] == pytest.approx(
+        (manifest["analysis_s"] + manifest["report_s"]) / manifest["wall_s"], rel=1e-12
+    )
 
 
 class CompilingFakeSUT(FakeSUT):
@@ -71,8 +86,13 @@ def test_manifest_records_the_kernel_compile_time_an_adapter_reports(fake_bundle
     from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
     assert "kernel_compile" not in json.loads((fake_bundle / "manifest.json").read_text())  # FakeSUT: unknown
-    path, _ = runner.run(write_protocol(tmp_path, fake_protocol_dict()), "ci", tmp_path / "results",
-                         sut_factory=CompilingFakeSUT, progress=False)
+    path, _ = runner.run(
+        write_protocol(tmp_path, fake_protocol_dict()),
+        "ci",
+        tmp_path / "results",
+        sut_factory=CompilingFakeSUT,
+        progress=False,
+    )
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["kernel_compile"] == CompilingFakeSUT.COMPILED
     assert runner.verify(path) == []
@@ -116,7 +136,7 @@ def test_a_hand_edited_verdict_is_detected_even_with_fixed_checksums(bundle_copy
 
     _edit_summary(bundle_copy, edit)
     problems = runner.verify(bundle_copy)
-    assert "summary.json: tests.t2_gof.sync.verdict: stored \"FAIL\", recomputed \"PASS\"" in problems
+    assert 'summary.json: tests.t2_gof.sync.verdict: stored "FAIL", recomputed "PASS"' in problems
     assert any("tests.t2_gof.sync.p_value" in p for p in problems)
 
 
@@ -154,12 +174,16 @@ def test_diff_tolerates_last_bit_rounding_of_floats_only():
     agree, while an edited statistic, verdict or count is reported."""
     from specval.bundle import diff
 
-    stored = {"p_value": 0.41703924798735953, "statistic": 26.853637770992588, "verdict": "PASS",
-              "n": 20000, "tiny": 1e-300}
+    stored = {
+        "p_value": 0.41703924798735953,
+        "statistic": 26.853637770992588,
+        "verdict": "PASS",
+        "n": 20000,
+        "tiny": 1e-300,
+    }
     rounded = dict(stored, p_value=0.4170392479873596, statistic=26.85363777099259, tiny=3e-300)
     assert diff(stored, rounded) == []
-    assert diff(stored, dict(stored, statistic=26.8537)) == [
-        "statistic: stored 26.853637770992588, recomputed 26.8537"]
+    assert diff(stored, dict(stored, statistic=26.8537)) == ["statistic: stored 26.853637770992588, recomputed 26.8537"]
     assert len(diff(stored, dict(stored, verdict="FAIL"))) == 1
     assert len(diff(stored, dict(stored, n=20000.0))) == 1  # a count must stay an int
     assert diff({"x": float("nan")}, {"x": float("nan")}) == []

@@ -16,17 +16,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import FakeSUT
-from tests.fixtures.forge import reseal
-from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 import specval
 from specval import bundle as bundles
 from specval import protocol as protocols
 from specval.cli import main
 from specval.distribution import runner
-
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import FakeSUT
+from tests.fixtures.forge import reseal
+from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +103,9 @@ def _relabel_primary_as_secondary(bundle: Path) -> str:
 def test_1a_relabelled_criteria_cannot_be_resealed_by_resume(copy):
     _relabel_primary_as_secondary(copy)
     (copy / bundles.SUMS_FILE).unlink()  # a resume would complete it, but re-checks the chain first
-    _refused(_resume(copy), "refusing to complete it", "chunks.json: record 0", "does not chain", "the plan in run.json")
+    _refused(
+        _resume(copy), "refusing to complete it", "chunks.json: record 0", "does not chain", "the plan in run.json"
+    )
     _strip_seal(copy)  # every trace of the seal gone: the chain still starts from the old protocol hash
     _refused(_resume(copy), "chunks.json: record 0", "does not chain", "the plan in run.json")
 
@@ -157,7 +158,9 @@ def test_4_relabelled_criteria_verify_unless_the_frozen_protocol_is_pinned(seale
     original = protocols.load_protocol(frozen).hash
     assert f"DIFFERS run.json: ran protocol hash {relabelled}, not the pinned {original}" in result.output
     assert bundles.check_pinned(sealed, original) == []  # the honest bundle passes the same pin
-    assert bundles.check_pinned(copy, original) == [f"run.json: ran protocol hash {relabelled}, not the pinned {original}"]
+    assert bundles.check_pinned(copy, original) == [
+        f"run.json: ran protocol hash {relabelled}, not the pinned {original}"
+    ]
     by_hash = CliRunner().invoke(main, ["verify", str(copy), "--protocol-hash", "xyz"])
     assert by_hash.exit_code == 2 and "--protocol-hash 'xyz': not a SHA-256 in hex" in by_hash.output
 
@@ -189,7 +192,8 @@ def test_check_pinned_requires_a_frozen_confirmatory_run(killed):
     assert bundles.check_pinned(killed, run["protocol_hash"]) == []
     bundles.write_json(killed / bundles.RUN_FILE, {**run, "exploratory": True})
     assert bundles.check_pinned(killed, run["protocol_hash"]) == [
-        "run.json: registration 'frozen' (exploratory): the pinned protocol must run frozen"]
+        "run.json: registration 'frozen' (exploratory): the pinned protocol must run frozen"
+    ]
 
 
 def test_a_finished_session_alone_refuses_resume(killed):
@@ -240,14 +244,19 @@ def _outside(tmp_path: Path, data: bytes) -> Path:
 
 PLANTS = {
     "link to /etc": (lambda b, t: os.symlink("/etc", b / "etc"), "etc: a symbolic link"),
-    "link to /dev/null": (lambda b, t: os.symlink("/dev/null", b / "samples" / "null"),
-                          "samples/null: a symbolic link"),
+    "link to /dev/null": (
+        lambda b, t: os.symlink("/dev/null", b / "samples" / "null"),
+        "samples/null: a symbolic link",
+    ),
     "FIFO": (lambda b, t: os.mkfifo(b / "pipe"), "pipe: a FIFO"),
     "empty directory": (lambda b, t: (b / "empty").mkdir(), "empty/: a directory holding no file of SHA256SUMS"),
     "report replaced by a link with the same bytes": (
-        lambda b, t: (b / "report.md").unlink() or os.symlink(_outside(t, (b.parent / "report.md").read_bytes()),
-                                                              b / "report.md"),
-        "report.md: a symbolic link"),
+        lambda b, t: (
+            (b / "report.md").unlink()
+            or os.symlink(_outside(t, (b.parent / "report.md").read_bytes()), b / "report.md")
+        ),
+        "report.md: a symbolic link",
+    ),
 }
 
 
@@ -297,18 +306,22 @@ def test_read_json_never_opens_a_fifo(tmp_path):
 
 # ---------------------------------------------------------------- 3: one process per bundle
 
-HOLD = ("import sys; from pathlib import Path; from specval import bundle; "
-        "bundle.lock_bundle(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()")
+HOLD = (
+    "import sys; from pathlib import Path; from specval import bundle; "
+    "bundle.lock_bundle(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()"
+)
 
 
 def test_3_a_second_resume_exits_2_naming_the_holder(killed):
     env = {**os.environ, "PYTHONPATH": str(Path(specval.__file__).resolve().parents[1])}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(killed)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(killed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert holder.stdout.readline() == "held\n"
-        _refused(_resume(killed), f"in use by pid {holder.pid} on ", " since ",
-                 "one process works on a bundle at a time")
+        _refused(
+            _resume(killed), f"in use by pid {holder.pid} on ", " since ", "one process works on a bundle at a time"
+        )
     finally:
         holder.communicate("")
     bundles.check_resumable(killed)  # the holder is gone: its lock file left behind blocks nothing

@@ -17,15 +17,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import FakeSUT
-from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 import specval
 from specval import bundle as bundles
 from specval import seeds
-from specval.distribution import runner
 from specval.cli import main
+from specval.distribution import runner
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import FakeSUT
+from tests.fixtures.small_bundles import SMALL, killed_bundle
 
 DEFAULT_UMASK = 0o022
 
@@ -42,8 +42,9 @@ def _with_umask(mask: int, make):
 def sealed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sealed")
     protocol = write_protocol(root, fake_protocol_dict(**SMALL))
-    path, _ = _with_umask(DEFAULT_UMASK, lambda: runner.run(protocol, "ci", root / "results", sut_factory=FakeSUT,
-                                                            progress=False))
+    path, _ = _with_umask(
+        DEFAULT_UMASK, lambda: runner.run(protocol, "ci", root / "results", sut_factory=FakeSUT, progress=False)
+    )
     assert runner.verify(path) == []
     return path
 
@@ -113,9 +114,18 @@ def test_manifest_sessions_must_match_the_session_records(copy):
     assert "manifest.json: sessions differ from sessions.json" in _reseal(copy)
 
 
-@pytest.mark.parametrize("name, content", [("summary.json", "{not json"), ("summary.json", "[]"),
-                                           ("summary.json", '{"verdict": "PASS"}'), ("manifest.json", "[]"),
-                                           ("chunks.json", "[]"), ("sessions.json", "{"), ("run.json", "{}")])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("summary.json", "{not json"),
+        ("summary.json", "[]"),
+        ("summary.json", '{"verdict": "PASS"}'),
+        ("manifest.json", "[]"),
+        ("chunks.json", "[]"),
+        ("sessions.json", "{"),
+        ("run.json", "{}"),
+    ],
+)
 def test_a_corrupt_file_fails_verify_in_lines_without_a_traceback(copy, name, content):
     (copy / name).write_text(content)
     result = CliRunner().invoke(main, ["verify", str(copy)])
@@ -156,8 +166,9 @@ def test_verify_of_a_directory_that_is_not_a_bundle_exits_2_naming_it(tmp_path):
 def test_reports_rebuild_byte_for_byte_in_a_fresh_process(sealed):
     # a new interpreter: no matplotlib state, font cache or hash salt shared with the run
     env = {**os.environ, "PYTHONPATH": str(Path(specval.__file__).resolve().parents[1]), "PYTHONHASHSEED": "random"}
-    done = subprocess.run([sys.executable, "-m", "specval.cli", "verify", str(sealed)], capture_output=True,
-                          text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "specval.cli", "verify", str(sealed)], capture_output=True, text=True, env=env
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -194,9 +205,14 @@ def _as_format(bundle: Path, found: int) -> None:
     run["bundle_format"] = found
     bundles.write_json(bundle / bundles.RUN_FILE, run)
     reference = Reference.from_dict(bundles.read_json(bundle / bundles.REFERENCE_FILE))
-    entries = [{"prefix": list(prefix), "tokens": [int(t) for t in (probs > 0).nonzero()[0]],
-                "probs": probs[probs > 0].tolist()}
-               for prefix, probs in sorted(reference.dists.items(), key=lambda item: (len(item[0]), item[0]))]
+    entries = [
+        {
+            "prefix": list(prefix),
+            "tokens": [int(t) for t in (probs > 0).nonzero()[0]],
+            "probs": probs[probs > 0].tolist(),
+        }
+        for prefix, probs in sorted(reference.dists.items(), key=lambda item: (len(item[0]), item[0]))
+    ]
     bundles.write_json(bundle / bundles.REFERENCE_FILE, {**reference.to_dict(), "dists": entries})
 
 
@@ -231,8 +247,15 @@ def test_cli_resume_of_a_sealed_bundle_exits_2(sealed):
 def test_a_resumed_run_lists_every_session_with_its_code_version(killed):
     stale = bundles.temp_path(killed / "reference.json")  # left by a process killed while writing
     stale.write_text("{")
-    path, summary = runner.run(None, None, killed.parent, resume=killed, sut_factory=FakeSUT, progress=False,
-                               command=["specval", "run", "--resume", "B"])
+    path, summary = runner.run(
+        None,
+        None,
+        killed.parent,
+        resume=killed,
+        sut_factory=FakeSUT,
+        progress=False,
+        command=["specval", "run", "--resume", "B"],
+    )
     assert runner.verify(path) == [] and not stale.exists()
     sessions = json.loads((path / "manifest.json").read_text())["sessions"]
     assert len(sessions) == 2
@@ -252,8 +275,10 @@ def test_sessions_begin_and_end_once(tmp_path):
     assert bundles.begin_session(tmp_path, ["b"]) == 1
     bundles.end_session(tmp_path, 1, 7, "PASS")
     records = bundles.read_sessions(tmp_path)
-    assert [(r["command"], r["samples_drawn"], r["outcome"]) for r in records] == [(["a"], None, None),
-                                                                                   (["b"], 7, "PASS")]
+    assert [(r["command"], r["samples_drawn"], r["outcome"]) for r in records] == [
+        (["a"], None, None),
+        (["b"], 7, "PASS"),
+    ]
     assert records[1]["finished"] >= records[1]["started"]
     for index in (1, 2):  # ended already; never begun
         with pytest.raises(bundles.BundleError, match="no open session"):
@@ -302,15 +327,21 @@ def test_atomic_writers_follow_another_umask(tmp_path):
         seeds.claim(tmp_path, [seeds.SeedRange("p", "r", "g", 0, 1)])
 
     _with_umask(0o027, write_all)
-    written = [tmp_path / "a.json", tmp_path / "samples" / "c.parquet", tmp_path / "chunks.json",
-               seeds.ledger_path(tmp_path)]
+    written = [
+        tmp_path / "a.json",
+        tmp_path / "samples" / "c.parquet",
+        tmp_path / "chunks.json",
+        seeds.ledger_path(tmp_path),
+    ]
     assert [_mode(p) for p in written] == [0o640] * 4
     assert not [p for p in tmp_path.rglob(".*")]  # no temp file left behind
 
 
 def _package_tree(root: Path) -> None:
-    for name, files in {"specval": {"__init__.py": "x = 1\n"},
-                        "engine": {"__init__.py": "", "weights/model.pt": "\x00\x01"}}.items():
+    for name, files in {
+        "specval": {"__init__.py": "x = 1\n"},
+        "engine": {"__init__.py": "", "weights/model.pt": "\x00\x01"},
+    }.items():
         for relative, text in files.items():
             (root / name / relative).parent.mkdir(parents=True, exist_ok=True)
             (root / name / relative).write_text(text)
@@ -320,8 +351,9 @@ def test_source_digest_moves_with_any_package_file_and_ignores_bytecode(tmp_path
     from types import SimpleNamespace
 
     _package_tree(tmp_path)
-    monkeypatch.setattr(bundles.importlib.util, "find_spec",
-                        lambda name: SimpleNamespace(origin=str(tmp_path / name / "__init__.py")))
+    monkeypatch.setattr(
+        bundles.importlib.util, "find_spec", lambda name: SimpleNamespace(origin=str(tmp_path / name / "__init__.py"))
+    )
     first = bundles.source_digest()
     assert first == bundles.source_digest() and len(first) == 64
     (tmp_path / "engine" / "__pycache__").mkdir()

@@ -28,9 +28,15 @@ EXIT_INPUT = 2
 
 def _check(tmp_path: Path, protocol: Path | None, **extra: str) -> subprocess.CompletedProcess:
     adapter = protocol.parent if protocol else tmp_path
-    env = {**os.environ, "SPECVAL_SKIP_INSTALL": "1", "SPECVAL_PYTHON": sys.executable,
-           "SPECVAL_OUTPUT": str(tmp_path / "out"), "PYTHONPATH": os.pathsep.join([str(ROOT), str(adapter)]),
-           "GITHUB_OUTPUT": str(tmp_path / "github_output"), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    env = {
+        **os.environ,
+        "SPECVAL_SKIP_INSTALL": "1",
+        "SPECVAL_PYTHON": sys.executable,
+        "SPECVAL_OUTPUT": str(tmp_path / "out"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(adapter)]),
+        "GITHUB_OUTPUT": str(tmp_path / "github_output"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+    }
     env.pop("SPECVAL_PROTOCOL", None)
     env.update({"SPECVAL_PROTOCOL": str(protocol)} if protocol else {})
     env.update(extra)
@@ -38,8 +44,9 @@ def _check(tmp_path: Path, protocol: Path | None, **extra: str) -> subprocess.Co
 
 
 def test_the_script_runs_the_protocol_keeps_the_evidence_and_passes_on_the_exit_code(tmp_path):
-    example = shutil.copytree(ROOT / "examples" / "adapter_minimal", tmp_path / "adapter",
-                              ignore=shutil.ignore_patterns("__pycache__"))
+    example = shutil.copytree(
+        ROOT / "examples" / "adapter_minimal", tmp_path / "adapter", ignore=shutil.ignore_patterns("__pycache__")
+    )
     done = _check(tmp_path, example / "protocol.yaml")
     assert done.returncode == 0, done.stdout + done.stderr
     bundle = Path((tmp_path / "out" / "bundle.txt").read_text().strip())

@@ -8,9 +8,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 
 @pytest.fixture
@@ -121,8 +121,9 @@ entry()
 """
 
 
-@pytest.mark.parametrize(("name", "argv"), [("click", ["--version"]), ("numpy", ["--version"]),
-                                            ("cryptography", ["keygen", "KEY"])])
+@pytest.mark.parametrize(
+    ("name", "argv"), [("click", ["--version"]), ("numpy", ["--version"]), ("cryptography", ["keygen", "KEY"])]
+)
 def test_a_missing_dependency_is_one_line_and_exit_5(name, argv, tmp_path):
     """The console script's guard: a third-party package missing from the environment (seen: a GPU
     machine without `cryptography`) is an environment error naming it, not a traceback, whether
@@ -132,8 +133,13 @@ def test_a_missing_dependency_is_one_line_and_exit_5(name, argv, tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     argv = [str(tmp_path / "key") if arg == "KEY" else arg for arg in argv]
-    done = subprocess.run([sys.executable, "-c", MISSING_PACKAGE_SCRIPT.format(name=name, argv=argv)], cwd=root,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", MISSING_PACKAGE_SCRIPT.format(name=name, argv=argv)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 5, done.stderr
     assert "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
@@ -147,6 +153,11 @@ def test_the_guard_re_raises_a_missing_specval_module():
     import sys
 
     script = MISSING_PACKAGE_SCRIPT.format(name="specval.cli", argv=["--version"])
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and "ModuleNotFoundError" in done.stderr

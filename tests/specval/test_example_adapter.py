@@ -89,8 +89,19 @@ def test_mutate_runs_the_example_adapters_mutants_with_any_number_of_workers(exa
     tables = []
     for workers in ("1", "2"):
         output = Path(f"out{workers}")
-        result = cli.invoke(main, ["mutate", str(example / "protocol.yaml"), "--samples", MUTATE_SAMPLES,
-                                   "--output", str(output), "--workers", workers])
+        result = cli.invoke(
+            main,
+            [
+                "mutate",
+                str(example / "protocol.yaml"),
+                "--samples",
+                MUTATE_SAMPLES,
+                "--output",
+                str(output),
+                "--workers",
+                workers,
+            ],
+        )
         tables.append(_kill_rows(result, output))
     rows = tables[0]
     assert list(rows) == ["residual_from_p", "accept_by_division", "seed_collision"]  # adapter's, then harness's
@@ -102,8 +113,11 @@ def test_mutate_runs_the_example_adapters_mutants_with_any_number_of_workers(exa
     assert list(tables[1]) == list(rows)
     for name, row in rows.items():
         other = tables[1][name]
-        assert (row["killed"], row["killed_by"], row["killed_in"]) == (other["killed"], other["killed_by"],
-                                                                       other["killed_in"]), name
+        assert (row["killed"], row["killed_by"], row["killed_in"]) == (
+            other["killed"],
+            other["killed_by"],
+            other["killed_in"],
+        ), name
         assert [c["verdict"] for c in row["runs"]] == [c["verdict"] for c in other["runs"]], name
 
 

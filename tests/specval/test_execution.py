@@ -19,14 +19,16 @@ from xml.etree import ElementTree as ET
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import execution, seeds
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 SMALL = {"samples_per_group": 400, "chunk_size": 100, "batch_size": 100}
-GOF_ONLY = [{"kind": "gof", "position": 2, "role": "primary"},
-            {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"}]
+GOF_ONLY = [
+    {"kind": "gof", "position": 2, "role": "primary"},
+    {"kind": "homogeneity", "position": 2, "role": "primary", "baseline": "nospec"},
+]
 
 
 @pytest.fixture
@@ -60,8 +62,9 @@ def _one_error_line(output: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("verdict,code", [("PASS", 0), ("FAIL", 1), ("INCONCLUSIVE", 4), ("pass", 1), (None, 1),
-                                          ("ERROR", 1)])
+@pytest.mark.parametrize(
+    "verdict,code", [("PASS", 0), ("FAIL", 1), ("INCONCLUSIVE", 4), ("pass", 1), (None, 1), ("ERROR", 1)]
+)
 def test_only_a_pass_verdict_exits_0(verdict, code):
     assert execution.verdict_exit(verdict) == code
 
@@ -70,8 +73,9 @@ def test_only_a_pass_verdict_exits_0(verdict, code):
 
 
 def test_adapter_calling_sys_exit_on_import_exits_3_not_0(cli, tmp_path):
-    result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.exits_on_import:ExitingOnImportSUT")),
-                  "--quiet")
+    result = _run(
+        cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.exits_on_import:ExitingOnImportSUT")), "--quiet"
+    )
     assert result.exit_code == 3, result.output
     line = _one_error_line(result.output)
     assert "SystemExit: 0" in line and "import or constructor" in line and "no seed was claimed" in line
@@ -80,7 +84,9 @@ def test_adapter_calling_sys_exit_on_import_exits_3_not_0(cli, tmp_path):
 
 def test_adapter_calling_sys_exit_in_the_probe_exits_3(cli, tmp_path):
     result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:ExitingSUT")), "--quiet")
-    assert result.exit_code == 3 and "failed in sample: SystemExit: 0; no seed was claimed" in _one_error_line(result.output)
+    assert result.exit_code == 3 and "failed in sample: SystemExit: 0; no seed was claimed" in _one_error_line(
+        result.output
+    )
     assert _nothing_claimed(tmp_path / "results")
 
 

@@ -11,19 +11,18 @@ disk. Deterministic: the fake SUT's fixed run on fixed seeds, no statistic asser
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.small_bundles import SMALL
 
 from specval import bundle as bundles
 from specval import seeds, signing
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.small_bundles import SMALL
 
 
 def _cli(*args):
@@ -110,8 +109,9 @@ AFTER_VERDICT = {  # the file whose write fails -> what the fault leaves on disk
 
 
 @pytest.mark.parametrize("name", list(AFTER_VERDICT))
-def test_a_fault_after_the_verdict_exits_5_and_resume_completes_it_without_collecting(tmp_path, monkeypatch, keys,
-                                                                                    name):
+def test_a_fault_after_the_verdict_exits_5_and_resume_completes_it_without_collecting(
+    tmp_path, monkeypatch, keys, name
+):
     """The seal's fault is of a signed run (`--sign`): its resume, given the key again, signs."""
     sign = ("--sign", keys) if name == bundles.SUMS_FILE else ()
     with monkeypatch.context() as patch:
@@ -161,8 +161,11 @@ def test_a_fault_writing_the_signature_exits_5_and_specval_sign_finishes(tmp_pat
 
 def test_keygen_exits_5_when_the_disk_refuses_and_2_when_a_key_exists(tmp_path, monkeypatch, keys):
     with monkeypatch.context() as patch:
-        patch.setattr(signing.os, "open", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on "
-                                                                                    "device", str(tmp_path / "k"))))
+        patch.setattr(
+            signing.os,
+            "open",
+            lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "k"))),
+        )
         line = _one_line(_cli("keygen", tmp_path / "k"), 5)
     assert line.startswith(f"error: environment: {tmp_path / 'k'}: cannot write the key pair (ENOSPC")
     assert _one_line(_cli("keygen", keys), 2).startswith(f"error: {keys}: cannot write the key pair")
@@ -232,11 +235,13 @@ def test_a_sequence_bundle_stranded_after_its_verdict_completes_the_same_way(tmp
     group) whose manifest write failed completes and verifies."""
     from tests.fixtures.sequence_protocol import write_sequence_protocol
 
-    protocol = write_sequence_protocol(tmp_path, groups=[{"name": "nospec", "mode": "nospec"},
-                                                         {"name": "sync", "mode": "sync"}],
-                                       tests=[{"kind": "pit", "role": "primary"},
-                                              {"kind": "reproducibility", "role": "control"}],
-                                       sequences_per_group=80, batch_size=20)
+    protocol = write_sequence_protocol(
+        tmp_path,
+        groups=[{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync"}],
+        tests=[{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
+        sequences_per_group=80,
+        batch_size=20,
+    )
     with monkeypatch.context() as patch:
         _fail_writing(patch, bundles.MANIFEST_FILE)
         _one_line(_cli("run", protocol, "--output", tmp_path / "results", "--exploratory", "--quiet"), 5)

@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
-FAILING_USES = '''
+FAILING_USES = """
 import pytest
 
 @pytest.mark.specval("planted.yaml", profile="smoke", exploratory=True)
@@ -36,7 +36,7 @@ def test_unfrozen_protocol_is_refused(specval_result):
 @pytest.mark.specval(profile="smoke")
 def test_marker_without_protocol(specval_result):
     raise AssertionError("not reached")
-'''
+"""
 
 
 def _example_copy(tmp_path: Path) -> Path:
@@ -52,8 +52,14 @@ def _example_copy(tmp_path: Path) -> Path:
 
 def _pytest(suite: Path, *args: str) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=suite, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=suite,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -61,7 +67,7 @@ def test_the_example_suite_passes_and_a_failing_run_names_its_criteria_and_bundl
     suite = _example_copy(tmp_path)
     code, out = _pytest(suite, "--junitxml", "j.xml", "--specval-output", "bundles", "-o", "junit_family=xunit1")
     assert code == 1 and "1 failed, 2 passed, 2 errors" in out, out  # refusals: setup errors
-    failure = out[out.index("test_planted_bug_fails_the_test"):]
+    failure = out[out.index("test_planted_bug_fails_the_test") :]
     assert "toy_t2 (smoke): EXPLORATORY FAIL" in failure and "quadrature.sync" in failure
     assert f"bundle: {suite / 'bundles'}" in failure and "raise AssertionError" not in out  # no traceback
     assert "specval refused" in out and "not frozen" in out.lower() and "During handling" not in out

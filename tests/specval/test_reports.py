@@ -22,7 +22,8 @@ from specval.distribution.verdict import SCHEMA_VERSION
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 BUNDLES = sorted(path for path in REPORTS.iterdir() if (path / "SHA256SUMS").is_file())
 OLD_FORMAT = {  # to be re-run with the current code; remove each name when its bundle is replaced
-    "t2_smollm2_cuda-20261129T204419Z"}
+    "t2_smollm2_cuda-20261129T204419Z"
+}
 
 
 def _format(bundle: Path) -> int:
@@ -31,8 +32,19 @@ def _format(bundle: Path) -> int:
 
 def test_reports_hold_the_evidence_the_docs_cite():
     names = {path.name.rsplit("-", 1)[0] for path in BUNDLES}
-    assert {"t2_fp32", "t2_smollm2", "quality_arith", "t2_cuda", "t2_cuda_batched", "t2_smollm2_cuda",
-            "t2_cuda_tv010", "t2_smollm2_cuda_batched", "seq_cuda", "seq_cuda_k8", "seq_vllm"} <= names
+    assert {
+        "t2_fp32",
+        "t2_smollm2",
+        "quality_arith",
+        "t2_cuda",
+        "t2_cuda_batched",
+        "t2_smollm2_cuda",
+        "t2_cuda_tv010",
+        "t2_smollm2_cuda_batched",
+        "seq_cuda",
+        "seq_cuda_k8",
+        "seq_vllm",
+    } <= names
 
 
 def test_a_kept_bundle_draws_from_the_portable_stream():
@@ -57,10 +69,16 @@ def _draws_reproducible(bundle: Path) -> str | None:
     if "monte_carlo_stream" in json.loads((bundle / bundles.SUMMARY_FILE).read_text()):
         return None  # the project's own stream: redrawn bit for bit under every supported version
     made = json.loads((bundle / bundles.MANIFEST_FILE).read_text()).get("packages", {})
-    differ = [f"{name} {made.get(name)} (here {metadata.version(name)})" for name in RANDOM_PACKAGES
-              if made.get(name) != metadata.version(name)]
-    return f"made with {', '.join(differ)}: Monte Carlo draws are reproducible under the same versions only" \
-        if differ else None
+    differ = [
+        f"{name} {made.get(name)} (here {metadata.version(name)})"
+        for name in RANDOM_PACKAGES
+        if made.get(name) != metadata.version(name)
+    ]
+    return (
+        f"made with {', '.join(differ)}: Monte Carlo draws are reproducible under the same versions only"
+        if differ
+        else None
+    )
 
 
 @pytest.mark.parametrize("bundle", BUNDLES, ids=lambda path: path.name)
@@ -73,9 +91,15 @@ def test_kept_bundle_verifies(bundle):
         assert summary.get("schema_version") == SCHEMA_VERSION, f"{bundle.name}: summary schema is not current"
     result = CliRunner().invoke(main, ["verify", str(bundle)])
     reason = _draws_reproducible(bundle)
-    if result.exit_code != 0 and reason and all("monte_carlo" in line or "p_adjusted" in line or "p_value" in line
-                                                or ".reason:" in line for line in result.output.splitlines()
-                                                if line.startswith("DIFFERS")):
+    if (
+        result.exit_code != 0
+        and reason
+        and all(
+            "monte_carlo" in line or "p_adjusted" in line or "p_value" in line or ".reason:" in line
+            for line in result.output.splitlines()
+            if line.startswith("DIFFERS")
+        )
+    ):
         pytest.skip(reason)  # only Monte Carlo p-values moved, and the random packages differ
     assert result.exit_code == 0, result.output
     assert "verifies" in result.output
@@ -84,8 +108,9 @@ def test_kept_bundle_verifies(bundle):
         assert f"note: bundle format {_format(bundle)}: made before chunk records were chained" in result.output
 
 
-@pytest.mark.parametrize("bundle", sorted(path for path in BUNDLES if path.name in OLD_FORMAT),
-                         ids=lambda path: path.name)
+@pytest.mark.parametrize(
+    "bundle", sorted(path for path in BUNDLES if path.name in OLD_FORMAT), ids=lambda path: path.name
+)
 def test_old_format_bundle_is_refused_by_verify_with_its_format_named(bundle):
     result = CliRunner().invoke(main, ["verify", str(bundle)])
     assert result.exit_code == 1, result.output

@@ -16,22 +16,28 @@ import itertools
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import MisdeclaredTiedFakeSUT, TiedFakeSUT
 
 from specval import seeds
-from specval.distribution import runner
 from specval.cli import main
+from specval.distribution import runner
+from specval.distribution.reference import transform
 from specval.preflight import check_capabilities
 from specval.protocol import ProtocolError, SamplingSpec, load_protocol
-from specval.distribution.reference import transform
 from specval.report.markdown import semantics_text
 from specval.semantics import CHOICES, DEFAULT_SEMANTICS, FilterSemantics
 from specval.sut import Capabilities
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import MisdeclaredTiedFakeSUT, TiedFakeSUT
 
 ALL_SEMANTICS = [FilterSemantics(*values) for values in itertools.product(*CHOICES.values())]
-SPECS = [SamplingSpec(1.0, 3, 1.0), SamplingSpec(1.0, -1, 0.6), SamplingSpec(0.7, 4, 0.8),
-         SamplingSpec(1.3, 2, 0.5), SamplingSpec(1.0, 6, 0.3), SamplingSpec(2.0, 1, 0.9)]
+SPECS = [
+    SamplingSpec(1.0, 3, 1.0),
+    SamplingSpec(1.0, -1, 0.6),
+    SamplingSpec(0.7, 4, 0.8),
+    SamplingSpec(1.3, 2, 0.5),
+    SamplingSpec(1.0, 6, 0.3),
+    SamplingSpec(2.0, 1, 0.9),
+]
 BOUNDARY_MARGIN = 1e-9  # a top-p boundary closer than this to a partial mass is decided by rounding: redraw
 # Why 1e-9: the brute force and `transform` add at most V = 12 float64 probabilities in different
 # orders; their sums differ by at most V * eps = 2.7e-15, far below the margin, so away from the
@@ -46,9 +52,13 @@ def _brute_force(logits: np.ndarray, spec: SamplingSpec, semantics: FilterSemant
     steps = ("k", "p") if semantics.order == "top_k_then_top_p" else ("p", "k")
     for step in steps:
         if step == "k" and 0 < spec.top_k < vocab:
+
             def ahead(i):
-                return sum(alive[j] and (x[j] > x[i] or (semantics.top_k_ties == "lowest_index" and x[j] == x[i]
-                                                         and j < i)) for j in range(vocab))
+                return sum(
+                    alive[j] and (x[j] > x[i] or (semantics.top_k_ties == "lowest_index" and x[j] == x[i] and j < i))
+                    for j in range(vocab)
+                )
+
             alive = np.array([alive[i] and ahead(i) < spec.top_k for i in range(vocab)])
         if step == "p" and spec.top_p < 1.0:
             probs = _softmax(x, alive)
@@ -95,8 +105,9 @@ def test_transform_matches_brute_force_for_every_semantics(semantics, tied):
     for spec in SPECS:
         for logits in _cases(rng, spec, tied):
             ours = transform(logits, spec, semantics)
-            np.testing.assert_allclose(ours, _brute_force(logits, spec, semantics), rtol=0, atol=PROB_ATOL,
-                                       err_msg=f"{spec} {logits}")
+            np.testing.assert_allclose(
+                ours, _brute_force(logits, spec, semantics), rtol=0, atol=PROB_ATOL, err_msg=f"{spec} {logits}"
+            )
             assert np.count_nonzero(ours) >= 1
 
 
@@ -143,10 +154,14 @@ def test_a_pin_enters_the_hash_and_no_pin_leaves_it_as_before(tmp_path):
     assert default_pin.hash not in (plain.hash, pinned.hash)  # pinning is a decision: it is registered
 
 
-@pytest.mark.parametrize("pins, words", [({"top_k_tie": "keep"}, "sampling.semantics.top_k_tie: unknown key; did you "
-                                          "mean 'top_k_ties'"),
-                                         ({"order": "top_p_first"}, "sampling.semantics.order: must be one of"),
-                                         ("keep", "sampling.semantics: expected a mapping")])
+@pytest.mark.parametrize(
+    "pins, words",
+    [
+        ({"top_k_tie": "keep"}, "sampling.semantics.top_k_tie: unknown key; did you mean 'top_k_ties'"),
+        ({"order": "top_p_first"}, "sampling.semantics.order: must be one of"),
+        ("keep", "sampling.semantics: expected a mapping"),
+    ],
+)
 def test_bad_pins_name_the_key_and_the_value(tmp_path, pins, words):
     with pytest.raises(ProtocolError, match=words.replace("(", r"\(").replace(")", r"\)")):
         load_protocol(_pinned(tmp_path, pins))
@@ -176,8 +191,14 @@ def test_a_pin_the_adapter_does_not_declare_is_refused_before_any_seed(tmp_path,
 
 # ---------------------------------------------------------------- runs
 
-TIED = {"prompt": "abd", "sampling": {"temperature": 1.0, "top_k": 2, "top_p": 1.0}, "samples_per_group": 400,
-        "chunk_size": 200, "batch_size": 100, "profiles": {"ci": {"samples_per_group": 400}}}
+TIED = {
+    "prompt": "abd",
+    "sampling": {"temperature": 1.0, "top_k": 2, "top_p": 1.0},
+    "samples_per_group": 400,
+    "chunk_size": 200,
+    "batch_size": 100,
+    "profiles": {"ci": {"samples_per_group": 400}},
+}
 TV_AT_PROMPT = 0.333  # TV between the two top-k tie rules on the fake SUT's rounded row 4 ('d'), k = 2
 
 
@@ -206,8 +227,13 @@ def test_a_resume_under_other_declared_semantics_is_refused(tmp_path):
     runner.check_resumed_semantics(tmp_path, DEFAULT_SEMANTICS)
     with pytest.raises(ProtocolError, match="started under filter semantics"):
         runner.check_resumed_semantics(tmp_path, TiedFakeSUT.sampler_semantics)
-    recorded = bundles.RunPlan("fake_t2", "0" * 64, "ci", (("nospec", 0, 10),),
-                               semantics=tuple(TiedFakeSUT.sampler_semantics.to_dict().items()))
+    recorded = bundles.RunPlan(
+        "fake_t2",
+        "0" * 64,
+        "ci",
+        (("nospec", 0, 10),),
+        semantics=tuple(TiedFakeSUT.sampler_semantics.to_dict().items()),
+    )
     bundles.write_json(tmp_path / bundles.RUN_FILE, recorded.to_dict())
     runner.check_resumed_semantics(tmp_path, TiedFakeSUT.sampler_semantics)
     with pytest.raises(ProtocolError, match="top_k_ties keep"):

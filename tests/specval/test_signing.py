@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.small_bundles import SMALL
 
 from specval import bundle as bundles
 from specval import signing
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.small_bundles import SMALL
 
 
 def _cli(*args: str):
@@ -31,8 +31,12 @@ def keys(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("keys")
     for name in ("team", "forger"):
         assert _cli("keygen", root / name).exit_code == 0
-    return {"team": root / "team", "team.pub": root / "team.pub", "forger": root / "forger",
-            "forger.pub": root / "forger.pub"}
+    return {
+        "team": root / "team",
+        "team.pub": root / "team.pub",
+        "forger": root / "forger",
+        "forger.pub": root / "forger.pub",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +87,10 @@ def test_the_envelope_is_dsse_over_an_in_toto_statement_of_every_file(signed, ke
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     public: Ed25519PublicKey = load_pem_public_key(raw)
-    public.verify(base64.b64decode(envelope["signatures"][0]["sig"]),  # raises unless it verifies
-                  b"DSSEv1 %d %s %d %s" % (len(signing.PAYLOAD_TYPE), signing.PAYLOAD_TYPE.encode(), len(payload),
-                                           payload))
+    public.verify(
+        base64.b64decode(envelope["signatures"][0]["sig"]),  # raises unless it verifies
+        b"DSSEv1 %d %s %d %s" % (len(signing.PAYLOAD_TYPE), signing.PAYLOAD_TYPE.encode(), len(payload), payload),
+    )
     statement = json.loads(payload)
     assert statement["_type"] == "https://in-toto.io/Statement/v1"
     files = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
@@ -101,8 +106,10 @@ def test_the_envelope_is_dsse_over_an_in_toto_statement_of_every_file(signed, ke
 
 
 def test_pae_matches_the_dsse_specification_example():
-    assert signing.pae("http://example.com/HelloWorld", b"hello world") == \
-        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    assert (
+        signing.pae("http://example.com/HelloWorld", b"hello world")
+        == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
 
 
 def test_a_byte_changed_after_signing_fails_even_when_resealed(copy, keys):
@@ -111,8 +118,10 @@ def test_a_byte_changed_after_signing_fails_even_when_resealed(copy, keys):
     bundles.write_json(copy / bundles.MANIFEST_FILE, manifest)
     bundles.write_sums(copy)
     for key in (None, signing.load_public_key(keys["team.pub"])):
-        assert signing.check_signature(copy, key).problems == ("SHA256SUMS: changed after signing",
-                                                               "manifest.json: changed after signing")
+        assert signing.check_signature(copy, key).problems == (
+            "SHA256SUMS: changed after signing",
+            "manifest.json: changed after signing",
+        )
     result = _cli("verify", copy, "--key", keys["team.pub"])
     assert result.exit_code == 1 and "DIFFERS manifest.json: changed after signing" in result.output
 
@@ -126,8 +135,10 @@ def test_a_forger_who_re_signs_is_named_and_refused_under_the_teams_key(copy, ke
     embedded = signing.check_signature(copy)  # self-consistent: only the key id tells
     assert embedded.problems == () and embedded.line.startswith(f"signed by key {_key_id(keys, 'forger')}")
     pinned = signing.check_signature(copy, signing.load_public_key(keys["team.pub"]))
-    assert pinned.problems == (f"{signing.SIGNATURE_FILE}: signed by key {_key_id(keys, 'forger')}, not by the "
-                               f"--key given ({_key_id(keys, 'team')})",)
+    assert pinned.problems == (
+        f"{signing.SIGNATURE_FILE}: signed by key {_key_id(keys, 'forger')}, not by the "
+        f"--key given ({_key_id(keys, 'team')})",
+    )
 
 
 def test_a_tampered_signature_does_not_verify(copy, keys):
@@ -145,8 +156,9 @@ def test_an_unsigned_bundle_says_so_and_fails_under_a_key(copy, keys):
     plain = _cli("verify", copy)
     assert plain.exit_code == 0 and "unsigned: internal consistency only" in plain.output
     team = signing.load_public_key(keys["team.pub"])
-    assert signing.check_signature(copy, team).problems == ("signature.dsse.json is missing: --key needs a signed "
-                                                           "bundle",)
+    assert signing.check_signature(copy, team).problems == (
+        "signature.dsse.json is missing: --key needs a signed bundle",
+    )
     signing.sign_bundle(copy, signing.load_private_key(keys["team"]))  # a sealed bundle is signed afterwards
     assert signing.check_signature(copy, team).problems == ()
 
@@ -187,7 +199,10 @@ def test_the_api_checks_signatures_and_pins_as_specval_verify_does(copy, keys):
     (copy / signing.SIGNATURE_FILE).unlink()
     unsigned = api.verify(copy)
     assert unsigned.signature == "unsigned: internal consistency only"
-    assert "signature.dsse.json is missing: --key needs a signed bundle" in api.verify(copy, key=keys["team.pub"]).differences
+    assert (
+        "signature.dsse.json is missing: --key needs a signed bundle"
+        in api.verify(copy, key=keys["team.pub"]).differences
+    )
 
 
 def test_running_and_verifying_unsigned_bundles_never_imports_cryptography(copy):
@@ -197,10 +212,12 @@ def test_running_and_verifying_unsigned_bundles_never_imports_cryptography(copy)
     import sys
 
     (copy / signing.SIGNATURE_FILE).unlink()
-    code = ("import sys; from click.testing import CliRunner; "
-            "import specval.cli, specval.api, specval.sequence.runner, specval.distribution.runner; "
-            "loaded = 'cryptography' in sys.modules; sys.modules['cryptography'] = None; "
-            f"result = CliRunner().invoke(specval.cli.main, ['verify', {str(copy)!r}]); "
-            "print(loaded, result.exit_code, result.output.splitlines()[0])")
+    code = (
+        "import sys; from click.testing import CliRunner; "
+        "import specval.cli, specval.api, specval.sequence.runner, specval.distribution.runner; "
+        "loaded = 'cryptography' in sys.modules; sys.modules['cryptography'] = None; "
+        f"result = CliRunner().invoke(specval.cli.main, ['verify', {str(copy)!r}]); "
+        "print(loaded, result.exit_code, result.output.splitlines()[0])"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False 0 unsigned: internal consistency only", result.stdout + result.stderr

@@ -18,17 +18,29 @@ import yaml
 from click.testing import CliRunner
 
 from specval.cli import main
-from specval.suite import (EXIT_ENVIRONMENT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_PASS, EXIT_SUT, SUITE_FILE,
-                           MemberResult, suite_exit)
+from specval.suite import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
+    EXIT_PASS,
+    EXIT_SUT,
+    SUITE_FILE,
+    MemberResult,
+    suite_exit,
+)
 from tests.fixtures.fake_protocol import fake_protocol_dict
 from tests.fixtures.sequence_protocol import sequence_protocol_dict
 
 SMOKE = {"sequences_per_group": 80}
 MIXED = {"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}]}
 FAKE_TESTS = [{"kind": "gof", "position": 1, "role": "control"}, {"kind": "gof", "position": 2, "role": "primary"}]
-SEQUENCE = {"groups": [{"name": "sync", "mode": "sync"}], "sequences_per_group": 160, "batch_size": 20,
-            "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
-            "profiles": {"smoke": SMOKE}}
+SEQUENCE = {
+    "groups": [{"name": "sync", "mode": "sync"}],
+    "sequences_per_group": 160,
+    "batch_size": 20,
+    "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
+    "profiles": {"smoke": SMOKE},
+}
 
 
 def _write(directory: Path, name: str, raw: dict, freeze: bool = True) -> str:
@@ -50,15 +62,22 @@ def members(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("protocols")
     _write(root, "seq_ok", sequence_protocol_dict(name="seq_ok", **SEQUENCE))
     _write(root, "fake_t2", fake_protocol_dict(tests=FAKE_TESTS, profiles={"smoke": {"samples_per_group": 800}}))
-    _write(root, "seq_bug", sequence_protocol_dict(
-        name="seq_bug", **(SEQUENCE | {"groups": [MIXED]}),
-        sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": "greedy_ignored"}}))
+    _write(
+        root,
+        "seq_bug",
+        sequence_protocol_dict(
+            name="seq_bug",
+            **(SEQUENCE | {"groups": [MIXED]}),
+            sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": "greedy_ignored"}},
+        ),
+    )
     return root
 
 
 def _run(suite: Path, output: Path, *args: str):
-    return CliRunner().invoke(main, ["run", str(suite), "--profile", "smoke", "--output", str(output), "--quiet",
-                                     *args])
+    return CliRunner().invoke(
+        main, ["run", str(suite), "--profile", "smoke", "--output", str(output), "--quiet", *args]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +125,16 @@ def test_verify_finds_a_changed_record_or_a_missing_member(failing_suite, tmp_pa
     assert missing.exit_code == 1 and "is missing" in missing.output
 
 
-@pytest.mark.parametrize("case, needle", [
-    ("unfrozen_member", "not frozen"),
-    ("missing_profile", "unknown profile"),
-    ("missing_file", "does not exist"),
-    ("suite_member", "a suite lists protocols of kinds"),
-    ("unknown_key", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("unfrozen_member", "not frozen"),
+        ("missing_profile", "unknown profile"),
+        ("missing_file", "does not exist"),
+        ("suite_member", "a suite lists protocols of kinds"),
+        ("unknown_key", "unknown key"),
+    ],
+)
 def test_a_suite_refuses_before_any_member_runs(members, tmp_path, case, needle):
     """Deterministic: exit 2 with one line, no ledger, no record."""
     if case == "unfrozen_member":
@@ -126,8 +148,10 @@ def test_a_suite_refuses_before_any_member_runs(members, tmp_path, case, needle)
     else:
         listed = ["seq_ok.yaml"]
     extra = {"profiles": {}} if case == "unknown_key" else {}
-    result = _run(_suite(members, ["seq_ok.yaml", *listed], name=f"refused_{case}", freeze=case != "unknown_key",
-                         **extra), tmp_path)
+    result = _run(
+        _suite(members, ["seq_ok.yaml", *listed], name=f"refused_{case}", freeze=case != "unknown_key", **extra),
+        tmp_path,
+    )
     assert result.exit_code == 2 and needle in result.output, result.output
     assert not any(tmp_path.iterdir())  # nothing claimed, nothing written
 

@@ -26,9 +26,14 @@ import triton.language as tl
 NUM_WARPS = 1  # a program's tile is block_size x head (16 x 32 for the looped model): one warp
 
 
-def paged_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, row_seq: torch.Tensor,
-                           positions: torch.Tensor) -> torch.Tensor:
+def paged_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    row_seq: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
     """Attend query [N, heads, head] over the paged cache: row n sees the keys at positions
     0..positions[n] of sequence row_seq[n] (tables int64[B, num_blocks]; positions past the
     table are clipped to it, as the SDPA path's mask is). The cache [num_blocks, block_size,
@@ -41,16 +46,42 @@ def paged_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_c
         return out
     query, tables = query.contiguous(), block_tables.contiguous()
     _attend[(num_rows, num_heads)](
-        query, key_cache, value_cache, out, tables, row_seq.contiguous(), positions.contiguous(),
-        tables.shape[1], tables.stride(0), 1.0 / math.sqrt(head_size),
-        HEADS=num_heads, HEAD=head_size, BLOCK_D=triton.next_power_of_2(head_size),
-        BLOCK_SIZE=key_cache.shape[1], num_warps=NUM_WARPS)
+        query,
+        key_cache,
+        value_cache,
+        out,
+        tables,
+        row_seq.contiguous(),
+        positions.contiguous(),
+        tables.shape[1],
+        tables.stride(0),
+        1.0 / math.sqrt(head_size),
+        HEADS=num_heads,
+        HEAD=head_size,
+        BLOCK_D=triton.next_power_of_2(head_size),
+        BLOCK_SIZE=key_cache.shape[1],
+        num_warps=NUM_WARPS,
+    )
     return out
 
 
 @triton.jit(do_not_specialize=["num_blocks", "table_stride"])
-def _attend(q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, row_seq_ptr, pos_ptr, num_blocks, table_stride, scale,
-            HEADS: tl.constexpr, HEAD: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _attend(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    tables_ptr,
+    row_seq_ptr,
+    pos_ptr,
+    num_blocks,
+    table_stride,
+    scale,
+    HEADS: tl.constexpr,
+    HEAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)

@@ -130,13 +130,11 @@ def _accept_kernel(
     p_ok = argmax_ok
     q_ok = tl.zeros([1], tl.int32).sum(0) == 0
     if greedy == 0:
-        drawn, p_ok, q_ok = _draw_row(
-            target_probs_ptr + (target_base + j) * V, d_row, has_q, V, u_final, BLOCK
-        )
+        drawn, p_ok, q_ok = _draw_row(target_probs_ptr + (target_base + j) * V, d_row, has_q, V, u_final, BLOCK)
     final = tl.where(greedy, argmax_idx, drawn).to(tl.int64)
 
     error = tl.zeros([1], tl.int32).sum(0)
-    rejected = (has_q != 0)
+    rejected = has_q != 0
     error = tl.where(rejected & (drawn < 0), _EMPTY_RESIDUAL, error)
     error = tl.where(rejected & ~q_ok, _INVALID_DRAFT, error)
     error = tl.where(~p_ok, _INVALID_TARGET, error)
@@ -153,8 +151,7 @@ def _accept_kernel(
     tl.store(error_ptr + r, error)
 
 
-def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
-                  draft_limit=None):
+def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy, draft_limit=None):
     """Launch one program per request; arguments were validated by
     `engine.sampling.accept.speculative_accept`."""
     num_requests, max_drafts = uniforms.shape[0], (uniforms.shape[1] - 1) // 2
@@ -164,9 +161,18 @@ def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
     error = torch.empty(num_requests, dtype=torch.int32, device=dev)
     if num_requests > 0:
         _accept_kernel[(num_requests,)](
-            draft_tokens, cu_num_drafts, draft_probs, target_probs, uniforms, is_greedy,
+            draft_tokens,
+            cu_num_drafts,
+            draft_probs,
+            target_probs,
+            uniforms,
+            is_greedy,
             cu_num_drafts if draft_limit is None else draft_limit,
-            tokens, num_accepted, error, draft_tokens.shape[0], target_probs.shape[1],
+            tokens,
+            num_accepted,
+            error,
+            draft_tokens.shape[0],
+            target_probs.shape[1],
             **_options(max_drafts, draft_limit is not None),
         )
     return AcceptResult(tokens=tokens, num_accepted=num_accepted, error=error)
@@ -174,8 +180,13 @@ def accept_triton(draft_tokens, cu_num_drafts, draft_probs, target_probs, unifor
 
 def _options(max_drafts: int, has_limit: bool) -> dict:
     """The constexprs and warps of a launch with at most `max_drafts` drafts per request."""
-    return dict(K=max_drafts, BLOCK_K=triton.next_power_of_2(max_drafts + 1), BLOCK=BLOCK_V,
-                HAS_LIMIT=has_limit, num_warps=NUM_WARPS)
+    return dict(
+        K=max_drafts,
+        BLOCK_K=triton.next_power_of_2(max_drafts + 1),
+        BLOCK=BLOCK_V,
+        HAS_LIMIT=has_limit,
+        num_warps=NUM_WARPS,
+    )
 
 
 def accept_warmup(num_drafts: int, vocab: int, max_drafts: int, has_limit: bool):
@@ -184,6 +195,18 @@ def accept_warmup(num_drafts: int, vocab: int, max_drafts: int, has_limit: bool)
     without, on the engine's dtypes (int64 tokens, offsets and limits, float32 probabilities,
     float64 uniforms, bool greedy flags), tensors given as dtypes (`JITFunction.warmup`)."""
     i64 = torch.int64
-    arguments = (i64, i64, torch.float32, torch.float32, torch.float64, torch.bool, i64, i64, i64,
-                 torch.int32, num_drafts, vocab)
+    arguments = (
+        i64,
+        i64,
+        torch.float32,
+        torch.float32,
+        torch.float64,
+        torch.bool,
+        i64,
+        i64,
+        i64,
+        torch.int32,
+        num_drafts,
+        vocab,
+    )
     return _accept_kernel, arguments, (1,), _options(max_drafts, has_limit)

@@ -28,10 +28,14 @@ class CompileTotals:
     loaded: int = 0
     load_s: float = 0.0
 
-    def since(self, start: "CompileTotals") -> "CompileTotals":
+    def since(self, start: CompileTotals) -> CompileTotals:
         """What was added after `start` (totals read earlier from the same clock)."""
-        return CompileTotals(self.compiled - start.compiled, self.compile_s - start.compile_s,
-                             self.loaded - start.loaded, self.load_s - start.load_s)
+        return CompileTotals(
+            self.compiled - start.compiled,
+            self.compile_s - start.compile_s,
+            self.loaded - start.loaded,
+            self.load_s - start.load_s,
+        )
 
 
 _lock = threading.Lock()
@@ -64,8 +68,11 @@ def _chained(previous):
         seconds = times.total * MICROSECONDS
         with _lock:
             t = _totals
-            _totals = (CompileTotals(t.compiled, t.compile_s, t.loaded + 1, t.load_s + seconds) if cache_hit
-                       else CompileTotals(t.compiled + 1, t.compile_s + seconds, t.loaded, t.load_s))
+            _totals = (
+                CompileTotals(t.compiled, t.compile_s, t.loaded + 1, t.load_s + seconds)
+                if cache_hit
+                else CompileTotals(t.compiled + 1, t.compile_s + seconds, t.loaded, t.load_s)
+            )
         if previous is not None:
             previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
 

@@ -61,7 +61,7 @@ def overlap_options(pdl: bool) -> tuple[tuple[str, bool], ...]:
     return (("launch_pdl", True),) if pdl else ()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_supports_pdl() -> bool:
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -71,7 +71,7 @@ def _triton_supports_pdl() -> bool:
     return gdc_wait is not None and "launch_pdl" in fields
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_supports_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index) >= MIN_CAPABILITY
 
@@ -80,5 +80,4 @@ def supports_overlap(device: torch.device) -> bool:
     """True where launches on `device` can take programmatic dependent launch."""
     if device.type != "cuda" or not _triton_supports_pdl():
         return False
-    return _device_supports_pdl(device.index if device.index is not None
-                                else torch.cuda.current_device())
+    return _device_supports_pdl(device.index if device.index is not None else torch.cuda.current_device())

@@ -41,8 +41,9 @@ Triton's runner with the tensors, so the hook sees it. Where the JIT returns no 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 import triton
@@ -76,14 +77,15 @@ class KernelLaunch:
 
     def through_jit(self, args: tuple) -> CompiledLaunch | None:
         """Launch through the JIT; the compiled kernel it returned, or None (interpreter)."""
-        result = self.kernel[self.grid](*args, **dict(self.constexprs), num_warps=self.num_warps,
-                                        **dict(self.options))
+        result = self.kernel[self.grid](*args, **dict(self.constexprs), num_warps=self.num_warps, **dict(self.options))
         if not hasattr(result, "packed_metadata"):
             return None
         names = tuple(self.kernel.arg_names)
-        if names != (*names[:len(args)], *(name for name, _ in self.constexprs)):
-            raise ValueError(f"{self.kernel.fn.__name__}: constexprs {self.constexprs} must be "
-                             f"the parameters after the {len(args)} runtime ones, {names}")
+        if names != (*names[: len(args)], *(name for name, _ in self.constexprs)):
+            raise ValueError(
+                f"{self.kernel.fn.__name__}: constexprs {self.constexprs} must be "
+                f"the parameters after the {len(args)} runtime ones, {names}"
+            )
         return CompiledLaunch(result, self.grid, tuple(value for _, value in self.constexprs))
 
 
@@ -106,8 +108,7 @@ class CompiledLaunch:
     packs_args: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        for name, value in zip(("target", "bound", "serial_bound", "packs_args"),
-                               c_launch_call(self.compiled)):
+        for name, value in zip(("target", "bound", "serial_bound", "packs_args"), c_launch_call(self.compiled)):
             object.__setattr__(self, name, value)  # derived once: the dataclass is frozen
 
     def enqueue(self, stream: int, args: tuple, serial: bool = False) -> None:
@@ -134,20 +135,20 @@ def c_launch_call(compiled) -> tuple[Callable, tuple, tuple, bool]:
     argument: there it is `bound`, and the compiled kernel's setting holds)."""
     run = compiled.run
     layout = C_LAUNCH_LAYOUTS.get(".".join(triton.__version__.split(".")[:2]))
-    needs_scratch = (getattr(run, "global_scratch_size", 1)
-                     or getattr(run, "profile_scratch_size", 1)
-                     or getattr(run, "gsan_enabled", False))
+    needs_scratch = (
+        getattr(run, "global_scratch_size", 1)
+        or getattr(run, "profile_scratch_size", 1)
+        or getattr(run, "gsan_enabled", False)
+    )
     if type(run).__name__ != "CudaLauncher" or layout is None or needs_scratch:
         bound = (compiled.function, compiled.packed_metadata, None, None, None)
         return run, bound, bound, False
     head = (compiled.function, run.launch_cooperative_grid)  # then the PDL flag
     if layout == PACKED:
-        tail = (compiled.packed_metadata, None, None, None, None, None, run.arg_annotations,
-                run.kernel_signature)
+        tail = (compiled.packed_metadata, None, None, None, None, None, run.arg_annotations, run.kernel_signature)
     else:
         tail = (None, None, compiled.packed_metadata, None, None, None)
-    return (run.launch, (*head, run.launch_pdl, *tail), (*head, False, *tail),
-            layout == PACKED)
+    return (run.launch, (*head, run.launch_pdl, *tail), (*head, False, *tail), layout == PACKED)
 
 
 def current_stream(device: torch.device) -> int | None:
@@ -177,9 +178,16 @@ class CompiledLaunches:
     def __init__(self):
         self._groups: dict[Hashable, tuple[CompiledLaunch, ...]] = {}
 
-    def launch(self, key: Hashable, launches: Sequence[KernelLaunch],
-               arguments: Callable[[tuple], Sequence[tuple]], tensors: tuple, pointers: tuple,
-               stream: int | None, serial: bool = False) -> None:
+    def launch(
+        self,
+        key: Hashable,
+        launches: Sequence[KernelLaunch],
+        arguments: Callable[[tuple], Sequence[tuple]],
+        tensors: tuple,
+        pointers: tuple,
+        stream: int | None,
+        serial: bool = False,
+    ) -> None:
         """Enqueue every launch of the group on `stream`, in order; `arguments(buffers)` gives
         each launch's runtime arguments from `tensors` or from `pointers`. `stream` must be
         the current stream (`current_stream`), the one a launch through the JIT takes.
@@ -188,8 +196,7 @@ class CompiledLaunches:
         through the runner for a hook)."""
         group = self._groups.get(key)
         if group is None:
-            compiled = [launch.through_jit(args)
-                        for launch, args in zip(launches, arguments(tensors))]
+            compiled = [launch.through_jit(args) for launch, args in zip(launches, arguments(tensors))]
             if all(c is not None for c in compiled):
                 if len(self._groups) >= MAX_GROUPS:
                     self._groups.clear()

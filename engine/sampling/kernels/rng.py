@@ -76,8 +76,15 @@ def uniform_blocks_triton(seeds, positions, num_uniforms: int) -> torch.Tensor:
 
 
 def _options(num_uniforms: int) -> dict:
-    return dict(NUM_UNIFORMS=num_uniforms, M0=PHILOX_M0, M1=PHILOX_M1, W0=PHILOX_W0, W1=PHILOX_W1,
-                ROUNDS=PHILOX_ROUNDS, BLOCK=BLOCK_CALLS)
+    return dict(
+        NUM_UNIFORMS=num_uniforms,
+        M0=PHILOX_M0,
+        M1=PHILOX_M1,
+        W0=PHILOX_W0,
+        W1=PHILOX_W1,
+        ROUNDS=PHILOX_ROUNDS,
+        BLOCK=BLOCK_CALLS,
+    )
 
 
 def uniform_blocks_warmup(num_uniforms: int):

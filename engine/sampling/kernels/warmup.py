@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait as wait_for
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from typing import TYPE_CHECKING
 
 import torch
@@ -68,8 +69,9 @@ class Warmups:
             if key in registry:
                 return 0
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(min(MAX_THREADS, os.cpu_count() or 1),
-                                                thread_name_prefix="triton-warmup")
+                self._pool = ThreadPoolExecutor(
+                    min(MAX_THREADS, os.cpu_count() or 1), thread_name_prefix="triton-warmup"
+                )
             futures = []
             for kernel, arguments, grid, options in requests:
                 _ = kernel.device_caches[device.index]  # created here, not in a race
@@ -77,18 +79,24 @@ class Warmups:
             registry[key] = futures
             return len(futures)
 
-    def start_plan(self, plan: "LaunchPlan", logits_dtype: torch.dtype, top_k_dtype: torch.dtype,
-                   device: torch.device) -> int:
+    def start_plan(
+        self, plan: LaunchPlan, logits_dtype: torch.dtype, top_k_dtype: torch.dtype, device: torch.device
+    ) -> int:
         """`start` for every launch of `plan` with these caller dtypes, under `compiled_key`; a
         call of a plan with that key waits for it (`wait`)."""
-        buffers = (logits_dtype, torch.float32, top_k_dtype, torch.float32, torch.float32,
-                   *SCRATCH_DTYPES)
-        requests = [(launch.kernel, arguments, launch.grid,
-                     {**dict(launch.constexprs), "num_warps": launch.num_warps, **dict(launch.options)})
-                    for launch, arguments in zip(plan.launches, plan.arguments(buffers))]
+        buffers = (logits_dtype, torch.float32, top_k_dtype, torch.float32, torch.float32, *SCRATCH_DTYPES)
+        requests = [
+            (
+                launch.kernel,
+                arguments,
+                launch.grid,
+                {**dict(launch.constexprs), "num_warps": launch.num_warps, **dict(launch.options)},
+            )
+            for launch, arguments in zip(plan.launches, plan.arguments(buffers))
+        ]
         return self.start(compiled_key(plan, logits_dtype, top_k_dtype), requests, device)
 
-    def wait(self, plan: "LaunchPlan", logits_dtype: torch.dtype, top_k_dtype: torch.dtype) -> None:
+    def wait(self, plan: LaunchPlan, logits_dtype: torch.dtype, top_k_dtype: torch.dtype) -> None:
         """Block until the warm-up of this plan's kernels (if any) has finished; it is then
         forgotten. A failed warm-up is ignored: the call compiles its kernels itself."""
         with self._lock:
@@ -109,21 +117,30 @@ class Warmups:
     def _take_all(self) -> list[Future]:
         """Every future started, waited for or not; both registries are then empty."""
         with self._lock:
-            futures = [future for registry in (self._pending, self._unwaited)
-                       for started in registry.values() for future in started]
+            futures = [
+                future
+                for registry in (self._pending, self._unwaited)
+                for started in registry.values()
+                for future in started
+            ]
             self._pending.clear()
             self._unwaited.clear()
         return futures
 
 
-def compiled_key(plan: "LaunchPlan", logits_dtype: torch.dtype, top_k_dtype: torch.dtype) -> tuple:
+def compiled_key(plan: LaunchPlan, logits_dtype: torch.dtype, top_k_dtype: torch.dtype) -> tuple:
     """What the compiled kernels of a call depend on: each launch's kernel, constexprs, warps and
     compile options, the integer arguments (V, the number of chunks and wide_k, all set by V and
     the configuration) and the two caller dtypes; not the number of rows, which only sizes the
     grids. Calls of two plans with equal keys run the same compiled kernels."""
-    return (plan.vocab, plan.num_chunks, plan.wide_k, logits_dtype, top_k_dtype,
-            tuple((launch.kernel, launch.constexprs, launch.num_warps, launch.options)
-                  for launch in plan.launches))
+    return (
+        plan.vocab,
+        plan.num_chunks,
+        plan.wide_k,
+        logits_dtype,
+        top_k_dtype,
+        tuple((launch.kernel, launch.constexprs, launch.num_warps, launch.options) for launch in plan.launches),
+    )
 
 
 def _compile(kernel, arguments: tuple, grid: tuple, options: dict, device: torch.device) -> None:

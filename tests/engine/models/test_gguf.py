@@ -13,8 +13,7 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="the 'gguf' package (real-model extra) is not installed")
 
-from engine.models.gguf import (GGUFError, load_llama, packaged_file, permute_rotary,  # noqa: E402
-                                unpermute_rotary)
+from engine.models.gguf import GGUFError, load_llama, packaged_file, permute_rotary, unpermute_rotary  # noqa: E402
 from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: E402
 from tests.fixtures.engine_helpers import reorder_atol  # noqa: E402
 
@@ -23,33 +22,77 @@ V, H, I, L, HEADS, KV_HEADS = 64, 32, 64, 2, 4, 2
 D = H // HEADS
 # Worst-case |dequantised - original| for values in [-1, 1]: one quantisation step (the clipped end of
 # the symmetric formats can be off by a full step), with a small margin.
-TOLERANCE = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 8e-3, Q.Q8_0: 8e-3, Q.Q5_0: 0.07, Q.Q5_1: 0.07,
-             Q.Q4_0: 0.13, Q.Q4_1: 0.13}
-MIXED_TYPES = {"token_embd": Q.Q8_0, "attn_q": Q.Q4_1, "attn_k": Q.F16, "attn_v": Q.Q5_0,
-               "attn_output": Q.Q4_0, "ffn_gate": Q.Q5_1, "ffn_up": Q.BF16, "ffn_down": Q.Q8_0}
-LAYER_FIELDS = {"attn_norm": "attn_norm", "attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo",
-                "ffn_norm": "ffn_norm", "ffn_gate": "w_gate", "ffn_up": "w_up", "ffn_down": "w_down"}
+TOLERANCE = {
+    Q.F32: 0.0,
+    Q.F16: 1e-3,
+    Q.BF16: 8e-3,
+    Q.Q8_0: 8e-3,
+    Q.Q5_0: 0.07,
+    Q.Q5_1: 0.07,
+    Q.Q4_0: 0.13,
+    Q.Q4_1: 0.13,
+}
+MIXED_TYPES = {
+    "token_embd": Q.Q8_0,
+    "attn_q": Q.Q4_1,
+    "attn_k": Q.F16,
+    "attn_v": Q.Q5_0,
+    "attn_output": Q.Q4_0,
+    "ffn_gate": Q.Q5_1,
+    "ffn_up": Q.BF16,
+    "ffn_down": Q.Q8_0,
+}
+LAYER_FIELDS = {
+    "attn_norm": "attn_norm",
+    "attn_q": "wq",
+    "attn_k": "wk",
+    "attn_v": "wv",
+    "attn_output": "wo",
+    "ffn_norm": "ffn_norm",
+    "ffn_gate": "w_gate",
+    "ffn_up": "w_up",
+    "ffn_down": "w_down",
+}
 
 
 def original_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     """Half-split (checkpoint-layout) weights in [-1, 1], torch shapes, keyed by GGUF name."""
     rng = np.random.default_rng(seed)
-    shapes = {"attn_norm": (H,), "attn_q": (HEADS * D, H), "attn_k": (KV_HEADS * D, H), "attn_v": (KV_HEADS * D, H),
-              "attn_output": (H, HEADS * D), "ffn_norm": (H,), "ffn_gate": (I, H), "ffn_up": (I, H), "ffn_down": (H, I)}
-    arrays = {"token_embd.weight": rng.uniform(-1, 1, (V, H)), "output_norm.weight": 1 + rng.uniform(-.1, .1, H)}
+    shapes = {
+        "attn_norm": (H,),
+        "attn_q": (HEADS * D, H),
+        "attn_k": (KV_HEADS * D, H),
+        "attn_v": (KV_HEADS * D, H),
+        "attn_output": (H, HEADS * D),
+        "ffn_norm": (H,),
+        "ffn_gate": (I, H),
+        "ffn_up": (I, H),
+        "ffn_down": (H, I),
+    }
+    arrays = {"token_embd.weight": rng.uniform(-1, 1, (V, H)), "output_norm.weight": 1 + rng.uniform(-0.1, 0.1, H)}
     for layer in range(L):
         for name, shape in shapes.items():
             arrays[f"blk.{layer}.{name}.weight"] = rng.uniform(-1, 1, shape) * (1 if len(shape) == 2 else 0.1) + (
-                1 if len(shape) == 1 else 0)
+                1 if len(shape) == 1 else 0
+            )
     return {name: value.astype(np.float32) for name, value in arrays.items()}
 
 
-def write_gguf(path: Path, arrays: dict[str, np.ndarray], types: dict[str, "Q"], arch: str = "llama",
-               skip_keys: tuple[str, ...] = ()) -> Path:
+def write_gguf(
+    path: Path, arrays: dict[str, np.ndarray], types: dict[str, Q], arch: str = "llama", skip_keys: tuple[str, ...] = ()
+) -> Path:
     writer = gguf.GGUFWriter(str(path), arch)
-    keys = {"block_count": L, "context_length": 128, "embedding_length": H, "feed_forward_length": I,
-            "head_count": HEADS, "head_count_kv": KV_HEADS, "layer_norm_rms_eps": 1e-5, "bos_token_id": 1,
-            "eos_token_id": 2}
+    keys = {
+        "block_count": L,
+        "context_length": 128,
+        "embedding_length": H,
+        "feed_forward_length": I,
+        "head_count": HEADS,
+        "head_count_kv": KV_HEADS,
+        "layer_norm_rms_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     for key, value in keys.items():
         if key not in skip_keys:
             getattr(writer, f"add_{key}")(value)
@@ -91,14 +134,24 @@ def test_f32_file_loads_exact_weights_and_forward(tmp_path):
     arrays = original_arrays()
     config, weights = load_llama(write_gguf(tmp_path / "f32.gguf", arrays, {}))
     assert (config.vocab_size, config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == (
-        V, H, L, HEADS, KV_HEADS)
+        V,
+        H,
+        L,
+        HEADS,
+        KV_HEADS,
+    )
     assert config.tie_embeddings and weights.lm_head is weights.embed
     for name, value in loaded_arrays(weights).items():
         assert torch.equal(value, torch.from_numpy(arrays[name])), name
-    direct = LlamaWeights(embed=torch.from_numpy(arrays["token_embd.weight"]), final_norm=torch.from_numpy(
-        arrays["output_norm.weight"]), lm_head=torch.from_numpy(arrays["token_embd.weight"]), layers=tuple(
-        LayerWeights(**{f: torch.from_numpy(arrays[f"blk.{i}.{n}.weight"]) for n, f in LAYER_FIELDS.items()})
-        for i in range(L)))
+    direct = LlamaWeights(
+        embed=torch.from_numpy(arrays["token_embd.weight"]),
+        final_norm=torch.from_numpy(arrays["output_norm.weight"]),
+        lm_head=torch.from_numpy(arrays["token_embd.weight"]),
+        layers=tuple(
+            LayerWeights(**{f: torch.from_numpy(arrays[f"blk.{i}.{n}.weight"]) for n, f in LAYER_FIELDS.items()})
+            for i in range(L)
+        ),
+    )
     ids = torch.tensor([1, 5, 9, 33, 2])
     expected = LlamaModel(config, direct).forward(ids)
     # bitwise-equal weights in other tensors: a kernel may still pick another summation order
@@ -122,14 +175,17 @@ def test_bf16_load(tmp_path):
     assert weights.embed.dtype == weights.layers[0].wq.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("case, match", [
-    ("architecture", "general.architecture='gpt2'"),
-    ("unsupported_type", "blk.0.ffn_up.weight has type F64"),
-    ("missing_tensor", "missing tensors \\['blk.1.ffn_down.weight'\\]"),
-    ("unknown_tensor", "unknown tensors \\['rope_freqs.weight'\\]"),
-    ("bad_shape", "tensor blk.0.attn_v.weight has shape"),
-    ("missing_key", "llama.context_length"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("architecture", "general.architecture='gpt2'"),
+        ("unsupported_type", "blk.0.ffn_up.weight has type F64"),
+        ("missing_tensor", "missing tensors \\['blk.1.ffn_down.weight'\\]"),
+        ("unknown_tensor", "unknown tensors \\['rope_freqs.weight'\\]"),
+        ("bad_shape", "tensor blk.0.attn_v.weight has shape"),
+        ("missing_key", "llama.context_length"),
+    ],
+)
 def test_bad_files_raise_errors_naming_file_and_cause(tmp_path, case, match):
     arrays, skip = original_arrays(), ()
     if case == "unsupported_type":
@@ -206,8 +262,9 @@ def test_engine_generates_with_smollm2(smollm2):
     tokenizer = GGUFTokenizer.from_gguf(smollm2_path())
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}])
     expected = smollm2.model.greedy_continuation(torch.tensor(tokenizer.encode(prompt)), 6)
-    config = EngineConfig(mode="sync", draft_loops=SMOLLM2_DRAFT_DEPTH, num_speculative_tokens=3,
-                          num_kv_blocks=64, block_size=16)
+    config = EngineConfig(
+        mode="sync", draft_loops=SMOLLM2_DRAFT_DEPTH, num_speculative_tokens=3, num_kv_blocks=64, block_size=16
+    )
     llm = LLM(config, model=smollm2, tokenizer=tokenizer)
     output = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     llm.close()

@@ -12,13 +12,14 @@ import random
 
 import pytest
 
-from engine.tokenizer_gguf import (TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, GGUFTokenizer, TokenizerSpec,
-                                   byte_alphabet)
+from engine.tokenizer_gguf import TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, GGUFTokenizer, TokenizerSpec, byte_alphabet
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MERGES = ("Ġ t", "h e", "Ġt he", "e r", "l l", "Ġ Ġ")
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tiny_spec(pre: str = "smollm") -> TokenizerSpec:
@@ -26,8 +27,16 @@ def tiny_spec(pre: str = "smollm") -> TokenizerSpec:
     merged = tuple(merge.replace(" ", "") for merge in MERGES)
     tokens = SPECIALS + base + merged
     types = (TOKEN_TYPE_CONTROL,) * len(SPECIALS) + (TOKEN_TYPE_NORMAL,) * (len(base) + len(merged))
-    return TokenizerSpec(tokens=tokens, token_types=types, merges=MERGES, pre=pre, bos_token_id=1,
-                         eos_token_id=2, add_bos=False, chat_template=TEMPLATE)
+    return TokenizerSpec(
+        tokens=tokens,
+        token_types=types,
+        merges=MERGES,
+        pre=pre,
+        bos_token_id=1,
+        eos_token_id=2,
+        add_bos=False,
+        chat_template=TEMPLATE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +66,7 @@ def test_smollm_pre_tokenizer_isolates_digits():
     smollm, gpt2 = GGUFTokenizer(tiny_spec("smollm")), GGUFTokenizer(tiny_spec("gpt2"))
     assert smollm.pre_tokenize("a  12x") == ["a", "  ", "1", "2", "x"]
     assert gpt2.pre_tokenize("a  12x") == ["a", " ", " 12", "x"]
-    assert smollm.pre_tokenize("I'm ok,  you're ٣½!") == ["I", "'m", " ok", ",", " ", " you", "'re", " ", "٣",
-                                                            "½", "!"]
+    assert smollm.pre_tokenize("I'm ok,  you're ٣½!") == ["I", "'m", " ok", ",", " ", " you", "'re", " ", "٣", "½", "!"]
     assert smollm.pre_tokenize("ß東\u00a0x\u3000 \n") == ["ß東", "\u00a0", "x", "\u3000 \n"]
 
 
@@ -100,6 +108,7 @@ def test_unsupported_tokenizer_metadata_is_named():
 
 # ---- Part 2: the real vocabulary against the `tokenizers` library ------------------------------------
 
+
 def _real_path():
     for module in ("gguf", "transformers", "tokenizers"):
         if importlib.util.find_spec(module) is None:
@@ -123,8 +132,30 @@ def real():
 def random_strings(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     pool = list("abcdefghijklmnopqrstuvwxyzABCXYZ0123456789      \t\n\n.,;:!?'\"-$%()[]{}<>|/\\_*+=#@&~`^")
-    pool += ["'s", "'ll", "'re", " the", "ß", "é", "東", "京", "٣", "½", "Ⅻ", "😀", "\u00a0", "\u3000", "\u2003",
-             "\x1c", "\x85", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "\r\n", "   "]
+    pool += [
+        "'s",
+        "'ll",
+        "'re",
+        " the",
+        "ß",
+        "é",
+        "東",
+        "京",
+        "٣",
+        "½",
+        "Ⅻ",
+        "😀",
+        "\u00a0",
+        "\u3000",
+        "\u2003",
+        "\x1c",
+        "\x85",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "\r\n",
+        "   ",
+    ]
     return ["".join(rng.choice(pool) for _ in range(rng.randint(0, 60))) for _ in range(count)]
 
 
@@ -135,11 +166,20 @@ def test_matches_tokenizers_library_with_smollm_pre_tokenizer(real):
     from tokenizers import Tokenizer, pre_tokenizers
 
     backend = Tokenizer.from_str(hf.backend_tokenizer.to_str())  # a copy: the fixture stays unmodified
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    texts = random_strings(300, seed=0) + ["Janet’s ducks lay 16 eggs per day.\n#### 18", "$1,234.56 and -7",
-                                           "tabs\tand\nnewlines\n\n  x", "emoji 😀👍🏽 ok", "  leading", "trailing   "]
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    texts = random_strings(300, seed=0) + [
+        "Janet’s ducks lay 16 eggs per day.\n#### 18",
+        "$1,234.56 and -7",
+        "tabs\tand\nnewlines\n\n  x",
+        "emoji 😀👍🏽 ok",
+        "  leading",
+        "trailing   ",
+    ]
     for text in texts:
         assert ours.encode(text) == backend.encode(text, add_special_tokens=False).ids, repr(text)
         assert ours.decode(ours.encode(text)) == text
@@ -154,9 +194,15 @@ def test_matches_transformers_loader_where_digits_do_not_matter(real):
 
 def test_chat_template_matches_transformers(real):
     ours, hf = real
-    for messages in ([{"role": "user", "content": "What is 2+2?"}],
-                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]):
+    for messages in (
+        [{"role": "user", "content": "What is 2+2?"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ],
+    ):
         for generation in (True, False):
             expected = hf.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
             assert ours.apply_chat_template(messages, add_generation_prompt=generation) == expected

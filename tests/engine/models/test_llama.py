@@ -15,8 +15,8 @@ import torch
 
 from engine.models.llama import ContiguousAttention, LlamaModel, apply_rope, rms_norm, rope_cos_sin
 from tests.fixtures.engine_helpers import FLOAT32_UNIT_ROUNDOFF as U
-from tests.fixtures.engine_helpers import TINY_LLAMA, no_host_reads, random_llama_weights as random_weights
-from tests.fixtures.engine_helpers import reorder_atol
+from tests.fixtures.engine_helpers import TINY_LLAMA, no_host_reads, reorder_atol
+from tests.fixtures.engine_helpers import random_llama_weights as random_weights
 
 TINY = TINY_LLAMA
 
@@ -29,8 +29,11 @@ REDUCTIONS_PER_LAYER, READOUT_REDUCTIONS, MAX_TERMS = 9, 2, 48
 
 def logit_atol(expected: torch.Tensor, num_layers: int = TINY.num_layers) -> float:
     """Largest float32 difference of two summation orders of `num_layers` layers (see module doc)."""
-    return reorder_atol(float(expected.abs().max()), max_terms=MAX_TERMS,
-                        num_reductions=REDUCTIONS_PER_LAYER * num_layers + READOUT_REDUCTIONS)
+    return reorder_atol(
+        float(expected.abs().max()),
+        max_terms=MAX_TERMS,
+        num_reductions=REDUCTIONS_PER_LAYER * num_layers + READOUT_REDUCTIONS,
+    )
 
 
 def assert_same_logits(actual: torch.Tensor, expected: torch.Tensor, num_layers: int = TINY.num_layers) -> None:
@@ -169,9 +172,17 @@ def test_depth_adapter_on_paged_cache_matches_reference(model, layers_per_depth)
     from engine.models.llama import LlamaDepthModel
 
     adapter = LlamaDepthModel(model, layers_per_depth)
-    cache = PagedKVCache(KVLayout(num_blocks=1 + 2 * adapter.num_depths * 3, block_size=4,
-                                  num_layers=layers_per_depth, num_heads=adapter.num_kv_heads,
-                                  head_size=adapter.head_size), torch.float32, "cpu")
+    cache = PagedKVCache(
+        KVLayout(
+            num_blocks=1 + 2 * adapter.num_depths * 3,
+            block_size=4,
+            num_layers=layers_per_depth,
+            num_heads=adapter.num_kv_heads,
+            head_size=adapter.head_size,
+        ),
+        torch.float32,
+        "cpu",
+    )
     blocks = iter(range(1, cache.layout.num_blocks))
     tables = [[[next(blocks) for _ in range(3)] for _ in range(adapter.num_depths)] for _ in range(2)]
     seqs = [tokens(8, seed=3), tokens(5, seed=4)]

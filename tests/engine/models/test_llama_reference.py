@@ -50,8 +50,7 @@ def ours(gguf_path):
 def theirs(gguf_path):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
     return model.eval()
 
 
@@ -73,4 +72,3 @@ def test_logits_match_transformers(ours, theirs, prompts):
         top2 = expected.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > 2 * ABS_TOL  # positions without a near-tie
         assert torch.equal(actual.argmax(-1)[clear], expected.argmax(-1)[clear])
-

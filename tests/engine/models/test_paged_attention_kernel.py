@@ -31,11 +31,13 @@ from engine.models.kernels.paged_attention import paged_attention_triton
 from engine.runners.layout import block_table_tensor, layout_rows, metadata_for
 from engine.sampling.backend import triton_can_run_on
 
-pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
-                                reason="Triton kernel needs CUDA or TRITON_INTERPRET=1 (scripts/test.sh sets it)")
+pytestmark = pytest.mark.skipif(
+    not triton_can_run_on(torch.device("cpu")),
+    reason="Triton kernel needs CUDA or TRITON_INTERPRET=1 (scripts/test.sh sets it)",
+)
 
-U32 = 2.0 ** -24
-ULP_BF16 = 2.0 ** -7
+U32 = 2.0**-24
+ULP_BF16 = 2.0**-7
 NUM_POOL_BLOCKS = 80
 
 
@@ -53,18 +55,24 @@ def _case(head_size: int, block_size: int, starts, lengths, dtype=torch.float32,
     layout = layout_rows(list(starts), list(lengths), block_size, torch.device("cpu"))
     order = torch.randperm(NUM_POOL_BLOCKS - 1, generator=generator) + 1  # block 0 is the pad block
     per_seq = layout.num_blocks
-    tables = [order[b * per_seq:(b + 1) * per_seq].tolist() for b in range(len(starts))]
+    tables = [order[b * per_seq : (b + 1) * per_seq].tolist() for b in range(len(starts))]
     table = block_table_tensor(tables, per_seq, layout.ends, block_size, layout.positions.device)
     metadata = metadata_for(layout, table)
     query = torch.randn(int(sum(lengths)), heads, head_size, generator=generator).to(dtype)
-    move = (lambda t: t.to(device))
+    move = lambda t: t.to(device)
     return move(query), move(key_cache), move(value_cache), metadata
 
 
 def _kernel(query, key_cache, value_cache, metadata):
     device = query.device
-    return paged_attention_triton(query, key_cache, value_cache, metadata.block_tables.to(device),
-                                  metadata.row_seq.to(device), metadata.positions.to(device))
+    return paged_attention_triton(
+        query,
+        key_cache,
+        value_cache,
+        metadata.block_tables.to(device),
+        metadata.row_seq.to(device),
+        metadata.positions.to(device),
+    )
 
 
 def _reference_and_bound(query, key_cache, value_cache, metadata):
@@ -76,11 +84,11 @@ def _reference_and_bound(query, key_cache, value_cache, metadata):
     bounds = torch.empty_like(reference)
     for n in range(q.shape[0]):
         seq, pos = int(metadata.row_seq[n]), int(metadata.positions[n])
-        keys = k_cache[metadata.block_tables[seq]].reshape(-1, *k_cache.shape[2:])[:pos + 1]  # [p+1, H, D]
-        values = v_cache[metadata.block_tables[seq]].reshape(-1, *v_cache.shape[2:])[:pos + 1]
+        keys = k_cache[metadata.block_tables[seq]].reshape(-1, *k_cache.shape[2:])[: pos + 1]  # [p+1, H, D]
+        values = v_cache[metadata.block_tables[seq]].reshape(-1, *v_cache.shape[2:])[: pos + 1]
         scores = scale * (keys * q[n][None]).sum(-1)  # [p+1, H]
         error = _gamma(head_size + 1) * scale * (keys.abs() * q[n].abs()[None]).sum(-1).max(0).values  # [H]
-        spread = (scores.max(0).values - scores.min(0).values)  # [H]
+        spread = scores.max(0).values - scores.min(0).values  # [H]
         count = pos // block_size + 1
         rho = torch.expm1(2 * error) + (count + 1) * (spread + 4) * U32 + _gamma(pos + 2)
         bounds[n] = (2 * rho * values.abs().max(0).values.max(-1).values)[:, None]
@@ -120,7 +128,7 @@ def test_keys_past_a_row_are_never_read():
         for seq in range(metadata.block_tables.shape[0]):
             seq_last = int(metadata.positions[metadata.row_seq == seq].max())
             slots = (metadata.block_tables[seq][:, None] * 4 + torch.arange(4)[None]).reshape(-1)
-            visible[slots[:seq_last + 1]] = True
+            visible[slots[: seq_last + 1]] = True
         assert last > 0
         flat[~visible] = float("nan")
     poisoned = _kernel(query, key_cache, value_cache, metadata)
@@ -132,9 +140,19 @@ def test_a_row_does_not_depend_on_the_table_width_or_its_neighbours():
     alone = _kernel(query, key_cache, value_cache, metadata)
     wider = torch.cat([metadata.block_tables, torch.zeros_like(metadata.block_tables)], dim=1)
     keep = metadata.row_seq == 2
-    only = _kernel(query[keep], key_cache, value_cache,
-                   type(metadata)(metadata.slot_mapping[keep], wider, metadata.row_seq[keep], metadata.row_slot[keep],
-                                  metadata.attend_mask, metadata.positions[keep]))
+    only = _kernel(
+        query[keep],
+        key_cache,
+        value_cache,
+        type(metadata)(
+            metadata.slot_mapping[keep],
+            wider,
+            metadata.row_seq[keep],
+            metadata.row_slot[keep],
+            metadata.attend_mask,
+            metadata.positions[keep],
+        ),
+    )
     assert torch.equal(alone[keep], only)
 
 
@@ -142,12 +160,28 @@ def test_positions_past_the_table_see_the_whole_table():
     """As the SDPA path's mask does: a row whose position lies past the table attends over all of it."""
     query, key_cache, value_cache, metadata = _case(8, 4, (4,), (3,), seed=5)
     clipped = metadata.block_tables[:, :1]  # one block of 4 keys: positions 4..6 lie past it
-    short = type(metadata)(metadata.slot_mapping, clipped, metadata.row_seq, metadata.row_slot,
-                           metadata.attend_mask[:, :, :4], metadata.positions)
+    short = type(metadata)(
+        metadata.slot_mapping,
+        clipped,
+        metadata.row_seq,
+        metadata.row_slot,
+        metadata.attend_mask[:, :, :4],
+        metadata.positions,
+    )
     out = _kernel(query, key_cache, value_cache, short)
-    reference, bound = _reference_and_bound(query, key_cache, value_cache,
-                                            type(short)(short.slot_mapping, clipped, short.row_seq, short.row_slot,
-                                                        short.attend_mask, torch.full_like(short.positions, 3)))
+    reference, bound = _reference_and_bound(
+        query,
+        key_cache,
+        value_cache,
+        type(short)(
+            short.slot_mapping,
+            clipped,
+            short.row_seq,
+            short.row_slot,
+            short.attend_mask,
+            torch.full_like(short.positions, 3),
+        ),
+    )
     assert bool(((out.double() - reference).abs() <= bound).all())
 
 

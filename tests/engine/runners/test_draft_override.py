@@ -33,16 +33,27 @@ NOISE_SCALE = 0.1  # in logits before the temperature: noise of std 1 after it
 
 
 def _llm(draft_override: str = "own", mutant: str | None = None) -> LLM:
-    return LLM(EngineConfig(model_config=TINY_MODEL, mode="sync", num_speculative_tokens=K, draft_loops=1,
-                            num_kv_blocks=6200, draft_override=draft_override, draft_noise_scale=NOISE_SCALE,
-                            mutant=mutant))
+    return LLM(
+        EngineConfig(
+            model_config=TINY_MODEL,
+            mode="sync",
+            num_speculative_tokens=K,
+            draft_loops=1,
+            num_kv_blocks=6200,
+            draft_override=draft_override,
+            draft_noise_scale=NOISE_SCALE,
+            mutant=mutant,
+        )
+    )
 
 
 def _collect(llm: LLM):
     collector = BatchCollector(llm.engine)
     params = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, ignore_eos=True)
-    batches = [collector.collect(PROMPT, params, list(range(start, start + BATCH)), MAX_TOKENS)
-               for start in range(0, NUM_SAMPLES, BATCH)]
+    batches = [
+        collector.collect(PROMPT, params, list(range(start, start + BATCH)), MAX_TOKENS)
+        for start in range(0, NUM_SAMPLES, BATCH)
+    ]
     tokens = np.concatenate([b.tokens for b in batches])
     acceptance = sum(b.num_accepted_tokens.sum() for b in batches) / sum(b.num_draft_tokens.sum() for b in batches)
     return tokens, float(acceptance)

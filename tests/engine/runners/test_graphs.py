@@ -20,18 +20,17 @@ PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 
 
 def mixed_params(max_tokens: int = 14) -> list[SamplingParams]:
-    return [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
-            SamplingParams(temperature=1.5, top_k=40, seed=3, max_tokens=max_tokens - 3,
-                           ignore_eos=True),
-            SamplingParams(temperature=1.0, top_p=0.9, seed=4, max_tokens=max_tokens,
-                           ignore_eos=True)]
+    return [
+        SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+        SamplingParams(temperature=1.5, top_k=40, seed=3, max_tokens=max_tokens - 3, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=4, max_tokens=max_tokens, ignore_eos=True),
+    ]
 
 
 def with_static_rounds(llm: LLM) -> list[tuple[int, ...]]:
     """Route rounds through uncaptured static buffers; returns a log of their K_r."""
     runner, rounds = llm.engine.runner, []
-    graphs = RoundGraphs(runner, scratch_block(llm.engine.config.num_kv_blocks), capture=False,
-                         batch_sizes=(1, 2, 4))
+    graphs = RoundGraphs(runner, scratch_block(llm.engine.config.num_kv_blocks), capture=False, batch_sizes=(1, 2, 4))
     run = graphs.run
 
     def logged(requests, num_drafts, slots, tables):
@@ -71,13 +70,17 @@ def test_static_padded_rounds_equal_eager_rounds():
 @pytest.mark.parametrize("num_requests", [1, 5])
 def test_cuda_graphs_equal_eager_and_sync_on_cuda(num_requests):
     prompts = ["Return the number of", "Raise ValueError if", "A", "def f(x):", "import os"]
-    params = [SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=24 - s, ignore_eos=True)
-              for s in range(num_requests)]  # unequal lengths: ragged rounds replay graphs too
+    params = [
+        SamplingParams(temperature=1.0, top_k=20, seed=s, max_tokens=24 - s, ignore_eos=True)
+        for s in range(num_requests)
+    ]  # unequal lengths: ragged rounds replay graphs too
     params[0] = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     results = {}
-    for name, options in (("graphs", dict(mode="async")),
-                          ("eager", dict(mode="async", enforce_eager=True)),
-                          ("sync", dict(mode="sync"))):
+    for name, options in (
+        ("graphs", dict(mode="async")),
+        ("eager", dict(mode="async", enforce_eager=True)),
+        ("sync", dict(mode="sync")),
+    ):
         llm = LLM(EngineConfig(device="cuda", **options))
         results[name] = [o.token_ids for o in llm.generate(prompts[:num_requests], params)]
         if name == "graphs":

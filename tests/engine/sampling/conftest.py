@@ -24,4 +24,3 @@ BACKEND_PARAMS = [
 def backend(request) -> str:
     """Each test taking `backend` runs once per backend on CPU tensors."""
     return request.param
-

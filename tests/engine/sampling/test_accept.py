@@ -107,7 +107,11 @@ def test_invalid_distribution_at_stop_point_sets_error(backend):
     ]
     out = run(reqs, backend)
     assert out.error.tolist() == [
-        ERR_INVALID_TARGET, ERR_INVALID_DRAFT, 0, ERR_EMPTY_RESIDUAL, ERR_INVALID_TARGET,
+        ERR_INVALID_TARGET,
+        ERR_INVALID_DRAFT,
+        0,
+        ERR_EMPTY_RESIDUAL,
+        ERR_INVALID_TARGET,
         ERR_BAD_DRAFT_TOKEN,
     ]
     assert out.tokens[[0, 1, 3, 4, 5]].eq(PLACEHOLDER_TOKEN).all()
@@ -117,10 +121,8 @@ def test_invalid_distribution_at_stop_point_sets_error(backend):
 def test_invalid_inputs_after_stop_point_are_ignored(backend):
     nan_row = [float("nan")] * V
     reqs = [
-        request([0, 9, 0], [REJECT, ACCEPT, ACCEPT], q=[Q, nan_row, nan_row],
-                p=[P, nan_row, nan_row], bonus=nan_row),
-        request([0, 2], [0.0, 0.0], greedy=True, p=[[0.9, 0.1, 0.0, 0.0], nan_row],
-                bonus=nan_row),
+        request([0, 9, 0], [REJECT, ACCEPT, ACCEPT], q=[Q, nan_row, nan_row], p=[P, nan_row, nan_row], bonus=nan_row),
+        request([0, 2], [0.0, 0.0], greedy=True, p=[[0.9, 0.1, 0.0, 0.0], nan_row], bonus=nan_row),
     ]
     out = run(reqs, backend)
     # the random row stops at 0 and never reads the NaN rows or the bad token behind it; the
@@ -135,16 +137,18 @@ def test_bad_offsets_flagged_per_request(backend):
     target = torch.tensor([P] * 7)
     u = torch.full((2, 2 * K + 1), 0.5, dtype=torch.float64)
     cu = torch.tensor([0, 1, 5])  # second request has K_r = 4 > K
-    out = speculative_accept(drafts, cu, probs, target, u, torch.tensor([False, False]),
-                             backend=backend)
+    out = speculative_accept(drafts, cu, probs, target, u, torch.tensor([False, False]), backend=backend)
     assert out.error.tolist() == [0, ERR_BAD_OFFSETS]
     assert out.tokens[1].eq(PLACEHOLDER_TOKEN).all()
 
 
 def test_inputs_not_modified_and_bad_arguments(backend):
     args = [
-        torch.tensor([0, 0]), torch.tensor([0, 2]), torch.tensor([Q, Q]),
-        torch.tensor([P, P, BONUS]), torch.full((1, 2 * K + 1), 0.3, dtype=torch.float64),
+        torch.tensor([0, 0]),
+        torch.tensor([0, 2]),
+        torch.tensor([Q, Q]),
+        torch.tensor([P, P, BONUS]),
+        torch.full((1, 2 * K + 1), 0.3, dtype=torch.float64),
         torch.tensor([False]),
     ]
     before = [a.clone() for a in args]
@@ -182,17 +186,38 @@ def test_draft_limit_on_a_uniform_layout_equals_the_packed_ragged_call(backend):
     q_garbage = torch.where(keep[..., None], q, float("nan"))
     p_garbage = torch.where(keep_p[..., None], p, float("nan"))
     uniform = speculative_accept(
-        torch.where(keep, x, -7).reshape(-1), torch.arange(num_requests + 1) * k,
-        q_garbage.reshape(-1, vocab), p_garbage.reshape(-1, vocab), u, greedy,
-        draft_limit=limit, backend=backend)
+        torch.where(keep, x, -7).reshape(-1),
+        torch.arange(num_requests + 1) * k,
+        q_garbage.reshape(-1, vocab),
+        p_garbage.reshape(-1, vocab),
+        u,
+        greedy,
+        draft_limit=limit,
+        backend=backend,
+    )
     assert torch.equal(uniform.tokens, packed.tokens)
     assert torch.equal(uniform.num_accepted, packed.num_accepted)
     assert torch.equal(uniform.error, packed.error) and not packed.error.any()
     assert packed.num_accepted.sum() > 0  # some drafts accepted, so the limit is exercised
     negative = speculative_accept(
-        x.reshape(-1), torch.arange(num_requests + 1) * k, q.reshape(-1, vocab),
-        p.reshape(-1, vocab), u, greedy, draft_limit=torch.full((num_requests,), -1), backend=backend)
+        x.reshape(-1),
+        torch.arange(num_requests + 1) * k,
+        q.reshape(-1, vocab),
+        p.reshape(-1, vocab),
+        u,
+        greedy,
+        draft_limit=torch.full((num_requests,), -1),
+        backend=backend,
+    )
     assert (negative.error == ERR_BAD_OFFSETS).all()
     with pytest.raises(ValueError, match="draft_limit"):
-        speculative_accept(x.reshape(-1), torch.arange(num_requests + 1) * k, q.reshape(-1, vocab),
-                           p.reshape(-1, vocab), u, greedy, draft_limit=limit[:3], backend=backend)
+        speculative_accept(
+            x.reshape(-1),
+            torch.arange(num_requests + 1) * k,
+            q.reshape(-1, vocab),
+            p.reshape(-1, vocab),
+            u,
+            greedy,
+            draft_limit=limit[:3],
+            backend=backend,
+        )

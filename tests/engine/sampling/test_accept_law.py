@@ -7,9 +7,17 @@ import pytest
 import torch
 from scipy import stats
 
-from tests.fixtures.accept_law import (MC_ALPHA, QUADRATURE_ATOL, V, check_ragged_law,
-                                       chi_square_p, dyadic, mc_distributions, quadrature_law,
-                                       run_ragged)
+from tests.fixtures.accept_law import (
+    MC_ALPHA,
+    QUADRATURE_ATOL,
+    V,
+    check_ragged_law,
+    chi_square_p,
+    dyadic,
+    mc_distributions,
+    quadrature_law,
+    run_ragged,
+)
 
 
 @pytest.mark.parametrize("zeros_p, zeros_q", [([], []), ([1], [4]), ([0, 5], [2])])
@@ -42,7 +50,11 @@ def test_monte_carlo_detects_unchecked_drafts():
     observed = np.bincount(first_drafts.numpy(), minlength=V)
     expected = p[0].double().numpy() * observed.sum()
     support = expected > 0
-    rejects = observed[~support].sum() > 0 or stats.chisquare(
-        observed[support], expected[support] * observed[support].sum() / expected[support].sum()
-    ).pvalue < MC_ALPHA
+    rejects = (
+        observed[~support].sum() > 0
+        or stats.chisquare(
+            observed[support], expected[support] * observed[support].sum() / expected[support].sum()
+        ).pvalue
+        < MC_ALPHA
+    )
     assert rejects

@@ -9,8 +9,8 @@ from fractions import Fraction
 import pytest
 import torch
 
-from tests.fixtures.sampling_helpers import generator
 from engine.sampling import INVALID_ROW, categorical
+from tests.fixtures.sampling_helpers import generator
 
 BELOW_ONE = float(torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0)))
 

@@ -5,11 +5,10 @@ import dataclasses
 import pytest
 import torch
 
-from tests.fixtures.accept_law import check_ragged_law, dyadic, quadrature_law, run_ragged
-from tests.fixtures.sampling_helpers import (GPU_EXP, assert_row_matches_float64, baseline_config,
-                                             generator)
 from engine.params import SamplingParams
 from engine.sampling import batched_probabilities, categorical, uniform_blocks
+from tests.fixtures.accept_law import check_ragged_law, dyadic, quadrature_law, run_ragged
+from tests.fixtures.sampling_helpers import GPU_EXP, assert_row_matches_float64, baseline_config, generator
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,8 +21,16 @@ QWEN_VOCAB = 152064
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_large_vocab_kernel_matches_reference(dtype):
-    rows = [(1.0, 50, 0.9), (0.7, -1, 0.95), (0.0, -1, 1.0), (1.0, 1000, 1.0), (1.3, 5000, 0.8),
-            (100.0, -1, 0.5), (1e-3, 20, 1.0), (1.0, -1, 1.0)]
+    rows = [
+        (1.0, 50, 0.9),
+        (0.7, -1, 0.95),
+        (0.0, -1, 1.0),
+        (1.0, 1000, 1.0),
+        (1.3, 5000, 0.8),
+        (100.0, -1, 0.5),
+        (1e-3, 20, 1.0),
+        (1.0, -1, 1.0),
+    ]
     logits = (torch.randn(len(rows), QWEN_VOCAB, generator=generator(71)) * 4).to(dtype)
     t = torch.tensor([r[0] for r in rows], dtype=torch.float32)
     k = torch.tensor([r[1] for r in rows])
@@ -93,20 +100,24 @@ def test_chunk_kernel_options_change_no_result(vocab):
     most of their tokens, and each chunk sum (>= 1, its max's term) absorbs them in rounding.
     The flushing exp is compiled in (the plan's FTZ_SUM), and the rows match the reference."""
     from engine.sampling.backend import compiles_natively
-    from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, launch_plan,
-                                                       run_probabilities)
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG, launch_plan, run_probabilities
 
     logits, t, k, p = mixed_rows(16, 97, vocab)
     logits[5:9] = torch.randn(4, vocab, generator=generator(98)) * 150
-    t[5:9], k[5:9], p[5:9] = 1.0, torch.tensor([-1, 50, -1, 2000]), torch.tensor(
-        [1.0, 0.9, 0.95, 1.0])
+    t[5:9], k[5:9], p[5:9] = 1.0, torch.tensor([-1, 50, -1, 2000]), torch.tensor([1.0, 0.9, 0.95, 1.0])
     logits[9, 7], logits[10, 3000], t[11] = 0.0, float("-inf"), 1e-9  # IEEE division there
     rows = [a.cuda() for a in (logits, t, k, p)]
     results = []
-    for ftz, hoist, reciprocal in ((False, False, False), (True, False, False),
-                                   (False, True, False), (True, True, False), (True, True, True)):
-        config = dataclasses.replace(DEFAULT_CONFIG, ftz_sum=ftz, hoist_loads=hoist,
-                                     reciprocal_division=reciprocal, single_launch_entries=0)
+    for ftz, hoist, reciprocal in (
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (True, True, False),
+        (True, True, True),
+    ):
+        config = dataclasses.replace(
+            DEFAULT_CONFIG, ftz_sum=ftz, hoist_loads=hoist, reciprocal_division=reciprocal, single_launch_entries=0
+        )
         plan = launch_plan(config, 16, vocab, native=compiles_natively(rows[0].device))
         assert dict(plan.launches[0].constexprs)["FTZ_SUM"] is ftz
         results.append(run_probabilities(*rows, config))
@@ -156,7 +167,7 @@ def test_benchmark_large_k_rows_are_proven_on_the_candidates():
     logits = torch.randn(num_rows, QWEN_VOCAB, generator=generator(81)) * 4
     t = torch.full((num_rows,), 0.8)
     k = torch.full((num_rows,), 1000)
-    k[num_rows // 2:] = 1500
+    k[num_rows // 2 :] = 1500
     p = torch.full((num_rows,), 0.95)
     p[::2] = 1.0
     poison_allocator(logits.shape)
@@ -191,14 +202,15 @@ def single_launch_configs():
     from engine.sampling.kernels.probabilities import SINGLE_LAUNCH_CONFIGS
 
     forced = baseline_config(chunk=512, chunk_capacity=1)
-    return [dataclasses.replace(c, single_launch_entries=ANY_SIZE)
-            for c in (*SINGLE_LAUNCH_CONFIGS, forced)]
+    return [dataclasses.replace(c, single_launch_entries=ANY_SIZE) for c in (*SINGLE_LAUNCH_CONFIGS, forced)]
 
 
 # (configuration index, B): every configuration at B 1 and 8; B 64 (the threshold) with the
 # default and the all-fallback configuration (each reference row costs ~0.1-0.6 s of CPU).
-SINGLE_CASES = [(index, num_rows) for index in range(len(single_launch_configs()))
-                for num_rows in (1, 8)] + [(0, 64), (len(single_launch_configs()) - 1, 64)]
+SINGLE_CASES = [(index, num_rows) for index in range(len(single_launch_configs())) for num_rows in (1, 8)] + [
+    (0, 64),
+    (len(single_launch_configs()) - 1, 64),
+]
 
 
 @pytest.mark.parametrize("vocab", [32000, QWEN_VOCAB])
@@ -233,8 +245,13 @@ def test_graph_replay_equals_eager_and_captures_own_scratch(capacity, single):
     split fallback; `single`: the single launch (its tickets must be zero at every replay)."""
     from engine.sampling.kernels.probabilities import SCRATCH, launch_plan, probabilities_triton
 
-    config = baseline_config(chunk=512, chunk_capacity=capacity, chunk_warps=1, write_chunk=8192,
-                             single_launch_entries=ANY_SIZE if single else 0)
+    config = baseline_config(
+        chunk=512,
+        chunk_capacity=capacity,
+        chunk_warps=1,
+        write_chunk=8192,
+        single_launch_entries=ANY_SIZE if single else 0,
+    )
     static = [a.cuda() for a in random_rows(16, 91)]
     fresh = [a.cuda() for a in random_rows(16, 92)]
     assert launch_plan(config, 16, QWEN_VOCAB).single == single
@@ -270,9 +287,9 @@ def test_overlapped_launches_give_the_serial_result(capacity, field):
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
-    serial = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
-                                 single_launch_entries=0, overlap_launches=False,
-                                 overlap_write=False)
+    serial = dataclasses.replace(
+        DEFAULT_CONFIG, chunk_capacity=capacity, single_launch_entries=0, overlap_launches=False, overlap_write=False
+    )
     overlap = dataclasses.replace(serial, **{field: True})
     rows = [a.cuda() for a in random_rows(32, 94 + capacity)]
     overlapped = [probabilities_triton(*rows, config=overlap) for _ in range(5)]
@@ -297,8 +314,7 @@ def test_overlapped_write_launches_serially_while_captured(monkeypatch):
 
     if not supports_overlap(torch.device("cuda")):
         pytest.skip("programmatic dependent launch needs compute capability 9.0 and Triton >= 3.4")
-    config = dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0, overlap_write=True,
-                                 overlap_launches=False)
+    config = dataclasses.replace(DEFAULT_CONFIG, single_launch_entries=0, overlap_write=True, overlap_launches=False)
     rows = [a.cuda() for a in random_rows(16, 211)]
     eager = probabilities_triton(*rows, config=config)  # compiles: through the JIT
     seen, enqueue = [], launcher.CompiledLaunch.enqueue
@@ -326,11 +342,9 @@ def test_reverse_write_gives_the_default_result(capacity):
     modes of the forward order, on rows of every kind (`mixed_rows`), and the reference;
     capacity 1 sends the truncating rows through the split fallback, whose counts are indexed
     by write chunk."""
-    from engine.sampling.kernels.probabilities import (DEFAULT_CONFIG, probabilities_triton,
-                                                       run_probabilities)
+    from engine.sampling.kernels.probabilities import DEFAULT_CONFIG, probabilities_triton, run_probabilities
 
-    forward = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity,
-                                  single_launch_entries=0, reverse_write=False)
+    forward = dataclasses.replace(DEFAULT_CONFIG, chunk_capacity=capacity, single_launch_entries=0, reverse_write=False)
     reverse = dataclasses.replace(forward, reverse_write=True)
     logits, t, k, p = mixed_rows(32, 96 + capacity, QWEN_VOCAB)
     rows = [a.cuda() for a in (logits, t, k, p)]
@@ -360,9 +374,13 @@ def test_compiled_launches_respecialise_on_dtype_and_alignment():
 
     logits, t, k, p = random_rows(8, 93)
     unaligned = torch.empty(8 * QWEN_VOCAB + 1, device="cuda")[1:].view(8, QWEN_VOCAB)
-    cases = [(logits.cuda(), k.cuda()), (logits.bfloat16().cuda(), k.cuda()),
-             (logits.cuda(), k.int().cuda()), (unaligned.copy_(logits.cuda()), k.cuda()),
-             (logits[:, :-1].contiguous().cuda(), k.cuda())]
+    cases = [
+        (logits.cuda(), k.cuda()),
+        (logits.bfloat16().cuda(), k.cuda()),
+        (logits.cuda(), k.int().cuda()),
+        (unaligned.copy_(logits.cuda()), k.cuda()),
+        (logits[:, :-1].contiguous().cuda(), k.cuda()),
+    ]
     LAUNCHES.clear()  # earlier tests compiled some of these specialisations
     for case_logits, case_k in cases:
         through_jit = probabilities_triton(case_logits, t.cuda(), case_k, p.cuda())

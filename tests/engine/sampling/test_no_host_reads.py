@@ -11,8 +11,8 @@ import importlib
 import pytest
 import torch
 
-from tests.fixtures.sampling_helpers import generator
 from engine.sampling import batched_probabilities, categorical, speculative_accept, uniform_blocks
+from tests.fixtures.sampling_helpers import generator
 
 READS = ["item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"]
 KERNELS = [
@@ -60,14 +60,22 @@ def call_all(backend, device="cpu"):
     ks = torch.tensor([5, -1, 0, 3], device=device)
     ps = torch.tensor([0.9, 1.0, 0.3, 1.0], device=device)
     probs = batched_probabilities(logits, temps, ks, ps, backend=backend)
-    u = uniform_blocks(torch.arange(4, device=device), torch.zeros(4, dtype=torch.int64,
-                       device=device), 5, backend=backend)
+    u = uniform_blocks(
+        torch.arange(4, device=device), torch.zeros(4, dtype=torch.int64, device=device), 5, backend=backend
+    )
     categorical(probs, u[:, 0].contiguous(), backend=backend)
     drafts = torch.tensor([1, 2, 3, 4, 5], device=device)
     cu = torch.tensor([0, 2, 2, 4, 5], device=device)
     target = torch.softmax(torch.randn(9, 50, generator=g), 1).to(device)
-    speculative_accept(drafts, cu, target[:5].contiguous(), target, u,
-                       torch.tensor([False, True, False, False], device=device), backend=backend)
+    speculative_accept(
+        drafts,
+        cu,
+        target[:5].contiguous(),
+        target,
+        u,
+        torch.tensor([False, True, False, False], device=device),
+        backend=backend,
+    )
 
 
 def test_torch_backend_never_reads_the_host(monkeypatch):
@@ -105,8 +113,9 @@ def test_triton_launchers_never_read_the_host(monkeypatch, fresh_launch_plans):
     from engine.sampling.kernels.probabilities import SINGLE_LAUNCH_ENTRIES as entries
 
     rows = entries // 50 + 1  # B * V above the single launch's threshold: three launches
-    batched_probabilities(torch.randn(rows, 50), torch.ones(rows), torch.full((rows,), 5),
-                          torch.ones(rows), backend="triton")
+    batched_probabilities(
+        torch.randn(rows, 50), torch.ones(rows), torch.full((rows,), 5), torch.ones(rows), backend="triton"
+    )
     assert all(r.launches == 1 for r in recorders)
 
 

@@ -13,10 +13,15 @@ import dataclasses
 import pytest
 import torch
 
-from tests.fixtures.sampling_helpers import (assert_row_matches_float64, assert_rows_match,
-                                             generator, params, triton_can_run_on)
 from engine.params import SamplingParams
 from engine.sampling import Sampler, batched_probabilities
+from tests.fixtures.sampling_helpers import (
+    assert_row_matches_float64,
+    assert_rows_match,
+    generator,
+    params,
+    triton_can_run_on,
+)
 
 
 def assert_matches_reference(logits, temperature, top_k, top_p, backend):
@@ -105,8 +110,7 @@ def test_inputs_not_modified(backend):
         (lambda a: {**a, "logits": a["logits"][:, :0]}, "empty vocabulary"),
         (lambda a: {**a, "backend": "cuda"}, "backend='cuda'"),
         (lambda a: {**a, "top_p": a["top_p"].to("meta")}, "top_p is on meta"),
-        (lambda a: {**a, "temperature": a["temperature"].repeat(2)[::2]},
-         "temperature must be contiguous"),
+        (lambda a: {**a, "temperature": a["temperature"].repeat(2)[::2]}, "temperature must be contiguous"),
         (lambda a: {**a, "top_p": a["top_p"][:, None]}, "top_p must have 1 dimension"),
         (lambda a: {**a, "top_k": a["top_k"].short()}, "top_k has dtype"),
         (lambda a: {**a, "temperature": [1.0, 1.0]}, "temperature must be a torch.Tensor"),
@@ -118,7 +122,10 @@ def test_bad_arguments(change, message):
     args = change(args)
     with pytest.raises(ValueError, match=message):
         batched_probabilities(
-            args["logits"], args["temperature"], args["top_k"], args["top_p"],
+            args["logits"],
+            args["temperature"],
+            args["top_k"],
+            args["top_p"],
             backend=args.get("backend", "torch"),
         )
 
@@ -130,8 +137,10 @@ def test_a_tensor_subclass_takes_the_named_checks_and_passes():
     logits = torch.randn(2, 8, generator=generator(7))
     wrapped = torch.nn.Parameter(logits.clone(), requires_grad=False)
     assert type(wrapped) is not torch.Tensor
-    assert torch.equal(batched_probabilities(wrapped, t, k, p, backend="torch"),
-                       batched_probabilities(logits, t, k, p, backend="torch"))
+    assert torch.equal(
+        batched_probabilities(wrapped, t, k, p, backend="torch"),
+        batched_probabilities(logits, t, k, p, backend="torch"),
+    )
 
 
 def test_env_var_sets_auto_default(monkeypatch):
@@ -141,9 +150,7 @@ def test_env_var_sets_auto_default(monkeypatch):
         batched_probabilities(torch.randn(1, 8), t, k, p)
 
 
-needs_interpreter = pytest.mark.skipif(
-    not triton_can_run_on(torch.device("cpu")),
-    reason="needs TRITON_INTERPRET=1")
+needs_interpreter = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
 
 
 @needs_interpreter
@@ -155,11 +162,10 @@ def test_triton_paths_small_blocks(chunk_capacity, row_capacity):
 
     logits = torch.randn(6, 300, generator=generator(7)) * 3
     logits[5] = torch.randint(0, 4, (300,), generator=generator(8)).float()  # heavy ties
-    t, k, p = params(
-        [1.0, 0.5, 100.0, 1.0, 1e-3, 1.0], [20, -1, -1, 3, 5, 7], [0.8, 0.9, 0.5, 1.0, 0.3, 0.6]
+    t, k, p = params([1.0, 0.5, 100.0, 1.0, 1e-3, 1.0], [20, -1, -1, 3, 5, 7], [0.8, 0.9, 0.5, 1.0, 0.3, 0.6])
+    config = dataclasses.replace(
+        BASELINE_CONFIG, chunk=64, chunk_capacity=chunk_capacity, block=64, candidate_capacity=row_capacity
     )
-    config = dataclasses.replace(BASELINE_CONFIG, chunk=64, chunk_capacity=chunk_capacity,
-                                 block=64, candidate_capacity=row_capacity)
     result = run_probabilities(logits, t, k, p, config)
     assert_rows_match(result.probs, logits, t, k, p)
     modes = result.row_mode.tolist()
@@ -176,26 +182,35 @@ def test_triton_chunked_random_rows():
 
     g = generator(9)
     num_rows, vocab = 12, 1000
-    logits = torch.randn(num_rows, vocab, generator=g) * (1 + 4 * torch.rand(num_rows, 1,
-                                                                            generator=g))
+    logits = torch.randn(num_rows, vocab, generator=g) * (1 + 4 * torch.rand(num_rows, 1, generator=g))
     logits[3, 100:400] = float("-inf")  # a whole chunk and parts of others masked out
     logits[7, ::3] = float("-inf")
     t = 0.3 + 2 * torch.rand(num_rows, generator=g)
     k = torch.randint(1, 60, (num_rows,), generator=g)
     k[::4] = -1
-    p = torch.where(torch.rand(num_rows, generator=g) < 0.7,
-                    0.5 + 0.49 * torch.rand(num_rows, generator=g), torch.ones(num_rows))
-    result = run_probabilities(logits, t, k, p,
-                               dataclasses.replace(BASELINE_CONFIG, chunk=128, chunk_capacity=32))
+    p = torch.where(
+        torch.rand(num_rows, generator=g) < 0.7, 0.5 + 0.49 * torch.rand(num_rows, generator=g), torch.ones(num_rows)
+    )
+    result = run_probabilities(logits, t, k, p, dataclasses.replace(BASELINE_CONFIG, chunk=128, chunk_capacity=32))
     assert_rows_match(result.probs, logits, t, k, p)
     assert RowMode.SPARSE in result.row_mode.tolist()
 
 
-@pytest.mark.parametrize("field, value", [("chunk", 1000), ("chunk_capacity", 0),
-                                          ("chunk_warps", 3), ("block", 2.0),
-                                          ("compact", 3000), ("select_block", 0),
-                                          ("small_compact", 3000), ("small_compact", 4096),
-                                          ("small_compact", -2), ("small_compact", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("chunk", 1000),
+        ("chunk_capacity", 0),
+        ("chunk_warps", 3),
+        ("block", 2.0),
+        ("compact", 3000),
+        ("select_block", 0),
+        ("small_compact", 3000),
+        ("small_compact", 4096),
+        ("small_compact", -2),
+        ("small_compact", 1.5),
+    ],
+)
 def test_kernel_config_rejects_bad_values(field, value):
     from engine.sampling.kernels.probabilities import BASELINE_CONFIG
 
@@ -210,8 +225,7 @@ def test_kernel_config_grows_chunk_for_huge_vocabularies():
     assert config.chunk_size(152064) == config.chunk
     big = config.chunk_size(2**20 + 1)
     assert big > config.chunk
-    assert triton_next_pow2(-(-(2**20 + 1) // big)) * config.chunk_capacity \
-        <= config.max_candidates
+    assert triton_next_pow2(-(-(2**20 + 1) // big)) * config.chunk_capacity <= config.max_candidates
     with pytest.raises(ValueError, match="chunk_capacity=256"):
         dataclasses.replace(BASELINE_CONFIG, chunk=128, chunk_capacity=256)
 
@@ -226,8 +240,11 @@ def test_kernel_config_hash_is_the_hash_of_its_fields():
 
     same = dataclasses.replace(DEFAULT_CONFIG)
     assert same == DEFAULT_CONFIG and same is not DEFAULT_CONFIG
-    assert hash(same) == hash(DEFAULT_CONFIG) == hash(
-        tuple(getattr(DEFAULT_CONFIG, f.name) for f in dataclasses.fields(DEFAULT_CONFIG)))
+    assert (
+        hash(same)
+        == hash(DEFAULT_CONFIG)
+        == hash(tuple(getattr(DEFAULT_CONFIG, f.name) for f in dataclasses.fields(DEFAULT_CONFIG)))
+    )
     changed = dataclasses.replace(DEFAULT_CONFIG, write_registers=80)
     assert changed != DEFAULT_CONFIG and hash(changed) != hash(DEFAULT_CONFIG)
     assert len({DEFAULT_CONFIG: 1, same: 2, changed: 3}) == 2

@@ -28,8 +28,7 @@ def test_another_thread_gets_its_own_buffers():
     cache = ScratchCache()
     mine = cache.get("a", CPU, make_set(64), None)
     theirs = []
-    worker = threading.Thread(
-        target=lambda: theirs.append(cache.get("a", CPU, make_set(64), None)))
+    worker = threading.Thread(target=lambda: theirs.append(cache.get("a", CPU, make_set(64), None)))
     worker.start()
     worker.join()
     assert theirs[0].tensors[0] is not mine.tensors[0]

@@ -22,8 +22,8 @@ import yaml
 from click.testing import CliRunner
 
 from specval import bundle as bundles
-from specval.distribution import runner
 from specval.cli import main
+from specval.distribution import runner
 
 REPO = Path(__file__).resolve().parents[3]
 PROTOCOL = REPO / "protocols" / "t2_fp32.yaml"
@@ -31,8 +31,11 @@ PROTOCOL = REPO / "protocols" / "t2_fp32.yaml"
 
 def _run_cli(output: Path, protocol: Path = PROTOCOL) -> tuple[int, str, Path]:
     exploratory = [] if protocol == PROTOCOL else ["--exploratory"]  # a modified copy is not frozen
-    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(output), "--quiet",
-                                       *exploratory], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["run", str(protocol), "--profile", "ci", "--output", str(output), "--quiet", *exploratory],
+        catch_exceptions=False,
+    )
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     return result.exit_code, result.output, bundle
 
@@ -98,13 +101,15 @@ def test_planted_sampler_bug_fails_the_same_protocol(tmp_path):
 
 
 def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
-    text = PROTOCOL.read_text().replace("  - {name: sync_d1, mode: sync, draft_loops: 1}",
-                                        "  - {name: sync_d1, mode: sync, draft_loops: 1}\n"
-                                        "  - {name: pipe, mode: pipeline, draft_loops: 2}")
+    text = PROTOCOL.read_text().replace(
+        "  - {name: sync_d1, mode: sync, draft_loops: 1}",
+        "  - {name: sync_d1, mode: sync, draft_loops: 1}\n  - {name: pipe, mode: pipeline, draft_loops: 2}",
+    )
     file = tmp_path / "t2_pipe.yaml"
     file.write_text(text)
-    result = CliRunner().invoke(main, ["run", str(file), "--profile", "ci", "--output", str(tmp_path), "--quiet",
-                                       "--exploratory"])
+    result = CliRunner().invoke(
+        main, ["run", str(file), "--profile", "ci", "--output", str(tmp_path), "--quiet", "--exploratory"]
+    )
     assert result.exit_code == 2
     assert "group 'pipe'" in result.output and "mode='pipeline'" in result.output
     assert [p.name for p in tmp_path.iterdir()] == ["t2_pipe.yaml"]  # no bundle, no ledger entry
@@ -113,8 +118,7 @@ def test_group_the_engine_refuses_is_a_clear_input_error(tmp_path):
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
 def test_cuda_protocol_without_a_gpu_is_refused_before_any_seed_is_taken(tmp_path):
     protocol = REPO / "protocols" / "t2_cuda.yaml"
-    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(tmp_path),
-                                       "--quiet"])
+    result = CliRunner().invoke(main, ["run", str(protocol), "--profile", "ci", "--output", str(tmp_path), "--quiet"])
     assert result.exit_code == 2
     assert "t2_cuda.yaml: sut:" in result.output and "device='cuda'" in result.output
     assert "no CUDA device" in result.output

@@ -77,7 +77,7 @@ def test_workers_ignore_sigint(pool):
 def test_a_dead_worker_is_named_with_the_seed_it_was_running():
     pool = RequestPool(2, make_fake, "fake")
     try:
-        pid, = pool.pids()
+        (pid,) = pool.pids()
         with pytest.raises(SUTError, match=rf"fake worker 1 of 1 \(pid {pid}\) died at seed 13 "):
             pool.map(fake_generate, [10, 11, 12, 13], die_at=13)  # seed 12 ran on the worker before it
     finally:
@@ -128,11 +128,13 @@ def test_close_ends_the_workers():
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_workers_do_not_outlive_a_killed_parent(tmp_path):
-    script = ("import os, signal\n"
-              "from specval.adapters.request_pool import RequestPool\n"
-              "pool = RequestPool(2, dict, 'orphan')\n"
-              "print(*pool.pids(), flush=True)\n"
-              "os.kill(os.getpid(), signal.SIGKILL)\n")  # no close, no atexit: only the workers' own watch
+    script = (
+        "import os, signal\n"
+        "from specval.adapters.request_pool import RequestPool\n"
+        "pool = RequestPool(2, dict, 'orphan')\n"
+        "print(*pool.pids(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )  # no close, no atexit: only the workers' own watch
     out = tmp_path / "pids.txt"  # a file, not a pipe: a surviving worker would hold a pipe open
     with out.open("w") as stdout:
         status = subprocess.run([sys.executable, "-c", script], cwd=ROOT, stdout=stdout, timeout=120).returncode

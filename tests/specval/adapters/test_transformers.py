@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.fixtures.real_model import require_smollm2
-
+from specval.adapters.transformers import TransformersSUT
 from specval.distribution import runner
 from specval.distribution.collect import load_samples
-from specval.adapters.transformers import TransformersSUT
-from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.distribution.reference import transform
+from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.sut import ENTRY_POINT_GROUP, SUTError, load_adapter
+from tests.fixtures.real_model import require_smollm2
 
 ROOT = Path(__file__).resolve().parents[3]
 CLASS_PATH = "specval.adapters.transformers:TransformersSUT"
@@ -69,16 +68,19 @@ def test_entry_point_resolves_when_installed():
     assert load_adapter(ENTRY_POINT) is TransformersSUT
 
 
-@pytest.mark.parametrize("field, kwargs, message", [
-    ("model", {"model": "looped"}, "sut.model: 'looped'"),
-    ("dtype", {"dtype": "float16"}, "sut.dtype: 'float16'"),
-    ("options", {"options": (("stop_early", True),)}, r"unknown key\(s\) \['stop_early'\]"),
-    ("options", {"options": (("stop_after_positions", "yes"),)}, "stop_after_positions: 'yes'"),
-    ("options", {"options": (("workers", 0),)}, "sut.options.workers: 0 is not"),
-    ("options", {"options": (("workers", "2"),)}, "sut.options.workers: '2' is not"),
-    ("options", {"options": (("workers", 1.5),)}, "sut.options.workers: 1.5 is not"),
-    ("options", {"options": (("workers", True),)}, "sut.options.workers: True is not"),
-])
+@pytest.mark.parametrize(
+    "field, kwargs, message",
+    [
+        ("model", {"model": "looped"}, "sut.model: 'looped'"),
+        ("dtype", {"dtype": "float16"}, "sut.dtype: 'float16'"),
+        ("options", {"options": (("stop_early", True),)}, r"unknown key\(s\) \['stop_early'\]"),
+        ("options", {"options": (("stop_after_positions", "yes"),)}, "stop_after_positions: 'yes'"),
+        ("options", {"options": (("workers", 0),)}, "sut.options.workers: 0 is not"),
+        ("options", {"options": (("workers", "2"),)}, "sut.options.workers: '2' is not"),
+        ("options", {"options": (("workers", 1.5),)}, "sut.options.workers: 1.5 is not"),
+        ("options", {"options": (("workers", True),)}, "sut.options.workers: True is not"),
+    ],
+)
 def test_bad_configuration_is_refused_naming_the_field(field, kwargs, message):
     with pytest.raises(SUTError, match=message):
         TransformersSUT(SutSpec(**{"adapter": ENTRY_POINT, "model": "smollm2", **kwargs}), K)
@@ -139,8 +141,11 @@ def test_sources_match_transformers_own_acceptance(sut, prompt_ids, monkeypatch)
     for seed in range(4):
         recorded.append([])
         trace = full.generate(SYNC, prompt_ids, TRUNCATED, seed, 2, max_tokens)
-        expected = [s for drafts, matches in recorded[-1]
-                    for s in ["accepted"] * matches + ["bonus" if matches == drafts else "correction"]]
+        expected = [
+            s
+            for drafts, matches in recorded[-1]
+            for s in ["accepted"] * matches + ["bonus" if matches == drafts else "correction"]
+        ]
         expected += ["bonus"] * (max_tokens - len(expected))
         assert list(trace.sources) == expected
         assert trace.num_draft_tokens == sum(d for d, _ in recorded[-1])
@@ -189,12 +194,17 @@ def test_target_logits_are_the_logits_generate_samples_from(sut, prompt_ids):
     ids = torch.tensor([prompt_ids])
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)
-        out = sut.model.generate(ids, attention_mask=torch.ones_like(ids), output_logits=True,
-                                 return_dict_in_generate=True, **sut.generation_kwargs(NOSPEC, FULL, 2))
+        out = sut.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            output_logits=True,
+            return_dict_in_generate=True,
+            **sut.generation_kwargs(NOSPEC, FULL, 2),
+        )
     tokens = out.sequences[0].tolist()
     for step in range(2):  # step 1 reads the KV cache of step 0
         expected = out.logits[step][0].float().numpy()
-        actual = sut.target_logits(tokens[:len(prompt_ids) + step])
+        actual = sut.target_logits(tokens[: len(prompt_ids) + step])
         assert np.abs(actual - expected).max() <= LOGIT_TOL
 
 
@@ -227,12 +237,26 @@ def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
     is computed. Fixed seeds (the ledger's first ranges); with alpha 0.01 per gating family
     and two stages, a correct SUT fails this run with probability <= 2 * 0.01 * 0.01 = 2e-4."""
     protocol = yaml.safe_load((ROOT / "protocols" / "t2_transformers.yaml").read_text())
-    protocol.update(name="t2_transformers_tiny", samples_per_group=6, stratum_min=3, min_expected=1.0, chunk_size=6,
-                    batch_size=6, profiles={})
+    protocol.update(
+        name="t2_transformers_tiny",
+        samples_per_group=6,
+        stratum_min=3,
+        min_expected=1.0,
+        chunk_size=6,
+        batch_size=6,
+        profiles={},
+    )
     file = tmp_path / "tiny.yaml"
     file.write_text(yaml.safe_dump(protocol))
-    bundle, summary = runner.run(file, None, tmp_path / "results", progress=False, exploratory=True,
-                                 sut_factory=lambda spec_, k: sut, command=["test"])
+    bundle, summary = runner.run(
+        file,
+        None,
+        tmp_path / "results",
+        progress=False,
+        exploratory=True,
+        sut_factory=lambda spec_, k: sut,
+        command=["test"],
+    )
     # 6 requests per group decide nothing where t1 is nearly certain (P(",") = 0.945): such criteria
     # are INCONCLUSIVE; the adapter must still run end to end with no criterion failing.
     assert summary["verdict"] in ("PASS", "INCONCLUSIVE"), summary["reason"]
@@ -242,7 +266,6 @@ def test_tiny_protocol_runs_end_to_end(sut, tmp_path):
     sync = samples[samples["group"] == "sync"]
     assert set(samples.loc[samples["group"] == "nospec", "src1"]) == {"plain"}
     assert set(sync["src1"]) | set(sync["src2"]) <= {"accepted", "correction", "bonus"}
-
 
 
 def test_loading_hides_the_loaders_progress_bars_and_restores_them():

@@ -6,16 +6,17 @@ import importlib.util
 
 import numpy as np
 import pytest
-from tests.fixtures.tiny_llama import tiny_llama
 
 from specval.adapters import vllm as adapter
 from specval.adapters import vllm_options
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.sut import SUTError
+from tests.fixtures.tiny_llama import tiny_llama
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (scripts/test_vllm.sh installs it "
-                                                     "in its own virtual environment)")
+needs_vllm = pytest.mark.skipif(
+    not HAS_VLLM, reason="vLLM is not installed here (scripts/test_vllm.sh installs it in its own virtual environment)"
+)
 DEFECT_MODULE = "vllm.v1.sample.ops.topk_topp_sampler"
 # target_logits_along (one forward over prompt + tokens) against target_logits (one forward per
 # prefix). Both are the same float32 function of the same weights and tokens: causal masking gives
@@ -165,7 +166,7 @@ def test_rows_shifted_by_one_position_fail_the_check(tiny, monkeypatch, shift):
     def shifted(prompt, tokens):
         sequence = prompt + tokens + tokens[-1:]  # one spare token for the late rows
         cut = len(prompt) + shift
-        return along(sequence[:cut], sequence[cut:cut + len(tokens)])
+        return along(sequence[:cut], sequence[cut : cut + len(tokens)])
 
     monkeypatch.setattr(tiny, "target_logits_along", shifted)
     with pytest.raises(AssertionError):

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from tests.fixtures.tiny_llama import tiny_llama
 
 from specval.adapters import vllm_model
+from tests.fixtures.tiny_llama import tiny_llama
 
 transformers = pytest.importorskip("transformers", reason="the model build needs transformers (crosscheck extra)")
 
@@ -32,8 +32,9 @@ def test_truncate_refuses_layer_counts_outside_the_model(layers):
 
 
 def test_folders_and_build_record(tmp_path):
-    record = vllm_model.BuildRecord(gguf="m.gguf", gguf_sha256="ab", num_hidden_layers=2, dtype="float32",
-                                    transformers="5", torch="2")
+    record = vllm_model.BuildRecord(
+        gguf="m.gguf", gguf_sha256="ab", num_hidden_layers=2, dtype="float32", transformers="5", torch="2"
+    )
     model = tiny_llama(2)
     tokenizer = type("Tok", (), {"save_pretrained": lambda self, path: None})()
     vllm_model.save(model, tokenizer, vllm_model.draft_dir(tmp_path, 2), record)

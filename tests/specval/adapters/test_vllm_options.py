@@ -2,28 +2,38 @@
 
 import pytest
 
-from specval.adapters.vllm_options import (DRAFT_PROBABILISTIC, GroupMethod, VllmOptions, check_version,
-                                           models_root, require_folder)
+from specval.adapters.vllm_options import (
+    DRAFT_PROBABILISTIC,
+    GroupMethod,
+    VllmOptions,
+    check_version,
+    models_root,
+    require_folder,
+)
 from specval.sut import SUTError
 
 
 def test_defaults_and_groups():
-    options = VllmOptions.parse((("groups", {"b": {"method": "ngram"},
-                                             "a": {"method": "draft_model", "draft_sample": "probabilistic"}}),))
+    options = VllmOptions.parse(
+        (("groups", {"b": {"method": "ngram"}, "a": {"method": "draft_model", "draft_sample": "probabilistic"}}),)
+    )
     assert options.patch_cpu_expand is False
     assert options.groups == (("a", GroupMethod("draft_model", DRAFT_PROBABILISTIC)), ("b", GroupMethod("ngram")))
     assert options.method_of("c") is None
 
 
-@pytest.mark.parametrize("options, match", [
-    ((("patch", True),), r"unknown key\(s\) \['patch'\]"),
-    ((("patch_cpu_expand", "yes"),), "patch_cpu_expand: 'yes'"),
-    ((("groups", ["draft"]),), "sut.options.groups"),
-    ((("groups", {"d": {"method": "eagle3"}}),), r"groups.d.method: 'eagle3'"),
-    ((("groups", {"d": {"method": "draft_model", "k": 3}}),), r"groups.d: unknown key"),
-    ((("groups", {"d": {"method": "draft_model", "draft_sample": "top"}}),), "draft_sample: 'top'"),
-    ((("groups", {"n": {"method": "ngram", "draft_sample": "greedy"}}),), "draft_model only"),
-])
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ((("patch", True),), r"unknown key\(s\) \['patch'\]"),
+        ((("patch_cpu_expand", "yes"),), "patch_cpu_expand: 'yes'"),
+        ((("groups", ["draft"]),), "sut.options.groups"),
+        ((("groups", {"d": {"method": "eagle3"}}),), r"groups.d.method: 'eagle3'"),
+        ((("groups", {"d": {"method": "draft_model", "k": 3}}),), r"groups.d: unknown key"),
+        ((("groups", {"d": {"method": "draft_model", "draft_sample": "top"}}),), "draft_sample: 'top'"),
+        ((("groups", {"n": {"method": "ngram", "draft_sample": "greedy"}}),), "draft_model only"),
+    ],
+)
 def test_bad_options_name_the_key_and_value(options, match):
     with pytest.raises(SUTError, match=match):
         VllmOptions.parse(options)

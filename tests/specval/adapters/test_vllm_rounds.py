@@ -9,8 +9,17 @@ from specval.sut import SUTError
 def test_draft_model_steps():
     # prefill -> t1; step 1: 4 drafts, 2 accepted + correction; step 2: 4 drafts all accepted + bonus
     trace = spec_trace(list(range(9)), drafted=[4, 4], accepted=[2, 4])
-    assert trace.sources == ("plain", "accepted", "accepted", "correction",
-                             "accepted", "accepted", "accepted", "accepted", "bonus")
+    assert trace.sources == (
+        "plain",
+        "accepted",
+        "accepted",
+        "correction",
+        "accepted",
+        "accepted",
+        "accepted",
+        "accepted",
+        "bonus",
+    )
     assert (trace.num_rounds, trace.num_draft_tokens, trace.num_accepted_tokens) == (2, 8, 6)
 
 

@@ -15,20 +15,23 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from specval.cli import main
 from specval.distribution import calibrate as calibration
 from specval.distribution import looks
-from specval.cli import main
 from specval.distribution.verdict import FAIL, PASS, evaluate
 from specval.stats import montecarlo
 from specval.stats.rates import rate_ci
 from specval.stats.sequential import POCOCK, Boundary
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 REPLICATES, SAMPLES = 20, 300
 
 
 def _summary(verdicts: dict[str, tuple[str, float]], run: str) -> dict:
-    return {"verdict": run, "tests": {n: {"role": "primary", "verdict": v, "p_value": p} for n, (v, p) in verdicts.items()}}
+    return {
+        "verdict": run,
+        "tests": {n: {"role": "primary", "verdict": v, "p_value": p} for n, (v, p) in verdicts.items()},
+    }
 
 
 def test_summarise_counts_rates_intervals_and_uniformity():
@@ -41,7 +44,7 @@ def test_summarise_counts_rates_intervals_and_uniformity():
     low, high = row["rate_ci95"]
     assert low == pytest.approx(0.01643, abs=1e-4) and high == pytest.approx(0.11283, abs=1e-4)  # exact binomial
     assert row["ks_uniformity"]["p_value"] > 0.05  # uniform p-values
-    skewed = calibration.summarise([_summary({"a": (PASS, v ** 4)}, PASS) for v in p], 0.01)
+    skewed = calibration.summarise([_summary({"a": (PASS, v**4)}, PASS) for v in p], 0.01)
     assert skewed["criteria"]["a"]["ks_uniformity"]["p_value"] < 1e-6
     assert result["run"]["failures"] == 5 and result["run"]["bound"] == 0.01
 
@@ -50,9 +53,21 @@ def test_calibrate_runs_disjoint_replicates_on_the_exact_fake_sut(tmp_path, monk
     raw = fake_protocol_dict()
     raw["tests"] = raw["tests"][:3]  # quadrature, t1 gof, t2 gof
     file = write_protocol(tmp_path, raw)
-    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", str(REPLICATES), "--samples",
-                                       str(SAMPLES), "--output", str(tmp_path / "out"), "--quiet"],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "calibrate",
+            str(file),
+            "--replicates",
+            str(REPLICATES),
+            "--samples",
+            str(SAMPLES),
+            "--output",
+            str(tmp_path / "out"),
+            "--quiet",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     path = tmp_path / "out"
     data = __import__("json").loads(next(path.glob("*/calibration.json")).read_text())
@@ -105,8 +120,11 @@ def test_exact_sampler_calibration_reports_families_and_can_see_an_inflated_test
     probability <= 1 - P(Binom(40, 0.01) <= 3) ~ 8e-4 per family (three families)."""
     file = write_protocol(tmp_path, fake_protocol_dict(tests=fake_protocol_dict()["tests"][1:]))
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["calibrate", str(file), "--exact", "--replicates", "40", "--samples", "300",
-                                       "--output", str(out)], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["calibrate", str(file), "--exact", "--replicates", "40", "--samples", "300", "--output", str(out)],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     data = __import__("json").loads(next(out.glob("calibration-exact-*.json")).read_text())
     assert data["mode"] == "exact" and data["replicates"] == 40
@@ -133,16 +151,29 @@ LOOK_CI_ALPHA = 0.01  # 99% Clopper-Pearson intervals
 
 def _looks_protocol(tmp_path, alpha: float = LOOK_ALPHA):
     """The t1 gof of both groups (one control family of 2 criteria) with looks at 10/25/50/100 %."""
-    raw = fake_protocol_dict(alpha=alpha, tests=[{"kind": "gof", "position": 1, "role": "control"}],
-                             sequential={"looks": LOOKS})
+    raw = fake_protocol_dict(
+        alpha=alpha, tests=[{"kind": "gof", "position": 1, "role": "control"}], sequential={"looks": LOOKS}
+    )
     return write_protocol(tmp_path, raw)
 
 
 def _exact_with_looks(tmp_path, replicates: int) -> tuple[dict, str]:
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["calibrate", str(_looks_protocol(tmp_path)), "--exact", "--replicates",
-                                       str(replicates), "--samples", str(LOOK_SAMPLES), "--output", str(out)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "calibrate",
+            str(_looks_protocol(tmp_path)),
+            "--exact",
+            "--replicates",
+            str(replicates),
+            "--samples",
+            str(LOOK_SAMPLES),
+            "--output",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     return json.loads(next(out.glob("calibration-exact-*.json")).read_text()), result.output
 
@@ -176,8 +207,12 @@ def test_exact_calibration_sees_looks_taken_at_the_full_alpha(tmp_path, monkeypa
     Measured (these seeds): 65/150 = 0.43 FAIL, far above alpha = 0.2; the 99% interval's lower end
     stays above alpha with probability > 1 - 1e-6 at a true rate of 0.43 (5 sd). A calibration that
     ignored the looks would measure ~0.16 (one look at alpha) and fail this test."""
-    naive = lambda alpha, fractions, spending=POCOCK: Boundary(alpha, "none", tuple(fractions),  # noqa: E731
-                                                              (alpha,) * len(fractions))
+    naive = lambda alpha, fractions, spending=POCOCK: Boundary(
+        alpha,
+        "none",
+        tuple(fractions),  # noqa: E731
+        (alpha,) * len(fractions),
+    )
     monkeypatch.setattr(looks, "spend", naive)
     data, _ = _exact_with_looks(tmp_path, 150)
     low, _ = rate_ci(data["run"]["failures"], data["replicates"], LOOK_CI_ALPHA)
@@ -191,15 +226,17 @@ def test_sut_calibration_decides_each_look_on_the_first_seeds_at_its_level(tmp_p
     calls = []
 
     def spy(protocol, rows, reference, laws, spans, *args):
-        seeds = {g: (int(r["seed"].min()), int(r["seed"].max()) + 1, len(r))
-                 for g, r in rows.groupby("group")}
+        seeds = {g: (int(r["seed"].min()), int(r["seed"].max()) + 1, len(r)) for g, r in rows.groupby("group")}
         calls.append((protocol.alpha, protocol.samples_per_group, seeds, spans))
         return evaluate(protocol, rows, reference, laws, spans, *args)
 
     monkeypatch.setattr(calibration, "evaluate", spy)
     file = _looks_protocol(tmp_path, alpha=0.01)
-    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", "2", "--samples", "40", "--output",
-                                       str(tmp_path / "out"), "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["calibrate", str(file), "--replicates", "2", "--samples", "40", "--output", str(tmp_path / "out"), "--quiet"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert len(calls) == 8  # a correct SUT at alpha 0.01 walks all four looks of both replicates
     sizes = [4, 10, 20, 40]
@@ -216,11 +253,15 @@ def test_sut_calibration_with_looks_stops_a_planted_bug_at_the_first_look(tmp_pa
     """Deterministic: the accept-kernel bug FAILs the quadrature check (no randomness) at look 1, so
     every replicate stops there, as the run does (tests/specval/distribution/test_looks.py)."""
     raw_sut = {"adapter": "tests.fixtures.fake_sut:BuggyFakeSUT"}
-    file = write_protocol(tmp_path, fake_protocol_dict(sut=raw_sut, tests=fake_protocol_dict()["tests"][:2],
-                                                       sequential={"looks": LOOKS}))
+    file = write_protocol(
+        tmp_path, fake_protocol_dict(sut=raw_sut, tests=fake_protocol_dict()["tests"][:2], sequential={"looks": LOOKS})
+    )
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["calibrate", str(file), "--replicates", "3", "--samples", "100", "--output",
-                                       str(out), "--quiet"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        ["calibrate", str(file), "--replicates", "3", "--samples", "100", "--output", str(out), "--quiet"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(next(out.glob("*/calibration.json")).read_text())
     assert [(s["stopped"], s["failures"]) for s in data["sequential"]["looks"]] == [(3, 3), (0, 0), (0, 0), (0, 0)]
@@ -244,8 +285,11 @@ def test_too_few_samples_for_the_looks_is_one_line_naming_samples_and_file(tmp_p
 # (commit da21bed, alpha 0.2 so that some replicates FAIL): sha256 of its JSON with sorted keys.
 # Family and run FAIL counts beside it, to read a difference by.
 NO_LOOKS_GOLDEN = {
-    True: ("e69b475a79d879d13fbf6a67bee17c76b26592250bc934dcb7eef5a94ed60ddd",
-           {"control": 1, "primary": 2, "secondary": 1}, 3),
+    True: (
+        "e69b475a79d879d13fbf6a67bee17c76b26592250bc934dcb7eef5a94ed60ddd",
+        {"control": 1, "primary": 2, "secondary": 1},
+        3,
+    ),
     False: ("88a472b0e97db91300747973c726f2ae4f1e5b658caef3b64b1fe40242a95d77", {"control": 1, "primary": 3}, 3),
 }
 
@@ -260,8 +304,17 @@ def test_a_protocol_without_looks_calibrates_as_before(tmp_path, exact, monkeypa
     raw = fake_protocol_dict(alpha=0.2)
     raw["tests"] = raw["tests"][1:] if exact else raw["tests"][:3]
     out = tmp_path / "out"
-    args = ["calibrate", str(write_protocol(tmp_path, raw)), "--replicates", "8", "--samples", "300", "--output",
-            str(out), "--quiet"]
+    args = [
+        "calibrate",
+        str(write_protocol(tmp_path, raw)),
+        "--replicates",
+        "8",
+        "--samples",
+        "300",
+        "--output",
+        str(out),
+        "--quiet",
+    ]
     result = CliRunner().invoke(main, args + (["--exact"] if exact else []), catch_exceptions=False)
     assert result.exit_code == 0, result.output
     data = json.loads(next(out.glob("calibration-exact-*.json" if exact else "*/calibration.json")).read_text())

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 from specval.distribution import collect, runner
 from specval.execution import RunInterrupted
 from specval.seeds import SeedRange
+from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 PROBE_CALLS = 2  # the adapter probe samples once per group before any seed is claimed
 # KilledFakeSUT dies after the probe and 5 batch calls (chunks of 2 batches: after 2 chunks + 1 batch)
@@ -70,5 +70,4 @@ def test_load_samples_equals_the_sorted_concatenation_of_every_chunk(tmp_path, f
 def test_chunks_partition_each_range():
     ranges = [SeedRange("p", "r", "a", 10, 25), SeedRange("p", "r", "b", 25, 26)]
     chunks = collect.plan_chunks(ranges, 6)
-    assert [(c.group, c.start, c.stop) for c in chunks] == [("a", 10, 16), ("a", 16, 22), ("a", 22, 25),
-                                                              ("b", 25, 26)]
+    assert [(c.group, c.start, c.stop) for c in chunks] == [("a", 10, 16), ("a", 16, 22), ("a", 22, 25), ("b", 25, 26)]

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.fixtures.fake_protocol import fake_protocol_dict
-from tests.fixtures.fake_sut import FakeSUT
 
 from specval.distribution import runner
-from specval.protocol import SamplingSpec, parse_protocol
 from specval.distribution.reference import draft_law, transform
+from specval.distribution.verdict import FAIL, PASS, _quadrature
+from specval.protocol import SamplingSpec, parse_protocol
 from specval.semantics import DEFAULT_SEMANTICS
 from specval.sut import DRAFT_FILTERED, DRAFT_GREEDY, DRAFT_TEMPERATURE, Capabilities
-from specval.distribution.verdict import FAIL, PASS, _quadrature
+from tests.fixtures.fake_protocol import fake_protocol_dict
+from tests.fixtures.fake_sut import FakeSUT
 
 GRID = 1 << 10
 TOP_K = 4

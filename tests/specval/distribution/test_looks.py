@@ -12,8 +12,6 @@ at the first look with certainty.
 from __future__ import annotations
 
 import pytest
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT, KilledFakeSUT
 
 from specval import bundle as bundles
 from specval.distribution import collect, looks, runner
@@ -22,6 +20,8 @@ from specval.execution import RunInterrupted
 from specval.protocol import load_protocol, resolve
 from specval.report.junit import write_junit
 from specval.seeds import SeedRange
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT, KilledFakeSUT
 
 LOOKS = [0.1, 0.25, 0.5, 1.0]
 SIZES = [80, 200, 400, 800]  # ceil(t * 800)

@@ -16,16 +16,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
 
-from specval.distribution import runner
 from specval.cli import main
-import numpy as np
-
-from specval.distribution.mutate import (SEED_COLLISION, _reused_row, adapter_mutants, expected_outcome, reused_uniform_tv,
-                            suite_files, t1_tv)
+from specval.distribution import runner
+from specval.distribution.mutate import (
+    SEED_COLLISION,
+    _reused_row,
+    adapter_mutants,
+    expected_outcome,
+    reused_uniform_tv,
+    suite_files,
+    t1_tv,
+)
 from specval.protocol import load_protocol, lock_path, read_lock, resolve
 from specval.sut import open_sut
 
@@ -78,12 +84,15 @@ def test_every_suite_protocol_is_frozen_at_its_hash():
         assert lock[file.stem] == load_protocol(file).hash, file.name
 
 
-@pytest.mark.parametrize(("protocol", "mutant", "low", "high"), [
-    ("suite_t1_temperature_top_p", "temperature_twice", 0.05, 1.0),  # T = 0.7 applied twice
-    ("suite_t1_temperature_top_p", "top_p_boundary_excluded", 0.05, 1.0),  # the crossing token dropped
-    ("suite_t1_topk_ties", "top_k_ties_dropped", 0.05, 1.0),  # 3 of 4 tied tokens at the 9th value dropped
-    ("suite_t1_temperature_top_p", "float32_cdf", 0.0, 1e-6),  # far below every MDE (>= 0.03)
-])
+@pytest.mark.parametrize(
+    ("protocol", "mutant", "low", "high"),
+    [
+        ("suite_t1_temperature_top_p", "temperature_twice", 0.05, 1.0),  # T = 0.7 applied twice
+        ("suite_t1_temperature_top_p", "top_p_boundary_excluded", 0.05, 1.0),  # the crossing token dropped
+        ("suite_t1_topk_ties", "top_k_ties_dropped", 0.05, 1.0),  # 3 of 4 tied tokens at the 9th value dropped
+        ("suite_t1_temperature_top_p", "float32_cdf", 0.0, 1e-6),  # far below every MDE (>= 0.03)
+    ],
+)
 def test_the_suite_exposes_each_mutant_at_t1_by_its_exact_tv(protocol, mutant, low, high):
     # Deterministic (closed-form laws from the model's logits): the premise each suite protocol is
     # built on. The t1 MDEs of these protocols at ci size are 0.031 and 0.054.
@@ -115,7 +124,11 @@ def test_a_suite_mixing_adapters_is_refused(tmp_path):
     raw["sut"] = {"adapter": "tests.fixtures.fake_sut:FakeSUT"}
     other.write_text(yaml.safe_dump(raw, sort_keys=False))
     result = CliRunner().invoke(main, ["mutate", str(suite), "--output", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "mixes adapters" in result.output and "tests.fixtures.fake_sut:FakeSUT" in result.output
+    assert (
+        result.exit_code == 2
+        and "mixes adapters" in result.output
+        and "tests.fixtures.fake_sut:FakeSUT" in result.output
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -137,11 +150,14 @@ def test_the_reused_uniform_law_is_the_simulated_mechanism_and_exact_without_reu
     assert np.abs(_reused_row(p2, q2, r1) - p2).sum() > 0.01  # the premise: reuse changes the law here
 
 
-@pytest.mark.parametrize(("protocol", "low", "high"), [
-    ("suite_t2_k2_uniform", 0.03, 1.0),  # built for it: 0.040 at ci size, whose t2 MDE is below that
-    ("suite_t3_k3_bonus", 0.0, 0.002),  # T = 0.5, top_k 3: the draft rarely over-proposes; invisible
-    ("suite_t2_k1_bonus", 0.0, 0.0),  # K = 1: t2 is the bonus, never a second draft
-])
+@pytest.mark.parametrize(
+    ("protocol", "low", "high"),
+    [
+        ("suite_t2_k2_uniform", 0.03, 1.0),  # built for it: 0.040 at ci size, whose t2 MDE is below that
+        ("suite_t3_k3_bonus", 0.0, 0.002),  # T = 0.5, top_k 3: the draft rarely over-proposes; invisible
+        ("suite_t2_k1_bonus", 0.0, 0.0),  # K = 1: t2 is the bonus, never a second draft
+    ],
+)
 def test_the_exact_t2_tv_of_a_reused_uniform_per_suite_protocol(protocol, low, high):
     # Deterministic (closed form from the model's logits); the premise of suite_t2_k2_uniform.
     spec = resolve(load_protocol(SUITE / f"{protocol}.yaml"), "ci")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specval.distribution import plan as planning
 from specval.cli import main
+from specval.distribution import plan as planning
 from specval.stats.strata import stratified_gof
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,8 +35,13 @@ def _rejection_rate(p0: np.ndarray, p1: np.ndarray, n: int, seed: int) -> float:
     rng = np.random.default_rng(seed)
     hits = 0
     for r in range(REPS):
-        result = stratified_gof([((), rng.multinomial(n, p1), p0)], stratum_min=1, min_expected=5.0, level=0.01,
-                                rng=np.random.default_rng([seed, r]))
+        result = stratified_gof(
+            [((), rng.multinomial(n, p1), p0)],
+            stratum_min=1,
+            min_expected=5.0,
+            level=0.01,
+            rng=np.random.default_rng([seed, r]),
+        )
         hits += result.p_value <= 0.01
     return hits / REPS
 
@@ -92,8 +97,9 @@ def test_protocol_plan_without_top_k_needs_and_uses_the_vocabulary_size(tmp_path
     assert "t1_gof.sync (control" in out.output and "df <= 63)" in out.output  # 64 cells bound t1
 
 
-@pytest.mark.parametrize("protocol", ["protocols/performance/perf_async_vs_serial_graphs_c1.yaml",
-                                      "protocols/quality_arith.yaml"])
+@pytest.mark.parametrize(
+    "protocol", ["protocols/performance/perf_async_vs_serial_graphs_c1.yaml", "protocols/quality_arith.yaml"]
+)
 def test_a_command_of_statistical_protocols_names_the_kind_it_refuses(protocol):
     out = CliRunner().invoke(main, ["plan", "--protocol", str(REPO / protocol)])
     assert out.exit_code == 2 and "kind:" in out.output and "specval run" in out.output, out.output

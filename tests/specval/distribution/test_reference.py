@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from specval.protocol import SamplingSpec
 from specval.distribution.reference import Reference, needed_prefixes, transform
+from specval.protocol import SamplingSpec
 
 ENGINE_TOL = 2e-6  # float32 (engine) vs float64 (here) softmax on V <= 256
 
@@ -31,8 +31,14 @@ def _brute_force(logits: np.ndarray, spec: SamplingSpec) -> np.ndarray:
     return w / w.sum()
 
 
-SPECS = [SamplingSpec(1.0, -1, 1.0), SamplingSpec(0.7, 5, 1.0), SamplingSpec(1.3, -1, 0.8),
-         SamplingSpec(1.0, 20, 0.9), SamplingSpec(2.0, 1, 0.5), SamplingSpec(0.5, 0, 0.3)]
+SPECS = [
+    SamplingSpec(1.0, -1, 1.0),
+    SamplingSpec(0.7, 5, 1.0),
+    SamplingSpec(1.3, -1, 0.8),
+    SamplingSpec(1.0, 20, 0.9),
+    SamplingSpec(2.0, 1, 0.5),
+    SamplingSpec(0.5, 0, 0.3),
+]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -103,15 +109,19 @@ def test_reference_reads_format_2_lists_and_names_a_malformed_entry():
     A corrupt entry raises ValueError naming its prefix (verify reports it, no traceback)."""
     probs = transform(np.random.default_rng(1).standard_normal(8), SamplingSpec(1.0, 3, 1.0))
     support = np.flatnonzero(probs > 0)
-    legacy = {"vocab_size": 8, "prompt_token_ids": [1],
-              "dists": [{"prefix": [], "tokens": support.tolist(), "probs": probs[support].tolist()}]}
+    legacy = {
+        "vocab_size": 8,
+        "prompt_token_ids": [1],
+        "dists": [{"prefix": [], "tokens": support.tolist(), "probs": probs[support].tolist()}],
+    }
     assert np.array_equal(Reference.from_dict(json.loads(json.dumps(legacy))).probs(()), probs)
     good = Reference(8, (1,), {(4,): probs}).to_dict()
-    for field, value, message in [("probs", "not base64!", "probs is not base64"),
-                                  ("probs", base64.b64encode(b"1234567").decode(), "7 bytes"),
-                                  ("tokens", base64.b64encode(b"\0" * 8).decode(), "3 probs for 2 tokens"),
-                                  ("tokens", base64.b64encode(np.array([0, 1, 99], "<i4").tobytes()).decode(),
-                                   "outside")]:
+    for field, value, message in [
+        ("probs", "not base64!", "probs is not base64"),
+        ("probs", base64.b64encode(b"1234567").decode(), "7 bytes"),
+        ("tokens", base64.b64encode(b"\0" * 8).decode(), "3 probs for 2 tokens"),
+        ("tokens", base64.b64encode(np.array([0, 1, 99], "<i4").tobytes()).decode(), "outside"),
+    ]:
         bad = json.loads(json.dumps(good))
         bad["dists"][0][field] = value
         with pytest.raises(ValueError, match=rf"prefix \[4\].*{message}"):
@@ -130,8 +140,8 @@ def test_path_strata_refine_the_token_strata():
 
 
 def test_source_codes_index_sources_and_mark_anything_else_minus_one():
-    from specval.sut import SOURCES
     from specval.distribution.verdict import source_codes
+    from specval.sut import SOURCES
 
     column = pd.Series([SOURCES[2], "mystery", None, SOURCES[0], SOURCES[3], SOURCES[2]], dtype="str")
     assert source_codes(column).tolist() == [2, -1, -1, 0, 3, 2]

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import seeds
 from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -63,7 +63,9 @@ def _bundle_of(output: str) -> Path:
 def test_output_under_a_file_is_refused_before_any_seed(cli, tmp_path):
     (tmp_path / "plain_file").write_text("x")
     result = _run(cli, "run", str(_protocol(tmp_path)), "--quiet", "--output", "plain_file/results")
-    assert result.exit_code == 2 and "--output plain_file/results" in result.output and "not a directory" in result.output
+    assert (
+        result.exit_code == 2 and "--output plain_file/results" in result.output and "not a directory" in result.output
+    )
     assert "Traceback" not in result.output
 
 
@@ -80,11 +82,14 @@ def test_zero_samples_is_refused_before_any_seed(cli, tmp_path):
     assert _nothing_claimed(tmp_path / "results")
 
 
-@pytest.mark.parametrize("overrides,words", [
-    ({"alpha": 1e-300}, "alpha: must lie in [1e-06, 0.2]"),
-    ({"sampling": {"temperature": 1e-300, "top_k": 8}}, "sampling.temperature: must be >= 1e-05"),
-    ({"min_expected": 1e308}, "min_expected: 2 cells of this expected count need more samples"),
-])
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        ({"alpha": 1e-300}, "alpha: must lie in [1e-06, 0.2]"),
+        ({"sampling": {"temperature": 1e-300, "top_k": 8}}, "sampling.temperature: must be >= 1e-05"),
+        ({"min_expected": 1e308}, "min_expected: 2 cells of this expected count need more samples"),
+    ],
+)
 def test_a_protocol_that_can_test_nothing_is_refused_before_any_seed(cli, tmp_path, overrides, words):
     result = _run(cli, "run", str(_protocol(tmp_path, **overrides)), "--quiet", "--exploratory")
     assert result.exit_code == 2 and words in result.output and len(result.output.strip().splitlines()) == 1
@@ -118,12 +123,16 @@ def test_missing_capability_names_it_and_the_protocol_line(cli, tmp_path):
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 2 and "accept_single" in result.output and f"{file}:{line}" in result.output
     assert _nothing_claimed(tmp_path / "results")
-    result = _run(cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:NoTopPSUT", name="p2.yaml")), "--quiet")
+    result = _run(
+        cli, "run", str(_protocol(tmp_path, adapter="tests.fixtures.fault_suts:NoTopPSUT", name="p2.yaml")), "--quiet"
+    )
     assert result.exit_code == 2 and "sampling='top_p'" in result.output
 
 
 def test_a_mutant_the_adapter_does_not_declare_is_refused(cli, tmp_path):
-    file = _protocol(tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT", "options": {"mutant": "residual_from_p"}})
+    file = _protocol(
+        tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT", "options": {"mutant": "residual_from_p"}}
+    )
     line = next(i + 1 for i, text in enumerate(file.read_text().splitlines()) if "mutant:" in text)
     result = _run(cli, "run", str(file), "--quiet")
     assert result.exit_code == 2 and "mutants='residual_from_p'" in result.output and f"{file}:{line}" in result.output
@@ -137,8 +146,10 @@ def test_a_protocol_without_quadrature_runs_on_an_adapter_without_accept_single(
     assert result.exit_code == 0 and "PASS" in result.output
 
 
-@pytest.mark.parametrize("flags", [["--profile", "ci"], ["--seed-offset", "5"], ["--output", "elsewhere"],
-                                   ["--exploratory"], ["--confirmatory"]])
+@pytest.mark.parametrize(
+    "flags",
+    [["--profile", "ci"], ["--seed-offset", "5"], ["--output", "elsewhere"], ["--exploratory"], ["--confirmatory"]],
+)
 def test_resume_with_conflicting_flags_is_refused(cli, tmp_path, flags):
     bundle = tmp_path / "results" / "b"
     bundle.mkdir(parents=True)
@@ -149,9 +160,14 @@ def test_resume_with_conflicting_flags_is_refused(cli, tmp_path, flags):
 # ---------------------------------------------------------------- the system under test raised: exit 3
 
 
-@pytest.mark.parametrize("adapter,words", [("tests.fixtures.fault_suts:WrongShapeSUT", "shape"),
-                                           ("tests.fixtures.fault_suts:FloatTokensSUT", "dtype float64"),
-                                           ("tests.fixtures.fault_suts:BrokenConstructorSUT", "the model file cannot be opened")])
+@pytest.mark.parametrize(
+    "adapter,words",
+    [
+        ("tests.fixtures.fault_suts:WrongShapeSUT", "shape"),
+        ("tests.fixtures.fault_suts:FloatTokensSUT", "dtype float64"),
+        ("tests.fixtures.fault_suts:BrokenConstructorSUT", "the model file cannot be opened"),
+    ],
+)
 def test_broken_adapter_fails_the_probe_with_exit_3_before_any_seed(cli, tmp_path, adapter, words):
     result = _run(cli, "run", str(_protocol(tmp_path, adapter=adapter)), "--quiet")
     assert result.exit_code == 3 and words in result.output and "no seed was claimed" in result.output
@@ -206,9 +222,15 @@ def test_signal_exits_130_with_the_resume_command_and_the_bundle_resumes(cli, tm
     # The child gets SIGINT's default disposition back: a test runner started in the background by a
     # non-interactive shell ignores SIGINT, an ignored SIGINT is inherited, and Python then installs
     # no KeyboardInterrupt handler (the run would finish instead of stopping).
-    child = subprocess.Popen([sys.executable, "-m", "specval.cli", "run", str(file), "--quiet"], cwd=tmp_path,
-                             env=_child_env(FAULT_SLEEP_S="0.2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, preexec_fn=_default_sigint)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "specval.cli", "run", str(file), "--quiet"],
+        cwd=tmp_path,
+        env=_child_env(FAULT_SLEEP_S="0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     first = child.stdout.readline()  # the bundle is announced before any sample is drawn
     assert first.startswith("bundle: "), first + child.stderr.read()
     bundle = tmp_path / _bundle_of(first)
@@ -261,10 +283,9 @@ def test_probe_seeds_are_outside_every_range(tmp_path):
 def test_the_probe_tells_the_adapter_the_batch_size_before_its_first_sample(tmp_path):
     """`plan_batches` comes first, with the protocol's batch_size, so an adapter can size its
     batches (the probe's included) and compile ahead for them."""
-    from tests.fixtures.fake_sut import FakeSUT
-
     from specval.preflight import GuardedSUT, probe
     from specval.protocol import load_protocol
+    from tests.fixtures.fake_sut import FakeSUT
 
     calls = []
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import bundle as bundles
-from specval.distribution import collect, runner, sharding
 from specval.cli import main
+from specval.distribution import collect, runner, sharding
 from specval.protocol import load_protocol
 from specval.seeds import SeedRange
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 torch_distributed = pytest.importorskip("torch.distributed")
 if not (torch_distributed.is_available() and torch_distributed.is_gloo_available()):
@@ -35,8 +35,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 # 2 groups x 4 chunks of 100 seeds, one batch per chunk: 4 rounds of 2 chunks with 2 ranks. One
 # criterion only: the analysis is not under test here, the sample tables are.
-SMALL = {"samples_per_group": 400, "chunk_size": 100, "batch_size": 100,
-         "tests": [{"kind": "gof", "position": 2, "role": "primary"}]}
+SMALL = {
+    "samples_per_group": 400,
+    "chunk_size": 100,
+    "batch_size": 100,
+    "tests": [{"kind": "gof", "position": 2, "role": "primary"}],
+}
 RANKS = 2
 LAUNCH_TIMEOUT_S = 300  # a hang (a rank waiting for a collective) fails the test instead of blocking CI
 
@@ -57,10 +61,10 @@ def _samples(bundle: Path) -> pd.DataFrame:
 
 
 def _launch(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "OMP_NUM_THREADS": "1",
-                 **env}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env, capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S)
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=child_env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +72,9 @@ def one_process(tmp_path_factory) -> pd.DataFrame:
     """The sample table of a one-process run of the protocol on a fresh output root (seeds 0..800)."""
     where = tmp_path_factory.mktemp("one")
     protocol = _protocol(where)
-    result = CliRunner().invoke(main, ["run", str(protocol), "--quiet", "--output", str(where / "results")],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["run", str(protocol), "--quiet", "--output", str(where / "results")], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     return _samples(_bundle_of(result.output))
 
@@ -80,7 +85,9 @@ def one_process(tmp_path_factory) -> pd.DataFrame:
 def test_environment_without_torchrun_is_one_process():
     assert sharding.from_environment({}) is None
     assert sharding.from_environment({"WORLD_SIZE": "1", "RANK": "0"}) is None
-    assert sharding.from_environment({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == sharding.ShardGroup(1, 2, 1)
+    assert sharding.from_environment({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}) == sharding.ShardGroup(
+        1, 2, 1
+    )
 
 
 def test_place_moves_a_cuda_protocol_to_its_rank_and_keeps_the_hash(tmp_path):
@@ -91,12 +98,15 @@ def test_place_moves_a_cuda_protocol_to_its_rank_and_keeps_the_hash(tmp_path):
     assert sharding.place(protocol, sharding.ShardGroup(1, 2, 1)) is protocol  # the CPU stays the CPU
 
 
-@pytest.mark.parametrize("codes, expected", [
-    ({0: 3, 1: -15}, 3),  # rank 0 exited 3, the other rank was ended by the launcher
-    ({0: -15, 1: 1}, 1),  # rank 0 ended by the launcher as it exited; the other rank exited with its code
-    ({1: 2}, 2),
-    ({0: -2, 1: -15}, 130),  # every rank killed by a signal
-])
+@pytest.mark.parametrize(
+    "codes, expected",
+    [
+        ({0: 3, 1: -15}, 3),  # rank 0 exited 3, the other rank was ended by the launcher
+        ({0: -15, 1: 1}, 1),  # rank 0 ended by the launcher as it exited; the other rank exited with its code
+        ({1: 2}, 2),
+        ({0: -2, 1: -15}, 130),  # every rank killed by a signal
+    ],
+)
 def test_exit_code_of_the_launch_is_rank_0s(codes, expected):
     assert sharding.exit_code(codes) == expected
 
@@ -116,11 +126,14 @@ def _interrupted_launch():
     raise SignalException("got signal: 2", sigval=signal.SIGINT)
 
 
-@pytest.mark.parametrize("outcome, expected", [
-    (lambda: None, 0),
-    (lambda: _failed_launch({0: 3, 1: -15}), 3),
-    (_interrupted_launch, 130),
-])
+@pytest.mark.parametrize(
+    "outcome, expected",
+    [
+        (lambda: None, 0),
+        (lambda: _failed_launch({0: 3, 1: -15}), 3),
+        (_interrupted_launch, 130),
+    ],
+)
 def test_launch_runs_torchrun_and_returns_rank_0s_exit_code(monkeypatch, outcome, expected):
     from torch.distributed import run as torchrun
 
@@ -163,8 +176,18 @@ def test_a_rank_that_raises_ends_every_rank_with_3_and_two_ranks_resume(tmp_path
     protocol = _protocol(tmp_path, adapter="tests.fixtures.fault_suts:RankRaisingSUT")
     # rank 1's probe makes one sample call per group (2), its chunk of round 0 the 3rd; it raises at
     # the 4th: round 0 (chunks 0 and 1) is written, round 1 fails
-    failed = _launch(tmp_path, "-m", "specval.cli", "run", str(protocol), "--quiet", "--devices", str(RANKS),
-                     FAULT_RAISE_ON_RANK="1", FAULT_RAISE_AT_CALL="4")
+    failed = _launch(
+        tmp_path,
+        "-m",
+        "specval.cli",
+        "run",
+        str(protocol),
+        "--quiet",
+        "--devices",
+        str(RANKS),
+        FAULT_RAISE_ON_RANK="1",
+        FAULT_RAISE_AT_CALL="4",
+    )
     output = failed.stdout + failed.stderr
     assert failed.returncode == 3, output
     assert "Traceback" not in output and "in sample on rank 1" in output
@@ -173,8 +196,19 @@ def test_a_rank_that_raises_ends_every_rank_with_3_and_two_ranks_resume(tmp_path
     assert "planted failure" in (bundle / bundles.ERROR_LOG).read_text()
     assert len(list((bundle / collect.SAMPLES_DIR).glob("*.parquet"))) == RANKS
 
-    resumed = _launch(tmp_path, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}",
-                      "-m", "specval", "run", "--resume", str(bundle), "--quiet")
+    resumed = _launch(
+        tmp_path,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={RANKS}",
+        "-m",
+        "specval",
+        "run",
+        "--resume",
+        str(bundle),
+        "--quiet",
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     pd.testing.assert_frame_equal(_samples(bundle), one_process)
     assert runner.verify(bundle) == []
@@ -209,8 +243,17 @@ def test_a_serving_rank_probes_collects_its_share_and_exits_with_rank_0s_code(tm
     protocol = _fake_protocol(tmp_path)
     chunks = tuple(collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 300)], protocol.chunk_size))
     stage2 = (collect.Chunk("nospec", 900, 1000), collect.Chunk("nospec", 1000, 1100))  # as stage 2 sends
-    channel = _Channel([sharding.Open(protocol), sharding.Collect(protocol, (1, 2), chunks), True, True,
-                        sharding.Collect(protocol, (1, 2), stage2), True, sharding.Dismiss(1)])
+    channel = _Channel(
+        [
+            sharding.Open(protocol),
+            sharding.Collect(protocol, (1, 2), chunks),
+            True,
+            True,
+            sharding.Collect(protocol, (1, 2), stage2),
+            True,
+            sharding.Dismiss(1),
+        ]
+    )
     monkeypatch.setattr(sharding, "_broadcast", channel.broadcast)
     monkeypatch.setattr(sharding, "_gather", channel.gather)
     assert sharding.serve(sharding.ShardGroup(1, 2, 1)) == 1
@@ -236,9 +279,8 @@ def test_a_serving_rank_whose_adapter_cannot_be_built_sends_its_failure(tmp_path
 
 
 def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path, monkeypatch):
-    from tests.fixtures.fake_sut import FakeSUT
-
     from specval.preflight import GuardedSUT, SUTRaised
+    from tests.fixtures.fake_sut import FakeSUT
 
     protocol = _fake_protocol(tmp_path)
     chunks = collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 800)], protocol.chunk_size)
@@ -249,17 +291,21 @@ def test_rank_0_stops_every_rank_and_raises_the_failure_of_another_rank(tmp_path
     kept = []
     sample = sharding.sampler(sharding.ShardGroup(0, 2, 0))
     with pytest.raises(SUTRaised, match="sample on rank 1: RuntimeError: planted"):
-        sample(GuardedSUT(FakeSUT(protocol.sut, protocol.num_speculative_tokens)), protocol, [1, 2], chunks,
-               lambda chunk, frame: kept.append(chunk))
+        sample(
+            GuardedSUT(FakeSUT(protocol.sut, protocol.num_speculative_tokens)),
+            protocol,
+            [1, 2],
+            chunks,
+            lambda chunk, frame: kept.append(chunk),
+        )
     assert kept == []  # nothing of the failed round is written
     assert channel.broadcast_values[-1] is False  # every rank was told to stop
     assert channel.sent[0][0] == chunks[0]  # rank 0 collected its own chunk of the round
 
 
 def test_a_failed_write_stops_every_rank_at_the_next_round(tmp_path, monkeypatch):
-    from tests.fixtures.fake_sut import FakeSUT
-
     from specval.preflight import GuardedSUT
+    from tests.fixtures.fake_sut import FakeSUT
 
     protocol = _fake_protocol(tmp_path)
     chunks = collect.plan_chunks([SeedRange(protocol.name, "r", "nospec", 0, 800)], protocol.chunk_size)

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 from specval import bundle as bundles
 from specval import seeds
 from specval.distribution import runner
-from specval.protocol import ProtocolError, load_protocol, parse_protocol
 from specval.distribution.verdict import FAIL, PASS, confirm
+from specval.protocol import ProtocolError, load_protocol, parse_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT
 
 CI_N = 800  # the fake protocol's ci samples per group
 ALPHA2 = 0.001
@@ -143,37 +143,55 @@ def test_one_stage_protocol_records_confirmation_and_keeps_its_hash(tmp_path):
     assert shipped.confirmation.is_two_stage and shipped.alpha_stage2 == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("block, key", [({"stages": 3}, "confirmation.stages"),
-                                        ({"stages": 0}, "confirmation.stages"),
-                                        ({"stages": 2, "alpha_stage2": 1.5}, "confirmation.alpha_stage2"),
-                                        ({"stages": 1, "alpha_stage2": 0.01}, "confirmation.alpha_stage2"),
-                                        ({"stages": 2, "alpha2": 0.01}, "confirmation.alpha2")])
+@pytest.mark.parametrize(
+    "block, key",
+    [
+        ({"stages": 3}, "confirmation.stages"),
+        ({"stages": 0}, "confirmation.stages"),
+        ({"stages": 2, "alpha_stage2": 1.5}, "confirmation.alpha_stage2"),
+        ({"stages": 1, "alpha_stage2": 0.01}, "confirmation.alpha_stage2"),
+        ({"stages": 2, "alpha2": 0.01}, "confirmation.alpha2"),
+    ],
+)
 def test_bad_confirmation_block_names_the_key(block, key):
     with pytest.raises(ProtocolError, match=key.replace(".", r"\.")):
         parse_protocol(fake_protocol_dict(confirmation=block), "p.yaml")
 
 
 def _stage(verdicts: dict[str, str]) -> dict:
-    tests = {n: {"kind": "gof", "role": "primary", "p_value": 0.5, "verdict": v, "reason": v, "out_of_support": 0}
-             for n, v in verdicts.items()}
-    tests["t1_gof.a"] = {"kind": "gof", "role": "control", "p_value": 0.5, "verdict": PASS, "reason": "",
-                         "out_of_support": 0}
+    tests = {
+        n: {"kind": "gof", "role": "primary", "p_value": 0.5, "verdict": v, "reason": v, "out_of_support": 0}
+        for n, v in verdicts.items()
+    }
+    tests["t1_gof.a"] = {
+        "kind": "gof",
+        "role": "control",
+        "p_value": 0.5,
+        "verdict": PASS,
+        "reason": "",
+        "out_of_support": 0,
+    }
     failed = [n for n, v in verdicts.items() if v == FAIL]
     return {"verdict": FAIL if failed else PASS, "reason": "", "groups": {}, "families": {}, "tests": tests}
 
 
 @pytest.mark.parametrize("alpha, alpha2, power", [(0.01, 0.001, 0.8), (0.05, 0.05, 0.9)])
 def test_combined_rates_and_per_criterion_rule(alpha, alpha2, power):
-    protocol = parse_protocol(fake_protocol_dict(alpha=alpha, power=power,
-                                                 confirmation={"stages": 2, "alpha_stage2": alpha2}))
+    protocol = parse_protocol(
+        fake_protocol_dict(alpha=alpha, power=power, confirmation={"stages": 2, "alpha_stage2": alpha2})
+    )
     first = _stage({"t2_gof.a": FAIL, "t2_gof.b": FAIL})
     summary = confirm(protocol, first, _stage({"t2_gof.a": PASS, "t2_gof.b": FAIL}))
     block = summary["confirmation"]
     assert (summary["verdict"], block["failing"]) == (FAIL, ["t2_gof.b"])  # only b failed both stages
     assert confirm(protocol, first, _stage({"t2_gof.a": PASS, "t2_gof.b": PASS}))["verdict"] == PASS
     # a criterion that passed stage 1 cannot fail the run through stage 2
-    assert confirm(protocol, _stage({"t2_gof.a": FAIL, "t2_gof.b": PASS}),
-                   _stage({"t2_gof.a": PASS, "t2_gof.b": FAIL}))["verdict"] == PASS
+    assert (
+        confirm(protocol, _stage({"t2_gof.a": FAIL, "t2_gof.b": PASS}), _stage({"t2_gof.a": PASS, "t2_gof.b": FAIL}))[
+            "verdict"
+        ]
+        == PASS
+    )
     rates = block["rates"]
     assert np.isclose(rates["false_fail"], alpha * alpha2) and np.isclose(rates["power"], power * power)
     assert np.isclose(rates["expected_stages"], 1 + alpha)

@@ -9,28 +9,41 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.fixtures import clocked_sut
-from tests.fixtures.perf_protocols import invoke as _invoke
-from tests.fixtures.perf_protocols import write
 
 from specval import bundle as bundles
 from specval.performance import bench as benching
 from specval.performance.protocol import load_performance_protocol, parse_performance_protocol
 from specval.performance.summary import FAIL, PASS, schedule, seed_start
 from specval.protocol import ProtocolError
+from tests.fixtures import clocked_sut
+from tests.fixtures.perf_protocols import invoke as _invoke
+from tests.fixtures.perf_protocols import write
 
 ADAPTER = "tests.fixtures.clocked_sut:ClockedSUT"
 
 
 def adapter_dict(**changes) -> dict:
     """Two prompts and three requests per run: request j gets prompt j mod 2 and seed first + j."""
-    raw = {"kind": "performance", "name": "perf_clocked", "device": "cpu",
-           "sut": {"adapter": ADAPTER, "model": "fake", "options": {"speedup": 1.5}},
-           "prompts": ["first prompt", "second"], "concurrency": 3, "max_tokens": 8,
-           "sampling": {"temperature": 1.0, "top_k": 20}, "num_speculative_tokens": 3,
-           "a": {"name": "plain", "mode": "nospec"}, "b": {"name": "spec", "mode": "sync", "draft_loops": 2},
-           "statistic": "throughput", "hypothesis": "superiority", "margin": 0.3, "confidence": 0.95,
-           "pairs": 6, "warmup_rounds": 1, "seed_base": 100}
+    raw = {
+        "kind": "performance",
+        "name": "perf_clocked",
+        "device": "cpu",
+        "sut": {"adapter": ADAPTER, "model": "fake", "options": {"speedup": 1.5}},
+        "prompts": ["first prompt", "second"],
+        "concurrency": 3,
+        "max_tokens": 8,
+        "sampling": {"temperature": 1.0, "top_k": 20},
+        "num_speculative_tokens": 3,
+        "a": {"name": "plain", "mode": "nospec"},
+        "b": {"name": "spec", "mode": "sync", "draft_loops": 2},
+        "statistic": "throughput",
+        "hypothesis": "superiority",
+        "margin": 0.3,
+        "confidence": 0.95,
+        "pairs": 6,
+        "warmup_rounds": 1,
+        "seed_base": 100,
+    }
     raw.update(changes)
     return raw
 
@@ -64,14 +77,17 @@ def test_an_adapter_protocol_parses_with_groups_for_arms():
     assert parse_performance_protocol(adapter_dict(margin=0.31)).hash != protocol.hash
 
 
-@pytest.mark.parametrize("changes, key, value", [
-    ({"a": {"name": "plain", "mode": "nospec", "enforce_eager": True}}, "a.enforce_eager", "True"),
-    ({"b": {"name": "spec", "mode": "sync", "rounds_in_flight": 2}}, "b.rounds_in_flight", "2"),
-    ({"b": {"name": "spec", "mode": "sync", "sampling": {"temperature": 0.0}}}, "b.sampling.temperature", "0.0"),
-    ({"sampling": {"temperature": 0.0}}, "sampling.temperature", "0.0"),
-    ({"statistic": "tokens_per_second"}, "statistic", "'tokens_per_second'"),
-    ({"sut": {"adapter": " "}}, "sut.adapter", "' '"),
-])
+@pytest.mark.parametrize(
+    "changes, key, value",
+    [
+        ({"a": {"name": "plain", "mode": "nospec", "enforce_eager": True}}, "a.enforce_eager", "True"),
+        ({"b": {"name": "spec", "mode": "sync", "rounds_in_flight": 2}}, "b.rounds_in_flight", "2"),
+        ({"b": {"name": "spec", "mode": "sync", "sampling": {"temperature": 0.0}}}, "b.sampling.temperature", "0.0"),
+        ({"sampling": {"temperature": 0.0}}, "sampling.temperature", "0.0"),
+        ({"statistic": "tokens_per_second"}, "statistic", "'tokens_per_second'"),
+        ({"sut": {"adapter": " "}}, "sut.adapter", "' '"),
+    ],
+)
 def test_engine_options_and_greedy_are_refused_for_other_adapters(tmp_path, changes, key, value):
     path = write(tmp_path, adapter_dict(**changes), frozen=False)
     with pytest.raises(ProtocolError) as err:
@@ -98,8 +114,10 @@ def test_an_adapter_bench_runs_groups_in_abba_order_on_shared_seeds_and_verifies
     for run in schedule(protocol):
         first = seed_start(protocol, run)
         name = protocol.arm(run.arm).name
-        expected += [(name, tuple(ord(c) % 16 for c in "first prompt"), (first, first + 2)),
-                     (name, tuple(ord(c) % 16 for c in "second"), (first + 1,))]
+        expected += [
+            (name, tuple(ord(c) % 16 for c in "first prompt"), (first, first + 2)),
+            (name, tuple(ord(c) % 16 for c in "second"), (first + 1,)),
+        ]
     assert [call[:3] for call in clocked.CALLS] == expected
     assert {call[3].top_k for call in clocked.CALLS} == {20}
     # the planted speed-up (1.5, each request jittered by at most 2%) is what the pairs measure
@@ -130,23 +148,31 @@ def test_time_per_token_is_the_reciprocal_of_throughput(tmp_path, clocked):
     assert 1e-3 <= summary["arms"]["a"]["median"] <= 1.02e-3
 
 
-@pytest.mark.parametrize("changes, words", [
-    ({"b": {"name": "spec", "mode": "async"}}, "b.mode: adapter 'tests.fixtures.clocked_sut:ClockedSUT' does not "
-                                               "support 'async'"),
-    ({"sut": {"adapter": "tests.fixtures.clocked_sut:TemperatureOnlySUT"}}, "sampling.top_k: adapter"),
-    ({"sut": {"adapter": ADAPTER, "options": {"sped": 2}}}, "sut.options: unknown key(s) ['sped']"),
-    ({"sut": {"adapter": "tests.fixtures.no_such_module:X"}}, "cannot import"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        (
+            {"b": {"name": "spec", "mode": "async"}},
+            "b.mode: adapter 'tests.fixtures.clocked_sut:ClockedSUT' does not support 'async'",
+        ),
+        ({"sut": {"adapter": "tests.fixtures.clocked_sut:TemperatureOnlySUT"}}, "sampling.top_k: adapter"),
+        ({"sut": {"adapter": ADAPTER, "options": {"sped": 2}}}, "sut.options: unknown key(s) ['sped']"),
+        ({"sut": {"adapter": "tests.fixtures.no_such_module:X"}}, "cannot import"),
+    ],
+)
 def test_what_the_adapter_refuses_exits_2_before_any_bundle(tmp_path, clocked, changes, words):
     result, path = _bench(tmp_path, adapter_dict(**changes))
     assert result.exit_code == 2 and words in result.output, result.output
     assert path is None and clocked.CALLS == []
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"raise_at_call": 5}, "planted failure"),  # the first call of the first timed run (warm-up: 4 calls)
-    ({"short_by": 1}, "broke the contract of SUT.sample"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"raise_at_call": 5}, "planted failure"),  # the first call of the first timed run (warm-up: 4 calls)
+        ({"short_by": 1}, "broke the contract of SUT.sample"),
+    ],
+)
 def test_an_adapter_that_raises_or_breaks_the_contract_exits_3_unsealed(tmp_path, clocked, options, words):
     result, path = _bench(tmp_path, adapter_dict(sut={"adapter": ADAPTER, "options": options}))
     assert result.exit_code == 3 and words in result.output, result.output

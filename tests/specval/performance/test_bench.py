@@ -14,16 +14,16 @@ import pytest
 import torch
 import yaml
 from scipy import stats
+
+from specval import bundle as bundles
+from specval.performance import bench as benching
+from specval.performance.protocol import load_performance_protocol, parse_performance_protocol
+from specval.performance.summary import COLUMNS, FAIL, INCONCLUSIVE, PASS, schedule, seed_start, summarise, verdict
+from specval.protocol import ProtocolError, registration
+from specval.stats.median import MedianInterval, median_interval
 from tests.fixtures.forge import reseal
 from tests.fixtures.perf_protocols import invoke as _bench
 from tests.fixtures.perf_protocols import write
-
-from specval.performance import bench as benching
-from specval import bundle as bundles
-from specval.performance.summary import COLUMNS, FAIL, INCONCLUSIVE, PASS, schedule, seed_start, summarise, verdict
-from specval.performance.protocol import load_performance_protocol, parse_performance_protocol
-from specval.protocol import ProtocolError, registration
-from specval.stats.median import MedianInterval, median_interval
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "protocols" / "performance"
@@ -31,13 +31,26 @@ REGISTRATION = {"state": "frozen", "exploratory": False}
 
 
 def protocol_dict(**changes) -> dict:
-    raw = {"kind": "performance", "name": "perf_tiny", "device": "cpu",
-           "sut": {"adapter": "engine", "model": "looped", "dtype": "float32"},
-           "prompts": ["Return a new list."], "concurrency": 1, "max_tokens": 2,
-           "sampling": {"temperature": 1.0, "top_k": 20}, "num_speculative_tokens": 3,
-           "a": {"name": "sync", "mode": "sync"}, "b": {"name": "async", "mode": "async"},
-           "statistic": "throughput", "hypothesis": "noninferiority", "margin": 0.05, "confidence": 0.95,
-           "pairs": 6, "warmup_rounds": 1, "profiles": {"ci": {"pairs": 7}}}
+    raw = {
+        "kind": "performance",
+        "name": "perf_tiny",
+        "device": "cpu",
+        "sut": {"adapter": "engine", "model": "looped", "dtype": "float32"},
+        "prompts": ["Return a new list."],
+        "concurrency": 1,
+        "max_tokens": 2,
+        "sampling": {"temperature": 1.0, "top_k": 20},
+        "num_speculative_tokens": 3,
+        "a": {"name": "sync", "mode": "sync"},
+        "b": {"name": "async", "mode": "async"},
+        "statistic": "throughput",
+        "hypothesis": "noninferiority",
+        "margin": 0.05,
+        "confidence": 0.95,
+        "pairs": 6,
+        "warmup_rounds": 1,
+        "profiles": {"ci": {"pairs": 7}},
+    }
     raw.update(changes)
     return raw
 
@@ -45,12 +58,22 @@ def protocol_dict(**changes) -> dict:
 # ---------------------------------------------------------------- protocol
 
 
-ENGINE_SHIPPED = ["perf_async_vs_serial_graphs_c1", "perf_async_vs_serial_graphs_c4", "perf_async_vs_serial_graphs_c64",
-                  "perf_graphs_vs_eager_async_c4", "perf_random_vs_greedy_async", "perf_spec_vs_nospec_eager_c4"]
+ENGINE_SHIPPED = [
+    "perf_async_vs_serial_graphs_c1",
+    "perf_async_vs_serial_graphs_c4",
+    "perf_async_vs_serial_graphs_c64",
+    "perf_graphs_vs_eager_async_c4",
+    "perf_random_vs_greedy_async",
+    "perf_spec_vs_nospec_eager_c4",
+]
 ADAPTER_SHIPPED = ["perf_transformers_assisted_vs_plain"]
 # the one factor an engine protocol's arms differ in -> what its name must say
-FACTOR_WORDS = {"rounds_in_flight": "async_vs_serial", "graphs": "graphs_vs_eager", "sampling": "random_vs_greedy",
-                "speculation": "spec_vs_nospec"}
+FACTOR_WORDS = {
+    "rounds_in_flight": "async_vs_serial",
+    "graphs": "graphs_vs_eager",
+    "sampling": "random_vs_greedy",
+    "speculation": "spec_vs_nospec",
+}
 
 
 def test_shipped_protocols_load_frozen():
@@ -74,9 +97,12 @@ def _factors(protocol, key: str) -> dict:
     draft depth), overlapped rounds, CUDA Graphs (async only: sync and nospec always run eager), sampling."""
     arm = protocol.arm(key)
     speculative = arm.mode != "nospec"
-    return {"speculation": (arm.mode, arm.draft_loops if speculative else None),
-            "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None,
-            "graphs": arm.mode == "async" and not arm.enforce_eager, "sampling": protocol.arm_sampling(key)}
+    return {
+        "speculation": (arm.mode, arm.draft_loops if speculative else None),
+        "rounds_in_flight": arm.rounds_in_flight if arm.mode == "async" else None,
+        "graphs": arm.mode == "async" and not arm.enforce_eager,
+        "sampling": protocol.arm_sampling(key),
+    }
 
 
 @pytest.mark.parametrize("name", ENGINE_SHIPPED)
@@ -96,22 +122,25 @@ def test_the_transformers_protocol_has_a_small_cpu_ci_profile():
     assert ci.pairs == 6 and ci.concurrency == 1 and ci.max_tokens <= 16 and ci.hash == protocol.hash
 
 
-@pytest.mark.parametrize("changes, key, value", [
-    ({"a": {"name": "sync", "mode": "asynk"}}, "a.mode", "'asynk'"),
-    ({"pairs": 5}, "pairs", "5"),
-    ({"device": "cuda", "warmup_rounds": 0}, "warmup_rounds", "0"),
-    ({"profiles": {"ci": {"pairs": 3}}}, "profiles.ci.pairs", "3"),
-    ({"profiles": {"ci": {"pears": 8}}}, "profiles.ci.pears", "'pears'"),
-    ({"sut": {"device": "cpu"}}, "sut.device", "'cpu'"),
-    ({"a": {"name": "sync", "mode": "sync", "enforce_eager": "no"}}, "a.enforce_eager", "'no'"),
-    ({"margin": 0.0}, "margin", "0.0"),
-    ({"statistic": "speed"}, "statistic", "'speed'"),
-    ({"b": {"name": "sync", "mode": "async"}}, "b.name", "'sync'"),
-    ({"a": {"name": "sync", "mode": "sync", "rounds_in_flight": 1}}, "a.rounds_in_flight", "1"),
-    ({"b": {"name": "async", "mode": "async", "sampling": {"temperature": -1}}}, "b.sampling.temperature", "-1"),
-    ({"prompts": []}, "prompts", "[]"),
-    ({"sampling": {"temperature": 1.0, "semantics": {"order": "x"}}}, "sampling.semantics", "{'order': 'x'}"),
-])
+@pytest.mark.parametrize(
+    "changes, key, value",
+    [
+        ({"a": {"name": "sync", "mode": "asynk"}}, "a.mode", "'asynk'"),
+        ({"pairs": 5}, "pairs", "5"),
+        ({"device": "cuda", "warmup_rounds": 0}, "warmup_rounds", "0"),
+        ({"profiles": {"ci": {"pairs": 3}}}, "profiles.ci.pairs", "3"),
+        ({"profiles": {"ci": {"pears": 8}}}, "profiles.ci.pears", "'pears'"),
+        ({"sut": {"device": "cpu"}}, "sut.device", "'cpu'"),
+        ({"a": {"name": "sync", "mode": "sync", "enforce_eager": "no"}}, "a.enforce_eager", "'no'"),
+        ({"margin": 0.0}, "margin", "0.0"),
+        ({"statistic": "speed"}, "statistic", "'speed'"),
+        ({"b": {"name": "sync", "mode": "async"}}, "b.name", "'sync'"),
+        ({"a": {"name": "sync", "mode": "sync", "rounds_in_flight": 1}}, "a.rounds_in_flight", "1"),
+        ({"b": {"name": "async", "mode": "async", "sampling": {"temperature": -1}}}, "b.sampling.temperature", "-1"),
+        ({"prompts": []}, "prompts", "[]"),
+        ({"sampling": {"temperature": 1.0, "semantics": {"order": "x"}}}, "sampling.semantics", "{'order': 'x'}"),
+    ],
+)
 def test_bad_input_names_file_line_key_and_value(tmp_path, changes, key, value):
     path = write(tmp_path, protocol_dict(**changes), frozen=False)
     with pytest.raises(ProtocolError) as err:
@@ -135,12 +164,15 @@ def test_hash_ignores_layout_but_not_values(tmp_path):
     assert parse_performance_protocol(protocol_dict(margin=0.06)).hash != first.hash
 
 
-@pytest.mark.parametrize("statistic, hypothesis, margin, threshold, higher", [
-    ("throughput", "noninferiority", 0.05, 0.95, True),
-    ("throughput", "superiority", 0.05, 1.05, True),
-    ("latency", "noninferiority", 0.05, 1.05, False),
-    ("latency", "superiority", 0.0, 1.0, False),
-])
+@pytest.mark.parametrize(
+    "statistic, hypothesis, margin, threshold, higher",
+    [
+        ("throughput", "noninferiority", 0.05, 0.95, True),
+        ("throughput", "superiority", 0.05, 1.05, True),
+        ("latency", "noninferiority", 0.05, 1.05, False),
+        ("latency", "superiority", 0.0, 1.0, False),
+    ],
+)
 def test_threshold_table(statistic, hypothesis, margin, threshold, higher):
     protocol = parse_performance_protocol(protocol_dict(statistic=statistic, hypothesis=hypothesis, margin=margin))
     assert protocol.threshold == pytest.approx(threshold, abs=1e-15) and protocol.higher_is_better is higher
@@ -152,28 +184,32 @@ def test_threshold_table(statistic, hypothesis, margin, threshold, higher):
 def test_schedule_is_abba_after_the_warmup():
     protocol = parse_performance_protocol(protocol_dict(warmup_rounds=2, pairs=6, concurrency=3, seed_base=10))
     runs = schedule(protocol)
-    assert "".join(r.arm for r in runs) == "ab" "ba" + "ab" "ba" "ab" "ba" "ab" "ba"
+    assert "".join(r.arm for r in runs) == "abba" + "abbaabbaabba"
     assert [r.phase for r in runs] == ["warmup"] * 4 + ["pair"] * 12
     assert [seed_start(protocol, r) for r in runs if r.arm == "a"] == [10, 10, 10, 13, 16, 19, 22, 25]
 
 
 def _interval(low: float, high: float) -> MedianInterval:
-    return MedianInterval(n=20, median=(low + high) / 2, low=low, high=high, rank=6, confidence=0.95,
-                          coverage=0.9586, tail=0.0207)
+    return MedianInterval(
+        n=20, median=(low + high) / 2, low=low, high=high, rank=6, confidence=0.95, coverage=0.9586, tail=0.0207
+    )
 
 
-@pytest.mark.parametrize("statistic, hypothesis, low, high, expected", [
-    ("throughput", "noninferiority", 0.96, 1.20, PASS),
-    ("throughput", "noninferiority", 0.80, 0.94, FAIL),
-    ("throughput", "noninferiority", 0.90, 1.00, INCONCLUSIVE),
-    ("throughput", "noninferiority", 0.95, 1.20, INCONCLUSIVE),  # touching the threshold is not clearing it
-    ("throughput", "superiority", 1.02, 1.20, INCONCLUSIVE),  # threshold 1.05
-    ("throughput", "superiority", 1.06, 1.20, PASS),
-    ("latency", "noninferiority", 0.90, 1.04, PASS),  # threshold 1.05, lower is better
-    ("latency", "noninferiority", 1.06, 1.30, FAIL),
-    ("latency", "superiority", 0.80, 0.94, PASS),  # threshold 0.95
-    ("latency", "superiority", 0.96, 1.10, FAIL),
-])
+@pytest.mark.parametrize(
+    "statistic, hypothesis, low, high, expected",
+    [
+        ("throughput", "noninferiority", 0.96, 1.20, PASS),
+        ("throughput", "noninferiority", 0.80, 0.94, FAIL),
+        ("throughput", "noninferiority", 0.90, 1.00, INCONCLUSIVE),
+        ("throughput", "noninferiority", 0.95, 1.20, INCONCLUSIVE),  # touching the threshold is not clearing it
+        ("throughput", "superiority", 1.02, 1.20, INCONCLUSIVE),  # threshold 1.05
+        ("throughput", "superiority", 1.06, 1.20, PASS),
+        ("latency", "noninferiority", 0.90, 1.04, PASS),  # threshold 1.05, lower is better
+        ("latency", "noninferiority", 1.06, 1.30, FAIL),
+        ("latency", "superiority", 0.80, 0.94, PASS),  # threshold 0.95
+        ("latency", "superiority", 0.96, 1.10, FAIL),
+    ],
+)
 def test_verdict_rule_on_constructed_intervals(statistic, hypothesis, low, high, expected):
     protocol = parse_performance_protocol(protocol_dict(statistic=statistic, hypothesis=hypothesis, margin=0.05))
     assert verdict(_interval(low, high), protocol)[0] == expected
@@ -187,8 +223,9 @@ def test_false_pass_and_false_fail_rates_at_the_threshold():
     # interval would PASS about half the time (~1000 of 2000).
     protocol = parse_performance_protocol(protocol_dict(pairs=20))
     rng = np.random.default_rng(11)
-    outcomes = [verdict(median_interval(protocol.threshold * rng.lognormal(0, 0.1, 20), 0.95), protocol)[0]
-                for _ in range(2000)]
+    outcomes = [
+        verdict(median_interval(protocol.threshold * rng.lognormal(0, 0.1, 20), 0.95), protocol)[0] for _ in range(2000)
+    ]
     tail = stats.binom.cdf(5, 20, 0.5)
     low, high = stats.binom.ppf(5e-7, 2000, tail), stats.binom.isf(5e-7, 2000, tail)
     assert low <= outcomes.count(PASS) <= high and low <= outcomes.count(FAIL) <= high
@@ -198,18 +235,30 @@ def _table(protocol, seconds: dict[tuple[str, int], float]) -> pd.DataFrame:
     rows = []
     for index, run in enumerate(schedule(protocol)):
         elapsed = round(seconds.get((run.arm, run.pair), 1.0) * 1e9) if run.phase == "pair" else 5 * 10**9
-        rows.append({"run": index, "phase": run.phase, "pair": run.pair, "arm": run.arm,
-                     "seed_start": seed_start(protocol, run), "num_requests": protocol.concurrency,
-                     "num_tokens": protocol.concurrency * protocol.max_tokens, "num_rounds": 1, "num_draft_tokens": 3,
-                     "num_accepted_tokens": 2, "elapsed_ns": elapsed, "graphs_before": 0, "graphs_after": 0})
+        rows.append(
+            {
+                "run": index,
+                "phase": run.phase,
+                "pair": run.pair,
+                "arm": run.arm,
+                "seed_start": seed_start(protocol, run),
+                "num_requests": protocol.concurrency,
+                "num_tokens": protocol.concurrency * protocol.max_tokens,
+                "num_rounds": 1,
+                "num_draft_tokens": 3,
+                "num_accepted_tokens": 2,
+                "elapsed_ns": elapsed,
+                "graphs_before": 0,
+                "graphs_after": 0,
+            }
+        )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 def test_summary_arithmetic_on_a_constructed_table():
     protocol = parse_performance_protocol(protocol_dict())
     # arm b takes 0.5 s in every pair, arm a 0.5 s x (1, 1.1, ..., 1.5): throughput ratios 1.0 .. 1.5
-    table = _table(protocol, {**{("a", i): 0.5 * (1 + 0.1 * i) for i in range(6)},
-                              **{("b", i): 0.5 for i in range(6)}})
+    table = _table(protocol, {**{("a", i): 0.5 * (1 + 0.1 * i) for i in range(6)}, **{("b", i): 0.5 for i in range(6)}})
     summary = summarise(protocol, table, REGISTRATION)
     # nanosecond counts are exact integers (< 2^53); each ratio takes four float64 divisions of them,
     # so it is within a few ulps (~1e-15 relative) of the decimal value: 1e-12 leaves a wide margin
@@ -273,8 +322,20 @@ def test_bench_verify_tamper_end_to_end(tmp_path, one_thread):
     assert result.exit_code == {PASS: 0, FAIL: 1, INCONCLUSIVE: 4}[summary["verdict"]], result.output
     assert "median ratio" in result.output and result.output.count("  pair ") == 6
     assert sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()) == sorted(
-        ["SHA256SUMS", "chunks.json", "manifest.json", "protocol.json", "protocol.yaml", "report.html", "report.md",
-         "run.json", benching.TIMINGS_FILE, "sessions.json", "summary.json"])
+        [
+            "SHA256SUMS",
+            "chunks.json",
+            "manifest.json",
+            "protocol.json",
+            "protocol.yaml",
+            "report.html",
+            "report.md",
+            "run.json",
+            benching.TIMINGS_FILE,
+            "sessions.json",
+            "summary.json",
+        ]
+    )
     table = benching.read_timings(path)
     assert "".join(table["arm"]) == "ab" + "abbaabbaabba" and (table["num_tokens"] == 2).all()
     assert _bench(["verify", str(path)]).exit_code == 0
@@ -301,8 +362,15 @@ def test_each_shipped_engine_protocol_runs_on_the_cpu_at_a_tiny_size(tmp_path, o
     # timings mean nothing): every arm configuration is one the engine accepts and runs to a
     # verifiable bundle. A copy with tiny sizes, frozen under another name.
     raw = yaml.safe_load((SHIPPED / f"{name}.yaml").read_text())
-    raw.update(name=f"{name}_cpu", device="cpu", pairs=6, warmup_rounds=1, max_tokens=2,
-               concurrency=min(raw["concurrency"], 2), profiles={})
+    raw.update(
+        name=f"{name}_cpu",
+        device="cpu",
+        pairs=6,
+        warmup_rounds=1,
+        max_tokens=2,
+        concurrency=min(raw["concurrency"], 2),
+        profiles={},
+    )
     result = _bench(["bench", str(write(tmp_path, raw)), "--output", str(tmp_path / "out"), "--quiet"])
     path = _bundle(tmp_path / "out")
     summary = json.loads((path / bundles.SUMMARY_FILE).read_text())
@@ -316,8 +384,9 @@ def test_run_sign_signs_a_performance_bundle_through_the_same_path(tmp_path, one
 
     assert _bench(["keygen", str(tmp_path / "key")]).exit_code == 0
     protocol_file = write(tmp_path, protocol_dict())
-    result = _bench(["run", str(protocol_file), "--output", str(tmp_path / "out"), "--quiet", "--sign",
-                     str(tmp_path / "key")])
+    result = _bench(
+        ["run", str(protocol_file), "--output", str(tmp_path / "out"), "--quiet", "--sign", str(tmp_path / "key")]
+    )
     path = _bundle(tmp_path / "out")
     assert f"signed: {path / signing.SIGNATURE_FILE}" in result.output, result.output
     key = signing.load_public_key(tmp_path / "key.pub")
@@ -333,8 +402,13 @@ def test_an_undecided_bench_exits_4(tmp_path, monkeypatch):
     monkeypatch.setattr(benching, "build_engines", lambda protocol: {"a": None, "b": None})
     monkeypatch.setattr(benching, "close_engines", lambda llms: None)
     monkeypatch.setattr(benching, "graph_status", lambda llm: "none (planted timings)")
-    monkeypatch.setattr(benching, "time_schedule", lambda protocol, llms, progress: _table(
-        protocol, {("b", i): 0.9 if i % 2 else 1.2 for i in range(protocol.pairs)}))
+    monkeypatch.setattr(
+        benching,
+        "time_schedule",
+        lambda protocol, llms, progress: _table(
+            protocol, {("b", i): 0.9 if i % 2 else 1.2 for i in range(protocol.pairs)}
+        ),
+    )
     result = _bench(["bench", str(write(tmp_path, protocol_dict())), "--output", str(tmp_path / "out"), "--quiet"])
     assert result.exit_code == 4 and "INCONCLUSIVE: the interval [0.8333, 1.1111]" in result.output, result.output
 
@@ -364,14 +438,18 @@ def _failing_generate(error: BaseException):
         return real_generate(self, prompts, params, progress=progress)
 
     from engine import LLM
+
     real_generate = LLM.generate
     return generate
 
 
-@pytest.mark.parametrize("error, code, words", [
-    (RuntimeError("device lost"), 3, "device lost"),
-    (KeyboardInterrupt(), 130, "interrupted"),
-])
+@pytest.mark.parametrize(
+    "error, code, words",
+    [
+        (RuntimeError("device lost"), 3, "device lost"),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ],
+)
 def test_engine_failure_and_interrupt_keep_the_bundle_unsealed(tmp_path, monkeypatch, one_thread, error, code, words):
     from engine import LLM
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 from specval import protocol as protocols
 from specval.protocol import ProtocolError, load_protocol, parse_protocol, resolve
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -96,8 +96,9 @@ BAD_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize("path,value,words", BAD_FIELDS, ids=[".".join(map(str, f[0])) + f"={f[1]!r}"
-                                                              for f in BAD_FIELDS])
+@pytest.mark.parametrize(
+    "path,value,words", BAD_FIELDS, ids=[".".join(map(str, f[0])) + f"={f[1]!r}" for f in BAD_FIELDS]
+)
 def test_bad_field_is_named_with_file_and_value(tmp_path, path, value, words):
     file = write_protocol(tmp_path, _mutated(path, value))
     with pytest.raises(ProtocolError) as err:
@@ -127,9 +128,17 @@ def test_hash_ignores_key_order_comments_whitespace_and_int_float_spelling(tmp_p
     assert load_protocol(tmp_path / "b.yaml").hash == first.hash
 
 
-@pytest.mark.parametrize("path,value", [(["alpha"], 0.02), (["prompt"], "abd"), (["sampling", "top_k"], 9),
-                                        (["profiles", "ci", "samples_per_group"], 801),
-                                        (["groups", 1, "draft_loops"], 1), (["tests", 0, "tol"], 1e-8)])
+@pytest.mark.parametrize(
+    "path,value",
+    [
+        (["alpha"], 0.02),
+        (["prompt"], "abd"),
+        (["sampling", "top_k"], 9),
+        (["profiles", "ci", "samples_per_group"], 801),
+        (["groups", 1, "draft_loops"], 1),
+        (["tests", 0, "tol"], 1e-8),
+    ],
+)
 def test_hash_changes_with_any_value(tmp_path, path, value):
     base = parse_protocol(fake_protocol_dict())
     assert parse_protocol(_mutated(path, value)).hash != base.hash
@@ -169,7 +178,9 @@ def test_duplicate_key_is_refused_with_both_lines(tmp_path):
     first, second = (i + 1 for i, line in enumerate(lines) if line.startswith("alpha:"))
     with pytest.raises(ProtocolError) as err:
         load_protocol(file)
-    assert str(file) in str(err.value) and f"lines {first} and {second}" in str(err.value) and "'alpha'" in str(err.value)
+    assert (
+        str(file) in str(err.value) and f"lines {first} and {second}" in str(err.value) and "'alpha'" in str(err.value)
+    )
 
 
 @pytest.mark.parametrize("key,value", [("alpha", ".inf"), ("min_expected", ".nan"), ("power", "-.inf")])
@@ -198,10 +209,49 @@ def test_shipped_protocols_match_their_frozen_hash(name):
 
 # ---------------------------------------------------------------- fuzz: `specval validate` on mutated protocols
 
-NASTY_NUMBERS = [0, -1, 1, 2, 2**31, 2**32 + 1, 2**64, -(2**70), 0.5, 1.0, 1e-300, -1e-300, 5e-324, 1e308, -1e308,
-                 float("inf"), float("nan"), 1e-5, 0.9999999999999999]
-TEXT_EDITS = ["&a ", "*a", "*missing", ": ", "- ", "{", "[", "]", "!!binary AAAA", "!!python/object:os.system ",
-              "!!set {a, b}", "2001-01-01", "<<: *a", "\t", "\x00", "? ", "|", "%YAML 1.1\n", "---\n", "\n  "]
+NASTY_NUMBERS = [
+    0,
+    -1,
+    1,
+    2,
+    2**31,
+    2**32 + 1,
+    2**64,
+    -(2**70),
+    0.5,
+    1.0,
+    1e-300,
+    -1e-300,
+    5e-324,
+    1e308,
+    -1e308,
+    float("inf"),
+    float("nan"),
+    1e-5,
+    0.9999999999999999,
+]
+TEXT_EDITS = [
+    "&a ",
+    "*a",
+    "*missing",
+    ": ",
+    "- ",
+    "{",
+    "[",
+    "]",
+    "!!binary AAAA",
+    "!!python/object:os.system ",
+    "!!set {a, b}",
+    "2001-01-01",
+    "<<: *a",
+    "\t",
+    "\x00",
+    "? ",
+    "|",
+    "%YAML 1.1\n",
+    "---\n",
+    "\n  ",
+]
 FUZZ_EXAMPLES = 150  # derandomized: the same 150 protocols on every run
 FUZZ_DEADLINE_S = 2.0  # per protocol, imports done; one validate takes ~10 ms, a bounded refusal < 0.1 s
 
@@ -220,9 +270,17 @@ def _nasty_values():
     deep = "x"
     for _ in range(40):
         deep = [deep]
-    return st.one_of(st.sampled_from(NASTY_NUMBERS), st.integers(), st.floats(), st.text(max_size=8), st.none(),
-                     st.booleans(), st.just(deep), st.lists(st.integers(-3, 3), max_size=3),
-                     st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=2))
+    return st.one_of(
+        st.sampled_from(NASTY_NUMBERS),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=8),
+        st.none(),
+        st.booleans(),
+        st.just(deep),
+        st.lists(st.integers(-3, 3), max_size=3),
+        st.dictionaries(st.text(max_size=4), st.integers(-3, 3), max_size=2),
+    )
 
 
 def _mutated_text(draw, base: dict) -> str:
@@ -266,8 +324,13 @@ def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_pa
     outcomes = {0: 0, 2: 0}
     assert CliRunner().invoke(main, ["validate", *(str(REPO / name) for name in FUZZ_BASES)]).exit_code == 0
 
-    @hypothesis.settings(max_examples=FUZZ_EXAMPLES, derandomize=True, deadline=None, database=None,
-                         suppress_health_check=list(hypothesis.HealthCheck))
+    @hypothesis.settings(
+        max_examples=FUZZ_EXAMPLES,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
     @hypothesis.given(st.data())
     def validate_one(data):
         text = _mutated_text(data.draw, data.draw(st.sampled_from(bases)))
@@ -279,8 +342,10 @@ def test_fuzzed_protocols_give_one_line_and_exit_0_or_2_never_a_traceback(tmp_pa
         lines = result.output.strip().splitlines()
         assert result.exception is None or isinstance(result.exception, SystemExit), (text, result.exception)
         assert result.exit_code in outcomes and "Traceback" not in result.output, (text, result.output)
-        assert len(lines) == 1 and lines[0].startswith("ok " if result.exit_code == 0 else f"error: {path}"), \
-            (text, result.output)
+        assert len(lines) == 1 and lines[0].startswith("ok " if result.exit_code == 0 else f"error: {path}"), (
+            text,
+            result.output,
+        )
         outcomes[result.exit_code] += 1
 
     validate_one()
@@ -292,8 +357,11 @@ FUZZ_BASES = ["protocols/quality_arith.yaml", "protocols/performance/perf_async_
 
 SUITES = ("sampler_suite.yaml",)  # kind: suite lists protocols and has no sizes (tests/specval/test_suite.py)
 SIZE_KEYS = ("samples_per_group", "sequences_per_group")  # distribution kind, sequence kind
-CPU_PROTOCOLS = [p for p in sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.glob("protocols/suite/*.yaml"))
-                 if p.name not in SUITES]
+CPU_PROTOCOLS = [
+    p
+    for p in sorted(REPO.glob("protocols/*.yaml")) + sorted(REPO.glob("protocols/suite/*.yaml"))
+    if p.name not in SUITES
+]
 
 
 @pytest.mark.parametrize("file", CPU_PROTOCOLS, ids=lambda path: path.stem)
@@ -327,10 +395,12 @@ def test_sequential_enters_the_hash_only_when_present(tmp_path):
     assert "sequential" not in plain.to_dict() and plain.sequential is None
     looks = {"looks": [0.25, 0.5, 1.0]}
     pocock = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential=looks), "b.yaml"))
-    explicit = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "pocock"}),
-                                            "c.yaml"))
-    linear = load_protocol(write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "linear"}),
-                                          "d.yaml"))
+    explicit = load_protocol(
+        write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "pocock"}), "c.yaml")
+    )
+    linear = load_protocol(
+        write_protocol(tmp_path, fake_protocol_dict(sequential={**looks, "spending": "linear"}), "d.yaml")
+    )
     assert pocock.sequential == protocols.SequentialSpec((0.25, 0.5, 1.0), "pocock")
     assert pocock.to_dict()["sequential"] == {"looks": [0.25, 0.5, 1.0], "spending": "pocock"}
     assert len({plain.hash, pocock.hash, linear.hash}) == 3 and explicit.hash == pocock.hash

@@ -36,9 +36,15 @@ HOSTILE = {
     "alias_bomb": (_alias_bomb(), "YAML nodes once its aliases are expanded"),
     "deep_flow": ("name: " + "[" * 5000 + "]" * 5000 + "\n", f"nested deeper than {MAX_DEPTH} levels"),
     "deep_block": ("a:\n" + "".join("  " * i + "- \n" for i in range(1, 200)), f"deeper than {MAX_DEPTH}"),
-    "aliases_deepen": ("a0: &a0 " + "[" * 20 + "1" + "]" * 20 + "\n" + "".join(
-        f"a{i}: &a{i} " + "[" * 20 + f"*a{i - 1}" + "]" * 20 + "\n" for i in range(1, 4)),
-        "deeper than 32 levels once its aliases are expanded"),
+    "aliases_deepen": (
+        "a0: &a0 "
+        + "[" * 20
+        + "1"
+        + "]" * 20
+        + "\n"
+        + "".join(f"a{i}: &a{i} " + "[" * 20 + f"*a{i - 1}" + "]" * 20 + "\n" for i in range(1, 4)),
+        "deeper than 32 levels once its aliases are expanded",
+    ),
     "alias_cycle": ("a: &x [1, *x]\n", "an alias refers to a node that contains it"),
     "too_many_nodes": ("a: [" + "1, " * MAX_NODES + "1]\n", f"more than {MAX_NODES} YAML nodes"),
     "too_large": ("prompt: " + "x" * MAX_PROTOCOL_BYTES + "\n", f"larger than {MAX_PROTOCOL_BYTES} bytes"),
@@ -71,8 +77,11 @@ def test_shared_aliases_within_the_bounds_still_parse(tmp_path):
     assert read_yaml(path) == {"common": common, "x": common, "y": {**common, "d": 3}}
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "protocols").rglob("*.yaml")) + sorted((REPO / "examples").rglob("*.yaml")),
-                         ids=lambda p: p.relative_to(REPO).as_posix())
+@pytest.mark.parametrize(
+    "path",
+    sorted((REPO / "protocols").rglob("*.yaml")) + sorted((REPO / "examples").rglob("*.yaml")),
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
 def test_every_shipped_protocol_is_well_within_the_bounds(path):
     assert path.stat().st_size < MAX_PROTOCOL_BYTES // 16
     assert read_yaml(path) == yaml.safe_load(path.read_text())

@@ -19,12 +19,22 @@ PROTOCOLS = Path(__file__).resolve().parents[3] / "protocols"
 
 
 def quality_dict(profiles: dict) -> dict:
-    return {"kind": "quality", "name": "quality_fake", "sut": {"adapter": "engine"},
-            "task": {"name": "arith", "metric": "exact", "options": {"seed": 0}},
-            "sampling": {"temperature": 0.7, "top_p": 0.95}, "num_speculative_tokens": 2, "max_tokens": 4,
-            "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 1}],
-            "baseline": "nospec", "num_items": 20, "seeds_per_item": 2, "margin": 0.05, "alpha": 0.05,
-            "profiles": profiles}
+    return {
+        "kind": "quality",
+        "name": "quality_fake",
+        "sut": {"adapter": "engine"},
+        "task": {"name": "arith", "metric": "exact", "options": {"seed": 0}},
+        "sampling": {"temperature": 0.7, "top_p": 0.95},
+        "num_speculative_tokens": 2,
+        "max_tokens": 4,
+        "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 1}],
+        "baseline": "nospec",
+        "num_items": 20,
+        "seeds_per_item": 2,
+        "margin": 0.05,
+        "alpha": 0.05,
+        "profiles": profiles,
+    }
 
 
 def load(tmp_path: Path, raw: dict):
@@ -50,17 +60,20 @@ def test_a_profile_margin_enters_the_registration_hash(tmp_path):
     assert len({plain.hash, wider.hash, other.hash}) == 3
 
 
-@pytest.mark.parametrize("value, message", [
-    (0, "must lie in (0, 1) (got 0)"),
-    (1, "must lie in (0, 1) (got 1)"),
-    (1.5, "must lie in (0, 1) (got 1.5)"),
-    (-0.1, "must lie in (0, 1) (got -0.1)"),
-    (0.0, "must lie in (0, 1) (got 0.0)"),
-    ("0.1", "expected a number (got '0.1')"),
-    (True, "expected a number (got True)"),
-    (float("nan"), "expected a finite number"),
-    ([0.1], "expected a number (got [0.1])"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (0, "must lie in (0, 1) (got 0)"),
+        (1, "must lie in (0, 1) (got 1)"),
+        (1.5, "must lie in (0, 1) (got 1.5)"),
+        (-0.1, "must lie in (0, 1) (got -0.1)"),
+        (0.0, "must lie in (0, 1) (got 0.0)"),
+        ("0.1", "expected a number (got '0.1')"),
+        (True, "expected a number (got True)"),
+        (float("nan"), "expected a finite number"),
+        ([0.1], "expected a number (got [0.1])"),
+    ],
+)
 def test_a_bad_profile_margin_is_refused_naming_file_key_and_value(tmp_path, value, message):
     with pytest.raises(ProtocolError) as err:
         load(tmp_path, quality_dict({"smoke": {"num_items": 5, "margin": value}}))
@@ -70,9 +83,14 @@ def test_a_bad_profile_margin_is_refused_naming_file_key_and_value(tmp_path, val
 
 
 def test_a_profile_key_still_refused_names_margin_among_those_allowed(tmp_path):
-    with pytest.raises(ProtocolError, match=re.escape("profiles.smoke.margn: a profile may only set ['num_items', "
-                                                      "'seeds_per_item', 'max_tokens', 'batch_size', 'margin']")
-                       + ".*did you mean 'margin'"):
+    with pytest.raises(
+        ProtocolError,
+        match=re.escape(
+            "profiles.smoke.margn: a profile may only set ['num_items', "
+            "'seeds_per_item', 'max_tokens', 'batch_size', 'margin']"
+        )
+        + ".*did you mean 'margin'",
+    ):
         load(tmp_path, quality_dict({"smoke": {"margn": 0.1}}))
     with pytest.raises(ProtocolError, match=re.escape("profiles.smoke.num_items: expected an integer (got 0.5)")):
         load(tmp_path, quality_dict({"smoke": {"num_items": 0.5}}))  # the integer keys stay integers

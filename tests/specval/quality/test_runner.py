@@ -20,10 +20,10 @@ import yaml
 from click.testing import CliRunner
 
 from specval import bundle as bundles
-from specval.quality import runner as quality
-from specval.cli import main
 from specval.adapters.engine import Completion
+from specval.cli import main
 from specval.protocol import ProtocolError, freeze
+from specval.quality import runner as quality
 from specval.quality.protocol import load_quality_protocol
 from specval.stats.mcnemar import newcombe_paired_ci
 from specval.tasks.arith import evaluate
@@ -34,12 +34,23 @@ QUESTION = re.compile(r"What is ([0-9 +-]+)\?\nA:$")
 
 
 def protocol_dict(num_items: int, regression: float = 0.0, margin: float = 0.1) -> dict:
-    return {"kind": "quality", "name": "quality_fake", "sut": {"adapter": "engine", "options": {"regression": regression}},
-            "task": {"name": "arith", "metric": "exact", "options": {"seed": 0}},
-            "sampling": {"temperature": 0.7, "top_p": 0.95}, "num_speculative_tokens": 2, "max_tokens": 4,
-            "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 1}],
-            "baseline": "nospec", "num_items": num_items, "seeds_per_item": 2, "margin": margin, "alpha": 0.05,
-            "batch_size": 50, "profiles": {"smoke": {"num_items": 3, "seeds_per_item": 1}}}
+    return {
+        "kind": "quality",
+        "name": "quality_fake",
+        "sut": {"adapter": "engine", "options": {"regression": regression}},
+        "task": {"name": "arith", "metric": "exact", "options": {"seed": 0}},
+        "sampling": {"temperature": 0.7, "top_p": 0.95},
+        "num_speculative_tokens": 2,
+        "max_tokens": 4,
+        "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 1}],
+        "baseline": "nospec",
+        "num_items": num_items,
+        "seeds_per_item": 2,
+        "margin": margin,
+        "alpha": 0.05,
+        "batch_size": 50,
+        "profiles": {"smoke": {"num_items": 3, "seeds_per_item": 1}},
+    }
 
 
 def write(tmp_path, raw: dict, name: str = "quality_fake.yaml"):
@@ -79,8 +90,9 @@ class ScriptedSUT:
 
 
 def run(tmp_path, raw, profile=None):
-    return quality.run(write(tmp_path, raw), profile, tmp_path / "results", progress=False,
-                       sut_factory=ScriptedSUT, command=["test"])
+    return quality.run(
+        write(tmp_path, raw), profile, tmp_path / "results", progress=False, sut_factory=ScriptedSUT, command=["test"]
+    )
 
 
 def test_no_regression_passes_and_the_bundle_verifies(tmp_path):
@@ -110,8 +122,9 @@ def test_tampered_completion_is_caught_by_verify(tmp_path):
 def test_quality_samples_are_hashed_as_written_and_a_sealed_bundle_is_not_resumed(tmp_path):
     path, _ = run(tmp_path, protocol_dict(5))
     recorded = bundles.read_chunk_index(path)
-    assert recorded == {f"samples/{g}.json": bundles.sha256_file(path / "samples" / f"{g}.json")
-                        for g in ("nospec", "sync")}
+    assert recorded == {
+        f"samples/{g}.json": bundles.sha256_file(path / "samples" / f"{g}.json") for g in ("nospec", "sync")
+    }
     assert bundles.chain_problems(path, bundles.read_json(path / "chunks.json")) == []
     with pytest.raises(bundles.BundleError, match="a sealed bundle is never re-opened"):
         quality.run(None, None, tmp_path / "results", resume=path, progress=False, sut_factory=ScriptedSUT)
@@ -148,8 +161,9 @@ def test_cli_dispatches_quality_protocols_and_exits_4_when_inconclusive(tmp_path
     # 3 pairs: the interval cannot clear a 0.1 margin (deterministic for these seeds), so INCONCLUSIVE
     monkeypatch.setattr(quality, "open_sut", ScriptedSUT)
     file = write(tmp_path, protocol_dict(10, regression=0.1))
-    result = CliRunner().invoke(main, ["run", str(file), "--profile", "smoke", "--output", str(tmp_path / "r"),
-                                       "--quiet"])
+    result = CliRunner().invoke(
+        main, ["run", str(file), "--profile", "smoke", "--output", str(tmp_path / "r"), "--quiet"]
+    )
     assert result.exit_code == 4 and "INCONCLUSIVE: non-inferiority not established" in result.output, result.output
     bundle = result.output.strip().splitlines()[-1].removeprefix("bundle: ")
     assert bundles.read_json(tmp_path / "r" / "ledger.json")["ranges"][0]["stop"] == 3  # 3 items x 1 seed
@@ -160,21 +174,27 @@ def test_cli_dispatches_quality_protocols_and_exits_4_when_inconclusive(tmp_path
 def test_same_seeds_in_every_group_and_fresh_seeds_per_run(tmp_path):
     first, _ = run(tmp_path, protocol_dict(5))
     second, _ = run(tmp_path, protocol_dict(5))
-    seeds = [[r["seed"] for r in bundles.read_json(path / "samples" / f"{g}.json")]
-             for path in (first, second) for g in ("nospec", "sync")]
+    seeds = [
+        [r["seed"] for r in bundles.read_json(path / "samples" / f"{g}.json")]
+        for path in (first, second)
+        for g in ("nospec", "sync")
+    ]
     assert seeds[0] == seeds[1] and seeds[2] == seeds[3]
     assert not set(seeds[0]) & set(seeds[2])
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("margn", 0.1, "margn: unknown key; did you mean 'margin'"),
-    ("baseline", "base", "baseline: must be one of"),
-    ("margin", 1.5, "margin: must lie in (0, 1)"),
-    ("task", {"name": "arith", "metric": "flexible_extract"}, "task.metric: must be one of ['exact']"),
-    ("task", {"name": "arith", "metric": "exact", "options": {"num_digit": 2}}, "did you mean 'num_digits'"),
-    ("task", {"name": "arith", "metric": "exact", "options": {"num_digits": 0}}, "num_digits"),
-    ("profiles", {"smoke": {"samples_per_group": 3}}, "a profile may only set"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("margn", 0.1, "margn: unknown key; did you mean 'margin'"),
+        ("baseline", "base", "baseline: must be one of"),
+        ("margin", 1.5, "margin: must lie in (0, 1)"),
+        ("task", {"name": "arith", "metric": "flexible_extract"}, "task.metric: must be one of ['exact']"),
+        ("task", {"name": "arith", "metric": "exact", "options": {"num_digit": 2}}, "did you mean 'num_digits'"),
+        ("task", {"name": "arith", "metric": "exact", "options": {"num_digits": 0}}, "num_digits"),
+        ("profiles", {"smoke": {"samples_per_group": 3}}, "a profile may only set"),
+    ],
+)
 def test_bad_protocol_names_key_and_value(tmp_path, key, value, message):
     raw = protocol_dict(5)
     raw[key] = value
@@ -193,8 +213,9 @@ def test_cli_validates_and_freezes_quality_protocols(tmp_path):
     """`validate` and `freeze` parse a quality protocol with its own schema: the shipped ones are
     frozen, a copy freezes into its own lock, and a changed value is reported as changed."""
     runner = CliRunner()
-    shipped = runner.invoke(main, ["validate", str(PROTOCOLS / "quality_arith.yaml"),
-                                   str(PROTOCOLS / "quality_gsm8k.yaml")])
+    shipped = runner.invoke(
+        main, ["validate", str(PROTOCOLS / "quality_arith.yaml"), str(PROTOCOLS / "quality_gsm8k.yaml")]
+    )
     assert shipped.exit_code == 0, shipped.output
     assert shipped.output.count("(frozen)") == 2
     copy = tmp_path / "quality_fake.yaml"
@@ -217,17 +238,21 @@ def margin_dict(num_items: int, regression: float, margin: float, profile_margin
     return raw
 
 
-@pytest.mark.parametrize("regression, margin, profile_margin, expected", [
-    # regression 0.04 on a 0.5 baseline (true diff -0.02), 200 pairs: these seeds give 4 losses and
-    # no wins, CI [-0.039, -0.001]: it clears -0.1 but straddles -0.03. A fresh seed gives this pair
-    # of verdicts iff 3 <= losses <= 13 (losses ~ Bin(200, 0.02)): probability about 0.76.
-    (0.04, 0.03, 0.1, ("INCONCLUSIVE", "PASS")),
-    # regression 0.4 on a 0.5 baseline (true diff -0.2): 37 losses, CI [-0.237, -0.130], below -0.1
-    # (FAIL) and above -0.3 (PASS). A fresh seed: iff 30 <= losses <= 48 of Bin(200, 0.2), about 0.93.
-    (0.4, 0.3, 0.1, ("PASS", "FAIL")),
-])
-def test_the_profile_margin_decides_the_verdict_summary_report_and_verify(tmp_path, regression, margin, profile_margin,
-                                                                         expected):
+@pytest.mark.parametrize(
+    "regression, margin, profile_margin, expected",
+    [
+        # regression 0.04 on a 0.5 baseline (true diff -0.02), 200 pairs: these seeds give 4 losses and
+        # no wins, CI [-0.039, -0.001]: it clears -0.1 but straddles -0.03. A fresh seed gives this pair
+        # of verdicts iff 3 <= losses <= 13 (losses ~ Bin(200, 0.02)): probability about 0.76.
+        (0.04, 0.03, 0.1, ("INCONCLUSIVE", "PASS")),
+        # regression 0.4 on a 0.5 baseline (true diff -0.2): 37 losses, CI [-0.237, -0.130], below -0.1
+        # (FAIL) and above -0.3 (PASS). A fresh seed: iff 30 <= losses <= 48 of Bin(200, 0.2), about 0.93.
+        (0.4, 0.3, 0.1, ("PASS", "FAIL")),
+    ],
+)
+def test_the_profile_margin_decides_the_verdict_summary_report_and_verify(
+    tmp_path, regression, margin, profile_margin, expected
+):
     """The same data judged at the protocol's margin (no profile) and at the smoke profile's margin:
     the verdict, summary.json, the report and `specval verify`'s recomputation all use the resolved
     profile's margin. Deterministic (ScriptedSUT, fixed seeds); the rates beside each case say how
@@ -278,7 +303,7 @@ GSM8K_ACCURACY = 0.025
 REPLICATES = 2000
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def table_verdict(both: int, wins: int, losses: int, neither: int, alpha: float, margin: float) -> str:
     """The shipped verdict of one paired table (the run computes the same interval from the flags)."""
     return quality.comparison_verdict(*newcombe_paired_ci(both, wins, losses, neither, alpha), margin)[0]
@@ -295,14 +320,19 @@ def simulated_verdicts(protocol, accuracy: float, discordance: float | None, see
             speculative.append(np.zeros_like(nospec))
         else:
             draws = rng.random(nospec.shape)
-            speculative.append(np.where(nospec, draws >= discordance / (2 * accuracy),
-                                        draws < discordance / (2 * (1 - accuracy))))
-    tables = [np.stack([(nospec & b).sum(1), (~nospec & b).sum(1), (nospec & ~b).sum(1), (~nospec & ~b).sum(1)], 1)
-              for b in speculative]
+            speculative.append(
+                np.where(nospec, draws >= discordance / (2 * accuracy), draws < discordance / (2 * (1 - accuracy)))
+            )
+    tables = [
+        np.stack([(nospec & b).sum(1), (~nospec & b).sum(1), (nospec & ~b).sum(1), (~nospec & ~b).sum(1)], 1)
+        for b in speculative
+    ]
     verdicts = []
     for row in zip(*tables):
-        tests = {name: {"role": "primary", "verdict": table_verdict(*map(int, t), protocol.alpha, protocol.margin)}
-                 for name, t in zip(("sync", "async"), row)}
+        tests = {
+            name: {"role": "primary", "verdict": table_verdict(*map(int, t), protocol.alpha, protocol.margin)}
+            for name, t in zip(("sync", "async"), row)
+        }
         verdicts.append(quality.overall(tests)[0])
     return np.array(verdicts)
 

@@ -15,8 +15,6 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
-from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
-from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 from specval import bundle as bundles
 from specval import report
@@ -24,6 +22,8 @@ from specval.distribution import runner
 from specval.execution import RunInterrupted
 from specval.protocol import load_protocol, resolve
 from specval.report.figure_pool import SUMMARY_FIGURES, FigurePool, predicted_criteria, worker_count
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.fake_sut import FakeSUT, KilledFakeSUT
 
 KEPT = Path(__file__).resolve().parents[3] / "reports" / "t2_fp32-20261201T013950Z"  # 3 groups x 5,000 samples
 
@@ -32,8 +32,14 @@ KEPT = Path(__file__).resolve().parents[3] / "reports" / "t2_fp32-20261201T01395
 def pooled_bundle(tmp_path_factory) -> Path:
     """A fake-SUT ci run whose figures one worker rendered (early observed-vs-expected figures included)."""
     root = tmp_path_factory.mktemp("pooled")
-    path, summary = runner.run(write_protocol(root, fake_protocol_dict()), "ci", root / "results",
-                               sut_factory=FakeSUT, progress=False, figure_workers=1)
+    path, summary = runner.run(
+        write_protocol(root, fake_protocol_dict()),
+        "ci",
+        root / "results",
+        sut_factory=FakeSUT,
+        progress=False,
+        figure_workers=1,
+    )
     assert summary["verdict"] == "PASS", summary["reason"]
     assert multiprocessing.active_children() == []  # the worker is shut down with the run
     return path
@@ -99,15 +105,22 @@ def test_a_lost_worker_falls_back_to_serial_rendering_with_one_line(pooled_bundl
 
 def test_an_interrupted_run_shuts_its_workers_down(tmp_path):
     with pytest.raises(RunInterrupted):
-        runner.run(write_protocol(tmp_path, fake_protocol_dict()), "ci", tmp_path / "results",
-                   sut_factory=KilledFakeSUT, progress=False, figure_workers=1)
+        runner.run(
+            write_protocol(tmp_path, fake_protocol_dict()),
+            "ci",
+            tmp_path / "results",
+            sut_factory=KilledFakeSUT,
+            progress=False,
+            figure_workers=1,
+        )
     assert multiprocessing.active_children() == []
 
 
 def test_worker_count_leaves_a_core_to_the_run_and_is_serial_for_small_runs_or_one_core(tmp_path):
     small = resolve(load_protocol(write_protocol(tmp_path, fake_protocol_dict())), "ci")  # 2 x 800 samples
-    large = resolve(load_protocol(write_protocol(tmp_path, fake_protocol_dict(samples_per_group=60_000),
-                                                 name="large.yaml")), None)  # 2 x 60,000 samples
+    large = resolve(
+        load_protocol(write_protocol(tmp_path, fake_protocol_dict(samples_per_group=60_000), name="large.yaml")), None
+    )  # 2 x 60,000 samples
     figures = len(predicted_criteria(large)) + SUMMARY_FIGURES
     assert worker_count(small, cpus=64) == 0
     assert worker_count(large, cpus=1) == 0

@@ -21,15 +21,28 @@ def test_cases_carry_statistic_p_value_mde_sample_size_and_the_bundle(tmp_path):
     write_junit(summary, tmp_path / "j.xml", KEPT)
     suite = ET.parse(tmp_path / "j.xml").getroot()
     facts = _properties(suite)
-    assert facts == {"protocol": "t2_fp32", "protocol_hash": summary["protocol"]["hash"], "profile": "ci",
-                     "verdict": "PASS", "exploratory": "False", "bundle": str(KEPT)}
+    assert facts == {
+        "protocol": "t2_fp32",
+        "protocol_hash": summary["protocol"]["hash"],
+        "profile": "ci",
+        "verdict": "PASS",
+        "exploratory": "False",
+        "bundle": str(KEPT),
+    }
     cases = {case.get("name"): case for case in suite.iter("testcase")}
     assert set(cases) == set(summary["tests"])
     t2 = summary["tests"]["t2_gof.sync"]
     recorded = _properties(cases["t2_gof.sync"])
-    assert recorded == {"statistic": str(t2["statistic"]), "p_value": str(t2["p_value"]),
-                        "p_adjusted": str(t2["p_adjusted"]), "mde": str(t2["mde_tv"]), "mde_label": t2["mde_label"],
-                        "sample_size": str(t2["effective_n"]), "planned_n": str(t2["planned_n"]), "bundle": str(KEPT)}
+    assert recorded == {
+        "statistic": str(t2["statistic"]),
+        "p_value": str(t2["p_value"]),
+        "p_adjusted": str(t2["p_adjusted"]),
+        "mde": str(t2["mde_tv"]),
+        "mde_label": t2["mde_label"],
+        "sample_size": str(t2["effective_n"]),
+        "planned_n": str(t2["planned_n"]),
+        "bundle": str(KEPT),
+    }
     assert _properties(cases["out_of_range.sync"]).keys() == {"statistic", "bundle"}  # a count, no p-value or MDE
     assert cases["t2_gof.sync"][0].tag == "properties"  # before any <failure> / <skipped>, as the schema orders
 

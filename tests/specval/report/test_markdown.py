@@ -26,8 +26,9 @@ def test_the_title_says_exploratory_only_for_an_exploratory_run():
     assert verdict_text(summary) == "PASS" and verdict_text(_exploratory(summary)) == "EXPLORATORY PASS"
     assert render_markdown(summary, manifest, {}).startswith("# t2_fp32: PASS\n")
     assert render_markdown(_exploratory(summary), manifest, {}).startswith("# t2_fp32: EXPLORATORY PASS\n")
-    assert "<h1>t2_fp32: <span class='PASS'>EXPLORATORY PASS</span></h1>" in render_html(_exploratory(summary),
-                                                                                          manifest, {})
+    assert "<h1>t2_fp32: <span class='PASS'>EXPLORATORY PASS</span></h1>" in render_html(
+        _exploratory(summary), manifest, {}
+    )
     assert "<h1>t2_fp32: <span class='PASS'>PASS</span></h1>" in render_html(summary, manifest, {})
 
 

@@ -43,24 +43,36 @@ def test_companions_enter_the_hash_only_where_a_group_has_them():
     assert parse_sequence_protocol(raw, "x.yaml").hash != mixed.hash
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"batch_size": 41, "sequences_per_group": 164}, "batch_size"),
-    ({"sequences_per_group": 150}, "sequences_per_group"),
-    ({"sequences_per_group": 120}, "sequences_per_group"),  # 3 batches < 2 per prompt x 2 prompts
-    ({"num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1}, "num_speculative_tokens"),
-    ({"groups": [{"name": "nospec", "mode": "nospec", "draft": "noisy"}]}, "groups[0].draft"),
-    ({"groups": [{"name": "s", "mode": "sync", "draft": "clever"}]}, "groups[0].draft"),
-    ({"tests": [{"kind": "pit", "role": "secondary"}]}, "tests"),
-    ({"profiles": {"smoke": {"sequences_per_group": 100}}}, "sequences_per_group"),
-    ({"groups": [{"name": "m", "mode": "sync", "companions": []}]}, "groups[0].companions"),
-    ({"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 1e-9}]}]},
-     "groups[0].companions[0].temperature"),
-    ({"groups": [{"name": "m", "mode": "sync", "companions": [{"top_k": 3}]}]}, "groups[0].companions[0].temperature"),
-    ({"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 0, "seed": 3}]}]},
-     "groups[0].companions[0].seed"),
-    ({"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 0.7, "top_p": 0}]}]},
-     "groups[0].companions[0].top_p"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"batch_size": 41, "sequences_per_group": 164}, "batch_size"),
+        ({"sequences_per_group": 150}, "sequences_per_group"),
+        ({"sequences_per_group": 120}, "sequences_per_group"),  # 3 batches < 2 per prompt x 2 prompts
+        ({"num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1}, "num_speculative_tokens"),
+        ({"groups": [{"name": "nospec", "mode": "nospec", "draft": "noisy"}]}, "groups[0].draft"),
+        ({"groups": [{"name": "s", "mode": "sync", "draft": "clever"}]}, "groups[0].draft"),
+        ({"tests": [{"kind": "pit", "role": "secondary"}]}, "tests"),
+        ({"profiles": {"smoke": {"sequences_per_group": 100}}}, "sequences_per_group"),
+        ({"groups": [{"name": "m", "mode": "sync", "companions": []}]}, "groups[0].companions"),
+        (
+            {"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 1e-9}]}]},
+            "groups[0].companions[0].temperature",
+        ),
+        (
+            {"groups": [{"name": "m", "mode": "sync", "companions": [{"top_k": 3}]}]},
+            "groups[0].companions[0].temperature",
+        ),
+        (
+            {"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 0, "seed": 3}]}]},
+            "groups[0].companions[0].seed",
+        ),
+        (
+            {"groups": [{"name": "m", "mode": "sync", "companions": [{"temperature": 0.7, "top_p": 0}]}]},
+            "groups[0].companions[0].top_p",
+        ),
+    ],
+)
 def test_bad_values_name_the_key_and_the_file(overrides, key):
     with pytest.raises(ProtocolError) as err:
         parse_sequence_protocol(sequence_protocol_dict(**overrides), "bad.yaml")

@@ -15,9 +15,14 @@ from specval.protocol import ProtocolError
 from specval.sequence import runner
 from tests.fixtures.sequence_protocol import write_sequence_protocol
 
-SMALL = {"groups": [{"name": "sync", "mode": "sync"}],
-         "tests": [{"kind": "pit", "role": "primary"}, {"kind": "independence", "role": "primary"},
-                   {"kind": "reproducibility", "role": "control"}]}
+SMALL = {
+    "groups": [{"name": "sync", "mode": "sync"}],
+    "tests": [
+        {"kind": "pit", "role": "primary"},
+        {"kind": "independence", "role": "primary"},
+        {"kind": "reproducibility", "role": "control"},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +37,14 @@ def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
     assert summary["verdict"] == "PASS", summary["reason"]
     names = set(summary["tests"])
     for group in ("nospec", "sync", "adversarial", "mixed"):
-        assert {f"pit_pooled.{group}", f"pit_position.{group}", f"pit_path.{group}", f"serial.{group}",
-                f"support.{group}", f"reproducible.{group}"} <= names
+        assert {
+            f"pit_pooled.{group}",
+            f"pit_position.{group}",
+            f"pit_path.{group}",
+            f"serial.{group}",
+            f"support.{group}",
+            f"reproducible.{group}",
+        } <= names
     assert {"equal_t1_adjacent.sync", "association_cross.sync", "identical.sync"} <= names
     assert summary["groups"]["sync"]["round_positions"]["4"] > 0  # the bonus position is tested
     assert summary["tests"]["companions.mixed"]["verdict"] == "PASS"
@@ -70,8 +81,11 @@ def test_verify_recomputes_the_verdict_from_the_stored_samples(correct_run, tmp_
 
 
 def test_a_draft_override_needs_the_adapter_capability(tmp_path):
-    file = write_sequence_protocol(tmp_path, sut={"adapter": "tests.fixtures.fake_sut:FakeSUT"},
-                                   groups=[{"name": "sync", "mode": "sync", "draft": "noisy"}])
+    file = write_sequence_protocol(
+        tmp_path,
+        sut={"adapter": "tests.fixtures.fake_sut:FakeSUT"},
+        groups=[{"name": "sync", "mode": "sync", "draft": "noisy"}],
+    )
     with pytest.raises(ProtocolError, match="draft_overrides"):
         runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert not (tmp_path / "out" / "ledger.json").exists()  # refused before any seed is claimed
@@ -79,34 +93,52 @@ def test_a_draft_override_needs_the_adapter_capability(tmp_path):
 
 # Sizes per bug: the position and path bugs are killed at half the default 160 sequences (a tenth of
 # the tokens the default takes); the cross-request bug needs the default's 80 adjacent pairs.
-@pytest.mark.parametrize("mutant, killer, sequences", [
-    ("wrong_bonus_row", "pit_position.sync", 80),
-    ("reuse_accept", "pit_path.sync", 80),
-    ("correlated_streams", "association_adjacent.sync", 160),
-])
+@pytest.mark.parametrize(
+    "mutant, killer, sequences",
+    [
+        ("wrong_bonus_row", "pit_position.sync", 80),
+        ("reuse_accept", "pit_path.sync", 80),
+        ("correlated_streams", "association_adjacent.sync", 160),
+    ],
+)
 def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, sequences):
-    file = write_sequence_protocol(tmp_path, name=f"chain_{mutant}", **SMALL,
-                                   sequences_per_group=sequences, batch_size=sequences // 4,
-                                   sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
+    file = write_sequence_protocol(
+        tmp_path,
+        name=f"chain_{mutant}",
+        **SMALL,
+        sequences_per_group=sequences,
+        batch_size=sequences // 4,
+        sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}},
+    )
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
 
 
-MIXED = {"groups": [{"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}, {"temperature": 0.5}]}],
-         "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
-         "sequences_per_group": 80, "batch_size": 20}
+MIXED = {
+    "groups": [{"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}, {"temperature": 0.5}]}],
+    "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
+    "sequences_per_group": 80,
+    "batch_size": 20,
+}
 
 
-@pytest.mark.parametrize("mutant, killer", [
-    ("mixed_leak", "pit_pooled.mixed"),  # the tested rows take a companion's temperature
-    ("greedy_ignored", "companions.mixed"),  # greedy companions are sampled
-])
+@pytest.mark.parametrize(
+    "mutant, killer",
+    [
+        ("mixed_leak", "pit_pooled.mixed"),  # the tested rows take a companion's temperature
+        ("greedy_ignored", "companions.mixed"),  # greedy companions are sampled
+    ],
+)
 def test_a_law_that_depends_on_the_batch_mix_fails(tmp_path, mutant, killer):
     """mixed_leak: tested rows at temperature 0.5 instead of 1 (TV far above the pooled MDE at 2,560
     tokens; p at the Monte Carlo floor); its re-run, a batch without companions, differs too.
     greedy_ignored: a companion that should take the argmax samples: deterministic."""
-    file = write_sequence_protocol(tmp_path, name=f"chain_{mutant}", **MIXED,
-                                   sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}})
+    file = write_sequence_protocol(
+        tmp_path,
+        name=f"chain_{mutant}",
+        **MIXED,
+        sut={"adapter": "tests.fixtures.chain_sut:ChainSUT", "options": {"mutant": mutant}},
+    )
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
     if mutant == "mixed_leak":

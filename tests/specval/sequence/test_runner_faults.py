@@ -30,10 +30,16 @@ from tests.fixtures.chain_sut import VOCAB, ChainSUT
 from tests.fixtures.sequence_protocol import write_sequence_protocol
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = {"prompts": ["alpha"], "groups": [{"name": "sync", "mode": "sync"}],
-        "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
-        "sequences_per_group": 16, "batch_size": 4, "sequence_length": 16, "profiles": {},
-        "sut": {"adapter": ADAPTER}}
+TINY = {
+    "prompts": ["alpha"],
+    "groups": [{"name": "sync", "mode": "sync"}],
+    "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
+    "sequences_per_group": 16,
+    "batch_size": 4,
+    "sequence_length": 16,
+    "profiles": {},
+    "sut": {"adapter": ADAPTER},
+}
 MIXED = {"groups": [{"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}]}]}
 NOISY = {"groups": [{"name": "sync", "mode": "sync", "draft": "noisy"}]}
 
@@ -112,16 +118,25 @@ def _fail_writing(monkeypatch, suffix: str, code: int) -> None:
 # ---------------------------------------------------------------- 1. probe before claim
 
 
-@pytest.mark.parametrize("fault, overrides, words", [
-    (Fault("__init__", "raises"), {}, ["the adapter's import or constructor", "planted constructor failure"]),
-    # the probe draws K + 2 = 5 tokens per sequence (runner.probe_length), not the run's 16
-    (Fault("sample", "short"), {}, ["sample (probe, group 'sync')", "tokens has shape (2, 4), expected (2, 5)"]),
-    (Fault("sample", "raises"), {}, ["sample: RuntimeError: planted adapter failure"]),
-    (Fault("sample_mixed", "float_tokens"), MIXED, ["sample_mixed (probe, group 'mixed')", "tokens has dtype float64"]),
-    (Fault("target_logits_along", "nan"), {}, ["target_logits_along (probe, group 'sync')", "1 NaN logit(s)"]),
-], ids=["constructor", "sample", "sample_raises", "sample_mixed", "target_logits_along"])
-def test_a_broken_adapter_is_refused_by_the_probe_before_any_seed_is_claimed(tmp_path, monkeypatch, fault,
-                                                                          overrides, words):
+@pytest.mark.parametrize(
+    "fault, overrides, words",
+    [
+        (Fault("__init__", "raises"), {}, ["the adapter's import or constructor", "planted constructor failure"]),
+        # the probe draws K + 2 = 5 tokens per sequence (runner.probe_length), not the run's 16
+        (Fault("sample", "short"), {}, ["sample (probe, group 'sync')", "tokens has shape (2, 4), expected (2, 5)"]),
+        (Fault("sample", "raises"), {}, ["sample: RuntimeError: planted adapter failure"]),
+        (
+            Fault("sample_mixed", "float_tokens"),
+            MIXED,
+            ["sample_mixed (probe, group 'mixed')", "tokens has dtype float64"],
+        ),
+        (Fault("target_logits_along", "nan"), {}, ["target_logits_along (probe, group 'sync')", "1 NaN logit(s)"]),
+    ],
+    ids=["constructor", "sample", "sample_raises", "sample_mixed", "target_logits_along"],
+)
+def test_a_broken_adapter_is_refused_by_the_probe_before_any_seed_is_claimed(
+    tmp_path, monkeypatch, fault, overrides, words
+):
     plant(monkeypatch, fault)
     line = _one_line(_run(tmp_path, **overrides), 3)
     assert all(word in line for word in words) and "no seed was claimed" in line, line
@@ -130,12 +145,16 @@ def test_a_broken_adapter_is_refused_by_the_probe_before_any_seed_is_claimed(tmp
     assert len(list(out.glob("probe-error-*.log"))) == 1
 
 
-@pytest.mark.parametrize("capabilities, overrides, word", [
-    ({"draft_overrides": ()}, NOISY, "draft_overrides"),
-    ({"mixed_sampling": False}, MIXED, "mixed_sampling"),
-])
-def test_a_protocol_asking_what_the_adapter_does_not_declare_is_refused(tmp_path, monkeypatch, capabilities,
-                                                                        overrides, word):
+@pytest.mark.parametrize(
+    "capabilities, overrides, word",
+    [
+        ({"draft_overrides": ()}, NOISY, "draft_overrides"),
+        ({"mixed_sampling": False}, MIXED, "mixed_sampling"),
+    ],
+)
+def test_a_protocol_asking_what_the_adapter_does_not_declare_is_refused(
+    tmp_path, monkeypatch, capabilities, overrides, word
+):
     declare(monkeypatch, capabilities=capabilities)
     line = _one_line(_run(tmp_path, **overrides), 2)
     assert word in line and "does not declare" in line, line
@@ -145,34 +164,45 @@ def test_a_protocol_asking_what_the_adapter_does_not_declare_is_refused(tmp_path
 def test_an_adapter_without_target_logits_along_is_refused(tmp_path):
     file = write_sequence_protocol(tmp_path, **TINY)
     with pytest.raises(ProtocolError, match="needs target_logits_along"):
-        runner.run(file, None, tmp_path / "out", exploratory=True, progress=False,
-                   sut_factory=chain_faults.WithoutReplay)
+        runner.run(
+            file, None, tmp_path / "out", exploratory=True, progress=False, sut_factory=chain_faults.WithoutReplay
+        )
     assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- 2. the contract, checked on every call
 
 
-@pytest.mark.parametrize("fault, overrides, words", [
-    (Fault("sample", "not_a_batch", 1), {}, ["sample (batch 0, group 'sync')", "returned tuple"]),
-    (Fault("sample", "short", 1), {}, ["tokens has shape (4, 15), expected (4, 16)"]),
-    (Fault("sample", "missing_row", 1), {}, ["tokens has shape (3, 16), expected (4, 16)"]),
-    (Fault("sample", "float_tokens", 1), {}, ["tokens has dtype float64, expected an integer dtype"]),
-    (Fault("sample", "count_shape", 1), {}, ["num_rounds has shape (3,), expected (4,)"]),
-    (Fault("sample", "unknown_source", 1), {}, ["sources holds 1 unknown value(s)", "row 0, position 0: 'draft'"]),
-    (Fault("sample", "out_of_range", 1), {}, [f"outside [0, {VOCAB})", f"row 0, position 0: {VOCAB}"]),
-    (Fault("sample", "short", 5), {}, ["sample (re-run, group 'sync')", "tokens has shape (4, 15)"]),
-    (Fault("sample_mixed", "short", 1), MIXED, ["sample_mixed (batch 0, group 'mixed')", "tokens has shape (8, 15)"]),
-    (Fault("target_logits_along", "short", 1), {}, ["target_logits_along (group 'sync', sequence 0)",
-                                                     "returned float32[15, 24]"]),
-    (Fault("target_logits_along", "int", 1), {}, ["returned int64[16, 24], expected float[16, 24]"]),
-    (Fault("target_logits_along", "nan", 1), {}, ["1 NaN logit(s)", "position 1, token 2: nan"]),
-    (Fault("target_logits_along", "posinf", 1), {}, ["1 +inf logit(s)", "position 1, token 2: inf"]),
-    (Fault("target_logits_along", "no_finite", 1), {}, ["no finite logit at position 1"]),
-    (Fault("target_logits_along", "nan", 1), MIXED, ["target_logits_along (group 'mixed', sequence 0)"]),
-], ids=lambda v: f"{v.call}-{v.kind}-{v.after}" if isinstance(v, Fault) else "mixed" if v == MIXED else "")
-def test_a_malformed_answer_mid_run_exits_3_naming_call_field_and_value(tmp_path, monkeypatch, fault, overrides,
-                                                                         words):
+@pytest.mark.parametrize(
+    "fault, overrides, words",
+    [
+        (Fault("sample", "not_a_batch", 1), {}, ["sample (batch 0, group 'sync')", "returned tuple"]),
+        (Fault("sample", "short", 1), {}, ["tokens has shape (4, 15), expected (4, 16)"]),
+        (Fault("sample", "missing_row", 1), {}, ["tokens has shape (3, 16), expected (4, 16)"]),
+        (Fault("sample", "float_tokens", 1), {}, ["tokens has dtype float64, expected an integer dtype"]),
+        (Fault("sample", "count_shape", 1), {}, ["num_rounds has shape (3,), expected (4,)"]),
+        (Fault("sample", "unknown_source", 1), {}, ["sources holds 1 unknown value(s)", "row 0, position 0: 'draft'"]),
+        (Fault("sample", "out_of_range", 1), {}, [f"outside [0, {VOCAB})", f"row 0, position 0: {VOCAB}"]),
+        (Fault("sample", "short", 5), {}, ["sample (re-run, group 'sync')", "tokens has shape (4, 15)"]),
+        (
+            Fault("sample_mixed", "short", 1),
+            MIXED,
+            ["sample_mixed (batch 0, group 'mixed')", "tokens has shape (8, 15)"],
+        ),
+        (
+            Fault("target_logits_along", "short", 1),
+            {},
+            ["target_logits_along (group 'sync', sequence 0)", "returned float32[15, 24]"],
+        ),
+        (Fault("target_logits_along", "int", 1), {}, ["returned int64[16, 24], expected float[16, 24]"]),
+        (Fault("target_logits_along", "nan", 1), {}, ["1 NaN logit(s)", "position 1, token 2: nan"]),
+        (Fault("target_logits_along", "posinf", 1), {}, ["1 +inf logit(s)", "position 1, token 2: inf"]),
+        (Fault("target_logits_along", "no_finite", 1), {}, ["no finite logit at position 1"]),
+        (Fault("target_logits_along", "nan", 1), MIXED, ["target_logits_along (group 'mixed', sequence 0)"]),
+    ],
+    ids=lambda v: f"{v.call}-{v.kind}-{v.after}" if isinstance(v, Fault) else "mixed" if v == MIXED else "",
+)
+def test_a_malformed_answer_mid_run_exits_3_naming_call_field_and_value(tmp_path, monkeypatch, fault, overrides, words):
     """The probe's call passes (`after`), the run's first (or the re-run's) breaks the contract."""
     plant(monkeypatch, fault)
     line = _one_line(_run(tmp_path, **overrides), 3)
@@ -186,8 +216,10 @@ def test_a_bundle_stopped_by_a_malformed_answer_resumes_where_it_stopped(tmp_pat
     plant(monkeypatch, Fault("sample", "out_of_range", 3))  # the probe and batches 0 and 1 are whole
     _one_line(_run(tmp_path), 3)
     path = _bundle(tmp_path)
-    assert sorted(p.name for p in (path / "samples").glob("*.parquet")) == ["sync-b00000.parquet",
-                                                                           "sync-b00001.parquet"]
+    assert sorted(p.name for p in (path / "samples").glob("*.parquet")) == [
+        "sync-b00000.parquet",
+        "sync-b00001.parquet",
+    ]
     heal(monkeypatch)
     _completes(path)
 
@@ -199,9 +231,18 @@ def test_a_token_outside_the_vocabulary_already_on_disk_is_out_of_support():
     from specval.semantics import DEFAULT_SEMANTICS
     from specval.sequence.protocol import parse_sequence_protocol
 
-    protocol = parse_sequence_protocol({k: v for k, v in {**TINY, "kind": "sequence", "name": "chain_seq",
-                                                          "sampling": {"temperature": 1.0},
-                                                          "num_speculative_tokens": 3}.items()})
+    protocol = parse_sequence_protocol(
+        {
+            k: v
+            for k, v in {
+                **TINY,
+                "kind": "sequence",
+                "name": "chain_seq",
+                "sampling": {"temperature": 1.0},
+                "num_speculative_tokens": 3,
+            }.items()
+        }
+    )
     sut = ChainSUT(SutSpec(adapter="chain"), 3)
     batch = collect.Batch("sync", 0, (0, 1), 0)
     samples = collect.sample_batch(sut, protocol, [sut.encode("alpha")], batch)
@@ -246,10 +287,16 @@ def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("stage, code", [
-    ("replay_raises", 3), ("replay_enospc", 5), ("verdict_interrupted", 130), ("summary_efbig", 5),
-    ("report_enospc", 5),
-])
+@pytest.mark.parametrize(
+    "stage, code",
+    [
+        ("replay_raises", 3),
+        ("replay_enospc", 5),
+        ("verdict_interrupted", 130),
+        ("summary_efbig", 5),
+        ("report_enospc", 5),
+    ],
+)
 def test_a_fault_after_collection_keeps_the_bundle_and_a_resume_completes_it(tmp_path, monkeypatch, stage, code):
     with monkeypatch.context() as patch:
         if stage == "replay_raises":
@@ -265,8 +312,9 @@ def test_a_fault_after_collection_keeps_the_bundle_and_a_resume_completes_it(tmp
         line = _one_line(_run(tmp_path), code)
     path = _bundle(tmp_path)
     assert str(path) in line and f"resume with: specval run --resume {path}" in line, line
-    assert {"ENOSPC": stage.endswith("enospc"), "EFBIG": stage.endswith("efbig")} == \
-        {name: name in line for name in ("ENOSPC", "EFBIG")}, line
+    assert {"ENOSPC": stage.endswith("enospc"), "EFBIG": stage.endswith("efbig")} == {
+        name: name in line for name in ("ENOSPC", "EFBIG")
+    }, line
     assert (path / bundles.SUMMARY_FILE).exists() == (stage == "report_enospc")
     heal(monkeypatch)
     _completes(path)
@@ -318,8 +366,11 @@ def test_a_second_resume_of_a_bundle_in_use_is_refused(tmp_path, monkeypatch):
     def resume_again():
         if not second:
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-            second.append(subprocess.run([sys.executable, "-c", SECOND_RESUME, str(path)], cwd=ROOT, env=env,
-                                         capture_output=True, text=True))
+            second.append(
+                subprocess.run(
+                    [sys.executable, "-c", SECOND_RESUME, str(path)], cwd=ROOT, env=env, capture_output=True, text=True
+                )
+            )
 
     chain_faults.hook(monkeypatch, resume_again)
     plant(monkeypatch, Fault("sample", "hook", 1))  # after the probe's call: the first collected batch

@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-from tests.fixtures.real_model import require_smollm2
 
 from specval.cli import main
+from tests.fixtures.real_model import require_smollm2
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -26,8 +26,10 @@ REPO = Path(__file__).resolve().parents[3]
 def _smoke_passes_and_verifies(name: str, output: Path) -> dict:
     """Run protocols/<name>.yaml's smoke profile into `output`; assert exit 0, a PASS summary and a
     bundle that verifies; return the summary."""
-    result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / f"{name}.yaml"), "--profile", "smoke",
-                                       "--output", str(output), "--quiet"])
+    result = CliRunner().invoke(
+        main,
+        ["run", str(REPO / "protocols" / f"{name}.yaml"), "--profile", "smoke", "--output", str(output), "--quiet"],
+    )
     assert result.exit_code == 0, result.output
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     summary = json.loads((bundle / "summary.json").read_text())

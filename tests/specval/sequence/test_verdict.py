@@ -8,8 +8,10 @@ from specval.sequence import verdict
 
 
 def test_round_positions_follow_the_sources():
-    sources = np.array([["accepted", "accepted", "correction", "accepted", "accepted", "accepted", "bonus", "plain"],
-                        ["plain"] * 8], dtype=object)
+    sources = np.array(
+        [["accepted", "accepted", "correction", "accepted", "accepted", "accepted", "bonus", "plain"], ["plain"] * 8],
+        dtype=object,
+    )
     position, previous = verdict.round_positions(sources, 3)
     assert position[0].tolist() == [1, 2, 3, 1, 2, 3, 4, 1]
     assert previous[0].tolist() == [0, 0, 0, 3, 3, 3, 3, 4]
@@ -32,7 +34,8 @@ def test_adjacent_pairs_are_slots_2i_and_2i_plus_1_of_one_batch():
     data = _layout(3, 4)
     a, b = verdict.adjacent_pairs(data)
     assert list(zip(data.batch[a], data.slot[a], data.batch[b], data.slot[b])) == [
-        (k, s, k, s + 1) for k in range(3) for s in (0, 2)]
+        (k, s, k, s + 1) for k in range(3) for s in (0, 2)
+    ]
 
 
 def test_cross_pairs_are_disjoint_and_join_batches_of_one_prompt():

@@ -13,12 +13,15 @@ def test_combined_rates_multiply():
     assert rates.to_dict()["alpha2"] == 0.02
 
 
-@pytest.mark.parametrize("args, field", [
-    ((0.0, 0.01, 0.9, 0.9), "alpha1"),
-    ((0.01, 1.0, 0.9, 0.9), "alpha2"),
-    ((0.01, 0.01, 1.5, 0.9), "power1"),
-    ((0.01, 0.01, 0.9, float("nan")), "power2"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((0.0, 0.01, 0.9, 0.9), "alpha1"),
+        ((0.01, 1.0, 0.9, 0.9), "alpha2"),
+        ((0.01, 0.01, 1.5, 0.9), "power1"),
+        ((0.01, 0.01, 0.9, float("nan")), "power2"),
+    ],
+)
 def test_bad_input_names_the_field(args, field):
     with pytest.raises(ValueError, match=field):
         two_stage(*args)

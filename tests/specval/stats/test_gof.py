@@ -35,7 +35,8 @@ def test_pooled_matches_hand_pooled_table():
 def test_unnormalised_weights_are_normalised():
     observed = np.array([40, 60])
     assert goodness_of_fit(observed, np.array([2.0, 3.0])).p_value == pytest.approx(
-        goodness_of_fit(observed, np.array([0.4, 0.6])).p_value, rel=1e-12)
+        goodness_of_fit(observed, np.array([0.4, 0.6])).p_value, rel=1e-12
+    )
 
 
 def test_out_of_support_token_is_an_immediate_fail():
@@ -56,8 +57,7 @@ def test_single_cell_is_degenerate():
 
 def test_aggregate_sums_statistics_and_df():
     rng = np.random.default_rng(3)
-    results = [goodness_of_fit(rng.multinomial(200, [0.2, 0.3, 0.5]), [0.2, 0.3, 0.5])
-               for _ in range(4)]
+    results = [goodness_of_fit(rng.multinomial(200, [0.2, 0.3, 0.5]), [0.2, 0.3, 0.5]) for _ in range(4)]
     results.append(goodness_of_fit(np.array([7, 0]), np.array([1.0, 0.0])))  # degenerate
     total = aggregate_gof(results)
     assert total.statistic == pytest.approx(sum(r.statistic for r in results[:4]))
@@ -88,14 +88,17 @@ def test_to_dict_is_json_safe():
     assert payload["df"] == 2 and isinstance(payload["is_degenerate"], bool)
 
 
-@pytest.mark.parametrize("observed, probs, field", [
-    (np.array([1, 2]), np.array([0.5, 0.25, 0.25]), "same shape"),
-    (np.array([1, -2]), np.array([0.5, 0.5]), "observed"),
-    (np.array([1.5, 2]), np.array([0.5, 0.5]), "observed"),
-    (np.array([1, 2]), np.array([0.5, np.nan]), "probs"),
-    (np.array([1, 2]), np.array([0.0, 0.0]), "probs"),
-    (np.array([[1, 2]]), np.array([0.5, 0.5]), "observed"),
-])
+@pytest.mark.parametrize(
+    "observed, probs, field",
+    [
+        (np.array([1, 2]), np.array([0.5, 0.25, 0.25]), "same shape"),
+        (np.array([1, -2]), np.array([0.5, 0.5]), "observed"),
+        (np.array([1.5, 2]), np.array([0.5, 0.5]), "observed"),
+        (np.array([1, 2]), np.array([0.5, np.nan]), "probs"),
+        (np.array([1, 2]), np.array([0.0, 0.0]), "probs"),
+        (np.array([[1, 2]]), np.array([0.5, 0.5]), "observed"),
+    ],
+)
 def test_bad_input_names_the_field(observed, probs, field):
     with pytest.raises(ValueError, match=field):
         goodness_of_fit(observed, probs)

@@ -65,19 +65,23 @@ def test_degenerate_cases():
 
 def test_aggregate_sums_statistics_and_df():
     rng = np.random.default_rng(8)
-    results = [homogeneity(rng.multinomial(150, [0.5, 0.3, 0.2]), rng.multinomial(120, [0.5, 0.3, 0.2]))
-               for _ in range(3)]
+    results = [
+        homogeneity(rng.multinomial(150, [0.5, 0.3, 0.2]), rng.multinomial(120, [0.5, 0.3, 0.2])) for _ in range(3)
+    ]
     total = aggregate_homogeneity(results)
     assert total.statistic == pytest.approx(sum(r.statistic for r in results))
     assert total.df == 6 and total.n == 3 * 270
     assert total.p_value == pytest.approx(stats.chi2.sf(total.statistic, 6))
 
 
-@pytest.mark.parametrize("a, b, hint, field", [
-    (np.array([1, 2]), np.array([1, 2, 3]), None, "same shape"),
-    (np.array([1, -2]), np.array([1, 2]), None, "counts_a"),
-    (np.array([1, 2]), np.array([1, 2]), np.array([1.0, -1.0]), "probs_hint"),
-])
+@pytest.mark.parametrize(
+    "a, b, hint, field",
+    [
+        (np.array([1, 2]), np.array([1, 2, 3]), None, "same shape"),
+        (np.array([1, -2]), np.array([1, 2]), None, "counts_a"),
+        (np.array([1, 2]), np.array([1, 2]), np.array([1.0, -1.0]), "probs_hint"),
+    ],
+)
 def test_bad_input_names_the_field(a, b, hint, field):
     with pytest.raises(ValueError, match=field):
         homogeneity(a, b, hint)

@@ -56,10 +56,17 @@ def _brute_force(probs: np.ndarray) -> np.ndarray:
     return pmf
 
 
-@pytest.mark.parametrize("probs", [
-    [], [0.3], [0.0, 1.0, 0.5], [1e-9, 0.999, 0.2, 0.2, 0.7],
-    list(np.random.default_rng(0).random(10)), list(np.random.default_rng(1).random(9) ** 4),
-])
+@pytest.mark.parametrize(
+    "probs",
+    [
+        [],
+        [0.3],
+        [0.0, 1.0, 0.5],
+        [1e-9, 0.999, 0.2, 0.2, 0.7],
+        list(np.random.default_rng(0).random(10)),
+        list(np.random.default_rng(1).random(9) ** 4),
+    ],
+)
 def test_poisson_binomial_matches_brute_force(probs):
     probs = np.asarray(probs, dtype=np.float64)
     assert ind.poisson_binomial_pmf(probs) == pytest.approx(_brute_force(probs), abs=1e-14)
@@ -121,13 +128,18 @@ def test_equal_rate_mde_is_exact():
 
 def test_pit_association_size_on_uniforms_and_end_to_end():
     u = np.random.default_rng(7).random((SIZE_REPS, 2, 100))
-    _assert_size([ind.pit_association(x[0], x[1], level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, x in enumerate(u)])
+    _assert_size(
+        [ind.pit_association(x[0], x[1], level=ALPHA, rng=np.random.default_rng(i)).p_value for i, x in enumerate(u)]
+    )
     # End to end: 2,000 batches of 10 correct request pairs x 8 tokens, every position paired.
     run, _ = _paired_run(10 * SIZE_REPS, 8, 8)
     u_a, u_b = (x.reshape(SIZE_REPS, -1) for x in _paired_pits(run, 9, "index"))
-    _assert_size([ind.pit_association(a, b, level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, (a, b) in enumerate(zip(u_a, u_b))])
+    _assert_size(
+        [
+            ind.pit_association(a, b, level=ALPHA, rng=np.random.default_rng(i)).p_value
+            for i, (a, b) in enumerate(zip(u_a, u_b))
+        ]
+    )
 
 
 def test_pit_association_sees_antithetic_streams():
@@ -151,9 +163,13 @@ def test_pit_association_rho_mde_on_a_gaussian_copula():
     corr = 2 * np.sin(np.pi * rho / 6)  # Pearson correlation of the normal pair with that Spearman rho
     z = np.random.default_rng(11).standard_normal((200, 2, n))
     u_a = stats.norm.cdf(z[:, 0])
-    u_b = stats.norm.cdf(corr * z[:, 0] + np.sqrt(1 - corr ** 2) * z[:, 1])
-    rate = np.mean([ind.pit_association(a, b, level=level, rng=np.random.default_rng(i)).p_value <= level
-                    for i, (a, b) in enumerate(zip(u_a, u_b))])
+    u_b = stats.norm.cdf(corr * z[:, 0] + np.sqrt(1 - corr**2) * z[:, 1])
+    rate = np.mean(
+        [
+            ind.pit_association(a, b, level=level, rng=np.random.default_rng(i)).p_value <= level
+            for i, (a, b) in enumerate(zip(u_a, u_b))
+        ]
+    )
     assert rate >= 0.7, rate
     assert sp.association_tv_mde(n, [level]) < 1
 
@@ -180,8 +196,7 @@ def test_identical_sequences_size_with_frequent_coincidences():
     p_values = []
     for rep in range(SIZE_REPS):
         pairs = slice(50 * rep, 50 * rep + 50)
-        p_values.append(ind.identical_sequences(run.tokens[0::2][pairs], run.tokens[1::2][pairs],
-                                                match[pairs]).p_value)
+        p_values.append(ind.identical_sequences(run.tokens[0::2][pairs], run.tokens[1::2][pairs], match[pairs]).p_value)
     _assert_size(p_values)
     assert 0.05 < match.mean() < 0.3
 

@@ -52,12 +52,15 @@ def test_interval_coverage_near_nominal():
     assert 0.93 <= hits / 2000 <= 0.975
 
 
-@pytest.mark.parametrize("a, b, kwargs, field", [
-    (np.array([True, False]), np.array([True]), {"alpha": 0.05}, "paired"),
-    (np.array([1, 2]), np.array([1, 0]), {"alpha": 0.05}, "correct_a"),
-    (np.array([True]), np.array([True]), {"alpha": 1.0}, "alpha"),
-    (np.array([True]), np.array([True]), {"alpha": 0.05, "margin": -0.1}, "margin"),
-])
+@pytest.mark.parametrize(
+    "a, b, kwargs, field",
+    [
+        (np.array([True, False]), np.array([True]), {"alpha": 0.05}, "paired"),
+        (np.array([1, 2]), np.array([1, 0]), {"alpha": 0.05}, "correct_a"),
+        (np.array([True]), np.array([True]), {"alpha": 1.0}, "alpha"),
+        (np.array([True]), np.array([True]), {"alpha": 0.05, "margin": -0.1}, "margin"),
+    ],
+)
 def test_bad_input_names_the_field(a, b, kwargs, field):
     with pytest.raises(ValueError, match=field):
         paired_comparison(a, b, **kwargs)

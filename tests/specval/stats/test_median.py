@@ -18,16 +18,19 @@ def _band(replicates: int, rate: float) -> tuple[int, int]:
     return (int(stats.binom.ppf(BAND / 2, replicates, rate)), int(stats.binom.isf(BAND / 2, replicates, rate)))
 
 
-@pytest.mark.parametrize("n, confidence, k, misses_over", [
-    (6, 0.95, 1, 2),  # min and max: miss 2 / 2^6
-    (10, 0.95, 2, 2 * (1 + 10)),  # 2 P(Bin <= 1) = 22 / 1024
-    (20, 0.95, 6, 2 * (1 + 20 + 190 + 1140 + 4845 + 15504)),  # 2 P(Bin(20) <= 5)
-    (8, 0.99, 1, 2),
-])
+@pytest.mark.parametrize(
+    "n, confidence, k, misses_over",
+    [
+        (6, 0.95, 1, 2),  # min and max: miss 2 / 2^6
+        (10, 0.95, 2, 2 * (1 + 10)),  # 2 P(Bin <= 1) = 22 / 1024
+        (20, 0.95, 6, 2 * (1 + 20 + 190 + 1140 + 4845 + 15504)),  # 2 P(Bin(20) <= 5)
+        (8, 0.99, 1, 2),
+    ],
+)
 def test_rank_and_exact_coverage_by_hand(n, confidence, k, misses_over):
     rank, coverage = rank_for(n, confidence)
     assert rank == k
-    assert coverage == pytest.approx(1.0 - misses_over / 2 ** n, rel=1e-12)
+    assert coverage == pytest.approx(1.0 - misses_over / 2**n, rel=1e-12)
     # k + 1 would fall short of the confidence: k is the narrowest rank allowed
     assert 1.0 - 2.0 * stats.binom.cdf(k, n, 0.5) < confidence
 
@@ -50,11 +53,14 @@ def test_interval_is_the_kth_order_statistics():
     assert result.coverage == pytest.approx(1 - 2 * result.tail, rel=1e-12)
 
 
-@pytest.mark.parametrize("n, draw, median", [
-    (10, lambda rng, size: rng.lognormal(0.0, 1.0, size), 1.0),  # skewed: median exp(0)
-    (20, lambda rng, size: 1.0 + rng.standard_cauchy(size), 1.0),  # no mean at all
-    (31, lambda rng, size: rng.exponential(2.0, size), 2.0 * math.log(2.0)),
-])
+@pytest.mark.parametrize(
+    "n, draw, median",
+    [
+        (10, lambda rng, size: rng.lognormal(0.0, 1.0, size), 1.0),  # skewed: median exp(0)
+        (20, lambda rng, size: 1.0 + rng.standard_cauchy(size), 1.0),  # no mean at all
+        (31, lambda rng, size: rng.exponential(2.0, size), 2.0 * math.log(2.0)),
+    ],
+)
 def test_monte_carlo_coverage_matches_the_binomial(n, draw, median):
     # REPLICATES fixed-seed intervals. Each tail count is Binomial(REPLICATES, tail) for a correct
     # interval (exact for continuous draws), so the assertions falsely fail with probability <= 2e-6

@@ -30,12 +30,15 @@ def test_empty_family():
     assert holm({}, 0.01).to_dict() == {"method": "holm", "alpha": 0.01, "adjusted": {}, "rejected": {}}
 
 
-@pytest.mark.parametrize("p_values, alpha, method, field", [
-    ({"a": 1.5}, 0.05, "holm", "p_values"),
-    ({"a": float("nan")}, 0.05, "holm", "p_values"),
-    ({"a": 0.1}, 0.0, "holm", "alpha"),
-    ({"a": 0.1}, 0.05, "sidak", "method"),
-])
+@pytest.mark.parametrize(
+    "p_values, alpha, method, field",
+    [
+        ({"a": 1.5}, 0.05, "holm", "p_values"),
+        ({"a": float("nan")}, 0.05, "holm", "p_values"),
+        ({"a": 0.1}, 0.0, "holm", "alpha"),
+        ({"a": 0.1}, 0.05, "sidak", "method"),
+    ],
+)
 def test_bad_input_names_the_field(p_values, alpha, method, field):
     with pytest.raises(ValueError, match=field):
         adjust(p_values, alpha, method)

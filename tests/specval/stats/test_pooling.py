@@ -71,15 +71,21 @@ def test_observed_counts_cannot_change_the_pooling():
         for observed in (rng.permutation(base), rng.multinomial(300, rng.dirichlet(np.ones(40)))):
             result = goodness_of_fit(observed, probs)
             assert (result.num_cells, result.num_pooled_tokens, result.expected_min) == (
-                reference.num_cells, reference.num_pooled_tokens, reference.expected_min)
+                reference.num_cells,
+                reference.num_pooled_tokens,
+                reference.expected_min,
+            )
 
 
-@pytest.mark.parametrize("expected, minimum, field", [
-    (np.array([1.0, -1.0]), 5.0, "expected"),
-    (np.array([1.0, np.nan]), 5.0, "expected"),
-    (np.array([1.0, 2.0]), -1.0, "min_expected"),
-    (np.array([1.0, 2.0]), float("inf"), "min_expected"),
-])
+@pytest.mark.parametrize(
+    "expected, minimum, field",
+    [
+        (np.array([1.0, -1.0]), 5.0, "expected"),
+        (np.array([1.0, np.nan]), 5.0, "expected"),
+        (np.array([1.0, 2.0]), -1.0, "min_expected"),
+        (np.array([1.0, 2.0]), float("inf"), "min_expected"),
+    ],
+)
 def test_bad_input_names_the_field(expected, minimum, field):
     with pytest.raises(ValueError, match=field):
         pool_cells(expected, minimum)

@@ -86,15 +86,18 @@ def test_two_sample_power_at_the_mde_matches_monte_carlo():
     assert 0.75 <= power <= 0.88
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda: mde_tv(-1, 10, 0.01), "n"),
-    (lambda: mde_tv(100, 10, 0.0), "alpha"),
-    (lambda: mde_tv(100, 10, 0.01, 1.0), "power"),
-    (lambda: mde_tv(100, 2.5, 0.01), "n_bins"),
-    (lambda: samples_for_tv(0.0, 10, 0.01), "tv"),
-    (lambda: samples_for_tv(0.1, 1, 0.01), "n_bins"),
-    (lambda: simulate_power(np.ones(3), np.ones(4), 10, 0.05, 5, np.random.default_rng(0)), "same shape"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda: mde_tv(-1, 10, 0.01), "n"),
+        (lambda: mde_tv(100, 10, 0.0), "alpha"),
+        (lambda: mde_tv(100, 10, 0.01, 1.0), "power"),
+        (lambda: mde_tv(100, 2.5, 0.01), "n_bins"),
+        (lambda: samples_for_tv(0.0, 10, 0.01), "tv"),
+        (lambda: samples_for_tv(0.1, 1, 0.01), "n_bins"),
+        (lambda: simulate_power(np.ones(3), np.ones(4), 10, 0.05, 5, np.random.default_rng(0)), "same shape"),
+    ],
+)
 def test_bad_input_names_the_field(call, field):
     with pytest.raises(ValueError, match=field):
         call()
@@ -114,6 +117,5 @@ def test_aggregate_mde_is_the_rms_tv_over_strata():
     p0, p1 = _balanced_deviation(bins, d)
     rng = np.random.default_rng(12)
     samples = rng.multinomial(n, p1, size=(1000, strata))
-    power = np.mean([aggregate_gof([goodness_of_fit(s, p0) for s in rep]).p_value < alpha
-                     for rep in samples])
+    power = np.mean([aggregate_gof([goodness_of_fit(s, p0) for s in rep]).p_value < alpha for rep in samples])
     assert abs(power - 0.8) <= 0.06

@@ -78,8 +78,13 @@ def test_a_correct_rule_in_any_token_order_passes_every_adversarial_pair(vocab, 
 def test_the_resolution_is_attained_not_loose():
     # The bound 1/G is what the grid can promise: on generic pairs the error of a correct rule is a
     # sizeable fraction of it (here > 1/(4G) on the worst pair), and it shrinks as G grows.
-    errors = {g: max(quadrature_check(pair.p, pair.q, SORTED_BY_MASS, tol=0.0, grid_size=g).max_abs_error
-                     for pair in _pairs(33).values()) for g in (64, 1024)}
+    errors = {
+        g: max(
+            quadrature_check(pair.p, pair.q, SORTED_BY_MASS, tol=0.0, grid_size=g).max_abs_error
+            for pair in _pairs(33).values()
+        )
+        for g in (64, 1024)
+    }
     for grid_size, error in errors.items():
         assert 0.25 / grid_size < error < 1.0 / grid_size, errors
 
@@ -92,8 +97,9 @@ def test_more_intervals_per_token_need_a_proportional_allowance():
         rows = np.arange(draft_tokens.size)
         residual = np.maximum(p - q, 0.0)
         doubled = np.concatenate([residual, residual], axis=1) / 2
-        drawn = _categorical(doubled, uniforms[:, 2], np.r_[np.arange(p.shape[1]), np.arange(p.shape[1])[::-1]
-                                                              + p.shape[1]])
+        drawn = _categorical(
+            doubled, uniforms[:, 2], np.r_[np.arange(p.shape[1]), np.arange(p.shape[1])[::-1] + p.shape[1]]
+        )
         accepted = uniforms[:, 1] * q[rows, draft_tokens] < p[rows, draft_tokens]
         return np.where(accepted, draft_tokens, np.where(drawn < 0, drawn, drawn % p.shape[1]))
 
@@ -237,10 +243,13 @@ def test_engine_adapter_refuses_float64():
         quadrature_check(pair.p, pair.q, engine_accept_fn(backend="torch"), grid_size=SMALL_GRID)
 
 
-@pytest.mark.parametrize("device", [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.gpu),
-])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.gpu),
+    ],
+)
 def test_engine_speculative_accept_triton_is_exact(device):
     # The Triton kernel on CUDA (full grid), or on the CPU under TRITON_INTERPRET=1 (a grid of 64
     # and V = 8: the interpreter is slow).

@@ -23,8 +23,8 @@ def test_zero_failures_upper_end_is_closed_form():
 def test_uniform_grid_passes_and_skewed_values_fail():
     grid = (np.arange(200) + 0.5) / 200
     assert pvalue_uniformity(grid).p_value > 0.99
-    result = pvalue_uniformity(grid ** 2)
-    expected = stats.kstest(grid ** 2, "uniform")
+    result = pvalue_uniformity(grid**2)
+    expected = stats.kstest(grid**2, "uniform")
     assert result.statistic == pytest.approx(expected.statistic)
     assert result.p_value == pytest.approx(expected.pvalue) and result.p_value < 1e-6
 

@@ -76,8 +76,9 @@ def test_randomized_pit_is_uniform_and_redrawn_by_its_stream():
 def test_uniformity_size_on_iid_uniforms_with_buckets():
     u = np.random.default_rng(1).random((SIZE_REPS, 200))
     buckets = np.arange(200) % 4
-    _assert_size([sq.pit_uniformity(x, buckets, level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, x in enumerate(u)])
+    _assert_size(
+        [sq.pit_uniformity(x, buckets, level=ALPHA, rng=np.random.default_rng(i)).p_value for i, x in enumerate(u)]
+    )
 
 
 def test_size_end_to_end_on_a_sampled_markov_chain():
@@ -85,10 +86,15 @@ def test_size_end_to_end_on_a_sampled_markov_chain():
     chain, seqs, length = make_chain(vocab=16, seed=3), 10, 16
     u = _pits(sample_plain(chain, SIZE_REPS * seqs, length, np.random.default_rng(2)), chain, 3)
     u = u.reshape(SIZE_REPS, seqs, length)
-    _assert_size([sq.pit_uniformity(x.reshape(-1), level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, x in enumerate(u)])
-    _assert_size([sq.serial_dependence(list(x), K + 1, level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, x in enumerate(u)])
+    _assert_size(
+        [sq.pit_uniformity(x.reshape(-1), level=ALPHA, rng=np.random.default_rng(i)).p_value for i, x in enumerate(u)]
+    )
+    _assert_size(
+        [
+            sq.serial_dependence(list(x), K + 1, level=ALPHA, rng=np.random.default_rng(i)).p_value
+            for i, x in enumerate(u)
+        ]
+    )
 
 
 def test_correct_speculative_sampler_passes_at_its_rate():
@@ -98,8 +104,12 @@ def test_correct_speculative_sampler_passes_at_its_rate():
     run = sample(CHAIN, SIZE_REPS * seqs, length, np.random.default_rng(4), k=K)
     u = _pits(run, CHAIN, 5).reshape(SIZE_REPS, seqs * length)
     position = run.position.reshape(SIZE_REPS, seqs * length)
-    _assert_size([sq.pit_uniformity(x, j, level=ALPHA, rng=np.random.default_rng(i)).p_value
-                  for i, (x, j) in enumerate(zip(u, position))])
+    _assert_size(
+        [
+            sq.pit_uniformity(x, j, level=ALPHA, rng=np.random.default_rng(i)).p_value
+            for i, (x, j) in enumerate(zip(u, position))
+        ]
+    )
 
 
 # ---------------------------------------------------------------- power on planted bugs
@@ -119,7 +129,9 @@ def _by_position(run, rep: int) -> float:
 
 
 def _serial(run, rep: int) -> float:
-    return sq.serial_dependence(list(_pits(run, CHAIN, rep)), K + 1, level=LEVEL, rng=np.random.default_rng(rep)).p_value
+    return sq.serial_dependence(
+        list(_pits(run, CHAIN, rep)), K + 1, level=LEVEL, rng=np.random.default_rng(rep)
+    ).p_value
 
 
 def _by_round_shape(run, rep: int) -> float:
@@ -139,12 +151,16 @@ def _by_round_shape(run, rep: int) -> float:
 # (wrong bonus, MDE 0.040) and 0.050 (reuse, index order, 8 round-shape buckets, MDE 0.046). They
 # are rejected far more often than 0.8 because the deviation sits in one or two buckets: the MDE
 # bounds the least favourable spread (equal TV in every bucket), and concentration only adds power.
-@pytest.mark.parametrize("bugs, num_sequences, test", [
-    (Bugs(wrong_row_from=3, wrong_mix=0.5), 250, _by_position),
-    (Bugs(wrong_bonus=True, wrong_mix=0.5), 250, _by_position),
-    (Bugs(freeze_after=4), 40, _serial),
-    (Bugs(reuse_accept=True), 250, _by_round_shape),
-], ids=["wrong_row_from_3", "wrong_bonus", "freeze_after_4", "reuse_accept"])
+@pytest.mark.parametrize(
+    "bugs, num_sequences, test",
+    [
+        (Bugs(wrong_row_from=3, wrong_mix=0.5), 250, _by_position),
+        (Bugs(wrong_bonus=True, wrong_mix=0.5), 250, _by_position),
+        (Bugs(freeze_after=4), 40, _serial),
+        (Bugs(reuse_accept=True), 250, _by_round_shape),
+    ],
+    ids=["wrong_row_from_3", "wrong_bonus", "freeze_after_4", "reuse_accept"],
+)
 def test_planted_bugs_are_rejected(bugs, num_sequences, test):
     p_values = _reject_all(10, num_sequences, bugs, test)
     assert max(p_values) <= LEVEL, p_values
@@ -165,8 +181,9 @@ def test_pit_uniformity_mde_is_met_by_the_least_favourable_deviation():
     rng = np.random.default_rng(9)
     bin_of = rng.choice(bins, size=(300, n), p=law)
     u = (bin_of + rng.random((300, n))) / bins
-    rate = np.mean([sq.pit_uniformity(x, level=level, rng=np.random.default_rng(i)).p_value <= level
-                    for i, x in enumerate(u)])
+    rate = np.mean(
+        [sq.pit_uniformity(x, level=level, rng=np.random.default_rng(i)).p_value <= level for i, x in enumerate(u)]
+    )
     assert rate >= 0.72, rate
     assert sp.pit_uniformity_mde(4 * n, [level], num_bins=bins) == pytest.approx(tv / 2, rel=0.05)
 
@@ -184,8 +201,9 @@ def test_token_tv_maps_to_a_smaller_pit_tv_for_a_wrong_row():
     lower, mass = sq.pit_parts(np.repeat(p, p.shape[1], axis=0), np.tile(np.arange(p.shape[1]), p.shape[0]))
     lower, mass = lower.reshape(p.shape), mass.reshape(p.shape)
     edges = np.arange(bins + 1) / bins
-    overlap = np.clip(np.minimum(lower[..., None] + mass[..., None], edges[1:]) - np.maximum(lower[..., None], edges[:-1]),
-                      0, None)  # [state, token, bin]
+    overlap = np.clip(
+        np.minimum(lower[..., None] + mass[..., None], edges[1:]) - np.maximum(lower[..., None], edges[:-1]), 0, None
+    )  # [state, token, bin]
     binned = (wrong[..., None] * overlap / mass[..., None]).sum(axis=1)
     pit_tv = 0.5 * np.abs(binned - 1 / bins).sum(axis=1)
     assert np.all(pit_tv <= token_tv + 1e-12)

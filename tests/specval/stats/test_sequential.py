@@ -14,12 +14,11 @@ import pytest
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
+from specval.distribution.verdict import mde_power
 from specval.stats import multiplicity
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR, EXCEEDANCES, num_draws
 from specval.stats.power import criterion_mde
-from specval.distribution.verdict import mde_power
-from specval.stats.sequential import (LINEAR, POCOCK, Boundary, check_fractions, first_crossing, look_sizes,
-                                      spend)
+from specval.stats.sequential import LINEAR, POCOCK, Boundary, check_fractions, first_crossing, look_sizes, spend
 
 LOOKS = (0.1, 0.25, 0.5, 1.0)  # the looks of the shipped protocols
 ALPHA = 0.01  # the shipped protocols' alpha
@@ -43,9 +42,16 @@ def test_linear_spends_alpha_by_fraction():
     assert sum(boundary.levels) == pytest.approx(0.01, rel=1e-12)
 
 
-@pytest.mark.parametrize("fractions, words", [((1.0,), "2 to 10"), ((0.5, 0.25, 1.0), "increase"),
-                                              ((0.5, 0.9), "last look"), ((0.0, 1.0), "(0, 1]"),
-                                              (tuple(np.linspace(0.05, 1.0, 11)), "2 to 10")])
+@pytest.mark.parametrize(
+    "fractions, words",
+    [
+        ((1.0,), "2 to 10"),
+        ((0.5, 0.25, 1.0), "increase"),
+        ((0.5, 0.9), "last look"),
+        ((0.0, 1.0), "(0, 1]"),
+        (tuple(np.linspace(0.05, 1.0, 11)), "2 to 10"),
+    ],
+)
 def test_bad_fractions_are_refused(fractions, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         check_fractions(fractions)
@@ -70,8 +76,9 @@ def test_first_crossing_matches_holm_look_by_look():
     p = rng.uniform(0.0, 0.05, size=(400, 4, 3))
     stops = first_crossing(p, boundary)
     for r in range(len(p)):
-        crossed = [any(multiplicity.holm(dict(enumerate(p[r, k])), boundary.levels[k]).rejected.values())
-                   for k in range(4)]
+        crossed = [
+            any(multiplicity.holm(dict(enumerate(p[r, k])), boundary.levels[k]).rejected.values()) for k in range(4)
+        ]
         assert stops[r] == (crossed.index(True) if any(crossed) else 4)
     assert 0 < np.mean(stops < 4) < 1  # both outcomes occur, so the comparison means something
 

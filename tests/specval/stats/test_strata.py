@@ -47,8 +47,9 @@ def _strata(sizes, laws, rng, alternative=None):
 
 
 def _gof_rejects(strata, level, seed) -> bool:
-    result = stratified_gof(strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=level,
-                            rng=np.random.default_rng(seed))
+    result = stratified_gof(
+        strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=level, rng=np.random.default_rng(seed)
+    )
     return result.p_value <= level
 
 
@@ -64,8 +65,9 @@ def test_small_strata_are_tested_jointly_and_every_sample_is_covered():
     components = gof_components(strata, STRATUM_MIN, 5.0)
     assert [len(c.keys) for c in components] == [1, 1, 1, len(SMALL)]
     assert sum(int(c.sizes.sum()) for c in components) == sum(BIG + SMALL)
-    result = stratified_gof(strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=LEVEL,
-                            rng=np.random.default_rng(1))
+    result = stratified_gof(
+        strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=LEVEL, rng=np.random.default_rng(1)
+    )
     assert result.num_joint_strata == len(SMALL) and result.components[-1]["key"] == JOINT
     assert result.n == sum(BIG + SMALL)
 
@@ -75,8 +77,9 @@ def test_bug_confined_to_small_strata_is_caught():
     # that puts all mass of the small strata on their first token fails with p ~ 1 / (B + 1).
     laws = [_law(8, s) for s in range(len(BIG) + len(SMALL))]
     rng = np.random.default_rng(2)
-    strata = _strata(BIG, laws, rng) + [((9, i), np.eye(8, dtype=np.int64)[0] * n, laws[3 + i])
-                                         for i, n in enumerate(SMALL)]
+    strata = _strata(BIG, laws, rng) + [
+        ((9, i), np.eye(8, dtype=np.int64)[0] * n, laws[3 + i]) for i, n in enumerate(SMALL)
+    ]
     assert _gof_rejects(strata, 1e-3, 0)
 
 
@@ -93,8 +96,9 @@ def _homogeneity_rejects(sizes, laws, rng, seed, tv=0.0) -> bool:
     for i, (n, p0) in enumerate(zip(sizes, laws)):
         pa, pb = p0 * (1 + tv * _signs(p0.size)), p0 * (1 - tv * _signs(p0.size))  # TV(pa, pb) = tv, w = 2 tv
         strata.append(((i,), rng.multinomial(n, pa), rng.multinomial(n, pb), p0))
-    result = stratified_homogeneity(strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=LEVEL,
-                                    rng=np.random.default_rng(seed))
+    result = stratified_homogeneity(
+        strata, stratum_min=STRATUM_MIN, min_expected=5.0, level=LEVEL, rng=np.random.default_rng(seed)
+    )
     return result.p_value <= LEVEL
 
 
@@ -119,8 +123,13 @@ def test_gof_rejects_at_the_printed_mde(sizes, stages):
     df = sum(c.num_cells - 1 for c in components)
     tv = _mde(sum(sizes), df, stages)
     rng = np.random.default_rng(21)
-    hits = sum(all(_gof_rejects(_strata(sizes, laws, rng, lambda p0: _tilted(p0, tv)), LEVEL, 5000 + 2 * r + s)
-                   for s in range(stages)) for r in range(POWER_REPS))
+    hits = sum(
+        all(
+            _gof_rejects(_strata(sizes, laws, rng, lambda p0: _tilted(p0, tv)), LEVEL, 5000 + 2 * r + s)
+            for s in range(stages)
+        )
+        for r in range(POWER_REPS)
+    )
     assert hits / POWER_REPS >= _power_floor()
 
 
@@ -133,12 +142,19 @@ def test_homogeneity_rejects_at_the_printed_mde(sizes, stages):
     n_eff = sum(n / 2 for n in sizes)  # equal groups: n_a n_b / (n_a + n_b) = n / 2 per stratum
     tv = _mde(n_eff, df, stages)
     rng = np.random.default_rng(22)
-    hits = sum(all(_homogeneity_rejects(sizes, laws, rng, 7000 + 2 * r + s, tv) for s in range(stages))
-               for r in range(POWER_REPS))
+    hits = sum(
+        all(_homogeneity_rejects(sizes, laws, rng, 7000 + 2 * r + s, tv) for s in range(stages))
+        for r in range(POWER_REPS)
+    )
     assert hits / POWER_REPS >= _power_floor()
 
 
 def test_bad_stratum_input_names_the_problem():
     with pytest.raises(ValueError, match="counts"):
-        stratified_gof([((), np.array([-1, 2]), np.array([0.5, 0.5]))], stratum_min=1, min_expected=5.0,
-                       level=0.01, rng=np.random.default_rng(0))
+        stratified_gof(
+            [((), np.array([-1, 2]), np.array([0.5, 0.5]))],
+            stratum_min=1,
+            min_expected=5.0,
+            level=0.01,
+            rng=np.random.default_rng(0),
+        )

@@ -72,7 +72,7 @@ def _multinomial_reference(key: int, trials: list[int], pvals: np.ndarray) -> li
     words, out, used = _words(key, sum(trials)), [], 0
     for n in trials:
         counts = [0] * pvals.size
-        for word in words[used:used + n]:
+        for word in words[used : used + n]:
             counts[min(int(np.searchsorted(cdf, _unit(word) * cdf[-1], side="right")), last)] += 1
         used += n
         out.append(counts)
@@ -86,7 +86,10 @@ def test_multinomial_is_categorical_draws_in_cell_order():
     assert counts.shape == (2, 3, 5) and counts.dtype == np.int64
     assert counts.reshape(6, 5).tolist() == _multinomial_reference(KEY, [7, 0, 30] * 2, pvals)
     assert (counts[..., [1, 4]] == 0).all() and (counts.sum(axis=-1) == trials).all()
-    assert Stream(KEY, version=2).multinomial(9, [1.0, 3.0]).tolist() == _multinomial_reference(KEY, [9], np.array([0.25, 0.75]))[0]
+    assert (
+        Stream(KEY, version=2).multinomial(9, [1.0, 3.0]).tolist()
+        == _multinomial_reference(KEY, [9], np.array([0.25, 0.75]))[0]
+    )
 
 
 def test_multinomial_chunks_do_not_change_the_draws():
@@ -95,8 +98,9 @@ def test_multinomial_chunks_do_not_change_the_draws():
     words = _words(KEY, int(trials.sum()))
     below = (np.array([_unit(w) for w in words[:: 1 << 16]]) < 0.5).mean()  # a thinned look: it is a fair coin
     assert (counts.sum(axis=1) == trials).all() and 0.4 < below < 0.6
-    assert counts[1, 0] == int(((words[trials[0]:2 * trials[0]] >> np.uint64(11)).astype(np.float64) * 2.0**-53
-                                < 0.5).sum())
+    assert counts[1, 0] == int(
+        ((words[trials[0] : 2 * trials[0]] >> np.uint64(11)).astype(np.float64) * 2.0**-53 < 0.5).sum()
+    )
 
 
 def _hypergeometric_reference(key: int, colors: list[int], nsample: int, rows: int) -> list[list[int]]:
@@ -104,7 +108,7 @@ def _hypergeometric_reference(key: int, colors: list[int], nsample: int, rows: i
     words = _words(key, rows * total)
     owner = np.repeat(np.arange(len(colors)), colors)
     for row in range(rows):
-        keys = words[row * total:(row + 1) * total]
+        keys = words[row * total : (row + 1) * total]
         order = sorted(range(total), key=lambda i: (int(keys[i]), i))[:nsample]
         out.append(np.bincount(owner[order], minlength=len(colors)).tolist())
     return out
@@ -136,7 +140,7 @@ def test_the_laws_are_right(version):
     hyper = Stream(3, version=version).multivariate_hypergeometric(np.array([6, 3, 1]), 4, size=n // 10)
     law = stats.multivariate_hypergeom.pmf
     cells = [(a, b, 4 - a - b) for a in range(5) for b in range(4) if 0 <= 4 - a - b <= 1]
-    seen = {c: 0 for c in cells}
+    seen = dict.fromkeys(cells, 0)
     for row in map(tuple, hyper.tolist()):
         seen[row] += 1
     expected = np.array([law(x=list(c), m=[6, 3, 1], n=4) for c in cells]) * len(hyper)
@@ -158,30 +162,57 @@ def _criteria(stream: str) -> dict[str, tuple[float, int]]:
     """(p-value, draws) of four criteria on fixed data, each keyed as the summary keys it."""
     data = np.random.default_rng(7)  # the data only: it is not the stream under test
     probs = np.array([0.4, 0.3, 0.2, 0.1])
-    strata = [(("a",), data.multinomial(300, [0.43, 0.3, 0.17, 0.1]), probs),
-              (("b",), data.multinomial(200, probs), probs)]
-    gof = stratified_gof(strata, stratum_min=50, min_expected=5.0, level=0.002,
-                         rng=montecarlo.criterion_rng("golden", "gof", stream=stream))
+    strata = [
+        (("a",), data.multinomial(300, [0.43, 0.3, 0.17, 0.1]), probs),
+        (("b",), data.multinomial(200, probs), probs),
+    ]
+    gof = stratified_gof(
+        strata,
+        stratum_min=50,
+        min_expected=5.0,
+        level=0.002,
+        rng=montecarlo.criterion_rng("golden", "gof", stream=stream),
+    )
     split = [(("a",), data.multinomial(300, probs), data.multinomial(300, [0.35, 0.35, 0.2, 0.1]), probs)]
-    homogeneity = stratified_homogeneity(split, stratum_min=50, min_expected=5.0, level=0.002,
-                                         rng=montecarlo.criterion_rng("golden", "homogeneity", stream=stream))
+    homogeneity = stratified_homogeneity(
+        split,
+        stratum_min=50,
+        min_expected=5.0,
+        level=0.002,
+        rng=montecarlo.criterion_rng("golden", "homogeneity", stream=stream),
+    )
     u = data.random(400) ** 1.1
     pit = pit_uniformity(u, level=0.002, rng=montecarlo.criterion_rng("golden", "pit", stream=stream))
-    serial = serial_dependence([u[:200], u[200:]], 2, level=0.002,
-                               rng=montecarlo.criterion_rng("golden", "serial", stream=stream))
-    pair = pit_association(u[:200], data.random(200), level=0.002,
-                           rng=montecarlo.criterion_rng("golden", "pair", stream=stream))
-    off = stratified_gof([(("c",), data.multinomial(400, [0.55, 0.25, 0.1, 0.1]), probs)], stratum_min=50,
-                         min_expected=5.0, level=0.02, rng=montecarlo.criterion_rng("golden", "off", stream=stream))
-    return {"gof": (gof.p_value, gof.mc.draws), "homogeneity": (homogeneity.p_value, homogeneity.mc.draws),
-            "rejected_gof": (off.p_value, off.mc.draws),
-            "pit": (pit.p_value, pit.mc.draws), "serial": (serial.p_value, serial.mc.draws),
-            "pair": (pair.p_value, pair.mc_rho.draws + pair.mc_chi2.draws)}
+    serial = serial_dependence(
+        [u[:200], u[200:]], 2, level=0.002, rng=montecarlo.criterion_rng("golden", "serial", stream=stream)
+    )
+    pair = pit_association(
+        u[:200], data.random(200), level=0.002, rng=montecarlo.criterion_rng("golden", "pair", stream=stream)
+    )
+    off = stratified_gof(
+        [(("c",), data.multinomial(400, [0.55, 0.25, 0.1, 0.1]), probs)],
+        stratum_min=50,
+        min_expected=5.0,
+        level=0.02,
+        rng=montecarlo.criterion_rng("golden", "off", stream=stream),
+    )
+    return {
+        "gof": (gof.p_value, gof.mc.draws),
+        "homogeneity": (homogeneity.p_value, homogeneity.mc.draws),
+        "rejected_gof": (off.p_value, off.mc.draws),
+        "pit": (pit.p_value, pit.mc.draws),
+        "serial": (serial.p_value, serial.mc.draws),
+        "pair": (pair.p_value, pair.mc_rho.draws + pair.mc_chi2.draws),
+    }
 
 
 GOLDEN_P_VALUES = {  # (p-value, null draws): exact rationals k / L or (k + 1) / (B + 1)
-    "gof": (30 / 101, 101), "homogeneity": (30 / 104, 104), "rejected_gof": (1 / 1501, 1500),
-    "pit": (30 / 58, 58), "serial": (30 / 73, 73), "pair": (0.9836065573770492, 112),
+    "gof": (30 / 101, 101),
+    "homogeneity": (30 / 104, 104),
+    "rejected_gof": (1 / 1501, 1500),
+    "pit": (30 / 58, 58),
+    "serial": (30 / 73, 73),
+    "pair": (0.9836065573770492, 112),
 }
 
 
@@ -191,7 +222,9 @@ def test_golden_p_values_of_criteria():
 
 
 GOLDEN_P_VALUES_V2 = GOLDEN_P_VALUES | {  # the sequence criteria draw packed digits; the others as version 1
-    "pit": (30 / 64, 64), "serial": (30 / 76, 76), "pair": (1.0, 102),
+    "pit": (30 / 64, 64),
+    "serial": (30 / 76, 76),
+    "pair": (1.0, 102),
 }
 
 
@@ -201,7 +234,9 @@ def test_golden_p_values_of_criteria_version_2():
 
 
 GOLDEN_P_VALUES_V3 = GOLDEN_P_VALUES_V2 | {  # the tables draw conditional variates; the rest as version 2
-    "gof": (30 / 107, 107), "homogeneity": (30 / 109, 109), "rejected_gof": (1 / 1501, 1500),
+    "gof": (30 / 107, 107),
+    "homogeneity": (30 / 109, 109),
+    "rejected_gof": (1 / 1501, 1500),
 }
 
 
@@ -225,14 +260,17 @@ def test_the_legacy_stream_is_numpy_pcg64_seeded_as_before():
 
 FIRST_STREAM = "philox4x64-10/specval-1"  # kept bundles record it (reports/README.md)
 PINNED_FIRST_STREAM = {  # (p-value, draws, exceedances) of the specval-1 stream, computed before specval-2 existed
-    "pit": (18 / 1501, 1500, 17), "serial": (14 / 1501, 1500, 13),
-    "pair_rho": (8 / 1501, 1500, 7), "pair_chi2": (11 / 1501, 1500, 10),
+    "pit": (18 / 1501, 1500, 17),
+    "serial": (14 / 1501, 1500, 13),
+    "pair_rho": (8 / 1501, 1500, 7),
+    "pair_chi2": (11 / 1501, 1500, 10),
 }
 
 
 def _near_rejected(stream: str) -> dict[str, tuple[float, int, int]]:
     """Three sequence criteria whose p-values sit between 1 / (B + 1) and h / B (B = 1500): every null
     statistic near the observed one moves the exceedance count, so the pin holds the draws themselves."""
+
     def rng(name):
         return montecarlo.criterion_rng("pinned", name, stream=stream)
 
@@ -245,9 +283,10 @@ def _near_rejected(stream: str) -> dict[str, tuple[float, int, int]]:
     a = data.random(2000)
     b = np.clip(0.94 * data.random(2000) + 0.06 * a, 0, 1)
     pair = pit_association(a, b, level=0.04, rng=rng("pair"))
-    return {name: (mc.p_value, mc.draws, mc.exceedances)
-            for name, mc in (("pit", pit.mc), ("serial", serial.mc), ("pair_rho", pair.mc_rho),
-                             ("pair_chi2", pair.mc_chi2))}
+    return {
+        name: (mc.p_value, mc.draws, mc.exceedances)
+        for name, mc in (("pit", pit.mc), ("serial", serial.mc), ("pair_rho", pair.mc_rho), ("pair_chi2", pair.mc_chi2))
+    }
 
 
 def test_the_first_stream_redraws_sequence_criteria_as_before():
@@ -272,7 +311,7 @@ def _digits_reference(key: int, base: int, rows: int, width: int) -> tuple[list[
             for j in range(64 // bits):
                 field = (word >> (bits * j)) & ((1 << bits) - 1)
                 if field < values and len(row) < width:
-                    row.extend(field // base**(digits - 1 - i) % base for i in range(digits))
+                    row.extend(field // base ** (digits - 1 - i) % base for i in range(digits))
             row = row[:width] if len(row) >= width else row
         out.append(row[:width])
     return out, used
@@ -370,9 +409,21 @@ def _assert_size(p_values) -> None:
 def test_version_2_sequence_nulls_have_exact_size():
     u = np.random.default_rng(21).random((SIZE_REPS, 2, 160))
     rng = montecarlo.criterion_rng
-    _assert_size([pit_uniformity(x[0], np.arange(160) % 5, level=SIZE_ALPHA, rng=rng("size", "pit", str(i))).p_value
-                  for i, x in enumerate(u)])
-    _assert_size([serial_dependence([x[0][:70], x[0][70:]], 4, level=SIZE_ALPHA,
-                                    rng=rng("size", "serial", str(i))).p_value for i, x in enumerate(u)])
-    _assert_size([pit_association(x[0], x[1], level=SIZE_ALPHA, rng=rng("size", "pair", str(i))).mc_chi2.p_value
-                  for i, x in enumerate(u)])
+    _assert_size(
+        [
+            pit_uniformity(x[0], np.arange(160) % 5, level=SIZE_ALPHA, rng=rng("size", "pit", str(i))).p_value
+            for i, x in enumerate(u)
+        ]
+    )
+    _assert_size(
+        [
+            serial_dependence([x[0][:70], x[0][70:]], 4, level=SIZE_ALPHA, rng=rng("size", "serial", str(i))).p_value
+            for i, x in enumerate(u)
+        ]
+    )
+    _assert_size(
+        [
+            pit_association(x[0], x[1], level=SIZE_ALPHA, rng=rng("size", "pair", str(i))).mc_chi2.p_value
+            for i, x in enumerate(u)
+        ]
+    )

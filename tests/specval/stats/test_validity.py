@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from tests.fixtures.fake_protocol import fake_protocol_dict
-from tests.fixtures.fake_sut import VOCAB, FakeSUT
 
-from specval.protocol import parse_protocol
 from specval.distribution.reference import build_reference, needed_prefixes
 from specval.distribution.verdict import FAIL, PASS, confirm, evaluate
+from specval.protocol import parse_protocol
+from tests.fixtures.fake_protocol import fake_protocol_dict
+from tests.fixtures.fake_sut import VOCAB, FakeSUT
 
 N = 300
 NO_QUADRATURE = [t for t in fake_protocol_dict()["tests"] if t["kind"] != "quadrature"]
@@ -27,8 +27,14 @@ def _samples(protocol, rng) -> tuple[pd.DataFrame, FakeSUT]:
     sut = FakeSUT(protocol.sut, protocol.num_speculative_tokens)
     rows = []
     for g, group in enumerate(protocol.groups):
-        batch = sut.sample(group, sut.encode(protocol.prompt), protocol.sampling, list(range(g * N, (g + 1) * N)),
-                           protocol.positions, protocol.max_tokens(group))
+        batch = sut.sample(
+            group,
+            sut.encode(protocol.prompt),
+            protocol.sampling,
+            list(range(g * N, (g + 1) * N)),
+            protocol.positions,
+            protocol.max_tokens(group),
+        )
         frame = pd.DataFrame({"seed": np.arange(g * N, (g + 1) * N), "group": group.name})
         for k in range(protocol.positions):
             frame[f"t{k + 1}"] = batch.tokens[:, k]
@@ -41,8 +47,9 @@ def _samples(protocol, rng) -> tuple[pd.DataFrame, FakeSUT]:
 
 def _evaluate(protocol, samples, sut):
     tokens = samples[["t1", "t2"]].to_numpy()
-    ref = build_reference(sut.target_logits, sut.encode(protocol.prompt), needed_prefixes(tokens, VOCAB),
-                          protocol.sampling, VOCAB)
+    ref = build_reference(
+        sut.target_logits, sut.encode(protocol.prompt), needed_prefixes(tokens, VOCAB), protocol.sampling, VOCAB
+    )
     ranges = {g.name: (i * N, (i + 1) * N) for i, g in enumerate(protocol.groups)}
     return evaluate(protocol, samples, ref, {}, ranges), ref
 
@@ -84,9 +91,16 @@ def test_out_of_support_token_fails_its_criterion():
 
 
 def _stage(verdicts: dict) -> dict:
-    tests = {name: {"kind": kind, "role": "primary" if kind == "gof" else "control", "verdict": v,
-                    "p_value": 0.5 if kind == "gof" else None, "out_of_support": 0}
-             for name, (kind, v) in verdicts.items()}
+    tests = {
+        name: {
+            "kind": kind,
+            "role": "primary" if kind == "gof" else "control",
+            "verdict": v,
+            "p_value": 0.5 if kind == "gof" else None,
+            "out_of_support": 0,
+        }
+        for name, (kind, v) in verdicts.items()
+    }
     failed = any(t["verdict"] == FAIL for t in tests.values())
     return {"verdict": FAIL if failed else PASS, "reason": "", "groups": {}, "families": {}, "tests": tests}
 
@@ -107,8 +121,9 @@ def test_reference_prefixes_skip_out_of_range_rows_and_the_replay_never_sees_the
     assert needed_prefixes(tokens, VOCAB) == [(), (1,), (1, 2)]
     assert (4,) in needed_prefixes(tokens)  # without the vocabulary only negative tokens are known bad
     seen = []
-    ref = build_reference(lambda ids: seen.append(ids) or np.zeros(VOCAB), [0], [(), (3,), (VOCAB,), (2, -1)],
-                          _protocol().sampling, VOCAB)
+    ref = build_reference(
+        lambda ids: seen.append(ids) or np.zeros(VOCAB), [0], [(), (3,), (VOCAB,), (2, -1)], _protocol().sampling, VOCAB
+    )
     assert sorted(ref.dists) == [(), (3,)] and len(seen) == 2
 
 

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specval.stats import montecarlo
-from specval.stats import variates
+from specval.stats import montecarlo, variates
 from specval.stats.strata import stratified_gof, stratified_homogeneity
 from specval.stats.stream import Stream
 
@@ -43,9 +42,15 @@ def test_log_is_within_five_ulp_of_the_true_log():
     # the products by e and the two sums round three times, without cancellation (|log m| <=
     # 0.347 < ln 2 <= |e ln 2|): <= 4 ulp; math.log (the reference) is within 1 ulp.
     rng = np.random.default_rng(11)
-    x = np.concatenate([np.exp(rng.uniform(-700, 700, 100_000)), rng.uniform(0.5, 2.0, 100_000),
-                        1.0 + rng.uniform(-1e-6, 1e-6, 1_000), np.ldexp(1.0, np.arange(-1000, 1000)),
-                        np.array([variates.SQRT_HALF, np.nextafter(variates.SQRT_HALF, 0), 2.0**-53])])
+    x = np.concatenate(
+        [
+            np.exp(rng.uniform(-700, 700, 100_000)),
+            rng.uniform(0.5, 2.0, 100_000),
+            1.0 + rng.uniform(-1e-6, 1e-6, 1_000),
+            np.ldexp(1.0, np.arange(-1000, 1000)),
+            np.array([variates.SQRT_HALF, np.nextafter(variates.SQRT_HALF, 0), 2.0**-53]),
+        ]
+    )
     x = x[x != 1.0]
     want = np.array([math.log(v) for v in x])
     assert _ulps(variates.log(x), want).max() <= 5
@@ -57,8 +62,13 @@ def test_log1p_is_within_seven_ulp():
     # rounding of 1 + t, at most 0.5 ulp(1 + t) / |log1p(t)| <= 1.5 ulp of the result there;
     # plus log's 4 and the reference's 1.
     rng = np.random.default_rng(12)
-    t = np.concatenate([rng.uniform(-0.99, 5.0, 100_000), rng.uniform(-1e-3, 1e-3, 50_000),
-                        np.array([0.25, -0.25, np.nextafter(0.25, 0), 1e-300])])
+    t = np.concatenate(
+        [
+            rng.uniform(-0.99, 5.0, 100_000),
+            rng.uniform(-1e-3, 1e-3, 50_000),
+            np.array([0.25, -0.25, np.nextafter(0.25, 0), 1e-300]),
+        ]
+    )
     want = np.array([math.log1p(v) for v in t])
     assert _ulps(variates.log1p(t), want).max() <= 7
 
@@ -76,13 +86,14 @@ def test_log_factorial_step_is_accurate_where_the_big_terms_cancel():
     # log k); elsewhere a few ulp of |d| (1 + log(a + d)), the largest term (docstring). The bound
     # below is 16 ulp of those magnitudes; the reference is within ~|d| ulp of log(a + d).
     rng = np.random.default_rng(13)
-    a = np.concatenate([rng.integers(0, 300, 1_500), rng.integers(0, 2**40, 1_500),
-                        (10 ** rng.uniform(2, 9, 1_500)).astype(np.int64)])
+    a = np.concatenate(
+        [rng.integers(0, 300, 1_500), rng.integers(0, 2**40, 1_500), (10 ** rng.uniform(2, 9, 1_500)).astype(np.int64)]
+    )
     d = np.maximum(rng.integers(-3_000, 3_000, a.size), -a)
     got = variates.log_factorial_step(a, d)
     want = np.array([_exact_step(int(x), int(y)) for x, y in zip(a, d)])
     top = np.maximum(a, a + d).astype(np.float64)
-    near = (np.minimum(a, a + d) < variates.STIRLING_FROM)
+    near = np.minimum(a, a + d) < variates.STIRLING_FROM
     magnitude = np.abs(d) * (1.0 + np.log(top + 1.0)) + np.where(near, top * (1.0 + np.log(top + 1.0)), 0.0)
     assert (np.abs(got - want) <= 16 * EPS * magnitude + 1e-300).all()
     assert (variates.log_factorial_step(a, np.zeros_like(a)) == 0.0).all()
@@ -114,13 +125,26 @@ def test_the_hat_covers_every_binomial():
     for n in (1, 2, 3, 5, 10, 50, 192, 1000, 10**5):
         for p in (1e-6, 1e-3, 0.0052, 0.05, 0.2, 0.37, 0.5):
             q = 1 - p
-            reach = max(reach, _hat_reach(lambda k: stats.binom.logpmf(k, n, p), 0, min(n, 2_000), n * p, n * p * q,
-                                          min(int(math.floor((n + 1) * p)), n)))
+            reach = max(
+                reach,
+                _hat_reach(
+                    lambda k: stats.binom.logpmf(k, n, p),
+                    0,
+                    min(n, 2_000),
+                    n * p,
+                    n * p * q,
+                    min(int(math.floor((n + 1) * p)), n),
+                ),
+            )
     for lam in np.linspace(0.9, 1.1, 81):  # the tightest shape: Poisson(1) (reach 0.9999996)
         n = 10**9
         p = lam / n
-        reach = max(reach, _hat_reach(lambda k: stats.binom.logpmf(k, n, p), 0, 60, n * p, n * p * (1 - p),
-                                      int(math.floor((n + 1) * p))))
+        reach = max(
+            reach,
+            _hat_reach(
+                lambda k: stats.binom.logpmf(k, n, p), 0, 60, n * p, n * p * (1 - p), int(math.floor((n + 1) * p))
+            ),
+        )
     assert 0.99 < reach <= 1.0
 
 
@@ -137,8 +161,10 @@ def test_the_hat_covers_every_hypergeometric():
                 mean = sample * good / total
                 var = mean * (bad / total) * ((total - sample) / (total - 1))
                 mode = min(max(int(math.floor((sample + 1) * (good + 1) / (total + 2))), low), high)
-                reach = max(reach, _hat_reach(lambda k: stats.hypergeom.logpmf(k, total, good, sample), low, high,
-                                              mean, var, mode))
+                reach = max(
+                    reach,
+                    _hat_reach(lambda k: stats.hypergeom.logpmf(k, total, good, sample), low, high, mean, var, mode),
+                )
     assert 0.9 < reach <= 1.0
 
 
@@ -179,8 +205,9 @@ HYPERGEOMETRICS = [(6, 4, 3), (1, 9, 5), (200, 300, 100), (5, 100_000, 50_000), 
 @pytest.mark.parametrize("good,bad,sample", HYPERGEOMETRICS)
 def test_hypergeometric_law(good, bad, sample):
     # As test_binomial_law: false-fail <= 5e-4 over the cases.
-    draws = variates.hypergeometric(Stream(KEY + good).raw, np.full(200_000, good), np.full(200_000, bad),
-                                    np.full(200_000, sample))
+    draws = variates.hypergeometric(
+        Stream(KEY + good).raw, np.full(200_000, good), np.full(200_000, bad), np.full(200_000, sample)
+    )
     assert draws.min() >= max(0, sample - bad) and draws.max() <= min(sample, good)
     assert _law_p_value(draws, lambda k: stats.hypergeom.pmf(k, good + bad, good, sample)) > LAW_LEVEL
 
@@ -189,8 +216,11 @@ def test_degenerate_laws_draw_no_words():
     words = []
     source = lambda n: words.append(n) or Stream(KEY).raw(n)  # noqa: E731: records every request
     assert variates.binomial(source, np.array([0, 5, 5]), np.array([0.3, 0.0, 1.0])).tolist() == [0, 0, 5]
-    assert variates.hypergeometric(source, np.array([3, 0, 4]), np.array([0, 5, 2]), np.array([2, 3, 6])).tolist() \
-        == [2, 0, 4]
+    assert variates.hypergeometric(source, np.array([3, 0, 4]), np.array([0, 5, 2]), np.array([2, 3, 6])).tolist() == [
+        2,
+        0,
+        4,
+    ]
     assert words == []
 
 
@@ -236,8 +266,11 @@ def _rou_reference(words, params: list[tuple]) -> list[int]:
             for _ in range(tries):
                 u, v = variates.uniform_from_words(words(2))
                 x = a + h * (v - 0.5) / u
-                if value is None and low <= x < high + 1 \
-                        and 2.0 * variates.log(np.array([u]))[0] <= log_ratio(math.floor(x)):
+                if (
+                    value is None
+                    and low <= x < high + 1
+                    and 2.0 * variates.log(np.array([u]))[0] <= log_ratio(math.floor(x))
+                ):
                     value = math.floor(x)
             if value is None:
                 still.append(i)
@@ -254,8 +287,11 @@ def _binomial_params(n: int, p: float) -> tuple:
 
     def log_ratio(k: int) -> float:
         d = k - mode
-        return float(d * step - variates.log_factorial_step(np.array([mode]), np.array([d]))[0]
-                     - variates.log_factorial_step(np.array([n - mode]), np.array([-d]))[0])
+        return float(
+            d * step
+            - variates.log_factorial_step(np.array([mode]), np.array([d]))[0]
+            - variates.log_factorial_step(np.array([n - mode]), np.array([-d]))[0]
+        )
 
     return mode, n * p, n * p * q, 0, n, log_ratio
 
@@ -265,8 +301,8 @@ def _multinomial_reference(key: int, trials: list[int], pvals: list[float], grou
     words = Stream(key).raw
     out = []
     for start in range(0, len(trials), group):
-        rows = [[0] * len(pvals) for _ in trials[start:start + group]]
-        for row, n in zip(rows, trials[start:start + group]):
+        rows = [[0] * len(pvals) for _ in trials[start : start + group]]
+        for row, n in zip(rows, trials[start : start + group]):
             row[0] = n
         for level in variates._levels(len(pvals)):
             entries = []  # (row, lo, mid, n, p)
@@ -305,8 +341,10 @@ def test_golden_tables():
     # The stream version 3 in numbers (printed by this implementation, numpy 2.x, x86_64): a change
     # of any breaks the verification of every bundle sealed with version 3.
     stream = Stream(KEY)
-    got = {"multinomial": stream.multinomial(1_000_003, [0.1, 0.2, 0.3, 0.25, 0.15], size=2).tolist(),
-           "hypergeometric": stream.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist()}
+    got = {
+        "multinomial": stream.multinomial(1_000_003, [0.1, 0.2, 0.3, 0.25, 0.15], size=2).tolist(),
+        "hypergeometric": stream.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist(),
+    }
     assert got == GOLDEN_TABLES
 
 
@@ -323,11 +361,21 @@ def test_version_3_table_nulls_have_exact_size():
     gof, split = [], []
     for i in range(1_000):
         strata = [(("a",), data.multinomial(200, probs), probs), (("b",), data.multinomial(30, probs), probs)]
-        gof.append(stratified_gof(strata, stratum_min=50, min_expected=5.0, level=0.05,
-                                  rng=montecarlo.criterion_rng("size3", "gof", str(i))).p_value)
+        gof.append(
+            stratified_gof(
+                strata,
+                stratum_min=50,
+                min_expected=5.0,
+                level=0.05,
+                rng=montecarlo.criterion_rng("size3", "gof", str(i)),
+            ).p_value
+        )
         pair = [(("a",), data.multinomial(150, probs), data.multinomial(120, probs), probs)]
-        split.append(stratified_homogeneity(pair, stratum_min=50, min_expected=5.0, level=0.05,
-                                            rng=montecarlo.criterion_rng("size3", "hom", str(i))).p_value)
+        split.append(
+            stratified_homogeneity(
+                pair, stratum_min=50, min_expected=5.0, level=0.05, rng=montecarlo.criterion_rng("size3", "hom", str(i))
+            ).p_value
+        )
     for p_values in (gof, split):
         rejections = int((np.asarray(p_values) <= 0.05).sum())
         low = stats.beta.ppf(0.0005, rejections, len(p_values) - rejections + 1) if rejections else 0.0
@@ -338,9 +386,11 @@ def test_the_tables_do_not_depend_on_numpy_simd_dispatch():
     """Deterministic: the golden tables again in a process whose numpy runs its baseline kernels
     only (`NPY_DISABLE_CPU_FEATURES`: no AVX2 / AVX-512 paths, as on an older x86-64 CPU), where
     numpy's own `log` and `exp` would take other code paths (feature names of numpy 2.4+)."""
-    script = ("import json, numpy as np; from specval.stats.stream import Stream; s = Stream(%d); "
-              "print(json.dumps([s.multinomial(1_000_003, [0.1, 0.2, 0.3, 0.25, 0.15], size=2).tolist(), "
-              "s.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist()]))" % KEY)
+    script = (
+        "import json, numpy as np; from specval.stats.stream import Stream; s = Stream(%d); "
+        "print(json.dumps([s.multinomial(1_000_003, [0.1, 0.2, 0.3, 0.25, 0.15], size=2).tolist(), "
+        "s.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist()]))" % KEY
+    )
     env = dict(os.environ, NPY_DISABLE_CPU_FEATURES="AVX512_SPR AVX512_ICL X86_V4 X86_V3")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == [GOLDEN_TABLES["multinomial"], GOLDEN_TABLES["hypergeometric"]]

@@ -50,10 +50,18 @@ def test_prompt_format():
     assert messages[1]["content"] == str(shot.answer)
 
 
-@pytest.mark.parametrize("completion, expected", [
-    (" 42", 42), (" 42\n\nQ: What is 1 + 1?\nA: 2", 42), (" -7 is the answer", -7), ("The answer is 1,234.", 1234),
-    (" \n\n42", None), ("forty-two", None), (" 4 2", 4),
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        (" 42", 42),
+        (" 42\n\nQ: What is 1 + 1?\nA: 2", 42),
+        (" -7 is the answer", -7),
+        ("The answer is 1,234.", 1234),
+        (" \n\n42", None),
+        ("forty-two", None),
+        (" 4 2", 4),
+    ],
+)
 def test_extract_answer(completion, expected):
     assert arith.extract_answer(completion) == expected
 
@@ -64,8 +72,17 @@ def test_score():
     assert arith.score(" 42", item) and not arith.score(" 41", item) and not arith.score("", item)
 
 
-@pytest.mark.parametrize("field, value", [("num_items", 0), ("num_digits", 10), ("num_operands", 1),
-                                          ("operators", ("*",)), ("seed", -1), ("num_shots", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_items", 0),
+        ("num_digits", 10),
+        ("num_operands", 1),
+        ("operators", ("*",)),
+        ("seed", -1),
+        ("num_shots", True),
+    ],
+)
 def test_bad_config_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         ArithConfig(**{field: value})

@@ -13,36 +13,46 @@ import pytest
 from specval.tasks import gsm8k
 from specval.tasks.gsm8k import INVALID_ANSWER, GSM8KItem
 
-ITEM = GSM8KItem(index=0, question="q", solution="Janet sells 9 eggs.\nShe makes $18.\n#### 18", answer="18",
-                 fewshot_context="Question: q\nAnswer:")
-BIG = GSM8KItem(index=1, question="q", solution="So 1200 + 34 = 1234.\n#### 1234", answer="1234",
-                fewshot_context="")
+ITEM = GSM8KItem(
+    index=0,
+    question="q",
+    solution="Janet sells 9 eggs.\nShe makes $18.\n#### 18",
+    answer="18",
+    fewshot_context="Question: q\nAnswer:",
+)
+BIG = GSM8KItem(index=1, question="q", solution="So 1200 + 34 = 1234.\n#### 1234", answer="1234", fewshot_context="")
 
 
-@pytest.mark.parametrize("completion, strict, flexible", [
-    (" She makes 9 * 2 = $18.\n#### 18", "18", "18"),
-    (" 9 * 2 = 18 dollars. So the answer is 18.", INVALID_ANSWER, "18."),  # flexible keeps the dot, then drops it
-    (" The answer is 17, not 18 eggs", INVALID_ANSWER, "18"),  # flexible takes the LAST number
-    (" It is $1,234.00", INVALID_ANSWER, "$1,234.00"),
-    (" #### -3.5 and 7", "-3.5", "7"),
-    (" no numbers here", INVALID_ANSWER, INVALID_ANSWER),
-    (" 5", INVALID_ANSWER, "5"),  # one digit: only the second alternative matches
-])
+@pytest.mark.parametrize(
+    "completion, strict, flexible",
+    [
+        (" She makes 9 * 2 = $18.\n#### 18", "18", "18"),
+        (" 9 * 2 = 18 dollars. So the answer is 18.", INVALID_ANSWER, "18."),  # flexible keeps the dot, then drops it
+        (" The answer is 17, not 18 eggs", INVALID_ANSWER, "18"),  # flexible takes the LAST number
+        (" It is $1,234.00", INVALID_ANSWER, "$1,234.00"),
+        (" #### -3.5 and 7", "-3.5", "7"),
+        (" no numbers here", INVALID_ANSWER, INVALID_ANSWER),
+        (" 5", INVALID_ANSWER, "5"),  # one digit: only the second alternative matches
+    ],
+)
 def test_extractors(completion, strict, flexible):
     assert gsm8k.strict_extract(completion) == strict
     assert gsm8k.flexible_extract(completion) == flexible
 
 
-@pytest.mark.parametrize("completion, item, strict_ok, flexible_ok", [
-    (" She makes $18.\n#### 18", ITEM, True, True),
-    (" So the answer is 18.", ITEM, False, True),
-    (" So the answer is 18.\n\nQuestion: next one has 99 apples", ITEM, False, True),  # cut at the stop sequence
-    (" #### 1,234.", BIG, True, True),
-    (" #### $1,234.", BIG, False, True),  # strict wants a digit right after '#### '; flexible drops the '$'
-    (" #### 1234.0", BIG, False, False),  # no numeric equivalence in exact_match
-    (" The answer is 180", ITEM, False, False),
-    (" #### 18 but really 19", ITEM, True, False),
-])
+@pytest.mark.parametrize(
+    "completion, item, strict_ok, flexible_ok",
+    [
+        (" She makes $18.\n#### 18", ITEM, True, True),
+        (" So the answer is 18.", ITEM, False, True),
+        (" So the answer is 18.\n\nQuestion: next one has 99 apples", ITEM, False, True),  # cut at the stop sequence
+        (" #### 1,234.", BIG, True, True),
+        (" #### $1,234.", BIG, False, True),  # strict wants a digit right after '#### '; flexible drops the '$'
+        (" #### 1234.0", BIG, False, False),  # no numeric equivalence in exact_match
+        (" The answer is 180", ITEM, False, False),
+        (" #### 18 but really 19", ITEM, True, False),
+    ],
+)
 def test_score(completion, item, strict_ok, flexible_ok):
     result = gsm8k.score(completion, item)
     assert (result.strict_correct, result.flexible_correct) == (strict_ok, flexible_ok)
@@ -63,8 +73,10 @@ def test_prompts():
 
 
 def test_load_reads_records_and_rejects_malformed_lines(tmp_path):
-    record = {"doc": {"id": 3, "question": "Q?", "answer": "x\n#### 4", "short_answer": "4"},
-              "request": {"context": "Question: Q?\nAnswer:"}}
+    record = {
+        "doc": {"id": 3, "question": "Q?", "answer": "x\n#### 4", "short_answer": "4"},
+        "request": {"context": "Question: Q?\nAnswer:"},
+    }
     path = tmp_path / "requests.jsonl.gz"
     with gzip.open(path, "wt", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n" + json.dumps(record) + "\n")
@@ -72,7 +84,7 @@ def test_load_reads_records_and_rejects_malformed_lines(tmp_path):
     assert items == (GSM8KItem(3, "Q?", "x\n#### 4", "4", "Question: Q?\nAnswer:"),) * 2
     assert len(gsm8k.load_gsm8k(path, limit=1)) == 1
     with gzip.open(path, "wt", encoding="utf-8") as out:
-        out.write(json.dumps(record) + "\n{\"doc\": {}}\n")
+        out.write(json.dumps(record) + '\n{"doc": {}}\n')
     with pytest.raises(ValueError, match="line 2"):
         gsm8k.load_gsm8k(path)
     with pytest.raises(ValueError, match="limit"):

@@ -67,16 +67,30 @@ candidates (a few percent of the row). The decisions are exact on float32 x, as 
 whole-row kernel; only sums differ from the reference by float32 rounding.
 """
 
-from engine.sampling.kernels.probabilities.config import (BASELINE_CONFIG, CANDIDATE_CONFIGS,
-                                                          DEFAULT_CONFIG, QUICK_FLOOR_SHARE,
-                                                          SINGLE_LAUNCH_CONFIGS,
-                                                          SINGLE_LAUNCH_ENTRIES,
-                                                          TOP_K_FLOOR_STEPS, KernelConfig,
-                                                          RowMode, wide_k_limit)
-from engine.sampling.kernels.probabilities.plan import (BUFFERS, LAUNCHES, SCRATCH, KernelOutput,
-                                                        LaunchPlan, device_plan, launch_plan,
-                                                        probabilities_triton, run_probabilities,
-                                                        specialisation_key)
+from engine.sampling.kernels.probabilities.config import (
+    BASELINE_CONFIG,
+    CANDIDATE_CONFIGS,
+    DEFAULT_CONFIG,
+    QUICK_FLOOR_SHARE,
+    SINGLE_LAUNCH_CONFIGS,
+    SINGLE_LAUNCH_ENTRIES,
+    TOP_K_FLOOR_STEPS,
+    KernelConfig,
+    RowMode,
+    wide_k_limit,
+)
+from engine.sampling.kernels.probabilities.plan import (
+    BUFFERS,
+    LAUNCHES,
+    SCRATCH,
+    KernelOutput,
+    LaunchPlan,
+    device_plan,
+    launch_plan,
+    probabilities_triton,
+    run_probabilities,
+    specialisation_key,
+)
 
 __all__ = [
     "BASELINE_CONFIG",

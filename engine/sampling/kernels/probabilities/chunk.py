@@ -14,9 +14,18 @@ import triton.language as tl
 
 from engine.sampling.kernels.launch_overlap import launch_dependents
 from engine.sampling.kernels.probabilities.common import _pack, _pivot
-from engine.sampling.kernels.probabilities.config import (CHUNK_ARGMAX, CHUNK_COUNT, CHUNK_FLOOR,
-                                                          CHUNK_MAX, CHUNK_MEAN, CHUNK_SUM, FLT_MAX,
-                                                          LOG2_E, NUM_LEVELS_LOG2, SCAN_ROW)
+from engine.sampling.kernels.probabilities.config import (
+    CHUNK_ARGMAX,
+    CHUNK_COUNT,
+    CHUNK_FLOOR,
+    CHUNK_MAX,
+    CHUNK_MEAN,
+    CHUNK_SUM,
+    FLT_MAX,
+    LOG2_E,
+    NUM_LEVELS_LOG2,
+    SCAN_ROW,
+)
 from engine.sampling.kernels.probabilities.division import scaled_logits
 
 
@@ -71,13 +80,23 @@ def _store_taken(x, offs, take, cand_ptr, CAPACITY: tl.constexpr, EVICTION: tl.c
     rows = tl.sum(take, 1)
     pos = (tl.cumsum(rows, 0) - rows)[:, None] + tl.cumsum(take, 1) - 1
     packed = _pack(tl.reshape(x, shape), tl.reshape(offs, shape))
-    tl.store(cand_ptr + pos, packed, mask=(take != 0) & (pos < CAPACITY),
-             eviction_policy=EVICTION)
+    tl.store(cand_ptr + pos, packed, mask=(take != 0) & (pos < CAPACITY), eviction_policy=EVICTION)
 
 
 @triton.jit
-def _keep_candidates(x, offs, m, sigmas, cand_ptr, floor_ptr, mean_ptr, count_ptr,
-                     CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr, EVICTION: tl.constexpr):
+def _keep_candidates(
+    x,
+    offs,
+    m,
+    sigmas,
+    cand_ptr,
+    floor_ptr,
+    mean_ptr,
+    count_ptr,
+    CAPACITY: tl.constexpr,
+    KEEP_ALL: tl.constexpr,
+    EVICTION: tl.constexpr,
+):
     """Store every x >= the chunk floor (packed with its index), then the floor, the mean of
     the finite x (m for KEEP_ALL: its rows need no split fallback) and the count.
     KEEP_ALL (the chunk is the whole row and has a slot per entry): the floor is -FLT_MAX, so
@@ -125,20 +144,59 @@ def _chunk_kernel(
     RECIPROCAL: tl.constexpr,  # x / T by the row's reciprocal (scaled_logits)
     PDL: tl.constexpr,  # let the select kernel start once every program is done
 ):
-    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k,
-                tl.program_id(0).to(tl.int64), tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL,
-                HOIST, FTZ_SUM, EVICTION, RECIPROCAL)
+    _chunk_work(
+        logits_ptr,
+        temperature_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        out_ptr,
+        chunk_f32_ptr,
+        chunk_i32_ptr,
+        cand_ptr,
+        V,
+        NUM_CHUNKS,
+        pivot_sigmas,
+        wide_sigmas,
+        wide_k,
+        tl.program_id(0).to(tl.int64),
+        tl.program_id(1),
+        CHUNK,
+        CAPACITY,
+        KEEP_ALL,
+        HOIST,
+        FTZ_SUM,
+        EVICTION,
+        RECIPROCAL,
+    )
     if PDL:
         launch_dependents()
 
 
 @triton.jit
-def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                chunk, CHUNK: tl.constexpr, CAPACITY: tl.constexpr, KEEP_ALL: tl.constexpr,
-                HOIST: tl.constexpr, FTZ_SUM: tl.constexpr, EVICTION: tl.constexpr,
-                RECIPROCAL: tl.constexpr):
+def _chunk_work(
+    logits_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    out_ptr,
+    chunk_f32_ptr,
+    chunk_i32_ptr,
+    cand_ptr,
+    V,
+    NUM_CHUNKS,
+    pivot_sigmas,
+    wide_sigmas,
+    wide_k,
+    row,
+    chunk,
+    CHUNK: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    KEEP_ALL: tl.constexpr,
+    HOIST: tl.constexpr,
+    FTZ_SUM: tl.constexpr,
+    EVICTION: tl.constexpr,
+    RECIPROCAL: tl.constexpr,
+):
     """The work of one (row, chunk) program of `_chunk_kernel` (also run by `_single_kernel`).
     HOIST: the row's k and p are loaded with T and the logits, before any of them is used, so
     their latencies overlap (else where they are first needed, after the chunk sum)."""
@@ -151,8 +209,7 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
     is_greedy = t == 0.0
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < V
-    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t),
-                      RECIPROCAL)
+    x = scaled_logits(logits_ptr + row * V, offs, mask, tl.where(is_greedy, 1.0, t), RECIPROCAL)
     m = tl.max(x, 0)
     tl.store(chunk_f32_ptr + CHUNK_MAX * num_slots + slot, m, eviction_policy=EVICTION)
     zeros = tl.zeros([CHUNK], tl.float32)
@@ -171,11 +228,19 @@ def _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chun
         if use_k | (p < 1.0):
             tl.store(out_ptr + row * V + offs, zeros, mask=mask)
             sigmas = tl.where(use_k & (k > wide_k), wide_sigmas, pivot_sigmas)
-            _keep_candidates(x, offs, m, sigmas, cand_ptr + slot * CAPACITY,
-                             chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
-                             chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
-                             chunk_i32_ptr + CHUNK_COUNT * num_slots + slot, CAPACITY, KEEP_ALL,
-                             EVICTION)
+            _keep_candidates(
+                x,
+                offs,
+                m,
+                sigmas,
+                cand_ptr + slot * CAPACITY,
+                chunk_f32_ptr + CHUNK_FLOOR * num_slots + slot,
+                chunk_f32_ptr + CHUNK_MEAN * num_slots + slot,
+                chunk_i32_ptr + CHUNK_COUNT * num_slots + slot,
+                CAPACITY,
+                KEEP_ALL,
+                EVICTION,
+            )
 
 
 @triton.jit
@@ -185,9 +250,9 @@ def _exp_sum(x, m, FTZ: tl.constexpr):
     entry); a sum holding exp(0) = 1 absorbs such terms in rounding either way."""
     d = x - m
     if FTZ:
-        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r",
-                                      [d * LOG2_E], dtype=tl.float32,
-                                      is_pure=True, pack=1)
+        e = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [d * LOG2_E], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         e = tl.exp(d)
     return tl.sum(tl.where(x > float("-inf"), e, 0.0), 0)

@@ -58,8 +58,7 @@ MIN_REGISTERS, MAX_REGISTERS = 24, 255  # what ptxas accepts as a per-thread reg
 MIN_KEEP_ALL_CHUNK = 16  # smallest chunk of a one-chunk row (tl.arange needs a power of two)
 MAX_TOP_K_FLOOR_STEPS = 16  # bound of top_k_floor_steps (each step is one more block reduction)
 # planes of the packed scratch tensors
-CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1),
-                                                 tl.constexpr(2), tl.constexpr(3))
+CHUNK_MAX, CHUNK_SUM, CHUNK_FLOOR, CHUNK_MEAN = (tl.constexpr(0), tl.constexpr(1), tl.constexpr(2), tl.constexpr(3))
 CHUNK_ARGMAX, CHUNK_COUNT = tl.constexpr(0), tl.constexpr(1)
 ROW_MAX, ROW_NORM, ROW_SPREAD = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
@@ -155,42 +154,71 @@ class KernelConfig:
     top_k_floor_steps: int = TOP_K_FLOOR_STEPS
 
     def __post_init__(self):
-        for name in ("chunk", "chunk_capacity", "max_candidates", "chunk_warps", "compact",
-                     "select_block", "select_warps", "write_chunk", "block",
-                     "candidate_capacity", "wide_share", "single_warps"):
+        for name in (
+            "chunk",
+            "chunk_capacity",
+            "max_candidates",
+            "chunk_warps",
+            "compact",
+            "select_block",
+            "select_warps",
+            "write_chunk",
+            "block",
+            "candidate_capacity",
+            "wide_share",
+            "single_warps",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1 or value & (value - 1):
                 raise ValueError(f"KernelConfig.{name}={value!r} must be a power of two")
         steps = self.top_k_floor_steps
         if not isinstance(steps, int) or not 0 <= steps <= MAX_TOP_K_FLOOR_STEPS:
-            raise ValueError(f"KernelConfig.top_k_floor_steps={steps!r} must be an integer in "
-                             f"[0, {MAX_TOP_K_FLOOR_STEPS}]")
+            raise ValueError(
+                f"KernelConfig.top_k_floor_steps={steps!r} must be an integer in [0, {MAX_TOP_K_FLOOR_STEPS}]"
+            )
         if not isinstance(self.single_launch_entries, int) or self.single_launch_entries < 0:
-            raise ValueError(f"KernelConfig.single_launch_entries={self.single_launch_entries!r} "
-                             "must be an integer >= 0")
-        for name in ("overlap_launches", "overlap_write", "chunk_list", "hoist_loads", "ftz_sum",
-                     "keep_in_l2", "reciprocal_division", "reverse_write"):
+            raise ValueError(
+                f"KernelConfig.single_launch_entries={self.single_launch_entries!r} must be an integer >= 0"
+            )
+        for name in (
+            "overlap_launches",
+            "overlap_write",
+            "chunk_list",
+            "hoist_loads",
+            "ftz_sum",
+            "keep_in_l2",
+            "reciprocal_division",
+            "reverse_write",
+        ):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or "
-                                 "False")
+                raise ValueError(f"KernelConfig.{name}={getattr(self, name)!r} must be True or False")
         small = self.small_compact
-        if not isinstance(small, int) or small < 0 or small and (
-                small & (small - 1) or small >= self.compact):
-            raise ValueError(f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
-                             f"power of two below compact ({self.compact})")
-        if not isinstance(self.write_registers, int) or self.write_registers and not (
-                MIN_REGISTERS <= self.write_registers <= MAX_REGISTERS):
-            raise ValueError(f"KernelConfig.write_registers={self.write_registers!r} must be 0 "
-                             f"or an integer in [{MIN_REGISTERS}, {MAX_REGISTERS}]")
+        if not isinstance(small, int) or small < 0 or small and (small & (small - 1) or small >= self.compact):
+            raise ValueError(
+                f"KernelConfig.small_compact={self.small_compact!r} must be 0 or a "
+                f"power of two below compact ({self.compact})"
+            )
+        if (
+            not isinstance(self.write_registers, int)
+            or self.write_registers
+            and not (MIN_REGISTERS <= self.write_registers <= MAX_REGISTERS)
+        ):
+            raise ValueError(
+                f"KernelConfig.write_registers={self.write_registers!r} must be 0 "
+                f"or an integer in [{MIN_REGISTERS}, {MAX_REGISTERS}]"
+            )
         tiny = self.tiny_compact
-        if not isinstance(tiny, int) or tiny < 0 or tiny and (
-                tiny & (tiny - 1) or tiny >= (small or self.compact)):
-            raise ValueError(f"KernelConfig.tiny_compact={self.tiny_compact!r} must be 0 or a "
-                             f"power of two below small_compact, or compact if that is 0 "
-                             f"({small or self.compact})")
+        if not isinstance(tiny, int) or tiny < 0 or tiny and (tiny & (tiny - 1) or tiny >= (small or self.compact)):
+            raise ValueError(
+                f"KernelConfig.tiny_compact={self.tiny_compact!r} must be 0 or a "
+                f"power of two below small_compact, or compact if that is 0 "
+                f"({small or self.compact})"
+            )
         if not self.chunk_capacity <= min(self.chunk, self.max_candidates):
-            raise ValueError(f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
-                             f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})")
+            raise ValueError(
+                f"KernelConfig.chunk_capacity={self.chunk_capacity} must be <= "
+                f"chunk ({self.chunk}) and max_candidates ({self.max_candidates})"
+            )
         # hashed once: every eager call looks its plan up by config (`device_plan`), and the
         # generated hash rebuilds a tuple of all the fields each time (3.4 us against 0.1 on
         # the host of docs/notes/performance-notebook.md's H200 measurement)
@@ -210,8 +238,7 @@ class KernelConfig:
     def chunk_size(self, vocab: int) -> int:
         """The smallest chunk >= `self.chunk` whose candidates fit `max_candidates`."""
         chunk = self.chunk
-        while triton.next_power_of_2(triton.cdiv(vocab, chunk)) * self.chunk_capacity \
-                > self.max_candidates:
+        while triton.next_power_of_2(triton.cdiv(vocab, chunk)) * self.chunk_capacity > self.max_candidates:
             chunk *= 2
         return chunk
 
@@ -304,20 +331,31 @@ DEFAULT_CONFIG = KernelConfig()
 # The defaults before the shipped ones (four-warp 2,048-entry chunk programs, nothing of the
 # notes above): the configuration that the CPU tests built their small configurations on, and
 # the third of CANDIDATE_CONFIGS.
-BASELINE_CONFIG = KernelConfig(chunk=2048, chunk_capacity=128, chunk_warps=4, write_chunk=2048,
-                               single_launch_entries=0, small_compact=0, tiny_compact=0,
-                               write_registers=0, chunk_list=False, hoist_loads=False,
-                               ftz_sum=False, keep_in_l2=False, reciprocal_division=False,
-                               reverse_write=False, top_k_floor_steps=0, overlap_write=False)
+BASELINE_CONFIG = KernelConfig(
+    chunk=2048,
+    chunk_capacity=128,
+    chunk_warps=4,
+    write_chunk=2048,
+    single_launch_entries=0,
+    small_compact=0,
+    tiny_compact=0,
+    write_registers=0,
+    chunk_list=False,
+    hoist_loads=False,
+    ftz_sum=False,
+    keep_in_l2=False,
+    reciprocal_division=False,
+    reverse_write=False,
+    top_k_floor_steps=0,
+    overlap_write=False,
+)
 # Configurations the benchmark sweeps and the GPU tests check (the default first; new ones go
 # last, since `benchmarks.sampling --config N` and docs/notes/performance-notebook.md name them by index).
 CANDIDATE_CONFIGS = (
     DEFAULT_CONFIG,
-    dataclasses.replace(BASELINE_CONFIG, chunk=512, chunk_capacity=32, chunk_warps=1,
-                        compact=2048, write_chunk=8192),
+    dataclasses.replace(BASELINE_CONFIG, chunk=512, chunk_capacity=32, chunk_warps=1, compact=2048, write_chunk=8192),
     BASELINE_CONFIG,
-    dataclasses.replace(BASELINE_CONFIG, chunk=1024, chunk_capacity=64, chunk_warps=2,
-                        write_chunk=8192),
+    dataclasses.replace(BASELINE_CONFIG, chunk=1024, chunk_capacity=64, chunk_warps=2, write_chunk=8192),
     dataclasses.replace(BASELINE_CONFIG, write_chunk=8192),
     dataclasses.replace(BASELINE_CONFIG, compact=2048),
     dataclasses.replace(DEFAULT_CONFIG, small_compact=0, tiny_compact=0),  # appended: indices

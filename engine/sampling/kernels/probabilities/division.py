@@ -62,8 +62,7 @@ def reciprocal_applies(x, t):
     2**-24 <= t <= 2**24 and 2**-96 <= |x| <= 2**96 for every x (NaN is not: its bits exceed
     the span)."""
     offset = (x.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) - X_RANGE_LOW_BITS  # wraps below
-    return ((t >= RECIPROCAL_T_MIN) & (t <= RECIPROCAL_T_MAX)
-            & (tl.max(offset, 0) <= X_RANGE_SPAN_BITS))
+    return (t >= RECIPROCAL_T_MIN) & (t <= RECIPROCAL_T_MAX) & (tl.max(offset, 0) <= X_RANGE_SPAN_BITS)
 
 
 @triton.jit
@@ -72,4 +71,3 @@ def corrected_quotient(x, t, y):
     it is RN(x / t) wherever `reciprocal_quotient` takes it."""
     q = x * y
     return tl.fma(tl.fma(-q, t, x), y, q)
-

@@ -17,10 +17,16 @@ from engine.sampling.backend import compiles_natively
 from engine.sampling.kernels.launch_overlap import overlap_options, supports_overlap
 from engine.sampling.kernels.launcher import CompiledLaunches, KernelLaunch, current_stream
 from engine.sampling.kernels.probabilities.chunk import _chunk_kernel
-from engine.sampling.kernels.probabilities.config import (DEFAULT_CONFIG, MIN_KEEP_ALL_CHUNK,
-                                                          NUM_SPLIT_PIVOTS, NUM_WARPS,
-                                                          SCRATCH_ALIGN, SPLIT_SUB, KernelConfig,
-                                                          wide_k_limit)
+from engine.sampling.kernels.probabilities.config import (
+    DEFAULT_CONFIG,
+    MIN_KEEP_ALL_CHUNK,
+    NUM_SPLIT_PIVOTS,
+    NUM_WARPS,
+    SCRATCH_ALIGN,
+    SPLIT_SUB,
+    KernelConfig,
+    wide_k_limit,
+)
 from engine.sampling.kernels.probabilities.select import _select_kernel
 from engine.sampling.kernels.probabilities.single_launch import _single_kernel
 from engine.sampling.kernels.probabilities.write import _write_kernel
@@ -74,36 +80,128 @@ class LaunchPlan:
         """Each launch's runtime arguments. `buffers` = (logits, temperature, top_k, top_p,
         out, *scratch), named as in BUFFERS: the tensors, or their data pointers
         (`CompiledLaunches.launch`). A kernel parameter `<name>_ptr` gets buffer `<name>`."""
-        (logits, temperature, top_k, top_p, out, chunk_f32, row_f32, row_val, split_f32,
-         chunk_i32, row_idx, split_i32, ticket, chunk_list, cand, compact, row_mode) = buffers
+        (
+            logits,
+            temperature,
+            top_k,
+            top_p,
+            out,
+            chunk_f32,
+            row_f32,
+            row_val,
+            split_f32,
+            chunk_i32,
+            row_idx,
+            split_i32,
+            ticket,
+            chunk_list,
+            cand,
+            compact,
+            row_mode,
+        ) = buffers
         vocab, num_chunks = self.vocab, self.num_chunks
         if self.single:
-            return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact,
-                     row_f32, row_mode, ticket, chunk_list, row_val, row_idx, vocab, num_chunks,
-                     self.pivot_sigmas, self.wide_sigmas, self.wide_k),)
-        return ((logits, temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, vocab,
-                 num_chunks, self.pivot_sigmas, self.wide_sigmas, self.wide_k),
-                (temperature, top_k, top_p, out, chunk_f32, chunk_i32, cand, compact, row_f32,
-                 row_mode, ticket, chunk_list, vocab, num_chunks),
-                (logits, temperature, top_k, top_p, out, row_f32, row_mode, split_i32, split_f32,
-                 compact, ticket, row_val, row_idx, vocab))
+            return (
+                (
+                    logits,
+                    temperature,
+                    top_k,
+                    top_p,
+                    out,
+                    chunk_f32,
+                    chunk_i32,
+                    cand,
+                    compact,
+                    row_f32,
+                    row_mode,
+                    ticket,
+                    chunk_list,
+                    row_val,
+                    row_idx,
+                    vocab,
+                    num_chunks,
+                    self.pivot_sigmas,
+                    self.wide_sigmas,
+                    self.wide_k,
+                ),
+            )
+        return (
+            (
+                logits,
+                temperature,
+                top_k,
+                top_p,
+                out,
+                chunk_f32,
+                chunk_i32,
+                cand,
+                vocab,
+                num_chunks,
+                self.pivot_sigmas,
+                self.wide_sigmas,
+                self.wide_k,
+            ),
+            (
+                temperature,
+                top_k,
+                top_p,
+                out,
+                chunk_f32,
+                chunk_i32,
+                cand,
+                compact,
+                row_f32,
+                row_mode,
+                ticket,
+                chunk_list,
+                vocab,
+                num_chunks,
+            ),
+            (
+                logits,
+                temperature,
+                top_k,
+                top_p,
+                out,
+                row_f32,
+                row_mode,
+                split_i32,
+                split_f32,
+                compact,
+                ticket,
+                row_val,
+                row_idx,
+                vocab,
+            ),
+        )
 
     @property
     def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
-        return ((4, self.num_rows * self.num_chunks), (3, self.num_rows),
-                (self.num_rows, self.config.candidate_capacity), self.split_shape)
+        return (
+            (4, self.num_rows * self.num_chunks),
+            (3, self.num_rows),
+            (self.num_rows, self.config.candidate_capacity),
+            self.split_shape,
+        )
 
     @property
     def i32_shapes(self):  # chunk argmax / count, whole-row indices, split counts, tickets,
         # each row's chunks that reach its floor (the select kernel's list)
-        return ((2, self.num_rows * self.num_chunks),
-                (self.num_rows, self.config.candidate_capacity), self.split_shape,
-                (self.num_rows,), (self.num_rows, triton.next_power_of_2(self.num_chunks)))
+        return (
+            (2, self.num_rows * self.num_chunks),
+            (self.num_rows, self.config.candidate_capacity),
+            self.split_shape,
+            (self.num_rows,),
+            (self.num_rows, triton.next_power_of_2(self.num_chunks)),
+        )
 
     @property
     def i64_shapes(self):  # chunk candidates, per-row compact buffer, row modes
-        return ((self.num_rows * self.num_chunks, self.capacity),
-                (self.num_rows, self.config.compact), (self.num_rows,))
+        return (
+            (self.num_rows * self.num_chunks, self.capacity),
+            (self.num_rows, self.config.compact),
+            (self.num_rows,),
+        )
 
     @property
     def split_shape(self):
@@ -116,8 +214,9 @@ def register_cap(config: KernelConfig) -> tuple[tuple[str, int], ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
-                overlap: bool = False, native: bool = False) -> LaunchPlan:
+def launch_plan(
+    config: KernelConfig, num_rows: int, vocab: int, overlap: bool = False, native: bool = False
+) -> LaunchPlan:
     """The `LaunchPlan` of a [num_rows, vocab] call (cached). It depends on the shape alone (and
     on `overlap`, a property of the device: `supports_overlap`), so a call captured in a CUDA
     Graph runs the kernels its eager warm-up compiled and ran (a kernel compiled during a
@@ -136,74 +235,132 @@ def launch_plan(config: KernelConfig, num_rows: int, vocab: int,
     select_pdl = overlap and config.overlap_launches
     write_pdl = overlap and (config.overlap_launches or config.overlap_write)
     work_constexprs = (("CHUNK", chunk), ("CAPACITY", capacity), ("KEEP_ALL", keep_all))
-    work_options = (("HOIST", config.hoist_loads), ("FTZ_SUM", config.ftz_sum and native),
-                    ("EVICTION", "evict_last" if config.keep_in_l2 else ""))
-    chunk_constexprs = (*work_constexprs, *work_options,
-                        ("RECIPROCAL", config.reciprocal_division), ("PDL", select_pdl))
+    work_options = (
+        ("HOIST", config.hoist_loads),
+        ("FTZ_SUM", config.ftz_sum and native),
+        ("EVICTION", "evict_last" if config.keep_in_l2 else ""),
+    )
+    chunk_constexprs = (
+        *work_constexprs,
+        *work_options,
+        ("RECIPROCAL", config.reciprocal_division),
+        ("PDL", select_pdl),
+    )
     chunks_pad = triton.next_power_of_2(num_chunks)
     sub = min(SPLIT_SUB, config.write_chunk)  # divides the write chunk
     select_tile = max(config.select_block // capacity, 1)  # chunks per compaction step
     single = num_rows * vocab <= config.single_launch_entries
-    select_constexprs = (("CHUNKS_PAD", chunks_pad), ("CAPACITY", capacity),
-                         ("TILE", select_tile), ("COMPACT", config.compact),
-                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list),
-                         ("FLOOR_STEPS", config.top_k_floor_steps), ("PDL", select_pdl))
-    write_constexprs = (("CHUNK", config.write_chunk), ("SUB", sub),
-                        ("WRITE_PAD", triton.next_power_of_2(num_write)),
-                        ("COMPACT", config.compact), ("BLOCK", config.block),
-                        ("ROW_CAPACITY", config.candidate_capacity),
-                        ("SMALL", config.small_compact), ("REVERSE", config.reverse_write),
-                        ("PDL", write_pdl))
-    single_constexprs = (*work_constexprs, ("CHUNKS_PAD", chunks_pad),
-                         ("SELECT_TILE", select_tile), ("COMPACT", config.compact),
-                         ("SUB", sub), ("BLOCK", config.block),
-                         ("ROW_CAPACITY", config.candidate_capacity),
-                         ("SMALL", config.small_compact), ("TINY", config.tiny_compact),
-                         ("LISTED", config.chunk_list), *work_options)
+    select_constexprs = (
+        ("CHUNKS_PAD", chunks_pad),
+        ("CAPACITY", capacity),
+        ("TILE", select_tile),
+        ("COMPACT", config.compact),
+        ("SMALL", config.small_compact),
+        ("TINY", config.tiny_compact),
+        ("LISTED", config.chunk_list),
+        ("FLOOR_STEPS", config.top_k_floor_steps),
+        ("PDL", select_pdl),
+    )
+    write_constexprs = (
+        ("CHUNK", config.write_chunk),
+        ("SUB", sub),
+        ("WRITE_PAD", triton.next_power_of_2(num_write)),
+        ("COMPACT", config.compact),
+        ("BLOCK", config.block),
+        ("ROW_CAPACITY", config.candidate_capacity),
+        ("SMALL", config.small_compact),
+        ("REVERSE", config.reverse_write),
+        ("PDL", write_pdl),
+    )
+    single_constexprs = (
+        *work_constexprs,
+        ("CHUNKS_PAD", chunks_pad),
+        ("SELECT_TILE", select_tile),
+        ("COMPACT", config.compact),
+        ("SUB", sub),
+        ("BLOCK", config.block),
+        ("ROW_CAPACITY", config.candidate_capacity),
+        ("SMALL", config.small_compact),
+        ("TINY", config.tiny_compact),
+        ("LISTED", config.chunk_list),
+        *work_options,
+    )
     if single:
-        launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs,
-                                 config.single_warps),)
+        launches = (KernelLaunch(_single_kernel, (num_rows, num_chunks, 1), single_constexprs, config.single_warps),)
     else:
-        launches = (KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs,
-                                 config.chunk_warps),
-                    KernelLaunch(_select_kernel, (num_rows, 1, 1), select_constexprs,
-                                 config.select_warps, overlap_options(select_pdl)),
-                    KernelLaunch(_write_kernel, (num_rows, num_write, 1), write_constexprs,
-                                 NUM_WARPS, overlap_options(write_pdl) + register_cap(config)))
+        launches = (
+            KernelLaunch(_chunk_kernel, (num_rows, num_chunks, 1), chunk_constexprs, config.chunk_warps),
+            KernelLaunch(
+                _select_kernel, (num_rows, 1, 1), select_constexprs, config.select_warps, overlap_options(select_pdl)
+            ),
+            KernelLaunch(
+                _write_kernel,
+                (num_rows, num_write, 1),
+                write_constexprs,
+                NUM_WARPS,
+                overlap_options(write_pdl) + register_cap(config),
+            ),
+        )
     return LaunchPlan(
-        num_rows=num_rows, vocab=vocab, chunk=chunk, capacity=capacity, num_chunks=num_chunks,
-        num_write=num_write, pivot_sigmas=config.pivot_sigmas(chunk),
+        num_rows=num_rows,
+        vocab=vocab,
+        chunk=chunk,
+        capacity=capacity,
+        num_chunks=num_chunks,
+        num_write=num_write,
+        pivot_sigmas=config.pivot_sigmas(chunk),
         wide_sigmas=config.pivot_sigmas(chunk, config.wide_share),
-        wide_k=wide_k_limit(num_chunks, capacity), config=config,
-        chunk_constexprs=chunk_constexprs, select_constexprs=select_constexprs,
-        write_constexprs=write_constexprs, single=single, single_constexprs=single_constexprs,
-        launches=launches, serial_in_capture=write_pdl and not select_pdl and not single)
+        wide_k=wide_k_limit(num_chunks, capacity),
+        config=config,
+        chunk_constexprs=chunk_constexprs,
+        select_constexprs=select_constexprs,
+        write_constexprs=write_constexprs,
+        single=single,
+        single_constexprs=single_constexprs,
+        launches=launches,
+        serial_in_capture=write_pdl and not select_pdl and not single,
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def device_plan(config: KernelConfig, num_rows: int, vocab: int,
-                device: torch.device) -> LaunchPlan:
+def device_plan(config: KernelConfig, num_rows: int, vocab: int, device: torch.device) -> LaunchPlan:
     """`launch_plan` of a call on `device`, with the device's overlap support and whether
     Triton compiles for it read once per (config, shape, device): an eager call pays one cache
     lookup. Triton itself fixes whether it interprets when the kernels are defined."""
-    return launch_plan(config, num_rows, vocab, supports_overlap(device),
-                       compiles_natively(device))
+    return launch_plan(config, num_rows, vocab, supports_overlap(device), compiles_natively(device))
 
 
 # A call's buffers in the order `LaunchPlan.arguments` takes them: the caller's four inputs,
 # the output, then the scratch of `_make_scratch` (float32, int32 and int64 views in turn).
-BUFFERS = ("logits", "temperature", "top_k", "top_p", "out", "chunk_f32", "row_f32", "row_val",
-           "split_f32", "chunk_i32", "row_idx", "split_i32", "ticket", "chunk_list", "cand",
-           "compact", "row_mode")
+BUFFERS = (
+    "logits",
+    "temperature",
+    "top_k",
+    "top_p",
+    "out",
+    "chunk_f32",
+    "row_f32",
+    "row_val",
+    "split_f32",
+    "chunk_i32",
+    "row_idx",
+    "split_i32",
+    "ticket",
+    "chunk_list",
+    "cand",
+    "compact",
+    "row_mode",
+)
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
     """The scratch of one call: three allocations (one per dtype), 12 views. The single
     launch's tickets start at zero (each call leaves them at zero again)."""
-    scratch = (*_scratch(torch.float32, device, *plan.f32_shapes),
-               *_scratch(torch.int32, device, *plan.i32_shapes),
-               *_scratch(torch.int64, device, *plan.i64_shapes))
+    scratch = (
+        *_scratch(torch.float32, device, *plan.f32_shapes),
+        *_scratch(torch.int32, device, *plan.i32_shapes),
+        *_scratch(torch.int64, device, *plan.i64_shapes),
+    )
     if plan.single:
         scratch[7].zero_()  # the tickets
     return scratch
@@ -223,12 +380,19 @@ def specialisation_key(plan: LaunchPlan, logits, top_k, pointers: tuple[int, ...
     (logits, temperature, top_k, top_p). The other tensors are allocated here (aligned, fixed
     dtypes); float arguments are not specialised."""
     logits_at, temperature_at, top_k_at, top_p_at = pointers
-    return (plan, logits.device, logits.dtype, top_k.dtype, logits_at % 16 == 0,
-            temperature_at % 16 == 0, top_k_at % 16 == 0, top_p_at % 16 == 0)
+    return (
+        plan,
+        logits.device,
+        logits.dtype,
+        top_k.dtype,
+        logits_at % 16 == 0,
+        temperature_at % 16 == 0,
+        top_k_at % 16 == 0,
+        top_p_at % 16 == 0,
+    )
 
 
-def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch,
-            stream: int | None) -> None:
+def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: Scratch, stream: int | None) -> None:
     """Enqueue the call's kernels on `stream` (no host read, no allocation). A plan whose write
     kernel overlaps only eagerly launches it serially while the current stream is captured
     (one query of the CUDA runtime); results do not depend on how it is launched."""
@@ -236,39 +400,49 @@ def _launch(logits, temperature, top_k, top_p, plan: LaunchPlan, out, scratch: S
         WARMUPS.wait(plan, logits.dtype, top_k.dtype)
     inputs = (logits.data_ptr(), temperature.data_ptr(), top_k.data_ptr(), top_p.data_ptr())
     serial = plan.serial_in_capture and torch.cuda.is_current_stream_capturing()
-    LAUNCHES.launch(specialisation_key(plan, logits, top_k, inputs), plan.launches,
-                    plan.arguments, (logits, temperature, top_k, top_p, out, *scratch.tensors),
-                    (*inputs, out.data_ptr(), *scratch.pointers), stream, serial)
+    LAUNCHES.launch(
+        specialisation_key(plan, logits, top_k, inputs),
+        plan.launches,
+        plan.arguments,
+        (logits, temperature, top_k, top_p, out, *scratch.tensors),
+        (*inputs, out.data_ptr(), *scratch.pointers),
+        stream,
+        serial,
+    )
 
 
-def warm_up(vocab: int, row_counts, device: torch.device,
-            logits_dtype: torch.dtype = torch.float32, top_k_dtype: torch.dtype = torch.int64,
-            config: KernelConfig = DEFAULT_CONFIG) -> int:
+def warm_up(
+    vocab: int,
+    row_counts,
+    device: torch.device,
+    logits_dtype: torch.dtype = torch.float32,
+    top_k_dtype: torch.dtype = torch.int64,
+    config: KernelConfig = DEFAULT_CONFIG,
+) -> int:
     """Compile in the background (`warmup.Warmups`) the kernels that calls of [rows, vocab]
     take, for each rows of `row_counts`; the number of kernels started, 0 off CUDA or under the
     interpreter. Row counts whose plans share their kernels (every count above the single
     launch's bound) compile them once."""
     if not compiles_natively(device):
         return 0
-    return sum(WARMUPS.start_plan(device_plan(config, int(rows), vocab, device), logits_dtype,
-                                  top_k_dtype, device) for rows in row_counts)
+    return sum(
+        WARMUPS.start_plan(device_plan(config, int(rows), vocab, device), logits_dtype, top_k_dtype, device)
+        for rows in row_counts
+    )
 
 
-def run_probabilities(logits, temperature, top_k, top_p,
-                      config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
+def run_probabilities(logits, temperature, top_k, top_p, config: KernelConfig = DEFAULT_CONFIG) -> KernelOutput:
     """Launch the kernels on fresh scratch; arguments were validated by the caller
     (`batched_probabilities`). The row modes are returned, so they are not shared."""
     plan = device_plan(config, *logits.shape, logits.device)
     out = torch.empty_like(logits, dtype=torch.float32)  # contiguous: logits are (checked)
     scratch = Scratch.of(_make_scratch(plan, logits.device))
     if plan.num_rows > 0:
-        _launch(logits, temperature, top_k, top_p, plan, out, scratch,
-                current_stream(logits.device))
+        _launch(logits, temperature, top_k, top_p, plan, out, scratch, current_stream(logits.device))
     return KernelOutput(out, scratch.tensors[-1])
 
 
-def probabilities_triton(logits, temperature, top_k, top_p, *,
-                         config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+def probabilities_triton(logits, temperature, top_k, top_p, *, config: KernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """float32[B, V] probabilities of every row: the launches of `run_probabilities`, with the
     scratch (row modes included) reused from the last call of this shape (`SCRATCH`); only the
     output is allocated per call."""

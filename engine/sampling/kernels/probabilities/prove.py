@@ -83,8 +83,9 @@ def _threshold(x, valid, m, z, k, p, use_k, use_p):
 
 
 @triton.jit
-def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                       COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr):
+def _prove_and_scatter(
+    compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr
+):
     """(proven, norm): if the `num` packed candidates at compact_ptr fit COMPACT and hold every
     kept token, find the cut on them and scatter the kept probabilities into the zeroed row.
     Rows with at most TINY candidates (TINY > 0) find it without a search (`_prove_tiny`);
@@ -94,29 +95,23 @@ def _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
         if num <= TINY:
             proven, norm = _prove_tiny(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, TINY)
         else:
-            proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                           COMPACT, SMALL)
+            proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT, SMALL)
     else:
-        proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                       COMPACT, SMALL)
+        proven, norm = _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT, SMALL)
     return proven, norm
 
 
 @triton.jit
-def _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                    COMPACT: tl.constexpr, SMALL: tl.constexpr):
+def _prove_searched(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT: tl.constexpr, SMALL: tl.constexpr):
     """`_prove_and_scatter` by the key searches, on a SMALL block if SMALL > 0 and num fits it,
     else on the COMPACT block."""
     if SMALL > 0:
         if num <= SMALL:
-            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                        SMALL)
+            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, SMALL)
         else:
-            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                        COMPACT)
+            proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT)
     else:
-        proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                    COMPACT)
+        proven, norm = _prove_block(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT)
     return proven, norm
 
 
@@ -141,8 +136,7 @@ def _prove_tiny(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, TINY: tl.co
     key = _key(x)
     e = tl.where(valid, tl.exp(x - m), 0.0)
     pairs = compact_ptr + TINY  # slots [TINY, 2 * TINY) of the row's COMPACT >= 2 * TINY
-    tl.store(pairs + i, (key.to(tl.int64) << 32) | e.to(tl.int32, bitcast=True).to(tl.int64)
-             & 0xFFFFFFFF)
+    tl.store(pairs + i, (key.to(tl.int64) << 32) | e.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
     tl.debug_barrier()  # every pair lands before any thread reads it
     count = tl.zeros([TINY], tl.int32)
     above = tl.zeros([TINY], tl.float32)

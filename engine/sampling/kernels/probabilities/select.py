@@ -14,11 +14,23 @@ import triton.language as tl
 
 from engine.sampling.kernels.launch_overlap import launch_dependents, wait_for_prerequisites
 from engine.sampling.kernels.probabilities.common import _pivot, _unpack_x
-from engine.sampling.kernels.probabilities.config import (CHUNK_ARGMAX, CHUNK_COUNT, CHUNK_FLOOR,
-                                                          CHUNK_MAX, CHUNK_MEAN, CHUNK_SUM, _DENSE,
-                                                          _FALLBACK, _GREEDY, NUM_LEVELS,
-                                                          NUM_LEVELS_LOG2, ROW_MAX, ROW_NORM,
-                                                          ROW_SPREAD, _SPARSE)
+from engine.sampling.kernels.probabilities.config import (
+    _DENSE,
+    _FALLBACK,
+    _GREEDY,
+    _SPARSE,
+    CHUNK_ARGMAX,
+    CHUNK_COUNT,
+    CHUNK_FLOOR,
+    CHUNK_MAX,
+    CHUNK_MEAN,
+    CHUNK_SUM,
+    NUM_LEVELS,
+    NUM_LEVELS_LOG2,
+    ROW_MAX,
+    ROW_NORM,
+    ROW_SPREAD,
+)
 from engine.sampling.kernels.probabilities.prove import _prove_and_scatter
 
 
@@ -50,8 +62,7 @@ def _top_k_floor(chunk_max, floors, counts, m, spread, k, STEPS: tl.constexpr):
     v = _pivot(m, spread, tl.minimum(level, NUM_LEVELS - 1))
     if STEPS > 0:
         if (level > 0) & (level < NUM_LEVELS):
-            v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short),
-                               STEPS)
+            v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short), STEPS)
     return tl.where((level < NUM_LEVELS) & (v == v), v, float("-inf"))
 
 
@@ -73,8 +84,16 @@ def _refined_floor(chunk_max, floors, counts, k, proved, unproved, STEPS: tl.con
 
 
 @triton.jit
-def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.constexpr,
-             TILE: tl.constexpr, COMPACT: tl.constexpr):
+def _compact(
+    cand_ptr,
+    count_ptr,
+    compact_ptr,
+    NUM_CHUNKS,
+    floor,
+    CAPACITY: tl.constexpr,
+    TILE: tl.constexpr,
+    COMPACT: tl.constexpr,
+):
     """Copy the row's stored candidates with x >= floor to compact_ptr[0:COMPACT], in
     (chunk, slot) order; return how many there are (they fit iff the count is <= COMPACT).
 
@@ -87,8 +106,7 @@ def _compact(cand_ptr, count_ptr, compact_ptr, NUM_CHUNKS, floor, CAPACITY: tl.c
     count, packed = _candidate_tile(cand_ptr, count_ptr, chunks, chunks < NUM_CHUNKS, CAPACITY)
     for first in range(0, NUM_CHUNKS, TILE):
         chunks = first + TILE + tl.arange(0, TILE)
-        next_count, next_packed = _candidate_tile(cand_ptr, count_ptr, chunks,
-                                                  chunks < NUM_CHUNKS, CAPACITY)
+        next_count, next_packed = _candidate_tile(cand_ptr, count_ptr, chunks, chunks < NUM_CHUNKS, CAPACITY)
         num = _compact_step(count, packed, floor, num, compact_ptr, CAPACITY, COMPACT)
         count, packed = next_count, next_packed
     return num
@@ -109,24 +127,31 @@ def _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD: tl.cons
 
 
 @triton.jit
-def _compact_listed(cand_ptr, count_ptr, list_ptr, compact_ptr, num_listed, floor,
-                    CAPACITY: tl.constexpr, TILE: tl.constexpr, COMPACT: tl.constexpr):
+def _compact_listed(
+    cand_ptr,
+    count_ptr,
+    list_ptr,
+    compact_ptr,
+    num_listed,
+    floor,
+    CAPACITY: tl.constexpr,
+    TILE: tl.constexpr,
+    COMPACT: tl.constexpr,
+):
     """`_compact` over only the `num_listed` chunks at list_ptr (`_list_hot_chunks`): the same
     candidates in the same order, in ceil(num_listed / TILE) steps instead of
     ceil(NUM_CHUNKS / TILE). Each step's chunk numbers and loads are issued one step ahead."""
     num = tl.zeros([1], tl.int32).sum(0)
     count, packed = _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, 0, CAPACITY, TILE)
     for first in range(0, num_listed, TILE):
-        next_count, next_packed = _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed,
-                                               first + TILE, CAPACITY, TILE)
+        next_count, next_packed = _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, first + TILE, CAPACITY, TILE)
         num = _compact_step(count, packed, floor, num, compact_ptr, CAPACITY, COMPACT)
         count, packed = next_count, next_packed
     return num
 
 
 @triton.jit
-def _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, first, CAPACITY: tl.constexpr,
-                 TILE: tl.constexpr):
+def _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, first, CAPACITY: tl.constexpr, TILE: tl.constexpr):
     """`_candidate_tile` of the listed chunks [first, first + TILE)."""
     entries = first + tl.arange(0, TILE)
     listed = entries < num_listed
@@ -135,8 +160,7 @@ def _listed_tile(cand_ptr, count_ptr, list_ptr, num_listed, first, CAPACITY: tl.
 
 
 @triton.jit
-def _compact_step(count, packed, floor, num, compact_ptr, CAPACITY: tl.constexpr,
-                  COMPACT: tl.constexpr):
+def _compact_step(count, packed, floor, num, compact_ptr, CAPACITY: tl.constexpr, COMPACT: tl.constexpr):
     """Append a [TILE chunks, CAPACITY slots] tile's candidates with x >= floor (slot < the
     chunk's count) at compact_ptr[num:], in (chunk, slot) order; return the new num. A
     chunk's offset is a scan over its TILE counts, a slot's a scan along its chunk's CAPACITY
@@ -164,11 +188,32 @@ def _candidate_tile(cand_ptr, count_ptr, chunks, live, CAPACITY: tl.constexpr):
 
 
 @triton.jit
-def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, list_ptr, out_row, num_slots,
-                   first_slot, NUM_CHUNKS, chunk_max, floor, listed, m, z, k, p, use_k, use_p,
-                   CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
-                   COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
-                   LISTED: tl.constexpr):
+def _select_sparse(
+    chunk_i32_ptr,
+    cand_ptr,
+    compact_ptr,
+    list_ptr,
+    out_row,
+    num_slots,
+    first_slot,
+    NUM_CHUNKS,
+    chunk_max,
+    floor,
+    listed,
+    m,
+    z,
+    k,
+    p,
+    use_k,
+    use_p,
+    CHUNKS_PAD: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    TILE: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SMALL: tl.constexpr,
+    TINY: tl.constexpr,
+    LISTED: tl.constexpr,
+):
     """RowMode and normaliser of a truncating row, from its stored candidates >= `floor` (at
     least the largest chunk floor, so every token >= it is stored); SPARSE rows get their kept
     values here. With LISTED and `listed` (a floor high enough that few chunks reach it: the
@@ -181,17 +226,13 @@ def _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr, list_ptr, out_row, num_
     if LISTED:
         if listed:
             num_hot = _list_hot_chunks(chunk_max, NUM_CHUNKS, floor, list_ptr, CHUNKS_PAD)
-            num = _compact_listed(row_cands, row_counts, list_ptr, compact_ptr, num_hot, floor,
-                                  CAPACITY, TILE, COMPACT)
+            num = _compact_listed(row_cands, row_counts, list_ptr, compact_ptr, num_hot, floor, CAPACITY, TILE, COMPACT)
         else:
-            num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY,
-                           TILE, COMPACT)
+            num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY, TILE, COMPACT)
     else:
-        num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY, TILE,
-                       COMPACT)
+        num = _compact(row_cands, row_counts, compact_ptr, NUM_CHUNKS, floor, CAPACITY, TILE, COMPACT)
     tl.debug_barrier()  # the compacted candidates land before other threads read them
-    is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p,
-                                         COMPACT, SMALL, TINY)
+    is_sparse, norm = _prove_and_scatter(compact_ptr, num, out_row, m, z, k, p, use_k, use_p, COMPACT, SMALL, TINY)
     return tl.where(is_sparse, _SPARSE, _FALLBACK), tl.where(is_sparse, norm, z)
 
 
@@ -223,22 +264,61 @@ def _select_kernel(
 ):
     if PDL:
         wait_for_prerequisites()
-    _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
-                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, chunk_list_ptr,
-                V, NUM_CHUNKS,
-                tl.program_id(0).to(tl.int64), CHUNKS_PAD, CAPACITY, TILE, COMPACT, SMALL,
-                TINY, LISTED, FLOOR_STEPS)
+    _select_row(
+        temperature_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        out_ptr,
+        chunk_f32_ptr,
+        chunk_i32_ptr,
+        cand_ptr,
+        compact_ptr,
+        row_f32_ptr,
+        row_mode_ptr,
+        ticket_ptr,
+        chunk_list_ptr,
+        V,
+        NUM_CHUNKS,
+        tl.program_id(0).to(tl.int64),
+        CHUNKS_PAD,
+        CAPACITY,
+        TILE,
+        COMPACT,
+        SMALL,
+        TINY,
+        LISTED,
+        FLOOR_STEPS,
+    )
     if PDL:
         launch_dependents()  # once every row is done: the write kernel may start
 
 
 @triton.jit
-def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, chunk_i32_ptr,
-                cand_ptr, compact_ptr, row_f32_ptr, row_mode_ptr, ticket_ptr, chunk_list_ptr,
-                V, NUM_CHUNKS, row,
-                CHUNKS_PAD: tl.constexpr, CAPACITY: tl.constexpr, TILE: tl.constexpr,
-                COMPACT: tl.constexpr, SMALL: tl.constexpr, TINY: tl.constexpr,
-                LISTED: tl.constexpr, FLOOR_STEPS: tl.constexpr):
+def _select_row(
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    out_ptr,
+    chunk_f32_ptr,
+    chunk_i32_ptr,
+    cand_ptr,
+    compact_ptr,
+    row_f32_ptr,
+    row_mode_ptr,
+    ticket_ptr,
+    chunk_list_ptr,
+    V,
+    NUM_CHUNKS,
+    row,
+    CHUNKS_PAD: tl.constexpr,
+    CAPACITY: tl.constexpr,
+    TILE: tl.constexpr,
+    COMPACT: tl.constexpr,
+    SMALL: tl.constexpr,
+    TINY: tl.constexpr,
+    LISTED: tl.constexpr,
+    FLOOR_STEPS: tl.constexpr,
+):
     """The work of one row's program of `_select_kernel` (also run by `_single_kernel`):
     stores the row's RowMode, max, normaliser and spread, zeroes its ticket; returns the mode,
     the max and the normaliser."""
@@ -252,8 +332,7 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
     chunk_sum = tl.load(stats + CHUNK_SUM * num_slots, mask=live, other=0.0)
     means = tl.load(stats + CHUNK_MEAN * num_slots, mask=live, other=float("-inf"))
     floors = tl.load(stats + CHUNK_FLOOR * num_slots, mask=live, other=float("-inf"))
-    counts = tl.load(chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot + chunks, mask=live,
-                     other=0)
+    counts = tl.load(chunk_i32_ptr + CHUNK_COUNT * num_slots + first_slot + chunks, mask=live, other=0)
     t = tl.load(temperature_ptr + row)
     k = tl.load(top_k_ptr + row)
     p = tl.load(top_p_ptr + row)
@@ -272,19 +351,38 @@ def _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr, c
         mode = tl.zeros([1], tl.int32).sum(0) + _DENSE
         norm = z
         has_mean = live & (means > float("-inf"))
-        spread = m - tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(
-            tl.sum(has_mean.to(tl.float32), 0), 1.0)
+        spread = m - tl.sum(tl.where(has_mean, means, 0.0), 0) / tl.maximum(tl.sum(has_mean.to(tl.float32), 0), 1.0)
         if use_k | use_p:
             floor = tl.max(floors, 0)  # every token >= it is stored
             top_k_floor = use_k & (k <= TINY)
             if top_k_floor:  # every token top-k keeps is >= the top-k floor too
-                floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k,
-                                                       FLOOR_STEPS))
-            mode, norm = _select_sparse(chunk_i32_ptr, cand_ptr, compact_ptr + row * COMPACT,
-                                        chunk_list_ptr + row * CHUNKS_PAD, out_ptr + row * V,
-                                        num_slots, first_slot, NUM_CHUNKS, chunk_max, floor,
-                                        top_k_floor, m, z, k, p, use_k, use_p, CHUNKS_PAD,
-                                        CAPACITY, TILE, COMPACT, SMALL, TINY, LISTED)
+                floor = tl.maximum(floor, _top_k_floor(chunk_max, floors, counts, m, spread, k, FLOOR_STEPS))
+            mode, norm = _select_sparse(
+                chunk_i32_ptr,
+                cand_ptr,
+                compact_ptr + row * COMPACT,
+                chunk_list_ptr + row * CHUNKS_PAD,
+                out_ptr + row * V,
+                num_slots,
+                first_slot,
+                NUM_CHUNKS,
+                chunk_max,
+                floor,
+                top_k_floor,
+                m,
+                z,
+                k,
+                p,
+                use_k,
+                use_p,
+                CHUNKS_PAD,
+                CAPACITY,
+                TILE,
+                COMPACT,
+                SMALL,
+                TINY,
+                LISTED,
+            )
         tl.store(row_f32_ptr + ROW_MAX * num_rows + row, m)
         tl.store(row_f32_ptr + ROW_NORM * num_rows + row, norm)
         tl.store(row_f32_ptr + ROW_SPREAD * num_rows + row, spread)

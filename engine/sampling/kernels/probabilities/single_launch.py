@@ -58,27 +58,79 @@ def _single_kernel(
     (`_select_row`) and writes what the write kernel would: a DENSE row over all V entries,
     a FALLBACK row counted at the split pivots over the whole row (`_serial_finish`)."""
     row = tl.program_id(0).to(tl.int64)
-    _chunk_work(logits_ptr, temperature_ptr, top_k_ptr, top_p_ptr, out_ptr, chunk_f32_ptr,
-                chunk_i32_ptr, cand_ptr, V, NUM_CHUNKS, pivot_sigmas, wide_sigmas, wide_k, row,
-                tl.program_id(1), CHUNK, CAPACITY, KEEP_ALL, HOIST, FTZ_SUM, EVICTION,
-                False)  # IEEE division: the reciprocal made B = 1 slower on the H200
+    _chunk_work(
+        logits_ptr,
+        temperature_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        out_ptr,
+        chunk_f32_ptr,
+        chunk_i32_ptr,
+        cand_ptr,
+        V,
+        NUM_CHUNKS,
+        pivot_sigmas,
+        wide_sigmas,
+        wide_k,
+        row,
+        tl.program_id(1),
+        CHUNK,
+        CAPACITY,
+        KEEP_ALL,
+        HOIST,
+        FTZ_SUM,
+        EVICTION,
+        False,
+    )  # IEEE division: the reciprocal made B = 1 slower on the H200
     tl.debug_barrier()  # every thread's stores precede the release below
     if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == NUM_CHUNKS - 1:
-        mode, m, norm = _select_row(temperature_ptr, top_k_ptr, top_p_ptr, out_ptr,
-                                    chunk_f32_ptr, chunk_i32_ptr, cand_ptr,
-                                    compact_ptr, row_f32_ptr, row_mode_ptr,
-                                    ticket_ptr, chunk_list_ptr, V, NUM_CHUNKS, row,
-                                    CHUNKS_PAD, CAPACITY,
-                                    SELECT_TILE, COMPACT, SMALL, TINY, LISTED,
-                                    0)  # the top-k floor at its level: not measured refined
+        mode, m, norm = _select_row(
+            temperature_ptr,
+            top_k_ptr,
+            top_p_ptr,
+            out_ptr,
+            chunk_f32_ptr,
+            chunk_i32_ptr,
+            cand_ptr,
+            compact_ptr,
+            row_f32_ptr,
+            row_mode_ptr,
+            ticket_ptr,
+            chunk_list_ptr,
+            V,
+            NUM_CHUNKS,
+            row,
+            CHUNKS_PAD,
+            CAPACITY,
+            SELECT_TILE,
+            COMPACT,
+            SMALL,
+            TINY,
+            LISTED,
+            0,
+        )  # the top-k floor at its level: not measured refined
         t = tl.load(temperature_ptr + row)
         if mode == _DENSE:
             _write_dense(logits_ptr + row * V, out_ptr + row * V, V, t, m, norm, 0, V, BLOCK)
         elif mode == _FALLBACK:
             tl.debug_barrier()  # the row statistics land before other threads read them
-            _serial_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
-                           tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), row_f32_ptr,
-                           tl.num_programs(0).to(tl.int64), row, row_mode_ptr,
-                           compact_ptr + row * COMPACT, row_val_ptr + row * ROW_CAPACITY,
-                           row_idx_ptr + row * ROW_CAPACITY, SUB, COMPACT, BLOCK, ROW_CAPACITY,
-                           SMALL)
+            _serial_finish(
+                logits_ptr + row * V,
+                out_ptr + row * V,
+                V,
+                t,
+                tl.load(top_k_ptr + row),
+                tl.load(top_p_ptr + row),
+                row_f32_ptr,
+                tl.num_programs(0).to(tl.int64),
+                row,
+                row_mode_ptr,
+                compact_ptr + row * COMPACT,
+                row_val_ptr + row * ROW_CAPACITY,
+                row_idx_ptr + row * ROW_CAPACITY,
+                SUB,
+                COMPACT,
+                BLOCK,
+                ROW_CAPACITY,
+                SMALL,
+            )

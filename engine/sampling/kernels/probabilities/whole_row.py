@@ -160,8 +160,7 @@ def _compact(row_ptr, V, temperature, pivot, val_ptr, idx_ptr, BLOCK: tl.constex
     """Write every x >= pivot and its index to the scratch row, in vocabulary order."""
     base = tl.zeros([1], tl.int32).sum(0)
     for start in range(0, V, BLOCK):
-        x, offs, take, slot, base = take_at_least(row_ptr, V, temperature, start, pivot, base,
-                                                  BLOCK)
+        x, offs, take, slot, base = take_at_least(row_ptr, V, temperature, start, pivot, base, BLOCK)
         tl.store(val_ptr + slot, x, mask=take)
         tl.store(idx_ptr + slot, offs, mask=take)
 
@@ -178,8 +177,7 @@ def _write_dense(row_ptr, out_ptr, V, temperature, m, key_lo, norm, BLOCK: tl.co
 
 
 @triton.jit
-def _write_sparse(out_ptr, V, val_ptr, idx_ptr, n, m, key_lo, norm, BLOCK: tl.constexpr,
-                  CAPACITY: tl.constexpr):
+def _write_sparse(out_ptr, V, val_ptr, idx_ptr, n, m, key_lo, norm, BLOCK: tl.constexpr, CAPACITY: tl.constexpr):
     """Zero the row, then scatter the kept candidates' probabilities."""
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -193,8 +191,7 @@ def _write_sparse(out_ptr, V, val_ptr, idx_ptr, n, m, key_lo, norm, BLOCK: tl.co
 
 
 @triton.jit
-def write_row(row_ptr, out_row, V, t, k, p, val_ptr, idx_ptr, BLOCK: tl.constexpr,
-              CAPACITY: tl.constexpr):
+def write_row(row_ptr, out_row, V, t, k, p, val_ptr, idx_ptr, BLOCK: tl.constexpr, CAPACITY: tl.constexpr):
     """Write the probabilities of one random row with top-k (k in [1, V)) and/or top-p (< 1).
 
     `val_ptr` / `idx_ptr` point to this row's CAPACITY scratch slots. Exact for any row.

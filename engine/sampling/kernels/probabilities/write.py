@@ -13,9 +13,18 @@ import triton.language as tl
 
 from engine.sampling.kernels.launch_overlap import wait_for_prerequisites
 from engine.sampling.kernels.probabilities.common import _pack
-from engine.sampling.kernels.probabilities.config import (_DENSE, _FALLBACK, FLT_MAX, MASS_MARGIN,
-                                                          NUM_SPLIT_PIVOTS, ROW_MAX, ROW_NORM,
-                                                          ROW_SPREAD, SPLIT_PIVOT_ZERO, _WHOLE_ROW)
+from engine.sampling.kernels.probabilities.config import (
+    _DENSE,
+    _FALLBACK,
+    _WHOLE_ROW,
+    FLT_MAX,
+    MASS_MARGIN,
+    NUM_SPLIT_PIVOTS,
+    ROW_MAX,
+    ROW_NORM,
+    ROW_SPREAD,
+    SPLIT_PIVOT_ZERO,
+)
 from engine.sampling.kernels.probabilities.division import scaled_logits
 from engine.sampling.kernels.probabilities.prove import _prove_and_scatter
 from engine.sampling.kernels.probabilities.whole_row import take_at_least, write_row
@@ -63,23 +72,49 @@ def _write_kernel(
     num_rows = tl.num_programs(0).to(tl.int64)
     mode = tl.load(row_mode_ptr + row)
     if mode == _DENSE:
-        _write_dense(logits_ptr + row * V, out_ptr + row * V, V, tl.load(temperature_ptr + row),
-                     tl.load(row_f32_ptr + ROW_MAX * num_rows + row),
-                     tl.load(row_f32_ptr + ROW_NORM * num_rows + row), chunk * CHUNK, CHUNK,
-                     CHUNK)
+        _write_dense(
+            logits_ptr + row * V,
+            out_ptr + row * V,
+            V,
+            tl.load(temperature_ptr + row),
+            tl.load(row_f32_ptr + ROW_MAX * num_rows + row),
+            tl.load(row_f32_ptr + ROW_NORM * num_rows + row),
+            chunk * CHUNK,
+            CHUNK,
+            CHUNK,
+        )
     elif mode == _FALLBACK:
         t = tl.load(temperature_ptr + row)
-        _split_count(logits_ptr + row * V, V, t, row_f32_ptr, num_rows, row, chunk,
-                     split_i32_ptr, split_f32_ptr, CHUNK, SUB)
+        _split_count(
+            logits_ptr + row * V, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr, split_f32_ptr, CHUNK, SUB
+        )
         tl.debug_barrier()  # every thread's counts precede the release below
         num_write = tl.num_programs(1)
         if tl.atomic_add(ticket_ptr + row, 1, sem="acq_rel") == num_write - 1:
-            _split_finish(logits_ptr + row * V, out_ptr + row * V, V, t,
-                          tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), row_f32_ptr,
-                          num_rows, row, row_mode_ptr, split_i32_ptr, split_f32_ptr,
-                          compact_ptr + row * COMPACT, num_write,
-                          row_val_ptr + row * ROW_CAPACITY, row_idx_ptr + row * ROW_CAPACITY,
-                          SUB, WRITE_PAD, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
+            _split_finish(
+                logits_ptr + row * V,
+                out_ptr + row * V,
+                V,
+                t,
+                tl.load(top_k_ptr + row),
+                tl.load(top_p_ptr + row),
+                row_f32_ptr,
+                num_rows,
+                row,
+                row_mode_ptr,
+                split_i32_ptr,
+                split_f32_ptr,
+                compact_ptr + row * COMPACT,
+                num_write,
+                row_val_ptr + row * ROW_CAPACITY,
+                row_idx_ptr + row * ROW_CAPACITY,
+                SUB,
+                WRITE_PAD,
+                COMPACT,
+                BLOCK,
+                ROW_CAPACITY,
+                SMALL,
+            )
 
 
 @triton.jit
@@ -121,8 +156,19 @@ def _pivot_counts(row_ptr, V, t, pivots, m, first, length, SUB: tl.constexpr):
 
 
 @triton.jit
-def _split_count(row_ptr, V, t, row_f32_ptr, num_rows, row, chunk, split_i32_ptr,
-                 split_f32_ptr, CHUNK: tl.constexpr, SUB: tl.constexpr):
+def _split_count(
+    row_ptr,
+    V,
+    t,
+    row_f32_ptr,
+    num_rows,
+    row,
+    chunk,
+    split_i32_ptr,
+    split_f32_ptr,
+    CHUNK: tl.constexpr,
+    SUB: tl.constexpr,
+):
     """Counts and masses exp(x - m) of this program's x >= each split pivot, stored per
     (row, program): summed later in a fixed order, so the pick does not depend on timing."""
     pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
@@ -144,8 +190,7 @@ def _best_pivot(row_counts, row_masses, z, k, p, use_k):
 
 
 @triton.jit
-def _split_pick(split_i32_ptr, split_f32_ptr, row, NUM_WRITE, z, k, p, use_k,
-                WRITE_PAD: tl.constexpr):
+def _split_pick(split_i32_ptr, split_f32_ptr, row, NUM_WRITE, z, k, p, use_k, WRITE_PAD: tl.constexpr):
     """`_best_pivot` of the W programs' counts, summed in one fixed order."""
     w = tl.arange(0, WRITE_PAD)
     j = tl.arange(0, NUM_SPLIT_PIVOTS)
@@ -167,38 +212,136 @@ def _split_gather(row_ptr, V, t, pivot, dst_ptr, SUB: tl.constexpr, COMPACT: tl.
 
 
 @triton.jit
-def _split_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
-                  split_i32_ptr, split_f32_ptr, compact_row, num_write, row_val, row_idx,
-                  SUB: tl.constexpr, WRITE_PAD: tl.constexpr, COMPACT: tl.constexpr,
-                  BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
+def _split_finish(
+    row_ptr,
+    out_row,
+    V,
+    t,
+    k,
+    p,
+    row_f32_ptr,
+    num_rows,
+    row,
+    row_mode_ptr,
+    split_i32_ptr,
+    split_f32_ptr,
+    compact_row,
+    num_write,
+    row_val,
+    row_idx,
+    SUB: tl.constexpr,
+    WRITE_PAD: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
+    SMALL: tl.constexpr,
+):
     """A FALLBACK row, in one program once every program of the row has counted: pick the
     split pivot on the stored counts and prove the row on it (`_split_prove`)."""
     z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
     pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
-    best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p,
-                              (k > 0) & (k < V), WRITE_PAD)
-    _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
-                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
+    best, total = _split_pick(split_i32_ptr, split_f32_ptr, row, num_write, z, k, p, (k > 0) & (k < V), WRITE_PAD)
+    _split_prove(
+        row_ptr,
+        out_row,
+        V,
+        t,
+        k,
+        p,
+        z,
+        pivots,
+        m,
+        best,
+        total,
+        row_mode_ptr,
+        row,
+        compact_row,
+        row_val,
+        row_idx,
+        SUB,
+        COMPACT,
+        BLOCK,
+        ROW_CAPACITY,
+        SMALL,
+    )
 
 
 @triton.jit
-def _serial_finish(row_ptr, out_row, V, t, k, p, row_f32_ptr, num_rows, row, row_mode_ptr,
-                   compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
-                   BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
+def _serial_finish(
+    row_ptr,
+    out_row,
+    V,
+    t,
+    k,
+    p,
+    row_f32_ptr,
+    num_rows,
+    row,
+    row_mode_ptr,
+    compact_row,
+    row_val,
+    row_idx,
+    SUB: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
+    SMALL: tl.constexpr,
+):
     """A FALLBACK row of the single launch, in one program: count the whole row at the split
     pivots (one pass), then pick and prove as `_split_finish` does."""
     z = tl.load(row_f32_ptr + ROW_NORM * num_rows + row)
     pivots, m = _split_pivots(row_f32_ptr, num_rows, row)
     counts, masses = _pivot_counts(row_ptr, V, t, pivots, m, 0, V, SUB)
     best, total = _best_pivot(counts, masses, z, k, p, (k > 0) & (k < V))
-    _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
-                 compact_row, row_val, row_idx, SUB, COMPACT, BLOCK, ROW_CAPACITY, SMALL)
+    _split_prove(
+        row_ptr,
+        out_row,
+        V,
+        t,
+        k,
+        p,
+        z,
+        pivots,
+        m,
+        best,
+        total,
+        row_mode_ptr,
+        row,
+        compact_row,
+        row_val,
+        row_idx,
+        SUB,
+        COMPACT,
+        BLOCK,
+        ROW_CAPACITY,
+        SMALL,
+    )
 
 
 @triton.jit
-def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mode_ptr, row,
-                 compact_row, row_val, row_idx, SUB: tl.constexpr, COMPACT: tl.constexpr,
-                 BLOCK: tl.constexpr, ROW_CAPACITY: tl.constexpr, SMALL: tl.constexpr):
+def _split_prove(
+    row_ptr,
+    out_row,
+    V,
+    t,
+    k,
+    p,
+    z,
+    pivots,
+    m,
+    best,
+    total,
+    row_mode_ptr,
+    row,
+    compact_row,
+    row_val,
+    row_idx,
+    SUB: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_CAPACITY: tl.constexpr,
+    SMALL: tl.constexpr,
+):
     """Gather the row's candidates at split pivot `best` (`total` of them), prove the cut on
     them and scatter; a row no pivot proves within COMPACT candidates runs the whole-row
     kernel (WHOLE_ROW)."""
@@ -208,8 +351,7 @@ def _split_prove(row_ptr, out_row, V, t, k, p, z, pivots, m, best, total, row_mo
         pivot = tl.sum(tl.where(tl.arange(0, NUM_SPLIT_PIVOTS) == best, pivots, 0.0), 0)
         _split_gather(row_ptr, V, t, pivot, compact_row, SUB, COMPACT)
         tl.debug_barrier()  # the gathered candidates land before other threads read them
-        proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k,
-                                          p < 1.0, COMPACT, SMALL, 0)
+        proven, norm = _prove_and_scatter(compact_row, total, out_row, m, z, k, p, use_k, p < 1.0, COMPACT, SMALL, 0)
     if proven == 0:
         write_row(row_ptr, out_row, V, t, k, p, row_val, row_idx, BLOCK, ROW_CAPACITY)
         tl.store(row_mode_ptr + row, tl.zeros([1], tl.int64).sum(0) + _WHOLE_ROW)

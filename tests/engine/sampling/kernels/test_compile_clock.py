@@ -12,8 +12,9 @@ import triton
 
 from engine.sampling.kernels import compile_clock
 
-pytestmark = pytest.mark.skipif(not hasattr(getattr(triton, "knobs", None), "compilation"),
-                                reason="this Triton has no compilation listener")
+pytestmark = pytest.mark.skipif(
+    not hasattr(getattr(triton, "knobs", None), "compilation"), reason="this Triton has no compilation listener"
+)
 
 
 @pytest.fixture
@@ -56,4 +57,5 @@ def test_since_is_what_was_added_after_a_reading(fresh_clock):
     _call(500_000, cache_hit=False)
     _call(250_000, cache_hit=True)
     assert compile_clock.totals().since(start) == compile_clock.CompileTotals(
-        compiled=1, compile_s=0.5, loaded=1, load_s=0.25)
+        compiled=1, compile_s=0.5, loaded=1, load_s=0.25
+    )

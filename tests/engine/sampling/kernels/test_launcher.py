@@ -42,6 +42,7 @@ class FakeJit:
         def run(*args, **kwargs):
             self.calls.append(("jit", grid, args, kwargs))
             return FakeCompiled(self.calls) if self.returns_compiled else None
+
         return run
 
 
@@ -49,8 +50,10 @@ def two_kernel_group(calls, returns_compiled=(True, True)):
     """Two launches: f(x_ptr, n, BLOCK, EVEN) on a (3, 2, 1) grid, g(x_ptr, y_ptr, FLAG)."""
     f = FakeJit(["x_ptr", "n", "BLOCK", "EVEN"], calls, returns_compiled[0])
     g = FakeJit(["x_ptr", "y_ptr", "FLAG"], calls, returns_compiled[1])
-    return (KernelLaunch(f, (3, 2, 1), (("BLOCK", 128), ("EVEN", True)), 4),
-            KernelLaunch(g, (5, 1, 1), (("FLAG", 1),), 8))
+    return (
+        KernelLaunch(f, (3, 2, 1), (("BLOCK", 128), ("EVEN", True)), 4),
+        KernelLaunch(g, (5, 1, 1), (("FLAG", 1),), 8),
+    )
 
 
 def arguments(buffers):
@@ -96,8 +99,7 @@ def test_a_group_with_a_kernel_the_jit_returns_no_compiled_kernel_for_always_tak
     assert [call[0] for call in calls] == ["jit"] * 4 and len(launches) == 0
 
 
-def test_with_a_launch_hook_installed_launches_go_through_the_runner_with_the_tensors(
-        monkeypatch):
+def test_with_a_launch_hook_installed_launches_go_through_the_runner_with_the_tensors(monkeypatch):
     """A profiler's hook must see every launch: Triton's runner calls it, `enqueue` does not."""
     calls = []
     group = two_kernel_group(calls)
@@ -112,8 +114,10 @@ def test_with_a_launch_hook_installed_launches_go_through_the_runner_with_the_te
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert not launcher.hooks_installed()
-    assert calls == [("runner", (3, 2, 1), ("tensor_x", 10, 128, True), 77),
-                     ("runner", (5, 1, 1), ("tensor_x", "tensor_y", 1), 77)]
+    assert calls == [
+        ("runner", (3, 2, 1), ("tensor_x", 10, 128, True), 77),
+        ("runner", (5, 1, 1), ("tensor_x", "tensor_y", 1), 77),
+    ]
 
 
 def test_constexprs_out_of_signature_order_are_refused():
@@ -172,11 +176,19 @@ def recording_cuda_launcher(recorded, **overrides):
     from triton.backends.nvidia.driver import CudaLauncher
 
     run = object.__new__(CudaLauncher)
-    state = dict(launch=lambda *args: recorded.append(args), num_ctas=1,
-                 global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
-                 profile_scratch_align=1, launch_cooperative_grid=False, launch_pdl=True,
-                 arg_annotations=("annotations",), kernel_signature=b"signature",
-                 gsan_enabled=False)
+    state = dict(
+        launch=lambda *args: recorded.append(args),
+        num_ctas=1,
+        global_scratch_size=0,
+        global_scratch_align=1,
+        profile_scratch_size=0,
+        profile_scratch_align=1,
+        launch_cooperative_grid=False,
+        launch_pdl=True,
+        arg_annotations=("annotations",),
+        kernel_signature=b"signature",
+        gsan_enabled=False,
+    )
     state.update(overrides)
     for name, value in state.items():
         setattr(run, name, value)
@@ -208,15 +220,13 @@ def enqueued_and_tritons(monkeypatch, serials, tritons_pdl=True):
         for serial in serials:
             launch.enqueue(77, (0x1000, 10), serial=serial)
         run.launch_pdl = tritons_pdl
-        type(run).__call__(run, 3, 2, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 10,
-                           128, True)
+        type(run).__call__(run, 3, 2, 1, 77, 4242, ("packed",), None, None, None, 0x1000, 10, 128, True)
     finally:
         compiled.module = None
     return launch, run, recorded
 
 
-def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_does(
-        monkeypatch):
+def test_enqueue_calls_the_c_launch_function_as_the_installed_tritons_launcher_does(monkeypatch):
     """Below `CudaLauncher.__call__`: the C launch function must get exactly the arguments
     that method passes it for the same launch (no metadata, hooks or scratch), in the
     installed Triton's layout; a version outside `C_LAUNCH_LAYOUTS` keeps the launcher."""
@@ -234,15 +244,15 @@ def test_a_serial_enqueue_is_the_launch_without_programmatic_dependent_launch(mo
     launches as compiled either way (`test_kernels_that_need_scratch_keep_the_launcher`)."""
     if ".".join(triton.__version__.split(".")[:2]) not in launcher.C_LAUNCH_LAYOUTS:
         pytest.skip("the installed Triton's launch layout is unknown: enqueue keeps the launcher")
-    _, _, (serial, plain, tritons_serial) = enqueued_and_tritons(monkeypatch, [True, False],
-                                                                 tritons_pdl=False)
+    _, _, (serial, plain, tritons_serial) = enqueued_and_tritons(monkeypatch, [True, False], tritons_pdl=False)
     assert serial == tritons_serial
     assert plain[:6] + plain[7:] == serial[:6] + serial[7:]
     assert plain[6] is True and serial[6] is False
 
 
-@pytest.mark.parametrize("overrides", [dict(global_scratch_size=64),
-                                       dict(profile_scratch_size=8), dict(gsan_enabled=True)])
+@pytest.mark.parametrize(
+    "overrides", [dict(global_scratch_size=64), dict(profile_scratch_size=8), dict(gsan_enabled=True)]
+)
 def test_kernels_that_need_scratch_keep_the_launcher(overrides):
     """A kernel with global, profile or sanitizer scratch needs what `__call__` allocates."""
     run = recording_cuda_launcher([], **overrides)
@@ -255,10 +265,10 @@ def test_kernels_that_need_scratch_keep_the_launcher(overrides):
     assert launch.bound == launch.serial_bound == (4242, ("packed",), None, None, None)
 
 
-@pytest.mark.parametrize("version, target_is_c", [("3.6.0", True), ("3.9.1", True),
-                                                  ("3.5.0", False), ("3.10.0", False)])
-def test_the_c_launch_function_is_taken_only_for_known_layouts(monkeypatch, version,
-                                                               target_is_c):
+@pytest.mark.parametrize(
+    "version, target_is_c", [("3.6.0", True), ("3.9.1", True), ("3.5.0", False), ("3.10.0", False)]
+)
+def test_the_c_launch_function_is_taken_only_for_known_layouts(monkeypatch, version, target_is_c):
     monkeypatch.setattr(triton, "__version__", version)
     run = recording_cuda_launcher([])
     compiled = compiled_with(run)

@@ -12,13 +12,11 @@ import pytest
 import torch
 
 from engine.sampling.backend import compiles_natively
-from engine.sampling.scratch import Scratch
 from engine.sampling.kernels.launch_overlap import supports_overlap
-from tests.fixtures.sampling_helpers import (assert_rows_match, baseline_config, generator, params,
-                                             triton_can_run_on)
+from engine.sampling.scratch import Scratch
+from tests.fixtures.sampling_helpers import assert_rows_match, baseline_config, generator, params, triton_can_run_on
 
-pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
-                                reason="needs TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
 
 
 def kernel():
@@ -77,12 +75,10 @@ def test_compact_overflow_falls_back_exactly():
     k = kernel()
     logits = torch.randn(3, 1000, generator=generator(23)) * 3
     t, top_k, p = params([1.0, 0.7, 1.0], [5, -1, 12], [1.0, 0.9, 0.95])
-    small = k.run_probabilities(logits, t, top_k, p,
-                                baseline_config(chunk=128, chunk_capacity=32, compact=8))
+    small = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=128, chunk_capacity=32, compact=8))
     assert_rows_match(small.probs, logits, t, top_k, p)
     assert small.row_mode.tolist() == [k.RowMode.FALLBACK] * 2 + [k.RowMode.WHOLE_ROW]
-    roomy = k.run_probabilities(logits, t, top_k, p,
-                                baseline_config(chunk=128, chunk_capacity=32, compact=512))
+    roomy = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=128, chunk_capacity=32, compact=512))
     assert torch.equal(roomy.probs > 0, small.probs > 0)
     assert roomy.row_mode.tolist() == [k.RowMode.SPARSE] * 3
 
@@ -101,8 +97,10 @@ def test_the_top_k_floor_lets_a_row_fit_without_the_fallback():
         result = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(result.probs, logits, t, top_k, p)
         modes[tiny] = result.row_mode.tolist()
-    assert modes == {0: [k.RowMode.FALLBACK, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW],
-                     8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW]}
+    assert modes == {
+        0: [k.RowMode.FALLBACK, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW],
+        8: [k.RowMode.SPARSE, k.RowMode.FALLBACK, k.RowMode.WHOLE_ROW],
+    }
 
 
 @pytest.mark.parametrize("floor_steps", [0, 3])
@@ -116,14 +114,19 @@ def test_the_chunk_list_changes_no_result(single_launch_entries, floor_steps):
     the tiny block: not listed), top-p alone, greedy and no truncation."""
     k = kernel()
     logits = torch.randn(6, 3000, generator=generator(29)) * 3
-    t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 0.0, 1.0], [5, 3, 40, -1, -1, -1],
-                         [1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
+    t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 0.0, 1.0], [5, 3, 40, -1, -1, -1], [1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
     results = {}
     for listed in (False, True):
-        config = baseline_config(chunk=128, chunk_capacity=32, select_block=64, small_compact=1024,
-                                 tiny_compact=16, chunk_list=listed,
-                                 single_launch_entries=single_launch_entries,
-                                 top_k_floor_steps=floor_steps)
+        config = baseline_config(
+            chunk=128,
+            chunk_capacity=32,
+            select_block=64,
+            small_compact=1024,
+            tiny_compact=16,
+            chunk_list=listed,
+            single_launch_entries=single_launch_entries,
+            top_k_floor_steps=floor_steps,
+        )
         assert k.launch_plan(config, *logits.shape).single == (single_launch_entries > 0)
         results[listed] = k.run_probabilities(logits, t, top_k, p, config)
         assert_rows_match(results[listed].probs, logits, t, top_k, p)
@@ -140,18 +143,19 @@ def test_hoisted_loads_change_no_result(single_launch_entries):
     (top-k 400 is more than its chunks store)."""
     k = kernel()
     logits = torch.randn(6, 2900, generator=generator(31)) * 3
-    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400],
-                         [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
+    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400], [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     results = []
     for hoist in (False, True):
-        config = baseline_config(chunk=128, chunk_capacity=16, hoist_loads=hoist,
-                                 single_launch_entries=single_launch_entries)
+        config = baseline_config(
+            chunk=128, chunk_capacity=16, hoist_loads=hoist, single_launch_entries=single_launch_entries
+        )
         results.append(k.run_probabilities(logits, t, top_k, p, config))
         assert_rows_match(results[-1].probs, logits, t, top_k, p)
     assert torch.equal(results[0].probs, results[1].probs)
     assert torch.equal(results[0].row_mode, results[1].row_mode)
-    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [
-        k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
+    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [k.RowMode.SPARSE] * 3 + [
+        k.RowMode.FALLBACK
+    ]
 
 
 def test_reverse_write_changes_no_result(monkeypatch):
@@ -164,13 +168,11 @@ def test_reverse_write_changes_no_result(monkeypatch):
     k = kernel()
     logits = torch.randn(6, 2900, generator=generator(33)) * 3
     logits[1, [300, 2000]] = 20.0
-    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400],
-                         [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
+    t, top_k, p = params([1.0, 0.0, 0.7, 1.3, 1.0, 1.0], [-1, -1, 5, 30, -1, 400], [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
     results = []
     for reverse in (False, True):
-        config = baseline_config(chunk=128, chunk_capacity=16, write_chunk=128,
-                                 reverse_write=reverse)
+        config = baseline_config(chunk=128, chunk_capacity=16, write_chunk=128, reverse_write=reverse)
         assert dict(k.launch_plan(config, 6, 2900).launches[2].constexprs)["REVERSE"] is reverse
         results.append(k.run_probabilities(logits, t, top_k, p, config))
     monkeypatch.undo()
@@ -179,8 +181,9 @@ def test_reverse_write_changes_no_result(monkeypatch):
         assert_rows_match(result.probs, logits, t, top_k, p)
     assert torch.equal(results[0].probs, results[1].probs)
     assert torch.equal(results[0].row_mode, results[1].row_mode)
-    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [
-        k.RowMode.SPARSE] * 3 + [k.RowMode.FALLBACK]
+    assert results[0].row_mode.tolist() == [k.RowMode.DENSE, k.RowMode.GREEDY] + [k.RowMode.SPARSE] * 3 + [
+        k.RowMode.FALLBACK
+    ]
     assert int(results[1].probs[1].argmax()) == 300
 
 
@@ -202,8 +205,10 @@ def test_keep_in_l2_sets_the_store_policy_of_the_chunk_statistics():
     """`keep_in_l2` is the evict-last L2 policy of the chunk kernel's statistics and candidate
     stores (the single launch's too), and the default; off, the stores take no policy."""
     k = kernel()
-    for config, policy in ((k.DEFAULT_CONFIG, "evict_last"),
-                           (dataclasses.replace(k.DEFAULT_CONFIG, keep_in_l2=False), "")):
+    for config, policy in (
+        (k.DEFAULT_CONFIG, "evict_last"),
+        (dataclasses.replace(k.DEFAULT_CONFIG, keep_in_l2=False), ""),
+    ):
         for rows, vocab in ((8, 152064), (1, 700)):  # three launches, then the single launch
             launch = k.launch_plan(config, rows, vocab).launches[0]
             assert dict(launch.constexprs)["EVICTION"] == policy
@@ -211,9 +216,11 @@ def test_keep_in_l2_sets_the_store_policy_of_the_chunk_statistics():
 
 def poisoned_empty(real_empty):
     """torch.empty that fills float tensors with NaN and integer tensors with -7."""
+
     def empty(*shape, dtype=None, device=None, **kw):
         out = real_empty(*shape, dtype=dtype, device=device, **kw)
         return out.fill_(float("nan") if out.is_floating_point() else -7)
+
     return empty
 
 
@@ -303,8 +310,7 @@ def test_split_fallback_over_several_programs_is_exact(monkeypatch):
     logits[3, 1::5] = float("-inf")
     logits[4] *= 0.01  # flat: top-p 0.5 keeps about half the row
     logits[5, 100:110] = 20.0  # ten tied tokens above the rest: top-k 5 keeps all ten
-    t, top_k, p = params([1.0, 0.8, 1.0, 1.3, 1.0, 1.0], [-1, 10, 300, 40, -1, 5],
-                         [0.6, 0.9, 1.0, 0.95, 0.5, 1.0])
+    t, top_k, p = params([1.0, 0.8, 1.0, 1.3, 1.0, 1.0], [-1, 10, 300, 40, -1, 5], [0.6, 0.9, 1.0, 0.95, 0.5, 1.0])
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
     config = baseline_config(chunk=128, chunk_capacity=1, write_chunk=256)
     result = k.run_probabilities(logits, t, top_k, p, config)
@@ -359,7 +365,7 @@ def test_the_specialisation_key_tells_apart_vocabularies_with_the_same_constexpr
     assert plans[0].chunk_constexprs == plans[1].chunk_constexprs
     assert plans[0].write_constexprs == plans[1].write_constexprs
     logits = torch.zeros(1, 152064 + 4)
-    keys = {key_of(k, plan, logits[:, :plan.vocab], t, top_k, p) for plan in plans}
+    keys = {key_of(k, plan, logits[:, : plan.vocab], t, top_k, p) for plan in plans}
     assert len(keys) == 2
     variants = [logits[:, 1:152065], logits[:, :152064].bfloat16(), logits[:, :152064]]
     keys = {key_of(k, plans[0], x, t, top_k, p) for x in variants}
@@ -377,11 +383,16 @@ def test_launch_arguments_follow_the_kernel_signatures():
     for num_rows, vocab in ((1, 700), (64, 152064)):
         plan = k.launch_plan(k.DEFAULT_CONFIG, num_rows, vocab)
         assert len(plan.launches) == (1 if plan.single else 3)
-        values = {"V": vocab, "NUM_CHUNKS": plan.num_chunks, "pivot_sigmas": plan.pivot_sigmas,
-                  "wide_sigmas": plan.wide_sigmas, "wide_k": plan.wide_k}
+        values = {
+            "V": vocab,
+            "NUM_CHUNKS": plan.num_chunks,
+            "pivot_sigmas": plan.pivot_sigmas,
+            "wide_sigmas": plan.wide_sigmas,
+            "wide_k": plan.wide_k,
+        }
         for launch, args in zip(plan.launches, plan.arguments(k.BUFFERS), strict=True):
             names = launch.kernel.arg_names
-            assert names[len(args):] == [name for name, _ in launch.constexprs]
+            assert names[len(args) :] == [name for name, _ in launch.constexprs]
             for name, arg in zip(names, args):
                 expected = name.removesuffix("_ptr") if name.endswith("_ptr") else values[name]
                 assert arg == expected, (launch.kernel.fn.__name__, name)
@@ -401,8 +412,7 @@ def test_scratch_views_match_the_buffer_names():
 
 # Rows of every kind for the single launch: greedy with a tie across chunks, dense, top-k,
 # top-p, -inf logits, ten tied tokens at a top-k 5 cut, and a large k.
-SINGLE_ROWS = ([0.0, 1.0, 0.8, 1.3, 1.0, 1.0, 1.0], [-1, -1, 10, -1, 40, 5, 300],
-               [1.0, 1.0, 0.9, 0.6, 0.95, 1.0, 1.0])
+SINGLE_ROWS = ([0.0, 1.0, 0.8, 1.3, 1.0, 1.0, 1.0], [-1, -1, 10, -1, 40, 5, 300], [1.0, 1.0, 0.9, 0.6, 0.95, 1.0, 1.0])
 
 
 def single_rows(seed):
@@ -413,10 +423,10 @@ def single_rows(seed):
     return logits, *params(*SINGLE_ROWS)
 
 
-@pytest.mark.parametrize("capacity, compact, truncated", [
-    (16, 4096, "SPARSE"), (1, 4096, "FALLBACK"), (1, 8, "WHOLE_ROW")])
-def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capacity, compact,
-                                                             truncated):
+@pytest.mark.parametrize(
+    "capacity, compact, truncated", [(16, 4096, "SPARSE"), (1, 4096, "FALLBACK"), (1, 8, "WHOLE_ROW")]
+)
+def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capacity, compact, truncated):
     """B * V <= single_launch_entries: one launch, whose last program per row selects and writes the
     dense and fallback rows itself. With every buffer poisoned it must match the reference and
     give each row the RowMode the three launches give it: capacity 16 (greedy, dense, SPARSE),
@@ -425,8 +435,7 @@ def test_single_launch_takes_the_paths_of_the_three_launches(monkeypatch, capaci
     k = kernel()
     logits, t, top_k, p = single_rows(71)
     three = baseline_config(chunk=128, chunk_capacity=capacity, compact=compact)
-    single = baseline_config(chunk=128, chunk_capacity=capacity, compact=compact,
-                             single_launch_entries=7 * 700)
+    single = baseline_config(chunk=128, chunk_capacity=capacity, compact=compact, single_launch_entries=7 * 700)
     assert k.launch_plan(single, 7, 700).single and not k.launch_plan(three, 7, 700).single
     expected = k.run_probabilities(logits, t, top_k, p, three)
     monkeypatch.setattr(torch, "empty", poisoned_empty(torch.empty))
@@ -476,8 +485,11 @@ def test_single_launch_of_one_chunk_rows_and_bfloat16():
     result = k.run_probabilities(logits, t, top_k, p, single)
     three = k.run_probabilities(logits, t, top_k, p, baseline_config(chunk=256, chunk_capacity=4))
     assert_rows_match(result.probs, logits.float(), t, top_k, p)
-    assert result.row_mode.tolist() == three.row_mode.tolist() == [
-        k.RowMode.GREEDY, k.RowMode.DENSE, k.RowMode.SPARSE, k.RowMode.SPARSE]
+    assert (
+        result.row_mode.tolist()
+        == three.row_mode.tolist()
+        == [k.RowMode.GREEDY, k.RowMode.DENSE, k.RowMode.SPARSE, k.RowMode.SPARSE]
+    )
     assert torch.equal(result.probs > 0, three.probs > 0)
 
 
@@ -497,8 +509,7 @@ def test_device_plan_is_the_launch_plan_of_the_device():
     k = kernel()
     device = torch.device("cpu")
     plan = k.device_plan(k.DEFAULT_CONFIG, 3, 700, device)
-    assert plan is k.launch_plan(k.DEFAULT_CONFIG, 3, 700, supports_overlap(device),
-                                 compiles_natively(device))
+    assert plan is k.launch_plan(k.DEFAULT_CONFIG, 3, 700, supports_overlap(device), compiles_natively(device))
     assert plan is k.device_plan(dataclasses.replace(k.DEFAULT_CONFIG), 3, 700, device)
     assert plan is not k.device_plan(k.DEFAULT_CONFIG, 4, 700, device)
 
@@ -507,11 +518,11 @@ def test_the_write_kernel_alone_takes_the_register_cap():
     """`write_registers` becomes the write launch's `maxnreg` compile option (64 by default,
     none at 0); the chunk and select launches and the single launch never take it."""
     k = kernel()
+
     def options(config, rows):
-        return {launch.kernel.__name__: dict(launch.options)
-                for launch in k.launch_plan(config, rows, 152064).launches}
-    assert options(k.DEFAULT_CONFIG, 8) == {"_chunk_kernel": {}, "_select_kernel": {},
-                                            "_write_kernel": {"maxnreg": 64}}
+        return {launch.kernel.__name__: dict(launch.options) for launch in k.launch_plan(config, rows, 152064).launches}
+
+    assert options(k.DEFAULT_CONFIG, 8) == {"_chunk_kernel": {}, "_select_kernel": {}, "_write_kernel": {"maxnreg": 64}}
     uncapped = dataclasses.replace(k.DEFAULT_CONFIG, write_registers=0)
     assert options(uncapped, 8)["_write_kernel"] == {}
     single = dataclasses.replace(k.DEFAULT_CONFIG, single_launch_entries=152064)
@@ -528,8 +539,10 @@ def test_overlapped_launches_follow_the_device_and_the_config():
     from engine.sampling.kernels.launch_overlap import supports_overlap
 
     k = kernel()
-    pdl = lambda launch: (dict(launch.constexprs)["PDL"],  # noqa: E731
-                          dict(launch.options).get("launch_pdl", False))
+    pdl = lambda launch: (
+        dict(launch.constexprs)["PDL"],  # noqa: E731
+        dict(launch.options).get("launch_pdl", False),
+    )
     both = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=True)
     plan = k.launch_plan(both, 8, 152064, overlap=True)
     chunk, select, write = plan.launches
@@ -541,9 +554,11 @@ def test_overlapped_launches_follow_the_device_and_the_config():
     assert not dict(chunk.constexprs)["PDL"] and pdl(select) == (False, False)
     assert pdl(write) == (True, True)
     neither = dataclasses.replace(k.DEFAULT_CONFIG, overlap_write=False)
-    for plan in (k.launch_plan(neither, 8, 152064, overlap=True),
-                 k.launch_plan(both, 8, 152064, overlap=False),
-                 k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=False)):
+    for plan in (
+        k.launch_plan(neither, 8, 152064, overlap=True),
+        k.launch_plan(both, 8, 152064, overlap=False),
+        k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=False),
+    ):
         assert all(pdl(launch) == (False, False) for launch in plan.launches)
         assert not plan.serial_in_capture
     for config in (both, k.DEFAULT_CONFIG):
@@ -561,11 +576,9 @@ def test_a_captured_call_launches_serially_where_the_plan_says(monkeypatch, capt
     launch serially (and never ask)."""
     k = kernel()
     asked, seen = [], []
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing",
-                        lambda: asked.append(1) or capturing)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: asked.append(1) or capturing)
     monkeypatch.setattr(k.LAUNCHES, "launch", lambda *args: seen.append(args[-1]))
-    logits, t, top_k, top_p = (torch.zeros(8, 152064), torch.ones(8),
-                               torch.zeros(8, dtype=torch.int64), torch.ones(8))
+    logits, t, top_k, top_p = (torch.zeros(8, 152064), torch.ones(8), torch.zeros(8, dtype=torch.int64), torch.ones(8))
     for overlap in (True, False):
         plan = k.launch_plan(k.DEFAULT_CONFIG, 8, 152064, overlap=overlap)
         scratch = Scratch.of(launch_module()._make_scratch(plan, logits.device))
@@ -573,15 +586,25 @@ def test_a_captured_call_launches_serially_where_the_plan_says(monkeypatch, capt
     assert seen == [capturing, False] and len(asked) == 1
 
 
-@pytest.mark.parametrize("field, value", [("single_launch_entries", -1),
-                                          ("single_launch_entries", 1.5), ("single_warps", 3),
-                                          ("overlap_launches", 1), ("overlap_write", 1),
-                                          ("chunk_list", 1),
-                                          ("hoist_loads", 1), ("ftz_sum", "yes"),
-                                          ("keep_in_l2", 0),
-                                          ("tiny_compact", 3),
-                                          ("tiny_compact", 4096), ("write_registers", 16),
-                                          ("write_registers", 256), ("write_registers", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("single_launch_entries", -1),
+        ("single_launch_entries", 1.5),
+        ("single_warps", 3),
+        ("overlap_launches", 1),
+        ("overlap_write", 1),
+        ("chunk_list", 1),
+        ("hoist_loads", 1),
+        ("ftz_sum", "yes"),
+        ("keep_in_l2", 0),
+        ("tiny_compact", 3),
+        ("tiny_compact", 4096),
+        ("write_registers", 16),
+        ("write_registers", 256),
+        ("write_registers", 1.5),
+    ],
+)
 def test_single_launch_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         baseline_config(**{field: value})
@@ -592,17 +615,31 @@ def packed_candidates(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return (x.float().view(torch.int32).to(torch.int64) << 32) | index.to(torch.int64)
 
 
-def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small,
-                     tiny=0):
+def run_select_block(cand, count, floor, m, z, k, p, vocab, *, capacity, tile, compact, small, tiny=0):
     """(compacted candidates, kept row, (num, proven, norm)) of `compact_and_prove`."""
     from tests.fixtures.select_block_kernel import compact_and_prove
 
     compacted = torch.full((compact,), -7, dtype=torch.int64)
     out = torch.zeros(vocab)
     result = torch.zeros(3)
-    compact_and_prove[(1,)](cand, count, compacted, out, result, count.numel(), floor, m, z, k,
-                            p, CAPACITY=capacity, TILE=tile, COMPACT=compact, SMALL=small,
-                            TINY=tiny)
+    compact_and_prove[(1,)](
+        cand,
+        count,
+        compacted,
+        out,
+        result,
+        count.numel(),
+        floor,
+        m,
+        z,
+        k,
+        p,
+        CAPACITY=capacity,
+        TILE=tile,
+        COMPACT=compact,
+        SMALL=small,
+        TINY=tiny,
+    )
     return compacted, out, result.tolist()
 
 
@@ -641,6 +678,7 @@ def test_key_searches_find_the_exact_cut_whatever_the_span_of_the_keys(name):
     levels = keys[mass > 0].unique().sort(descending=True).values
     at_or_above = torch.stack([mass[keys >= v].sum() for v in levels])
     targets = torch.cat([at_or_above, (at_or_above[:-1] + at_or_above[1:]) / 2])
+
     def search(k, target):
         result = torch.zeros(2, dtype=torch.int32)
         key_searches[(1,)](x, mass, result, n, k, target, BLOCK=256)
@@ -665,13 +703,13 @@ def test_compaction_keeps_stored_candidates_at_the_floor_in_chunk_order(tile):
     stored = torch.arange(capacity)[None, :] < count[:, None].long()
     x = torch.where(stored, x, torch.full_like(x, 1e30))
     cand = packed_candidates(x.flatten(), torch.arange(num_chunks * capacity))
-    compacted, _, (num, _, _) = run_select_block(cand, count, 0.0, 1.0, 1.0, 3, 1.0, 128,
-                                                 capacity=capacity, tile=tile, compact=128,
-                                                 small=0)
+    compacted, _, (num, _, _) = run_select_block(
+        cand, count, 0.0, 1.0, 1.0, 3, 1.0, 128, capacity=capacity, tile=tile, compact=128, small=0
+    )
     expected = cand[(stored & (x >= 0.0)).flatten()]
     assert 0 < expected.numel() < stored.sum()
     assert int(num) == expected.numel()
-    assert torch.equal(compacted[:expected.numel()], expected)
+    assert torch.equal(compacted[: expected.numel()], expected)
 
 
 @pytest.mark.parametrize("floor", [0.5, 1.5, float("-inf")])
@@ -695,15 +733,26 @@ def test_compaction_over_the_listed_chunks_takes_the_same_candidates(floor):
     if floor > float("-inf"):
         count[5], x[5, 0], chunk_max[5] = 1, floor, floor
     count[11], x[11, 0], chunk_max[11] = max(int(count[11]), 1), 2.0, float("nan")
-    x = torch.where(stored | (torch.arange(capacity)[None, :] < count[:, None].long()), x,
-                    torch.full_like(x, 1e30))
+    x = torch.where(stored | (torch.arange(capacity)[None, :] < count[:, None].long()), x, torch.full_like(x, 1e30))
     cand = packed_candidates(x.flatten(), torch.arange(num_chunks * capacity))
     full, listed = (torch.full((compact,), -7, dtype=torch.int64) for _ in range(2))
     result = torch.zeros(3, dtype=torch.int32)
     stale_list = torch.full((64,), 11, dtype=torch.int32)  # a chunk read twice would show
-    both_compactions[(1,)](cand, count, chunk_max, stale_list,
-                           full, listed, result, num_chunks, floor, CHUNKS_PAD=64,
-                           CAPACITY=capacity, TILE=tile, COMPACT=compact)
+    both_compactions[(1,)](
+        cand,
+        count,
+        chunk_max,
+        stale_list,
+        full,
+        listed,
+        result,
+        num_chunks,
+        floor,
+        CHUNKS_PAD=64,
+        CAPACITY=capacity,
+        TILE=tile,
+        COMPACT=compact,
+    )
     num_full, num_listed, num_hot = result.tolist()
     expected_hot = int(((chunk_max >= floor) | chunk_max.isnan()).sum())
     assert num_hot == expected_hot and (num_hot < num_chunks or floor == float("-inf"))
@@ -721,8 +770,7 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
     slot, so a block that misses a slot fails."""
     g = generator(92)
     vocab = 300
-    x = (torch.arange(num, dtype=torch.float64) * -0.7 + torch.rand(num, generator=g,
-                                                                  dtype=torch.float64) * 0.3)
+    x = torch.arange(num, dtype=torch.float64) * -0.7 + torch.rand(num, generator=g, dtype=torch.float64) * 0.3
     x = x.float()[torch.randperm(num, generator=g)]
     last = int(x.argmax())
     x[last], x[-1] = x[-1].clone(), x[last].clone()  # the largest in the last slot read
@@ -736,9 +784,12 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
     p = float((prefix[4] + prefix[5]) / 2 / prefix[-1])
     expected = torch.zeros(vocab, dtype=torch.float64)
     expected[index[order.indices[:6]]] = e[:6] / e[:6].sum()
-    rows = {small: run_select_block(cand, count, float("-inf"), float(x.max()), z, 10, p, vocab,
-                                    capacity=4, tile=8, compact=256, small=small)
-            for small in (0, 64)}
+    rows = {
+        small: run_select_block(
+            cand, count, float("-inf"), float(x.max()), z, 10, p, vocab, capacity=4, tile=8, compact=256, small=small
+        )
+        for small in (0, 64)
+    }
     for compacted, out, (found, proven, _) in rows.values():
         assert (int(found), proven) == (num, 1.0)
         # float32 exp(x - m) (x - m rounded: <= 7u relative after exp for |x - m| <= 70 * 0.7)
@@ -771,7 +822,7 @@ def halfway_p(x: torch.Tensor, k: int, level: int) -> float:
     and level + 1, from the top), so no float32 rounding of the sums can move the cut."""
     keys, e, kept = top_k_survivors(x, k)
     levels = keys[kept].unique().sort(descending=True).values
-    at_or_above = torch.stack([e[kept & (keys >= v)].sum() for v in levels[:level + 2]])
+    at_or_above = torch.stack([e[kept & (keys >= v)].sum() for v in levels[: level + 2]])
     return float((at_or_above[level] + at_or_above[level + 1]) / 2 / e[kept].sum())
 
 
@@ -793,12 +844,30 @@ def test_tiny_block_finds_the_cut_of_the_searches(num):
     tied_k = int((keys > keys.sort(descending=True).values[num // 2]).sum()) + 1
     cases = [(1, 1.0), (tied_k, 1.0), (num, 1.0)]
     if num > 1:
-        cases += [(num, halfway_p(x, num, 0)), (tied_k, halfway_p(x, tied_k, 0)),
-                  (0, halfway_p(x, 0, min(3, int(keys.unique().numel()) - 2)))]
+        cases += [
+            (num, halfway_p(x, num, 0)),
+            (tied_k, halfway_p(x, tied_k, 0)),
+            (0, halfway_p(x, 0, min(3, int(keys.unique().numel()) - 2))),
+        ]
     for k, p in cases:
-        rows = {tiny: run_select_block(cand, count, float("-inf"), float(x.max()),
-                                       float(e.sum()), k, p, vocab, capacity=1, tile=64,
-                                       compact=512, small=0, tiny=tiny) for tiny in (0, 256)}
+        rows = {
+            tiny: run_select_block(
+                cand,
+                count,
+                float("-inf"),
+                float(x.max()),
+                float(e.sum()),
+                k,
+                p,
+                vocab,
+                capacity=1,
+                tile=64,
+                compact=512,
+                small=0,
+                tiny=tiny,
+            )
+            for tiny in (0, 256)
+        }
         expected = torch.zeros(vocab, dtype=torch.bool)
         expected[index[host_cut(x, k, p)]] = True
         for _, out, (found, proven, _) in rows.values():
@@ -812,8 +881,20 @@ def test_tiny_block_finds_the_cut_of_the_searches(num):
         p = 0.5 if k == 0 else 1.0
         for tiny in (0, 256):
             _, out, (_, proven, _) = run_select_block(
-                cand, count, float("-inf"), float(x.max()), z, k, p, vocab, capacity=1,
-                tile=64, compact=512, small=0, tiny=tiny)
+                cand,
+                count,
+                float("-inf"),
+                float(x.max()),
+                z,
+                k,
+                p,
+                vocab,
+                capacity=1,
+                tile=64,
+                compact=512,
+                small=0,
+                tiny=tiny,
+            )
             assert proven == 0.0 and not out.any(), (k, tiny)
 
 
@@ -821,8 +902,7 @@ def run_top_k_floor(chunk_max, floors, counts, m, spread, k, steps=0) -> float:
     from tests.fixtures.select_block_kernel import top_k_floor
 
     result = torch.zeros(1)
-    top_k_floor[(1,)](chunk_max, floors, counts, result, chunk_max.numel(), m, spread, k,
-                      CHUNKS_PAD=64, STEPS=steps)
+    top_k_floor[(1,)](chunk_max, floors, counts, result, chunk_max.numel(), m, spread, k, CHUNKS_PAD=64, STEPS=steps)
     return result.item()
 
 
@@ -845,18 +925,22 @@ def test_top_k_floor_is_the_lowest_level_the_chunks_prove():
     away from every pivot (>= 1% of the gap), so float32 pivots decide as float64 ones do."""
     g = generator(94)
     pivots = UNIT_PIVOTS
+
     def off_pivot(v):  # push values within 1% of a gap off the pivot
         near = (v[:, None] - pivots[None, :]).abs().argmin(1)
         gap = 0.01 * pivots[near].abs().clamp(min=0.01)
         return torch.where((v - pivots[near]).abs() < gap, pivots[near] - gap, v)
-    chunk_max = off_pivot(-(torch.rand(40, generator=g, dtype=torch.float64) * 3) ** 2)
+
+    chunk_max = off_pivot(-((torch.rand(40, generator=g, dtype=torch.float64) * 3) ** 2))
     chunk_max[7] = 0.0  # the row max
     floors = off_pivot(chunk_max - torch.rand(40, generator=g, dtype=torch.float64) * 2)
     floors[3] = float("inf")  # a chunk whose candidates did not fit: no count
     counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
     counts[3] = 0
+
     def certain(v):
         return certain_count(chunk_max, floors, counts, v)
+
     total = certain(pivots[-1].item())
     for k in [1, 2, 5, 17, 60, total, total + 1]:
         proving = [j for j in range(32) if certain(pivots[j].item()) >= k]
@@ -882,13 +966,14 @@ def test_refined_top_k_floor_is_proved_and_within_its_resolution(steps):
     pivots = UNIT_PIVOTS
     for seed in (94, 95, 96):
         g = generator(seed)
-        chunk_max = -(torch.rand(40, generator=g) * 3) ** 2
+        chunk_max = -((torch.rand(40, generator=g) * 3) ** 2)
         chunk_max[7] = 0.0
         floors = chunk_max - torch.rand(40, generator=g) * 2
         counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
 
         def certain(v):
             return certain_count(chunk_max, floors, counts, v)
+
         total = certain(float(pivots[-1]))
         for k in [1, 2, 5, 17, 60, total, total + 1]:
             level_floor = run_top_k_floor(chunk_max, floors, counts, 0.0, 1.0, k)

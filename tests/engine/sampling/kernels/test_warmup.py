@@ -52,8 +52,10 @@ def no_cuda_device_switch(monkeypatch):
 def stand_in_plan(rows: int, **kernel_options):
     """`launch_plan` of [rows, VOCAB] with each launch's kernel replaced by a StandInKernel."""
     plan = plan_module.launch_plan(DEFAULT_CONFIG, rows, VOCAB)
-    launches = tuple(dataclasses.replace(launch, kernel=StandInKernel(launch.kernel.fn.__name__, **kernel_options))
-                     for launch in plan.launches)
+    launches = tuple(
+        dataclasses.replace(launch, kernel=StandInKernel(launch.kernel.fn.__name__, **kernel_options))
+        for launch in plan.launches
+    )
     return dataclasses.replace(plan, launches=launches)
 
 
@@ -67,12 +69,18 @@ def test_a_warmup_asks_each_kernel_for_the_launch_its_first_call_makes():
         assert warmups.start_plan(plan, torch.float32, torch.int64, torch.device("cuda", 0)) == len(plan.launches)
         warmups.wait_all()
         logits = torch.randn(rows, VOCAB)
-        tensors = (logits, torch.ones(rows), torch.full((rows,), 50), torch.full((rows,), 0.9),
-                   torch.empty_like(logits), *plan_module._make_scratch(plan, "cpu"))
+        tensors = (
+            logits,
+            torch.ones(rows),
+            torch.full((rows,), 50),
+            torch.full((rows,), 0.9),
+            torch.empty_like(logits),
+            *plan_module._make_scratch(plan, "cpu"),
+        )
         for launch, args in zip(plan.launches, plan.arguments(tensors)):
             launch.through_jit(args)
-            (launched, grid, options), = launch.kernel.launches
-            (warmed, warm_grid, warm_options), = launch.kernel.warmups
+            ((launched, grid, options),) = launch.kernel.launches
+            ((warmed, warm_grid, warm_options),) = launch.kernel.warmups
             assert warmed == tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in launched)
             assert (warm_grid, warm_options) == (grid, options)
 
@@ -147,4 +155,3 @@ def test_warmups_no_call_waits_for_leave_the_calls_check_off_and_start_once():
     assert kernel.finished.is_set() and len(kernel.warmups) == 1
     assert warmups.start("round", [(kernel, (), (1,), {})], device, waited=False) == 1  # forgotten by wait_all
     warmups.wait_all()
-

@@ -18,13 +18,15 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.sampling.kernels.probabilities.division import (RECIPROCAL_T_RANGE,
-                                                            RECIPROCAL_X_RANGE,
-                                                            corrected_quotient, ieee_quotient,
-                                                            reciprocal_applies,
-                                                            reciprocal_quotient)
-from tests.fixtures.sampling_helpers import (assert_rows_match, baseline_config, generator, params,
-                                             triton_can_run_on)
+from engine.sampling.kernels.probabilities.division import (
+    RECIPROCAL_T_RANGE,
+    RECIPROCAL_X_RANGE,
+    corrected_quotient,
+    ieee_quotient,
+    reciprocal_applies,
+    reciprocal_quotient,
+)
+from tests.fixtures.sampling_helpers import assert_rows_match, baseline_config, generator, params, triton_can_run_on
 
 SIGNIFICAND_BITS = 23
 ONE_BITS = 0x3F800000  # the bits of 1.0: + i for i < 2**23 are the significands of [1, 2)
@@ -37,8 +39,9 @@ def float_bits(exponent: int) -> int:
 
 
 @triton.jit
-def _misrounded_kernel(count_ptr, t_bits_ptr, x_first, x_stride, X_STEPS: tl.constexpr,
-                       BLOCK: tl.constexpr, CORRECT: tl.constexpr):
+def _misrounded_kernel(
+    count_ptr, t_bits_ptr, x_first, x_stride, X_STEPS: tl.constexpr, BLOCK: tl.constexpr, CORRECT: tl.constexpr
+):
     """count[i] = how many x with bits x_first + j * x_stride (j < X_STEPS * BLOCK) give a
     quotient by t = bits(t_bits[i]) other than RN(x / t): corrected (CORRECT) or RN(x RN(1/t))."""
     i = tl.program_id(0)
@@ -57,18 +60,19 @@ def _misrounded_kernel(count_ptr, t_bits_ptr, x_first, x_stride, X_STEPS: tl.con
     tl.store(count_ptr + i, tl.sum(wrong, 0))
 
 
-def misrounded(t_bits: torch.Tensor, x_first: int, x_stride: int, x_steps: int, block: int,
-               correct: bool = True) -> torch.Tensor:
+def misrounded(
+    t_bits: torch.Tensor, x_first: int, x_stride: int, x_steps: int, block: int, correct: bool = True
+) -> torch.Tensor:
     """Per t, the number of misrounded quotients (see `_misrounded_kernel`)."""
     counts = torch.empty(t_bits.shape, dtype=torch.int32, device=t_bits.device)
-    _misrounded_kernel[(t_bits.numel(),)](counts, t_bits, x_first, x_stride, X_STEPS=x_steps,
-                                          BLOCK=block, CORRECT=correct)
+    _misrounded_kernel[(t_bits.numel(),)](
+        counts, t_bits, x_first, x_stride, X_STEPS=x_steps, BLOCK=block, CORRECT=correct
+    )
     return counts
 
 
 @triton.jit
-def _quotient_kernel(x_ptr, t_ptr, out_ptr, applies_ptr, BLOCK: tl.constexpr,
-                     RECIPROCAL: tl.constexpr):
+def _quotient_kernel(x_ptr, t_ptr, out_ptr, applies_ptr, BLOCK: tl.constexpr, RECIPROCAL: tl.constexpr):
     """Row i of out: x[i] / t[i] by `reciprocal_quotient` (or `ieee_quotient`); applies[i]:
     `reciprocal_applies` of the row."""
     i = tl.program_id(0)
@@ -107,8 +111,7 @@ def sample_t_bits(exponent: int, count: int, seed: int, device="cpu") -> torch.T
     return (float_bits(exponent) + torch.cat([edges, drawn])).to(torch.int32).to(device)
 
 
-cpu_only = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")),
-                              reason="needs TRITON_INTERPRET=1")
+cpu_only = pytest.mark.skipif(not triton_can_run_on(torch.device("cpu")), reason="needs TRITON_INTERPRET=1")
 
 
 def on_gpu(test):
@@ -135,8 +138,7 @@ def test_reciprocal_applies_exactly_in_its_range():
     just outside; each block then gives the IEEE quotient bit for bit."""
     low, high = 2.0**-RECIPROCAL_X_RANGE, 2.0**RECIPROCAL_X_RANGE
     edge = torch.tensor([low, -low, high, -high, 1.0, -3.5, 1e20, -1e-20] * 2)
-    outside = [float32_after(low, 0.0), -float32_after(high, math.inf), 0.0, -0.0, math.inf,
-               -math.inf, math.nan]
+    outside = [float32_after(low, 0.0), -float32_after(high, math.inf), 0.0, -0.0, math.inf, -math.inf, math.nan]
     t_low, t_high = 2.0**-RECIPROCAL_T_RANGE, 2.0**RECIPROCAL_T_RANGE
     rows, ts, applies = [], [], []
     for t in (t_low, t_high, 0.7):
@@ -175,12 +177,10 @@ def test_reciprocal_division_changes_no_result():
 
     logits = torch.randn(6, 2900, generator=generator(402)) * 3
     logits[1, 5], logits[2, 100], logits[3, 7] = 0.0, float("-inf"), 1e-35
-    t, top_k, p = params([1.0, 0.7, 0.7, 1.3, 1e-9, 3e7], [-1, -1, 5, 30, -1, 400],
-                         [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
+    t, top_k, p = params([1.0, 0.7, 0.7, 1.3, 1e-9, 3e7], [-1, -1, 5, 30, -1, 400], [1.0, 1.0, 1.0, 0.8, 0.3, 1.0])
     results = []
     for reciprocal in (False, True):
-        config = baseline_config(chunk=128, chunk_capacity=16, reciprocal_division=reciprocal,
-                                 single_launch_entries=0)
+        config = baseline_config(chunk=128, chunk_capacity=16, reciprocal_division=reciprocal, single_launch_entries=0)
         results.append(k.run_probabilities(logits, t, top_k, p, config))
         assert_rows_match(results[-1].probs, logits, t, top_k, p)
     assert torch.equal(results[0].probs, results[1].probs)
@@ -208,10 +208,9 @@ def test_corrected_quotient_is_ieee_division_for_every_significand_pair():
     t_bits = (ONE_BITS + torch.arange(2**SIGNIFICAND_BITS, device="cuda")).to(torch.int32)
     block = 1024
     steps = 2**SIGNIFICAND_BITS // block
-    wrong = sum(int(misrounded(part, ONE_BITS, 1, steps, block).sum())
-                for part in t_bits.split(2**19))
+    wrong = sum(int(misrounded(part, ONE_BITS, 1, steps, block).sum()) for part in t_bits.split(2**19))
     assert wrong == 0
-    assert int(misrounded(t_bits[:2**14], ONE_BITS, 1, steps, block, correct=False).sum()) > 0
+    assert int(misrounded(t_bits[: 2**14], ONE_BITS, 1, steps, block, correct=False).sum()) > 0
 
 
 @on_gpu
@@ -222,9 +221,12 @@ def test_corrected_quotient_at_the_corners_of_its_range(t_exponent, x_exponent, 
     """The corners of the proved range, where a step would under- or overflow first: 65,543
     significands of t at 2**t_exponent times 8,192 of x at +-2**x_exponent (stride 1,023), and
     x = +-2**96 and t = 2**24 exactly, none misrounded."""
-    t_bits = torch.cat([sample_t_bits(t_exponent, 2**16, seed=403, device="cuda"),
-                        torch.tensor([float_bits(RECIPROCAL_T_RANGE)], dtype=torch.int32,
-                                     device="cuda")])
+    t_bits = torch.cat(
+        [
+            sample_t_bits(t_exponent, 2**16, seed=403, device="cuda"),
+            torch.tensor([float_bits(RECIPROCAL_T_RANGE)], dtype=torch.int32, device="cuda"),
+        ]
+    )
     x_first = float_bits(x_exponent) + (SIGN_BIT if sign < 0 else 0)
     assert int(misrounded(t_bits, x_first, 1023, 8, 1024).sum()) == 0
     top = float_bits(RECIPROCAL_X_RANGE) + (SIGN_BIT if sign < 0 else 0)
