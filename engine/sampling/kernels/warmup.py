@@ -9,11 +9,11 @@ own through `JITFunction.warmup`: it fills the JIT's cache (and Triton's cache o
 launching anything or touching device memory (tensors are given as dtypes). Triton's compiler
 releases the GIL in its lowering passes and in ptxas, so the compiles overlap each other and
 whatever the caller does meanwhile. The requests come from the kernels' modules: a plan's
-launches (`start_plan`; `probabilities.plan.warm_up`), and `accept_warmup`,
-`categorical_warmup`, `uniform_blocks_warmup`. The first call of a warming probabilities plan
-waits for its compiles (`wait`, from `plan._launch`) instead of compiling them a second time;
-the other kernels compile in about a second each and are not waited for (a call that comes
-first compiles its kernel itself, as without a warm-up).
+launches (`start_plan`, for a `probabilities.layout.LaunchPlan`; `probabilities.plan.warm_up`),
+and `accept_warmup`, `categorical_warmup`, `uniform_blocks_warmup`. The first call of a warming
+probabilities plan waits for its compiles (`wait`, from `plan._launch`) instead of compiling them
+a second time; the other kernels compile in about a second each and are not waited for (a call
+that comes first compiles its kernel itself, as without a warm-up).
 
 Guarantees:
 - results do not depend on it: a request asks for the kernel the call's first launch compiles
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.sampling.kernels.probabilities.plan import LaunchPlan
+if TYPE_CHECKING:  # `layout` is below this module and `plan` (which imports this one); only
+    # for annotations: at run time its import would first run the package's `__init__`, which
+    # imports `plan`, which imports this module before it is complete
+    from engine.sampling.kernels.probabilities.layout import LaunchPlan
 
 MAX_THREADS = 4  # the kernels of both plans of a vocabulary (single, and chunk, select, write)
-# the dtype of each of plan.BUFFERS after the caller's four inputs and the output (see `_make_scratch`)
-SCRATCH_DTYPES = (torch.float32,) * 4 + (torch.int32,) * 5 + (torch.int64,) * 3
 
 
 class Warmups:
@@ -84,7 +84,7 @@ class Warmups:
     ) -> int:
         """`start` for every launch of `plan` with these caller dtypes, under `compiled_key`; a
         call of a plan with that key waits for it (`wait`)."""
-        buffers = (logits_dtype, torch.float32, top_k_dtype, torch.float32, torch.float32, *SCRATCH_DTYPES)
+        buffers = plan.buffer_dtypes(logits_dtype, top_k_dtype)
         requests = [
             (
                 launch.kernel,

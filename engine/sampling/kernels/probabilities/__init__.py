@@ -2,9 +2,10 @@
 
 One module per stage: `config` (KernelConfig, RowMode, shared constants), `chunk`, `select`
 (with `prove`, the cut on compacted candidates), `write`, `single_launch`, `whole_row` (the
-exact fallback), `division` (x = logits / T), `common` (jit helpers of several stages) and
-`plan` (launch plan, scratch and launch). docs/sampling.md describes the algorithm,
-docs/notes/performance-notebook.md the measurements.
+exact fallback), `division` (x = logits / T), `common` (jit helpers of several stages),
+`layout` (the `LaunchPlan` type and the order and dtypes of a call's buffers, below both `plan`
+and `kernels/warmup.py`) and `plan` (launch plan, scratch and launch). docs/sampling.md
+describes the algorithm, docs/notes/performance-notebook.md the measurements.
 
 Three launches (one for small batches, below), no host read between them (S = number of chunks of CHUNK vocabulary entries):
 
@@ -79,12 +80,11 @@ from engine.sampling.kernels.probabilities.config import (
     RowMode,
     wide_k_limit,
 )
+from engine.sampling.kernels.probabilities.layout import BUFFERS, LaunchPlan
 from engine.sampling.kernels.probabilities.plan import (
-    BUFFERS,
     LAUNCHES,
     SCRATCH,
     KernelOutput,
-    LaunchPlan,
     device_plan,
     launch_plan,
     probabilities_triton,

@@ -1,7 +1,8 @@
 """Launch of the probabilities kernels: the `LaunchPlan` of a shape (grids, constexprs,
 scratch shapes; cached), the scratch, and `run_probabilities` / `probabilities_triton`, which
 enqueue the plan's launches without a host read (docs/sampling.md; host costs:
-docs/notes/performance-notebook.md, "Host enqueue below Triton's runner").
+docs/notes/performance-notebook.md, "Host enqueue below Triton's runner"). The plan's type and
+the layout of a call's buffers are `layout`'s, which `warmup` shares.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from engine.sampling.kernels.probabilities.chunk import _chunk_kernel
 from engine.sampling.kernels.probabilities.config import (
     DEFAULT_CONFIG,
     MIN_KEEP_ALL_CHUNK,
-    NUM_SPLIT_PIVOTS,
     NUM_WARPS,
     SCRATCH_ALIGN,
     SPLIT_SUB,
     KernelConfig,
     wide_k_limit,
 )
+from engine.sampling.kernels.probabilities.layout import LaunchPlan
 from engine.sampling.kernels.probabilities.select import _select_kernel
 from engine.sampling.kernels.probabilities.single_launch import _single_kernel
 from engine.sampling.kernels.probabilities.write import _write_kernel
@@ -48,164 +49,6 @@ def _scratch(dtype, device, *shapes) -> tuple[torch.Tensor, ...]:
     padded = [-(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN for size in sizes]
     parts = torch.empty(sum(padded), dtype=dtype, device=device).split(padded)
     return tuple(part[:size].view(shape) for part, size, shape in zip(parts, sizes, shapes))
-
-
-@dataclass(frozen=True, eq=False)  # one object per shape (launch_plan): identity is equality
-class LaunchPlan:
-    """Everything about a call that depends only on (config, B, V): grids, scratch shapes and
-    the three kernels' constexprs. Computed once per shape (`launch_plan`), so an eager call
-    does no such arithmetic."""
-
-    num_rows: int
-    vocab: int
-    chunk: int  # vocabulary entries per chunk program
-    capacity: int  # candidate slots per chunk
-    num_chunks: int
-    num_write: int  # write programs per row
-    pivot_sigmas: float  # z of the quick floor
-    wide_sigmas: float  # z of the quick floor of rows with k > wide_k
-    wide_k: int
-    config: KernelConfig
-    chunk_constexprs: tuple[tuple[str, int], ...]  # (name, value), signature order
-    select_constexprs: tuple[tuple[str, int], ...]
-    write_constexprs: tuple[tuple[str, int], ...]
-    single: bool  # one launch of `_single_kernel` (B * V <= config.single_launch_entries)
-    single_constexprs: tuple[tuple[str, int], ...]
-    launches: tuple[KernelLaunch, ...]  # the single launch, or the chunk, select and write ones
-    # the write kernel takes programmatic dependent launch in eager calls alone
-    # (`KernelConfig.overlap_write`): a call on a stream being captured launches it serially
-    serial_in_capture: bool
-
-    def arguments(self, buffers: tuple) -> tuple[tuple, ...]:
-        """Each launch's runtime arguments. `buffers` = (logits, temperature, top_k, top_p,
-        out, *scratch), named as in BUFFERS: the tensors, or their data pointers
-        (`CompiledLaunches.launch`). A kernel parameter `<name>_ptr` gets buffer `<name>`."""
-        (
-            logits,
-            temperature,
-            top_k,
-            top_p,
-            out,
-            chunk_f32,
-            row_f32,
-            row_val,
-            split_f32,
-            chunk_i32,
-            row_idx,
-            split_i32,
-            ticket,
-            chunk_list,
-            cand,
-            compact,
-            row_mode,
-        ) = buffers
-        vocab, num_chunks = self.vocab, self.num_chunks
-        if self.single:
-            return (
-                (
-                    logits,
-                    temperature,
-                    top_k,
-                    top_p,
-                    out,
-                    chunk_f32,
-                    chunk_i32,
-                    cand,
-                    compact,
-                    row_f32,
-                    row_mode,
-                    ticket,
-                    chunk_list,
-                    row_val,
-                    row_idx,
-                    vocab,
-                    num_chunks,
-                    self.pivot_sigmas,
-                    self.wide_sigmas,
-                    self.wide_k,
-                ),
-            )
-        return (
-            (
-                logits,
-                temperature,
-                top_k,
-                top_p,
-                out,
-                chunk_f32,
-                chunk_i32,
-                cand,
-                vocab,
-                num_chunks,
-                self.pivot_sigmas,
-                self.wide_sigmas,
-                self.wide_k,
-            ),
-            (
-                temperature,
-                top_k,
-                top_p,
-                out,
-                chunk_f32,
-                chunk_i32,
-                cand,
-                compact,
-                row_f32,
-                row_mode,
-                ticket,
-                chunk_list,
-                vocab,
-                num_chunks,
-            ),
-            (
-                logits,
-                temperature,
-                top_k,
-                top_p,
-                out,
-                row_f32,
-                row_mode,
-                split_i32,
-                split_f32,
-                compact,
-                ticket,
-                row_val,
-                row_idx,
-                vocab,
-            ),
-        )
-
-    @property
-    def f32_shapes(self):  # chunk stats, row stats, whole-row values, split masses
-        return (
-            (4, self.num_rows * self.num_chunks),
-            (3, self.num_rows),
-            (self.num_rows, self.config.candidate_capacity),
-            self.split_shape,
-        )
-
-    @property
-    def i32_shapes(self):  # chunk argmax / count, whole-row indices, split counts, tickets,
-        # each row's chunks that reach its floor (the select kernel's list)
-        return (
-            (2, self.num_rows * self.num_chunks),
-            (self.num_rows, self.config.candidate_capacity),
-            self.split_shape,
-            (self.num_rows,),
-            (self.num_rows, triton.next_power_of_2(self.num_chunks)),
-        )
-
-    @property
-    def i64_shapes(self):  # chunk candidates, per-row compact buffer, row modes
-        return (
-            (self.num_rows * self.num_chunks, self.capacity),
-            (self.num_rows, self.config.compact),
-            (self.num_rows,),
-        )
-
-    @property
-    def split_shape(self):
-        return (self.num_rows, self.num_write, NUM_SPLIT_PIVOTS.value)
 
 
 def register_cap(config: KernelConfig) -> tuple[tuple[str, int], ...]:
@@ -328,29 +171,6 @@ def device_plan(config: KernelConfig, num_rows: int, vocab: int, device: torch.d
     Triton compiles for it read once per (config, shape, device): an eager call pays one cache
     lookup. Triton itself fixes whether it interprets when the kernels are defined."""
     return launch_plan(config, num_rows, vocab, supports_overlap(device), compiles_natively(device))
-
-
-# A call's buffers in the order `LaunchPlan.arguments` takes them: the caller's four inputs,
-# the output, then the scratch of `_make_scratch` (float32, int32 and int64 views in turn).
-BUFFERS = (
-    "logits",
-    "temperature",
-    "top_k",
-    "top_p",
-    "out",
-    "chunk_f32",
-    "row_f32",
-    "row_val",
-    "split_f32",
-    "chunk_i32",
-    "row_idx",
-    "split_i32",
-    "ticket",
-    "chunk_list",
-    "cand",
-    "compact",
-    "row_mode",
-)
 
 
 def _make_scratch(plan: LaunchPlan, device) -> tuple[torch.Tensor, ...]:
