@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specval.report import Section, summary_files
-from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
+from specval.report.markdown import fmt
 
 RATIO_HEADER = ["pairs", "median ratio b / a", "interval", "order statistics", "exact coverage", "threshold", "verdict"]
 PAIR_HEADER = ["pair", "order", "a", "b", "ratio b / a"]
@@ -85,7 +85,6 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
     engines = manifest.get("device", {}).get("engines", {})
     graphs = "; ".join(f"{key}: {e['graphs']}" for key, e in sorted(engines.items())) or "-"
     return [
-        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         f"workload: {proto['concurrency']} concurrent request(s) x {proto['max_tokens']} tokens "
         f"({proto['num_prompts']} prompt(s)), {_adapter(proto)}{proto['model']} {proto['dtype']} "
         f"on {proto['device']}, "
@@ -97,7 +96,6 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
         f"median ratio of a-first pairs {fmt(order['median_ratio_ab'])}, of b-first pairs "
         f"{fmt(order['median_ratio_ba'])}",
         f"CUDA Graphs: {graphs}; timed runs that captured graphs: {summary['timed_runs_capturing_graphs']}",
-        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
     ]
 
 
@@ -111,7 +109,6 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
         Section("Median ratio", RATIO_HEADER, ratio_rows(summary), (METHOD, VERIFY_NOTE)),
         Section("Pairs", PAIR_HEADER, pair_rows(summary)),
         Section("Arms", ARM_HEADER, arm_rows(summary)),
-        Section("Sessions", SESSION_HEADER, session_rows(manifest)),
     ]
 
 

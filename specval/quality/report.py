@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specval import bundle as bundles
 from specval.report import Section, summary_files
-from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
+from specval.report.markdown import fmt, tests_by_role
 
 COMPARISON_HEADER = [
     "comparison",
@@ -56,7 +56,7 @@ def comparison_rows(summary: dict) -> list[list[str]]:
             t["verdict"],
             t["reason"],
         ]
-        for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))
+        for name, t in tests_by_role(summary)
     ]
 
 
@@ -79,12 +79,10 @@ def group_rows(summary: dict) -> list[list[str]]:
 def _facts(summary: dict, manifest: dict) -> list[str]:
     proto = summary["protocol"]
     return [
-        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         f"task {proto['task']} ({proto['prompt_format']} prompt), metric {proto['metric']}, "
         f"{proto['num_items']} items x {proto['seeds_per_item']} seeds, at most {proto['max_tokens']} tokens",
         f"paired: every group answers the same items with the same request seeds; alpha {proto['alpha']} "
         f"(two-sided Newcombe interval), non-inferiority margin {proto['margin']} against {proto['baseline']}",
-        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
     ]
 
 
@@ -92,7 +90,6 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
     return [
         Section("Paired comparisons", COMPARISON_HEADER, comparison_rows(summary), (CAVEAT,)),
         Section("Groups", GROUP_HEADER, group_rows(summary)),
-        Section("Sessions", SESSION_HEADER, session_rows(manifest)),
     ]
 
 

@@ -15,7 +15,15 @@ from specval.distribution.collect import load_samples
 from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.html import html_table, page, render_html
-from specval.report.markdown import md_table, render_markdown, verdict_text
+from specval.report.markdown import (
+    SESSION_HEADER,
+    fmt,
+    md_table,
+    provenance,
+    render_markdown,
+    session_rows,
+    verdict_text,
+)
 from specval.seeds import SeedRange
 
 
@@ -116,13 +124,20 @@ def summary_files(
     path: Path, facts: Callable[[dict, dict], list[str]], sections: Callable[[dict, dict], list[Section]]
 ) -> dict[str, bytes]:
     """report.md and report.html of a bundle whose report is rendered from summary.json and
-    manifest.json alone (quality and performance bundles): "name: verdict", the reason,
-    `facts(summary, manifest)` as a list, then `sections(summary, manifest)`, the same content in
-    both files. Deterministic, as `render_files`."""
+    manifest.json alone (quality, sequence and performance bundles): "name: verdict", the reason,
+    a list of the protocol's hash and profile, `facts(summary, manifest)`, the run's provenance
+    and wall time, then `sections(summary, manifest)` and the sessions, the same content in both
+    files. Deterministic, as `render_files`."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    listed, parts = facts(summary, manifest), sections(summary, manifest)
-    name, verdict, reason = summary["protocol"]["name"], summary["verdict"], summary["reason"]
+    proto = summary["protocol"]
+    listed = [
+        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
+        *facts(summary, manifest),
+        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
+    ]
+    parts = [*sections(summary, manifest), Section("Sessions", SESSION_HEADER, session_rows(manifest))]
+    name, verdict, reason = proto["name"], summary["verdict"], summary["reason"]
     shown = verdict_text(summary)
     lines = [f"# {name}: {shown}", "", reason, ""] + [f"- {fact}" for fact in listed]
     for part in parts:

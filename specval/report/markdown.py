@@ -25,11 +25,17 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
+def tests_by_role(summary: dict) -> list[tuple[str, dict]]:
+    """(name, test) of every criterion of `summary`, by role, then by name: the order every
+    report lists them in."""
+    return sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))
+
+
 def criteria_rows(summary: dict) -> list[list[str]]:
     """One row per criterion: name, role, statistic, df, p, Holm p, MDE (TV), coverage, verdict, reason.
     `summary` is a run's summary or its `confirmation.stage2` block (same `tests` layout)."""
     rows = []
-    for name, test in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0])):
+    for name, test in tests_by_role(summary):
         coverage = test.get("coverage")
         cover = (
             f"{coverage['strata_covered']}/{coverage['strata_total']} strata, "

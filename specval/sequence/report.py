@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specval import bundle as bundles
 from specval.report import Section, summary_files
-from specval.report.markdown import SESSION_HEADER, fmt, provenance, session_rows
+from specval.report.markdown import fmt, tests_by_role
 
 CRITERION_HEADER = ["criterion", "role", "n", "statistic", "p", "Holm p", "MDE", "MDE scale", "verdict", "reason"]
 GROUP_HEADER = [
@@ -45,7 +45,7 @@ def criterion_rows(summary: dict) -> list[list[str]]:
             t["verdict"],
             t["reason"],
         ]
-        for name, t in sorted(summary["tests"].items(), key=lambda kv: (kv[1]["role"], kv[0]))
+        for name, t in tests_by_role(summary)
     ]
 
 
@@ -70,11 +70,9 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
     proto = summary["protocol"]
     families = ", ".join(f"{role}: m = {size}" for role, size in sorted(proto["family_sizes"].items()))
     return [
-        f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         f"{len(proto['prompts'])} prompt(s), {proto['sequence_length']} tokens per sequence, K = "
         f"{proto['num_speculative_tokens']}, batches of {proto['batch_size']}",
         f"alpha {proto['alpha']} per role (Holm; {families}), power {proto['power']} at the MDEs",
-        f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
     ]
 
 
@@ -82,7 +80,6 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
     return [
         Section("Criteria", CRITERION_HEADER, criterion_rows(summary), (SCOPE,)),
         Section("Groups", GROUP_HEADER, group_rows(summary)),
-        Section("Sessions", SESSION_HEADER, session_rows(manifest)),
     ]
 
 
