@@ -1,23 +1,40 @@
-"""The dependency rules of docs/architecture.md, checked on the source tree (the test is the rule).
+"""The tree rules of docs/architecture.md ("Dependency rules"), checked on the source tree (the test
+is the rule).
 
-Every `import` and `from ... import` statement of the two import packages is read with `ast`,
-including lazy imports inside functions; imports under `if TYPE_CHECKING:` are skipped (they never
-run). Dynamic imports by string (`importlib.import_module`, entry points) are the sanctioned way to
-reach a module by name and are not edges. The rules:
+Every `import` and `from ... import` statement of the two import packages is read with `ast`, at
+any depth: lazy imports inside functions and type-only imports under `if TYPE_CHECKING:` count
+like the others, for every import rule (1-4 and 6). A name imported only for annotations ties the
+module to the one it names: a type checker, an editor and a reader follow that import, and the
+`if` is one edit away from running it. Dynamic imports by string (`importlib.import_module`, entry
+points) are the sanctioned way to reach a module by name and are not edges; neither are the
+`__init__`s of the packages above a module, which Python runs before it (a package facade that
+re-exports its submodules would otherwise close a circle with each of them). The rules:
 
 1. `engine` never imports `specval` (the system under test knows nothing of its harness);
 2. only the kernels wings, `engine/sampling/kernels/` and `engine/models/kernels/`, import
-   `triton` (tests and benchmarks, which launch kernels,
-   are outside the two packages and not checked);
+   `triton` (tests and benchmarks, which launch kernels, are outside the two packages and not
+   checked);
 3. `specval` imports `engine` only inside `specval/adapters/` (the adapter is the only door);
-4. no import circle among the modules of both packages.
+4. no import circle among the modules of both packages, lazy imports included;
+5. no module of either package over MAX_MODULE_LINES (700) lines, but those of LONG_MODULES, an
+   allow-list that stays empty unless a module must stay whole, each entry with its reason;
+6. type-only imports close circles too: rule 4 counts them (a circle that only type checkers
+   follow is broken by moving the shared type below both modules, as for any other circle);
+7. no top-level module of `specval` (`specval/*.py`) only re-exports: its body after the docstring
+   is not only imports (type-only ones included), `__all__` and a module `__getattr__` / `__dir__`
+   that forwards names. Packages' `__init__.py` are their facades and are not checked, and
+   `specval/__init__.py` is the public API (lazy re-exports of `specval.api`), exempt by design;
+8. docs/performance.md has at most 300 lines (DOCUMENT_LINES): the current figures only, their
+   history lives in docs/notes/.
 
-The scanner itself is tested on a small planted tree, so a rule that silently checks nothing fails.
+Each rule's scanner is also run on a small planted tree, so a rule that silently checks nothing
+fails.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +44,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "specval")
 KERNELS_WINGS = ("engine.sampling.kernels", "engine.models.kernels")
 ADAPTERS = "specval.adapters"
+MAX_MODULE_LINES = 700
+# Modules of either package allowed over MAX_MODULE_LINES: path relative to the root -> why it must
+# stay whole. Empty: a module that outgrows the limit becomes a package of modules by what its
+# parts are, behind a facade `__init__.py`. An entry whose module shrank below the limit, or left,
+# fails (test_every_allowed_long_module_is_still_long).
+LONG_MODULES: dict[str, str] = {}
+# Documents with a line budget: path relative to the root -> most lines.
+DOCUMENT_LINES = {"docs/performance.md": 300}  # current figures only; their history is docs/notes/
+FORWARDING_FUNCTIONS = ("__getattr__", "__dir__")  # a module's PEP 562 hooks
 
 
 @dataclass(frozen=True)
@@ -36,6 +62,11 @@ class Edge:
     importer: str
     target: str
     line: int
+    type_only: bool = False  # under `if TYPE_CHECKING:`
+
+    def where(self, modules: dict[str, Path], root: Path) -> str:
+        kind = " (type-only)" if self.type_only else ""
+        return f"{modules[self.importer].relative_to(root)}:{self.line} imports {self.target}{kind}"
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -57,16 +88,17 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _import_nodes(tree: ast.AST):
-    """Every Import / ImportFrom node, at any depth, except those under `if TYPE_CHECKING:`."""
-    stack = [tree]
+    """Every Import / ImportFrom node, at any depth, with whether it is under `if TYPE_CHECKING:`."""
+    stack = [(tree, False)]
     while stack:
-        node = stack.pop()
+        node, type_only = stack.pop()
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
+            stack.extend((child, True) for child in node.body)
+            stack.extend((child, type_only) for child in node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        stack.extend(ast.iter_child_nodes(node))
+            yield node, type_only
+        stack.extend((child, type_only) for child in ast.iter_child_nodes(node))
 
 
 def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -83,14 +115,14 @@ def edges_of(module: str, path: Path, modules: dict[str, Path]) -> list[Edge]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
     edges = []
-    for node in _import_nodes(tree):
+    for node, type_only in _import_nodes(tree):
         if isinstance(node, ast.Import):
-            edges += [Edge(module, alias.name, node.lineno) for alias in node.names]
+            edges += [Edge(module, alias.name, node.lineno, type_only) for alias in node.names]
             continue
         source = _absolute(module, is_package, node)
         for alias in node.names:
             child = f"{source}.{alias.name}"
-            edges.append(Edge(module, child if child in modules else source, node.lineno))
+            edges.append(Edge(module, child if child in modules else source, node.lineno, type_only))
     return edges
 
 
@@ -108,7 +140,7 @@ def violations(root: Path) -> list[str]:
     modules, edges = all_edges(root)
     found = []
     for edge in edges:
-        where = f"{modules[edge.importer].relative_to(root)}:{edge.line} imports {edge.target}"
+        where = edge.where(modules, root)
         if _within(edge.importer, "engine") and _within(edge.target, "specval"):
             found.append(f"{where} (the engine never imports specval)")
         if _within(edge.target, "triton") and not any(_within(edge.importer, wing) for wing in KERNELS_WINGS):
@@ -123,10 +155,15 @@ def violations(root: Path) -> list[str]:
 
 
 def circles(root: Path) -> list[list[str]]:
-    """The strongly connected components of more than one module (or a module importing itself)."""
+    """The strongly connected components of more than one module (or a module importing itself),
+    over every import edge, lazy and type-only ones included (rules 4 and 6)."""
     modules, edges = all_edges(root)
     graph = {name: sorted({e.target for e in edges if e.importer == name and e.target in modules}) for name in modules}
-    index, low, on_stack, stack, components = {}, {}, set(), [], []
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
 
     def visit(node: str) -> None:  # Tarjan's algorithm; the module graph is far below the recursion limit
         index[node] = low[node] = len(index)
@@ -155,12 +192,129 @@ def circles(root: Path) -> list[list[str]]:
     return components
 
 
+def shortest_circle(root: Path, component: list[str]) -> list[str]:
+    """One shortest loop through the modules of a circle, as the import statements that close it
+    ('importer:line imports target', in order), for the failure message."""
+    modules, edges = all_edges(root)
+    members = set(component)
+    statement: dict[tuple[str, str], Edge] = {}  # (importer, target) -> its first statement
+    for edge in edges:
+        if edge.importer in members and edge.target in members:
+            statement.setdefault((edge.importer, edge.target), edge)
+    best: list[Edge] = []
+    for start in component:  # breadth first from each member, until an import leads back to it
+        came_from, queue = {start: start}, deque([start])
+        while queue:
+            node = queue.popleft()
+            if (node, start) in statement:
+                loop = [node]
+                while loop[-1] != start:
+                    loop.append(came_from[loop[-1]])
+                loop = [*reversed(loop), start]
+                if not best or len(loop) - 1 < len(best):
+                    best = [statement[step] for step in zip(loop, loop[1:])]
+                break
+            for importer, target in sorted(statement):
+                if importer == node and target not in came_from:
+                    came_from[target] = node
+                    queue.append(target)
+    return [edge.where(modules, root) for edge in best]
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def long_modules(root: Path, allowed: dict[str, str] = LONG_MODULES) -> dict[str, int]:
+    """Rule 5: every module of both packages over MAX_MODULE_LINES and not in `allowed`, as path
+    relative to `root` -> lines."""
+    found = {}
+    for path in module_files(root).values():
+        relative = path.relative_to(root).as_posix()
+        lines = _lines(path)
+        if lines > MAX_MODULE_LINES and relative not in allowed:
+            found[relative] = lines
+    return dict(sorted(found.items()))
+
+
+def _forwards_only(statement: ast.stmt) -> bool:
+    """Whether a top-level statement only imports or forwards names (rule 7)."""
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return True
+    if isinstance(statement, ast.Assign):
+        return all(isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets)
+    if isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+        return isinstance(statement.target, ast.Name) and statement.target.id == "__all__"
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return statement.name in FORWARDING_FUNCTIONS
+    if isinstance(statement, ast.If) and _is_type_checking(statement.test):
+        return all(_forwards_only(child) for child in statement.body + statement.orelse)
+    return False
+
+
+def reexport_modules(root: Path) -> list[str]:
+    """Rule 7: the top-level modules of `specval` (`specval/*.py`; not `specval/__init__.py`, the
+    public API, nor any package's `__init__.py`) whose body after the docstring is not empty and
+    only imports, sets `__all__` or defines FORWARDING_FUNCTIONS, as paths relative to `root`."""
+    found = []
+    for path in sorted((root / "specval").glob("*.py")):
+        if path.name == "__init__.py":  # the public API's lazy re-exports of specval.api
+            continue
+        body = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body = body[1:]  # the docstring
+        if body and all(_forwards_only(statement) for statement in body):
+            found.append(path.relative_to(root).as_posix())
+    return found
+
+
+def long_documents(root: Path, limits: dict[str, int] = DOCUMENT_LINES) -> dict[str, int]:
+    """Rule 8: every document of `limits` over its budget, as path -> lines."""
+    return {name: _lines(root / name) for name, most in limits.items() if _lines(root / name) > most}
+
+
 def test_the_packages_keep_the_layering_rules():
     assert violations(ROOT) == []
 
 
-def test_the_packages_have_no_import_circle():
-    assert circles(ROOT) == []
+def test_the_packages_have_no_import_circle_type_only_imports_included():
+    found = circles(ROOT)
+    assert found == [], "\n".join(
+        f"circle of {len(component)} modules ({', '.join(component)}), one of its loops: "
+        + "; ".join(shortest_circle(ROOT, component))
+        for component in found
+    )
+
+
+def test_no_module_is_over_the_line_limit():
+    found = long_modules(ROOT)
+    assert found == {}, f"modules over {MAX_MODULE_LINES} lines (split them by what their parts are): " + ", ".join(
+        f"{path} ({lines})" for path, lines in found.items()
+    )
+
+
+def test_every_allowed_long_module_is_still_long():
+    for path in LONG_MODULES:
+        assert (ROOT / path).is_file(), f"LONG_MODULES names {path}, which is gone"
+        assert _lines(ROOT / path) > MAX_MODULE_LINES, f"{path} is within the limit: drop it from LONG_MODULES"
+
+
+def test_no_top_level_specval_module_only_reexports():
+    assert reexport_modules(ROOT) == []
+
+
+def test_the_documents_keep_their_line_budget():
+    for name in DOCUMENT_LINES:
+        assert (ROOT / name).is_file(), name
+    found = long_documents(ROOT)
+    assert found == {}, ", ".join(
+        f"{name}: {lines} lines, at most {DOCUMENT_LINES[name]}" for name, lines in found.items()
+    )
 
 
 def test_every_module_of_both_packages_is_scanned():
@@ -169,6 +323,7 @@ def test_every_module_of_both_packages_is_scanned():
     for wing in KERNELS_WINGS:
         assert any(name.startswith(wing + ".") for name in modules), wing
     assert any(_within(edge.target, "triton") for edge in edges)  # the kernels' imports are seen
+    assert any(edge.type_only for edge in edges)  # and the type-only ones
 
 
 # ---------------------------------------------------------------- the scanner on a planted tree
@@ -190,6 +345,8 @@ def planted(tmp_path) -> Path:
     _write(tmp_path, "engine/report.py", "from specval import cli\n")
     _write(tmp_path, "engine/a.py", "from . import b\n")
     _write(tmp_path, "engine/b.py", "def g():\n    from engine.a import x\n")
+    _write(tmp_path, "engine/c.py", "from engine import d\n")
+    _write(tmp_path, "engine/d.py", "import typing\nif typing.TYPE_CHECKING:\n    from engine.c import C\n")
     _write(tmp_path, "specval/__init__.py", "")
     _write(tmp_path, "specval/cli.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import engine\n")
     _write(tmp_path, "specval/sut.py", "")
@@ -201,11 +358,66 @@ def planted(tmp_path) -> Path:
 
 def test_the_scanner_finds_each_planted_violation(planted):
     found = violations(planted)
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     assert any("engine/sampling/front.py:2 imports triton.language" in v for v in found)  # lazy
     assert any("engine/report.py:1 imports specval.cli" in v for v in found)
     assert any("specval/bench.py:2 imports engine.a" in v for v in found)  # lazy, outside the adapters
+    assert any("specval/cli.py:3 imports engine (type-only)" in v for v in found)
 
 
 def test_the_scanner_finds_a_planted_circle_through_a_lazy_relative_import(planted):
-    assert circles(planted) == [["engine.a", "engine.b"]]
+    assert ["engine.a", "engine.b"] in circles(planted)
+
+
+def test_the_scanner_finds_a_planted_circle_closed_by_a_type_only_import(planted):
+    assert ["engine.c", "engine.d"] in circles(planted)
+    assert len(circles(planted)) == 2
+    assert shortest_circle(planted, ["engine.c", "engine.d"]) == [
+        "engine/c.py:1 imports engine.d",
+        "engine/d.py:3 imports engine.c (type-only)",
+    ]
+
+
+def _lines_of(count: int) -> str:
+    return "".join(f"x{i} = {i}\n" for i in range(count))
+
+
+def test_the_scanner_finds_a_planted_long_module(tmp_path):
+    _write(tmp_path, "engine/__init__.py", "")
+    _write(tmp_path, "engine/at_limit.py", _lines_of(MAX_MODULE_LINES))
+    _write(tmp_path, "engine/long.py", _lines_of(MAX_MODULE_LINES + 1))
+    _write(tmp_path, "specval/__init__.py", "")
+    _write(tmp_path, "specval/deep/part/long.py", _lines_of(900))
+    _write(tmp_path, "specval/allowed.py", _lines_of(800))
+    _write(tmp_path, "tests/long.py", _lines_of(900))  # outside the two packages
+    found = long_modules(tmp_path, allowed={"specval/allowed.py": "planted"})
+    assert found == {"engine/long.py": MAX_MODULE_LINES + 1, "specval/deep/part/long.py": 900}
+
+
+def test_the_scanner_finds_each_planted_reexport_module(tmp_path):
+    forwarding = (
+        "import importlib\n\n\ndef __getattr__(name):\n    return getattr(importlib.import_module('x'), name)\n"
+    )
+    _write(tmp_path, "specval/__init__.py", '"""The public API."""\n' + forwarding)  # exempt
+    _write(tmp_path, "specval/facade.py", '"""Names of sut."""\nfrom specval.sut import SUT\n\n__all__ = ["SUT"]\n')
+    _write(tmp_path, "specval/lazy.py", forwarding + "\n\ndef __dir__():\n    return []\n")
+    _write(
+        tmp_path,
+        "specval/typed.py",
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from specval.sut import SUT\n__all__: list = []\n",
+    )
+    _write(tmp_path, "specval/sut.py", "from dataclasses import dataclass\n\nLIMIT = 1\n")  # holds code
+    _write(tmp_path, "specval/__main__.py", '"""Run."""\nfrom specval.cli import main\n\nmain()\n')  # a call
+    _write(tmp_path, "specval/empty.py", '"""Nothing yet."""\n')  # forwards nothing
+    _write(tmp_path, "specval/pkg/__init__.py", "from specval.pkg.part import X\n\n__all__ = ['X']\n")  # facade
+    _write(tmp_path, "specval/pkg/alias.py", "from specval.pkg.part import X\n")  # not top-level
+    _write(tmp_path, "engine/alias.py", "from engine.part import X\n")  # not specval
+    assert reexport_modules(tmp_path) == ["specval/facade.py", "specval/lazy.py", "specval/typed.py"]
+
+
+def test_the_scanner_finds_a_planted_long_document(tmp_path):
+    _write(tmp_path, "docs/performance.md", "a line\n" * 301)
+    _write(tmp_path, "docs/other.md", "a line\n" * 301)
+    assert long_documents(tmp_path) == {"docs/performance.md": 301}
+    _write(tmp_path, "docs/performance.md", "a line\n" * 300)
+    assert long_documents(tmp_path) == {}
