@@ -22,7 +22,7 @@ import numpy as np
 from scipy import signal
 
 from specval.stats import checks
-from specval.stats.montecarlo import McPValue, sequential_pvalue
+from specval.stats.montecarlo import BESAG_CLIFFORD, McPValue, sequential_pvalue
 from specval.stats.results import StatResult
 from specval.stats.sequence import (
     SERIAL_BINS,
@@ -187,7 +187,13 @@ def _rho(u_a: np.ndarray, u_b: np.ndarray) -> np.ndarray:
 
 
 def pit_association(
-    u_a: np.ndarray, u_b: np.ndarray, *, num_bins: int = SERIAL_BINS, level: float, rng: np.random.Generator
+    u_a: np.ndarray,
+    u_b: np.ndarray,
+    *,
+    num_bins: int = SERIAL_BINS,
+    level: float,
+    rng: np.random.Generator,
+    rule: str = BESAG_CLIFFORD,
 ) -> PitAssociationResult:
     """Exact-size test that paired PITs are independent: |rho| (linear, monotone dependence such as
     antithetic u, 1 - u) and the B x B independence X^2 (any dependence), each a sequential Monte
@@ -197,7 +203,8 @@ def pit_association(
     requests of pair i's slot (any positions, as long as the same rule pairs them); under H0 the
     requests are independent, so with the tokens interleaved a_1, b_1, a_2, b_2, ... every U is
     U(0, 1) given all earlier ones: the pairs are i.i.d. uniform on the unit square, EXACTLY.
-    Guarantee: P(p <= a) <= a under H0; deterministic in `rng` (rho's null first, then X^2's; the
+    Guarantee: P(p <= a) <= a under H0 (each p-value by `rule`, `montecarlo.RULES`); deterministic
+    in `rng` (rho's null first, then X^2's; the
     X^2 null's bins are packed digits under stream version 2, `integers` under version 1).
     Scaling: O(draws * n).
     """
@@ -222,8 +229,8 @@ def pit_association(
         bins = gen.integers(0, num_bins, size=(2, size, n))  # version 1 and legacy: every row a, then every b
         return independence_chi2(pair_counts(bins[0], bins[1], num_bins))
 
-    mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng)
-    mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng)
+    mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng, rule)
+    mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng, rule)
     p_value = min(1.0, STATISTICS * min(mc_rho.p_value, mc_chi2.p_value))
     return PitAssociationResult(
         rho, mc_rho.p_value, chi2, (num_bins - 1) ** 2, mc_chi2.p_value, p_value, n, num_bins, mc_rho, mc_chi2

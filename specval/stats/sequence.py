@@ -63,7 +63,7 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from specval.stats import checks
-from specval.stats.montecarlo import McPValue, NullDraws, sequential_pvalue
+from specval.stats.montecarlo import BESAG_CLIFFORD, McPValue, NullDraws, sequential_pvalue
 from specval.stats.results import StatResult
 from specval.stats.stream import Stream
 
@@ -173,9 +173,10 @@ def to_bins(u: np.ndarray, num_bins: int) -> np.ndarray:
 class PitUniformityResult(StatResult):
     """Pearson X^2 of the (bucket, bin) table of U against uniform bins given the bucket sizes.
 
-    `counts[g][b]` is bucket `bucket_keys[g]`'s count in bin b; `df = buckets * (bins - 1)` (used
-    for the MDE only; the p-value is the exact Monte Carlo one, `mc`). `is_degenerate`: n == 0 or
-    one bin, p = 1, no evidence either way.
+    `counts[g][b]` is bucket `bucket_keys[g]`'s count in bin b; `bucket_statistics[g]` its own X^2.
+    `combine`: "sum" (statistic = the sum over buckets, df = buckets * (bins - 1)) or "max" (the
+    largest bucket X^2, df = bins - 1 of that bucket); df is used for the MDE only, the p-value is
+    the exact Monte Carlo one, `mc`. `is_degenerate`: n == 0 or one bin, p = 1, no evidence.
     """
 
     statistic: float
@@ -188,12 +189,31 @@ class PitUniformityResult(StatResult):
     bucket_sizes: list
     counts: list
     is_degenerate: bool
+    combine: str = "sum"
+    bucket_statistics: list = dataclasses.field(default_factory=list)
+
+
+COMBINES = ("sum", "max")  # how pit_uniformity combines its buckets' X^2
+
+
+def _bucket_chi2(counts: np.ndarray, sizes: np.ndarray, num_bins: int) -> np.ndarray:
+    """X^2 of each bucket of counts[..., G, B] against sizes[G] / B per cell: f64[..., G]."""
+    expected = sizes[:, None] / num_bins
+    return (((counts - expected) ** 2) / expected).sum(axis=-1)
 
 
 def _uniform_chi2(counts: np.ndarray, sizes: np.ndarray, num_bins: int) -> np.ndarray:
     """X^2 of counts[..., G, B] against sizes[G] / B per cell, summed over (G, B): f64[...]."""
     expected = sizes[:, None] / num_bins
     return (((counts - expected) ** 2) / expected).sum(axis=(-2, -1))
+
+
+def _combined_chi2(counts: np.ndarray, sizes: np.ndarray, num_bins: int, combine: str) -> np.ndarray:
+    """The statistic of `combine`: the sum over (G, B) (bit for bit `_uniform_chi2`, the summation
+    order of bundles sealed before "max" existed) or the largest bucket X^2: f64[...]."""
+    if combine == "sum":
+        return _uniform_chi2(counts, sizes, num_bins)
+    return _bucket_chi2(counts, sizes, num_bins).max(axis=-1)
 
 
 def packed_digits(gen) -> bool:
@@ -226,25 +246,31 @@ def pit_uniformity(
     num_bins: int = PIT_BINS,
     level: float,
     rng: np.random.Generator,
+    combine: str = "sum",
+    rule: str = BESAG_CLIFFORD,
 ) -> PitUniformityResult:
     """Exact-size test that the U of all committed tokens are U(0, 1) within each bucket.
 
-    Design: ONE table of (bucket, bin) cells, X^2 = sum over buckets of Pearson's X^2 of the
-    bucket's bins against n_g / num_bins. One criterion per call keeps the Holm family as it is;
-    the buckets' noncentralities add, so its MDE is stated for the n-weighted mean over buckets of
-    the per-bucket TV (`sequence_power.pit_uniformity_mde`). Call it once with `buckets=None` for
-    the pooled law (most power when every bucket deviates alike) and once with round positions
-    (most power when one position is wrong): two criteria of the family.
+    Design: ONE table of (bucket, bin) cells, each bucket's Pearson X^2 of its bins against
+    n_g / num_bins, combined by `combine`. "sum": the buckets' noncentralities add, so its MDE is
+    stated for the n-weighted mean over buckets of the per-bucket TV
+    (`sequence_power.pit_uniformity_mde`): most power when every bucket deviates alike. "max": the
+    largest bucket X^2, a max-type statistic whose exact null accounts for the number of buckets,
+    so a deviation confined to ONE bucket is detected at that bucket's size, not diluted over all
+    of them (`sequence_power.bucket_mde`). One criterion per call keeps the Holm family as it is.
     Assumptions: under H0 the U are i.i.d. U(0, 1) given the bucket labels (labels predictable:
     round position, sequence-index bucket); `level` is the level the criterion is decided at (its
-    Holm first step); `rng` the criterion's Monte Carlo stream.
-    Guarantee: P(p <= a) <= a under H0 for every a (multinomial(n_g, uniform) per bucket simulated
-    exactly, Besag-Clifford sequential p-value); deterministic in `rng`.
+    Holm first step); `rng` the criterion's Monte Carlo stream; `rule` the Monte Carlo rule
+    (`montecarlo.RULES`).
+    Guarantee: P(p <= a) <= a under H0 for every a, given the bucket sizes (multinomial(n_g,
+    uniform) per bucket simulated exactly, sequential Monte Carlo p-value); deterministic in `rng`.
     Scaling: O(N + draws * N) (stream version 2: ~N / 17.6 words per draw; version 1: N words);
     draws ~ 30 (1 + ln(1 / (30 level))) ... ceil(30 / level).
     """
     u = as_pit("u", u)
     num_bins = checks.count("num_bins", num_bins, minimum=1)
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
     labels = np.zeros(u.size, dtype=np.int64) if buckets is None else np.asarray(buckets)
     if labels.shape != u.shape:
         raise ValueError(f"buckets must have the shape of u {u.shape}, got {labels.shape}")
@@ -254,17 +280,26 @@ def pit_uniformity(
     counts = counts.reshape(keys.size, num_bins)
     sizes = counts.sum(axis=1)
     common = dict(
-        n=int(u.size), num_bins=num_bins, bucket_keys=keys.tolist(), bucket_sizes=sizes.tolist(), counts=counts.tolist()
+        n=int(u.size),
+        num_bins=num_bins,
+        bucket_keys=keys.tolist(),
+        bucket_sizes=sizes.tolist(),
+        counts=counts.tolist(),
+        combine=combine,
     )
     if u.size == 0 or num_bins < 2:
         return PitUniformityResult(0.0, 0, 1.0, None, is_degenerate=True, **common)
-    statistic = float(_uniform_chi2(counts, sizes, num_bins))
+    statistic = float(_combined_chi2(counts, sizes, num_bins, combine))
+    per_bucket = _bucket_chi2(counts, sizes, num_bins).tolist()
 
     def draw(gen: np.random.Generator, size: int) -> np.ndarray:
-        return _uniform_chi2(_uniform_counts(gen, sizes, num_bins, size), sizes, num_bins)
+        return _combined_chi2(_uniform_counts(gen, sizes, num_bins, size), sizes, num_bins, combine)
 
-    mc = sequential_pvalue(statistic, in_chunks(draw, u.size), level, rng)
-    return PitUniformityResult(statistic, keys.size * (num_bins - 1), mc.p_value, mc, is_degenerate=False, **common)
+    mc = sequential_pvalue(statistic, in_chunks(draw, u.size), level, rng, rule)
+    df = (keys.size if combine == "sum" else 1) * (num_bins - 1)
+    return PitUniformityResult(
+        statistic, df, mc.p_value, mc, is_degenerate=False, bucket_statistics=per_bucket, **common
+    )
 
 
 # ---------------------------------------------------------------- dependence tables
@@ -410,6 +445,7 @@ def serial_dependence(
     num_bins: int = SERIAL_BINS,
     level: float,
     rng: np.random.Generator,
+    rule: str = BESAG_CLIFFORD,
 ) -> SerialDependenceResult:
     """Exact-size test of dependence between U_i and U_{i+l} within sequences, l = 1..max_lag.
 
@@ -418,7 +454,7 @@ def serial_dependence(
     Use max_lag = K + 1: frozen or overlapping uniform offsets between rounds make tokens a round
     apart (lag 1..K+1) near-functions of each other, PIT pairs near the diagonal.
     Assumptions: under H0 every sequence's U are i.i.d. U(0, 1) (module docstring) and sequences
-    are independent; `level`, `rng` as in `pit_uniformity`.
+    are independent; `level`, `rng`, `rule` as in `pit_uniformity`.
     Guarantee: P(p <= a) <= a under H0 (the null simulates i.i.d. uniform bins with the same
     sequence lengths, pairs overlapping exactly as observed); deterministic in `rng`.
     Scaling: O(draws * N * (1 + max_lag * B^2 / 64)); memory O(NULL_ELEMENTS * B^2 / 8).
@@ -446,5 +482,5 @@ def serial_dependence(
         return _lag_chi2(uniform_bins(gen, num_bins, (size, flat.size)), starts, num_bins).sum(axis=1)
 
     statistic = float(lag_stats.sum())
-    mc = sequential_pvalue(statistic, in_chunks(draw, flat.size), level, rng)
+    mc = sequential_pvalue(statistic, in_chunks(draw, flat.size), level, rng, rule)
     return SerialDependenceResult(statistic, used * (num_bins - 1) ** 2, mc.p_value, mc, is_degenerate=False, **common)

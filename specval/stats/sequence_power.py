@@ -7,6 +7,8 @@ times `montecarlo.DECISION_LEVEL_FACTOR` and need power / `decision_power` per s
 `power.criterion_mde`.
 
 What an MDE promises, and what it does not:
+- `bucket_mde` is the same TV for ONE bucket of the max-type statistic: a bug confined to one
+  round position (or one source at one position) is judged at the size that bucket holds.
 - `pit_uniformity_mde` is a TV between the BINNED law of U and the uniform bins (n-weighted mean
   over buckets). U is a randomized function of the token whose kernel does not depend on the
   sampler, so by the data-processing inequality TV(binned U law) <= TV(token law): a token-law
@@ -65,6 +67,32 @@ def pit_uniformity_mde(
     num_bins = checks.count("num_bins", num_bins, minimum=2)
     num_buckets = checks.count("num_buckets", num_buckets, minimum=1)
     return _chi2_mde(n, num_buckets * (num_bins - 1), levels, power)
+
+
+def bucket_mde(n: float, levels: Sequence[float], *, num_buckets: int, num_bins: int = 10, power: float = 0.8) -> float:
+    """Minimum TV(binned U law, uniform bins) of ONE bucket holding n tokens that the max-type
+    `pit_uniformity` (combine="max") over `num_buckets` buckets detects with `power`, every other
+    bucket exact. Assumptions: each bucket's X^2 ~ chi-square(bins - 1) under H0 (as every MDE here).
+    Guarantee (conservative): the max statistic's exact null tail is at most the sum of the
+    buckets' tails, so its critical value is at most the Bonferroni one at level / num_buckets; the
+    MDE computed there is at least the true one. Scaling: ~ sqrt(log(num_buckets) / n)."""
+    num_bins = checks.count("num_bins", num_bins, minimum=2)
+    num_buckets = checks.count("num_buckets", num_buckets, minimum=1)
+    power = checks.probability("power", power)
+    decided, factor = _mc_levels(levels)
+    if n <= 0 or power / factor >= 1:
+        return NOTHING_DETECTABLE
+    return criterion_mde(n, num_bins - 1, [level / num_buckets for level in decided], power / factor)
+
+
+def position_shares(acceptance: float, num_speculative_tokens: int) -> np.ndarray:
+    """f64[K + 1]: the expected share of a speculative group's tokens at round position j = 1..K+1
+    when every draft is accepted with probability `acceptance` independently (a round reaches
+    position j iff its first j - 1 drafts are accepted): a^(j-1) / sum_i a^i. A planning model,
+    stated as such: real acceptance varies along the sequence, and the run prints its own sizes."""
+    acceptance = checks.probability("acceptance", acceptance, allow_zero=True, allow_one=True)
+    reach = acceptance ** np.arange(checks.count("num_speculative_tokens", num_speculative_tokens) + 1)
+    return reach / reach.sum()
 
 
 def serial_dependence_mde(

@@ -273,3 +273,80 @@ def test_pair_tables_on_bit_planes_are_the_bincount_tables():
     words = data.integers(0, 2**63, size=100, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     by_table = sq._BYTE_POPCOUNT[words.view(np.uint8)].reshape(100, 8).sum(axis=1)
     assert np.array_equal(sq.popcount(words).astype(np.int64), by_table)
+
+
+# ---------------------------------------------------------------- max-type buckets (one bug, one bucket)
+
+BUCKET_K, BUCKET_LENGTH, BUCKET_QUARTERS = 3, 64, 4
+BUCKET_ACCEPT = 0.8  # a draft is accepted iff its PIT is below this: labels depend on earlier PITs
+
+
+def _predictable_buckets(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(position, bucket) int64[S, L] of a K = 3 round model driven by the PITs themselves: a token
+    at position j <= K is an accepted draft (the round goes on) iff U < BUCKET_ACCEPT, the bonus
+    (j = K + 1) closes the round. Every label depends on earlier PITs only (predictable), and the
+    bucket SIZES depend on them, the case the realised-size conditioning has to survive."""
+    position = np.ones(u.shape, dtype=np.int64)
+    for i in range(1, u.shape[1]):
+        going_on = (u[:, i - 1] < BUCKET_ACCEPT) & (position[:, i - 1] <= BUCKET_K)
+        position[:, i] = np.where(going_on, position[:, i - 1] + 1, 1)
+    quarter = (np.arange(u.shape[1]) * BUCKET_QUARTERS // u.shape[1])[None, :]
+    return position, position * BUCKET_QUARTERS + quarter
+
+
+def test_max_combine_is_the_largest_bucket_x2_and_sum_is_unchanged():
+    rng = np.random.default_rng(4)
+    u, labels = rng.random(3000), rng.integers(0, 6, 3000)
+    summed = sq.pit_uniformity(u, labels, level=0.01, rng=np.random.default_rng(1))
+    largest = sq.pit_uniformity(u, labels, level=0.01, rng=np.random.default_rng(1), combine="max")
+    assert largest.statistic == max(largest.bucket_statistics) and largest.df == 9
+    assert summed.statistic == pytest.approx(sum(summed.bucket_statistics), rel=1e-12) and summed.df == 54
+    assert largest.bucket_statistics == summed.bucket_statistics and largest.combine == "max"
+    with pytest.raises(ValueError, match="combine"):
+        sq.pit_uniformity(u, labels, level=0.01, rng=np.random.default_rng(1), combine="mean")
+
+
+def test_bucket_mde_is_met_by_a_bug_in_one_bucket_and_the_family_keeps_its_size():
+    # The pit criteria of one group as the sequence kind runs them (pit_pooled: sum over one bucket;
+    # pit_position: max over (round position, quarter); the early-rejection rule), Holm over the 3
+    # at ALPHA, on a faithful cheaper model: 100 sequences of 64 PITs whose round positions are
+    # driven by the PITs (predictable labels, realised bucket sizes that depend on earlier PITs).
+    # Size: 2,000 null replicates; the family's false-FAIL rate must pass `_assert_size` (fails
+    # w.p. <= 0.0005 when the true rate is <= ALPHA). Power: the same model with the bonus tokens
+    # of the last quarter (~280 of 6,400) following a binned law at TV = the printed bucket MDE
+    # (least favourable pattern, every bin off by the same relative amount); 2,000 replicates must
+    # reject at a rate >= 0.77 (true power 0.8: sd 0.009, so 0.77 fails w.p. < 0.001; the MDE is
+    # conservative, Bonferroni over buckets, so a correct MDE passes by a margin).
+    from specval.stats import montecarlo
+
+    rule, level, bins, reps = montecarlo.EARLY_REJECTION, ALPHA / 3, 10, SIZE_REPS
+    rng = np.random.default_rng(2026)
+
+    def family_p(u: np.ndarray, seed: int) -> tuple[float, float]:
+        _, bucket = _predictable_buckets(u)
+        gens = [np.random.default_rng([seed, i]) for i in range(2)]
+        pooled = sq.pit_uniformity(u.reshape(-1), level=level, rng=gens[0], rule=rule).p_value
+        by_bucket = sq.pit_uniformity(
+            u.reshape(-1), bucket.reshape(-1), level=level, rng=gens[1], combine="max", rule=rule
+        ).p_value
+        return pooled, by_bucket
+
+    null = [family_p(rng.random((100, BUCKET_LENGTH)), rep) for rep in range(reps)]
+    _assert_size([min(1.0, 3 * min(p)) for p in null])  # Holm's first step decides a false FAIL
+
+    u0 = rng.random((100, BUCKET_LENGTH))
+    position, bucket = _predictable_buckets(u0)
+    target = (BUCKET_K + 1) * BUCKET_QUARTERS + BUCKET_QUARTERS - 1  # the bonus, last quarter
+    num_buckets = np.unique(bucket).size
+    n_bonus = int((bucket == target).sum())
+    tv = sp.bucket_mde(n_bonus, [montecarlo.decision_level(level, rule)], num_buckets=num_buckets)
+    assert 0.05 < tv < 0.5 and 200 < n_bonus < 400, (tv, n_bonus)
+    law = np.full(bins, 1 / bins) * (1 + 2 * tv * np.tile([1, -1], bins // 2))
+    hits = 0
+    for rep in range(reps):
+        u = rng.random((100, BUCKET_LENGTH))
+        _, bucket = _predictable_buckets(u)
+        bad = bucket == target
+        u[bad] = (rng.choice(bins, size=int(bad.sum()), p=law) + rng.random(int(bad.sum()))) / bins
+        hits += family_p(u, 10_000 + rep)[1] <= level
+    assert hits / reps >= 0.77, hits / reps
