@@ -30,6 +30,7 @@ from typing import Any
 from specval import bundle as bundles
 from specval import seeds
 from specval.protocol.registration import lock_path, read_lock
+from specval.semantics import FilterSemantics
 from specval.sut import BUNDLED_ADAPTERS, ENTRY_POINT_GROUP
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # UTC time in a bundle's directory name
@@ -95,6 +96,53 @@ def record_plan(path: Path, protocol_file: Path, written: Any, plan: bundles.Run
     except OSError:
         _discard(path)  # no plan, no sample: nothing to resume; its seeds stay claimed (never reused)
         raise
+
+
+def record_run(
+    path: Path,
+    protocol_file: Path,
+    written: Any,
+    protocol: Any,
+    ranges: Sequence[tuple[str, int, int]],
+    registration: str,
+    exploratory: bool,
+    semantics: FilterSemantics | None = None,
+) -> None:
+    """`record_plan` of the run of `protocol` (resolved; `written`: as in the file): its name,
+    hash and profile, the seed `ranges` as (group, start, stop), its state in frozen.lock
+    (`registration`, `exploratory`) and the filter semantics the reference will follow
+    (`semantics`; None: not recorded)."""
+    plan = bundles.RunPlan(
+        protocol.name,
+        protocol.hash,
+        protocol.profile,
+        tuple(ranges),
+        registration=registration,
+        exploratory=exploratory,
+        semantics=tuple(sorted(semantics.to_dict().items())) if semantics is not None else (),
+    )
+    record_plan(path, protocol_file, written, plan)
+
+
+def start_bundle(
+    protocol_file: Path,
+    written: Any,
+    protocol: Any,
+    output: Path,
+    groups: list[str],
+    size: int,
+    seed_offset: int | None,
+    registration: str,
+    exploratory: bool,
+    semantics: FilterSemantics | None = None,
+) -> tuple[Path, list[seeds.SeedRange]]:
+    """Claim `size` seeds for each of `groups`, from `protocol.seed_base` (`claim_bundle`, under
+    the ledger lock), create the bundle and record its plan with the claimed ranges (`record_run`);
+    nothing is sampled yet."""
+    path, ranges = claim_bundle(output, protocol.name, groups, size, protocol.seed_base, seed_offset)
+    claimed = [(r.group, r.start, r.stop) for r in ranges]
+    record_run(path, protocol_file, written, protocol, claimed, registration, exploratory, semantics)
+    return path, ranges
 
 
 def lock_record(protocol_file: Path, name: str) -> tuple[tuple[str, str | None], ...]:

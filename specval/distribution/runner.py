@@ -94,25 +94,10 @@ def start(
 ) -> tuple[Path, list[seeds.SeedRange]]:
     """Claim disjoint seed ranges (under the ledger lock) and create the bundle (nothing is sampled yet);
     run.json records the filter semantics the reference will follow (`semantics`, when given)."""
-    path, ranges = lifecycle.claim_bundle(
-        output,
-        protocol.name,
-        [g.name for g in protocol.groups],
-        protocol.samples_per_group,
-        protocol.seed_base,
-        seed_offset,
+    groups, size = [g.name for g in protocol.groups], protocol.samples_per_group
+    return lifecycle.start_bundle(
+        protocol_file, base, protocol, output, groups, size, seed_offset, registration, exploratory, semantics
     )
-    plan = bundles.RunPlan(
-        protocol.name,
-        protocol.hash,
-        protocol.profile,
-        tuple((r.group, r.start, r.stop) for r in ranges),
-        registration=registration,
-        exploratory=exploratory,
-        semantics=tuple(sorted(semantics.to_dict().items())) if semantics else (),
-    )
-    lifecycle.record_plan(path, protocol_file, base, plan)
-    return path, ranges
 
 
 def load_bundle_protocol(path: Path) -> tuple[Protocol, list[seeds.SeedRange]]:

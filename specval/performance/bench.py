@@ -366,15 +366,7 @@ def _start(
     exploratory: bool,
 ) -> Path:
     path = lifecycle.new_bundle(output, protocol.name)
-    plan = bundles.RunPlan(
-        protocol.name,
-        protocol.hash,
-        protocol.profile,
-        (_seed_range(protocol),),
-        registration=registration,
-        exploratory=exploratory,
-    )
-    lifecycle.record_plan(path, protocol_file, base, plan)
+    lifecycle.record_run(path, protocol_file, base, protocol, [_seed_range(protocol)], registration, exploratory)
     return path
 
 

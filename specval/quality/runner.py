@@ -274,18 +274,10 @@ def _start(
     exploratory: bool,
 ) -> tuple[Path, seeds.SeedRange]:
     """Claim one seed range for all groups (under the ledger lock) and create the bundle."""
-    path, (claimed,) = lifecycle.claim_bundle(
-        output, protocol.name, [PAIRED_GROUP], protocol.num_pairs, protocol.seed_base, seed_offset
+    groups, size = [PAIRED_GROUP], protocol.num_pairs
+    path, (claimed,) = lifecycle.start_bundle(
+        protocol_file, base, protocol, output, groups, size, seed_offset, registration, exploratory
     )
-    plan = bundles.RunPlan(
-        protocol.name,
-        protocol.hash,
-        protocol.profile,
-        ((PAIRED_GROUP, claimed.start, claimed.stop),),
-        registration=registration,
-        exploratory=exploratory,
-    )
-    lifecycle.record_plan(path, protocol_file, base, plan)
     return path, claimed
 
 

@@ -120,37 +120,6 @@ def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:
     return [int(i) for i in array]
 
 
-def _start(
-    protocol_file: Path,
-    base: SequenceProtocol,
-    protocol: SequenceProtocol,
-    output: Path,
-    seed_offset: int | None,
-    registration: str,
-    exploratory: bool,
-    semantics,
-) -> tuple[Path, list]:
-    path, ranges = lifecycle.claim_bundle(
-        output,
-        protocol.name,
-        [g.name for g in protocol.groups],
-        protocol.sequences_per_group,
-        protocol.seed_base,
-        seed_offset,
-    )
-    plan = bundles.RunPlan(
-        protocol.name,
-        protocol.hash,
-        protocol.profile,
-        tuple((r.group, r.start, r.stop) for r in ranges),
-        registration=registration,
-        exploratory=exploratory,
-        semantics=tuple(sorted(semantics.to_dict().items())),
-    )
-    lifecycle.record_plan(path, protocol_file, base, plan)
-    return path, ranges
-
-
 def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool) -> int:
     prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
     drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
@@ -275,8 +244,18 @@ def run(
         try:
             semantics = capabilities_of(sut).semantics
             if path is None:
-                path, ranges = _start(
-                    Path(protocol_file), base, protocol, output, seed_offset, state, exploratory, semantics
+                groups, size = [g.name for g in protocol.groups], protocol.sequences_per_group
+                path, ranges = lifecycle.start_bundle(
+                    Path(protocol_file),
+                    base,
+                    protocol,
+                    output,
+                    groups,
+                    size,
+                    seed_offset,
+                    state,
+                    exploratory,
+                    semantics,
                 )
             else:
                 check_resumed_semantics(path, semantics)
