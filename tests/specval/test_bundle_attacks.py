@@ -20,6 +20,7 @@ from click.testing import CliRunner
 import specval
 from specval import bundle as bundles
 from specval import protocol as protocols
+from specval.bundle import chain as bundle_chain
 from specval.cli import main
 from specval.distribution import runner
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
@@ -40,7 +41,8 @@ def sealed(tmp_path_factory) -> Path:
         real(stage, path, write)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bundles, "write_chunk", spy)
+        for module in (bundles, bundle_chain):  # the callers outside the package, write_json_chunk
+            patch.setattr(module, "write_chunk", spy)
         path, _ = runner.run(protocol, "ci", root / "results", sut_factory=FakeSUT, progress=False)
     (path / "holders.json").write_text(json.dumps(holders))  # outside the bundle's manifest: moved below
     os.replace(path / "holders.json", root / "holders.json")

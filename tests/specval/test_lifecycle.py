@@ -20,6 +20,8 @@ from click.testing import CliRunner
 
 from specval import bundle as bundles
 from specval import seeds, signing
+from specval.bundle import files as bundle_files
+from specval.bundle import sums as bundle_sums
 from specval.cli import main
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from tests.fixtures.small_bundles import SMALL
@@ -46,7 +48,8 @@ def _fail_writing(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
             raise OSError(code, os.strerror(code), str(path))
         return real(path, write)
 
-    monkeypatch.setattr(bundles, "atomic_write", atomic_write)
+    for module in (bundles, bundle_files, bundle_sums):  # the facade, write_json / write_files, write_sums
+        monkeypatch.setattr(module, "atomic_write", atomic_write)
 
 
 def _one_line(result, code: int) -> str:

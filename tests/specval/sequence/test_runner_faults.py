@@ -21,6 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from specval import bundle as bundles
+from specval.bundle import chain as bundle_chain
+from specval.bundle import files as bundle_files
+from specval.bundle import sums as bundle_sums
 from specval.cli import main
 from specval.protocol import ProtocolError
 from specval.sequence import collect, reference, runner
@@ -111,8 +114,10 @@ def _fail_writing(monkeypatch, suffix: str, code: int) -> None:
         if Path(path).name.endswith(suffix):
             raise OSError(code, os.strerror(code), str(path))
 
-    monkeypatch.setattr(bundles, "atomic_write", lambda path, w: (fail(path), write(path, w))[1])
-    monkeypatch.setattr(bundles, "write_chunk", lambda root, path, w: (fail(path), chunk(root, path, w))[1])
+    for module in (bundles, bundle_files, bundle_sums):  # the facade, write_json / write_files, write_sums
+        monkeypatch.setattr(module, "atomic_write", lambda path, w: (fail(path), write(path, w))[1])
+    for module in (bundles, bundle_chain):  # the facade (the kinds' collection), write_json_chunk
+        monkeypatch.setattr(module, "write_chunk", lambda root, path, w: (fail(path), chunk(root, path, w))[1])
 
 
 # ---------------------------------------------------------------- 1. probe before claim
