@@ -72,7 +72,7 @@ def replicate(args: tuple) -> dict[str, str]:
         rerun_tokens=run.tokens[:1],
         rerun_expected=run.tokens[:1],
     )
-    decided = verdict.evaluate(protocol, {"sync": data}, {"sync": index * sequences})
+    decided = verdict.evaluate(protocol, {"sync": data}, {"sync": (index * sequences, (index + 1) * sequences)})
     return {name: test["verdict"] for name, test in decided["tests"].items() if test["p_value"] is not None} | {
         "__run__": decided["verdict"]
     }

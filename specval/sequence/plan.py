@@ -2,9 +2,16 @@
 
 Sizes follow the layout alone (`specval.sequence.protocol`): N sequences of L tokens per group,
 N / 2 adjacent pairs, N / 2 cross pairs; buckets at their largest ((K + 1) x 4 for pit_position,
-(K + 1) x (K + 2) for pit_path), so the printed MDE is the worst case of the run (a run prints
-its own, for the buckets it observed). The equal-rate and identical-sequence MDEs need the target's
-law of t1 and of whole sequences: the run prints them; the plan says so.
+(K + 1) x (K + 2) for pit_path). pit_position and pit_path take the largest bucket X^2, so their MDE
+is that of ONE bucket: the headline row a bucket of mean size (N L / buckets tokens), and one row per
+round position j of a speculative group, `pit_position.<g> @ position j`, the MDE of a bug confined
+to position j (in any one quarter of the sequence, or all of them) at the bucket size the planning
+model gives: every draft accepted with probability PLAN_ACCEPTANCE, independently
+(`sequence_power.position_shares`). Real acceptance varies; a run prints every bucket's own MDE
+(`bucket_mde` in summary.json). MDEs are computed at the Besag-Clifford part's level of the
+early-rejection rule (`montecarlo.decision_level`), as the run decides. The equal-rate and
+identical-sequence MDEs need the target's law of t1 and of whole sequences: the run prints them; the
+plan says so.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from dataclasses import dataclass
 
 from specval.sequence import verdict
 from specval.sequence.protocol import SequenceProtocol
-from specval.stats import sequence_power
+from specval.stats import montecarlo, sequence_power
 from specval.stats.power import NOTHING_DETECTABLE
+
+PLAN_ACCEPTANCE = 0.8  # the planning model's per-draft acceptance (the bundled engine measures 0.80-0.88)
 
 
 @dataclass(frozen=True)
@@ -28,21 +37,27 @@ class PlanRow:
     label: str
 
 
-def _mde(protocol: SequenceProtocol, kind: str, level: float) -> tuple[int, float | None, str]:
+def _num_buckets(protocol: SequenceProtocol, kind: str) -> int:
+    k = protocol.num_speculative_tokens
+    return (k + 1) * (verdict.QUARTERS if kind == "pit_position" else k + 2)
+
+
+def _mde(protocol: SequenceProtocol, kind: str, criterion_level: float) -> tuple[int, float | None, str]:
     n_seq, length, k = protocol.sequences_per_group, protocol.sequence_length, protocol.num_speculative_tokens
     tokens, pairs = n_seq * length, n_seq // 2
+    level = montecarlo.decision_level(criterion_level, montecarlo.EARLY_REJECTION)
     if kind == "pit_pooled":
         return (
             tokens,
             sequence_power.pit_uniformity_mde(tokens, [level], power=protocol.power),
-            "mean binned PIT TV over buckets",
+            verdict.POOLED_LABEL,
         )
     if kind in ("pit_position", "pit_path"):
-        buckets = (k + 1) * (verdict.QUARTERS if kind == "pit_position" else k + 2)
+        buckets = _num_buckets(protocol, kind)
         return (
-            tokens,
-            sequence_power.pit_uniformity_mde(tokens, [level], num_buckets=buckets, power=protocol.power),
-            "mean binned PIT TV over buckets",
+            tokens // buckets,
+            sequence_power.bucket_mde(tokens // buckets, [level], num_buckets=buckets, power=protocol.power),
+            verdict.BUCKET_LABEL,
         )
     if kind == "serial":
         return (
@@ -56,10 +71,33 @@ def _mde(protocol: SequenceProtocol, kind: str, level: float) -> tuple[int, floa
     return pairs, None, "needs the target's laws: printed by the run"
 
 
+def position_rows(protocol: SequenceProtocol, group: str, role: str, family_size: int, level: float) -> list[PlanRow]:
+    """pit_position's MDE per round position of a speculative group (module docstring): a bug
+    confined to position j, judged at the planned size of one (position j, quarter) bucket."""
+    spec = next(g for g in protocol.groups if g.name == group)
+    if not spec.is_speculative:
+        return []
+    k, buckets = protocol.num_speculative_tokens, _num_buckets(protocol, "pit_position")
+    tokens = protocol.sequences_per_group * protocol.sequence_length
+    decided = montecarlo.decision_level(level, montecarlo.EARLY_REJECTION)
+    rows = []
+    for position, share in enumerate(sequence_power.position_shares(PLAN_ACCEPTANCE, k), start=1):
+        n = int(tokens * share / verdict.QUARTERS)
+        mde = sequence_power.bucket_mde(n, [decided], num_buckets=buckets, power=protocol.power)
+        what = "the bonus" if position == k + 1 else f"draft position {position}"
+        label = f"binned PIT TV of {what} in one quarter (acceptance {PLAN_ACCEPTANCE:g} assumed)"
+        mde_or_none = None if mde == NOTHING_DETECTABLE else mde
+        rows.append(
+            PlanRow(f"pit_position.{group} @ position {position}", role, family_size, level, n, mde_or_none, label)
+        )
+    return rows
+
+
 def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
-    """One row per p-valued criterion, in the order the run evaluates them."""
+    """One row per p-valued criterion, in the order the run evaluates them; pit_position's followed by
+    one row per round position of its group (`position_rows`)."""
     sizes, rows = verdict.family_sizes(protocol), []
-    for name, role, _ in verdict.planned_criteria(protocol):
+    for name, role, group in verdict.planned_criteria(protocol):
         kind = name.split(".")[0]
         if kind not in verdict.P_VALUED_FUNCTIONS:
             continue
@@ -76,4 +114,6 @@ def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
                 label,
             )
         )
+        if kind == "pit_position":
+            rows += position_rows(protocol, group, role, sizes.get(role, 1), level)
     return rows

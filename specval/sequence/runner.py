@@ -40,6 +40,7 @@ from specval.stats import montecarlo
 from specval.sut import SutFactory, capabilities_of, open_sut
 
 MC_STREAM_KEY = "monte_carlo_stream"  # summary.json: the stream of the PIT uniforms and Monte Carlo nulls
+RULES_KEY = "criteria_version"  # summary.json: the criteria's rules (`verdict.RULES`); absent: the first
 
 
 def load_bundle_protocol(path: Path) -> tuple[SequenceProtocol, list[seeds.SeedRange]]:
@@ -65,10 +66,8 @@ def _open(protocol: SequenceProtocol, protocol_file: Path, sut_factory: SutFacto
 
 def _close_quietly(sut: GuardedSUT) -> None:
     """Close the adapter on the way out of a run that is failing already: its own error is the one told."""
-    try:
+    with contextlib.suppress(SUTRaised):
         sut.close()
-    except SUTRaised:
-        pass
 
 
 def probe_length(protocol: SequenceProtocol) -> int:
@@ -85,7 +84,8 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     group after the first prompt (`sample_mixed` with its companions for a group that has them) and
     `target_logits_along` of its first sequence. A fault that shows only later in a sequence is
     caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError
-    (exit 2) for an adapter without `target_logits_along`; SUTRaised (exit 3) for anything the adapter raises or returns malformed."""
+    (exit 2) for an adapter without `target_logits_along`; SUTRaised (exit 3) for anything the
+    adapter raises or returns malformed."""
     if not callable(getattr(sut, "target_logits_along", None)):
         raise ProtocolError(
             f"{protocol_file}: a sequence protocol needs target_logits_along, which adapter "
@@ -167,12 +167,20 @@ def _group_facts(protocol: SequenceProtocol, data: verdict.GroupSequences, seed_
     }
 
 
-def summarise(path: Path, protocol: SequenceProtocol, ranges: list, stream: str = montecarlo.CURRENT_STREAM) -> dict:
+def summarise(
+    path: Path,
+    protocol: SequenceProtocol,
+    ranges: list,
+    stream: str = montecarlo.CURRENT_STREAM,
+    rules: int = verdict.CURRENT_RULES,
+) -> dict:
     """The summary computed from the bundle's samples and reference parts alone, its randomized PITs
-    and Monte Carlo nulls drawn from `stream` (recorded as `monte_carlo_stream`)."""
+    and Monte Carlo nulls drawn from `stream` (recorded as `monte_carlo_stream`), by the criteria's
+    `rules` (recorded as `criteria_version` from the second on: a bundle without it is of the first)."""
     data = group_data(path, protocol)
-    starts = {r.group: r.start for r in ranges}
-    decided = verdict.evaluate(protocol, data, starts, stream)
+    seed_ranges = {r.group: (r.start, r.stop) for r in ranges}
+    decided = verdict.evaluate(protocol, data, seed_ranges, stream, rules)
+    version = {} if rules == verdict.FIRST_RULES else {RULES_KEY: rules}
     registration = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE)).registration_block()
     groups = {r.group: _group_facts(protocol, data[r.group], r) for r in ranges}
     return json.loads(
@@ -186,6 +194,7 @@ def summarise(path: Path, protocol: SequenceProtocol, ranges: list, stream: str 
                 "registration": registration,
                 "groups": groups,
                 MC_STREAM_KEY: stream,
+                **version,
                 "protocol": {
                     "name": protocol.name,
                     "hash": protocol.hash,
@@ -331,9 +340,7 @@ def verify(path: Path) -> list[str]:
 def _recompute_bundle(path: Path) -> dict:
     protocol, ranges = load_bundle_protocol(path)
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
-    stream = (
-        summary.get(MC_STREAM_KEY, montecarlo.CURRENT_STREAM)
-        if isinstance(summary, dict)
-        else montecarlo.CURRENT_STREAM
-    )
-    return summarise(path, protocol, ranges, stream)
+    if not isinstance(summary, dict):
+        return summarise(path, protocol, ranges)
+    stream = summary.get(MC_STREAM_KEY, montecarlo.CURRENT_STREAM)
+    return summarise(path, protocol, ranges, stream, summary.get(RULES_KEY, verdict.FIRST_RULES))

@@ -1,20 +1,29 @@
 """Verdict of a sequence protocol: the criteria of every group, Holm within each role, MDEs.
 
 Per group (the tests of the protocol name which groups), from the samples and the reference parts
-alone (so `specval verify` recomputes it bit for bit):
+alone (so `specval verify` recomputes it bit for bit), each criterion as `name` (role): statistic;
+what it sees:
 
-| criterion | statistic | sees |
-| --- | --- | --- |
-| `support.<g>` (control, always) | tokens outside the target's support (beyond `support_tolerance`) | any token the target can never emit |
-| `pit_pooled.<g>` (pit) | uniformity X^2 of all randomized PITs, rank order | every token's law, pooled |
-| `pit_position.<g>` (pit) | the same, one bucket per (round position 1..K+1, quarter of the sequence) | one wrong draft position, the bonus, later rounds |
-| `pit_path.<g>` (pit) | PITs in token-id order, one bucket per (round position, previous round's length) | reused or overlapping uniforms between rounds |
-| `serial.<g>` (serial) | binned dependence of U_i and U_{i+l}, l = 1..K+1, id order | frozen or overlapping RNG offsets |
-| `equal_t1_adjacent.<g>`, `equal_t1_cross.<g>` (independence) | count of equal first tokens of paired requests, exact Poisson-binomial | shared or antithetic streams between requests |
-| `association_adjacent.<g>`, `association_cross.<g>` (independence) | rank correlation and binned X^2 of paired PITs, every token | correlated streams at any position |
-| `identical.<g>` (independence) | adjacent pairs with identical whole sequences | a stream shared outright |
-| `reproducible.<g>` (reproducibility, deterministic) | re-run seeds whose tokens changed with their slot and batch | batch-dependent sampling |
-| `companions.<g>` (control, groups with companions) | companion tokens outside their own law's support (greedy: not the argmax) | neighbours served with the tested rows' parameters |
+- `support.<g>` (control, always): tokens outside the target's support (beyond `support_tolerance`);
+  sees any token the target can never emit.
+- `pit_pooled.<g>` (pit): uniformity X^2 of all randomized PITs, rank order; sees every token's law,
+  pooled.
+- `pit_position.<g>` (pit): the same, one bucket per (round position 1..K+1, quarter of the
+  sequence); sees one wrong draft position, the bonus, later rounds.
+- `pit_path.<g>` (pit): PITs in token-id order, one bucket per (round position, previous round's
+  length); sees reused or overlapping uniforms between rounds.
+- `serial.<g>` (serial): binned dependence of U_i and U_{i+l}, l = 1..K+1, id order; sees frozen or
+  overlapping RNG offsets.
+- `equal_t1_adjacent.<g>`, `equal_t1_cross.<g>` (independence): count of equal first tokens of
+  paired requests, exact Poisson-binomial; sees shared or antithetic streams between requests.
+- `association_adjacent.<g>`, `association_cross.<g>` (independence): rank correlation and binned
+  X^2 of paired PITs, every token; sees correlated streams at any position.
+- `identical.<g>` (independence): adjacent pairs with identical whole sequences; sees a stream
+  shared outright.
+- `reproducible.<g>` (reproducibility, deterministic): re-run seeds whose tokens changed with their
+  slot and batch; sees batch-dependent sampling.
+- `companions.<g>` (control, groups with companions): companion tokens outside their own law's
+  support (greedy: not the argmax); sees neighbours served with the tested rows' parameters.
 
 A group with companions shares every batch with requests of other sampling parameters (greedy among
 them); its tested requests go through every criterion above, so a law that changes with the
@@ -42,10 +51,19 @@ from specval.distribution.verdict import FAIL, INCONCLUSIVE, PASS, decide
 from specval.sequence import reference
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats import independence, sequence, sequence_power
-from specval.stats.montecarlo import CURRENT_STREAM, criterion_rng
+from specval.stats.montecarlo import BESAG_CLIFFORD, CURRENT_STREAM, EARLY_REJECTION, criterion_rng, decision_level
 from specval.stats.power import NOTHING_DETECTABLE
 
 QUARTERS = 4  # sequence-index buckets of pit_position: early to late tokens
+# The criteria's rules, recorded in summary.json (`criteria_version`) so that `specval verify`
+# recomputes a bundle by the rules it was sealed with. 1: pit_position / pit_path sum their buckets'
+# X^2, Monte Carlo p-values by Besag-Clifford, streams keyed by the group's first seed. 2: they take
+# the largest bucket X^2 (a bug in one bucket is judged at that bucket's size), every Monte Carlo
+# p-value by the early-rejection rule (a clear FAIL stops after ~2 / level draws), streams keyed by
+# the group's whole seed range.
+FIRST_RULES = 1
+CURRENT_RULES = 2
+RULES = (FIRST_RULES, CURRENT_RULES)
 ENDS_ROUND = ("correction", "bonus", "plain")  # sources that close a round ("accepted" continues it)
 P_VALUED = {
     "pit": ("pit_pooled", "pit_position", "pit_path"),
@@ -239,53 +257,89 @@ class Context:
     previous: np.ndarray
     level: float  # Holm's first step of the criterion's role: alpha / m
     rng: Callable[[str], np.random.Generator]
+    rules: int = CURRENT_RULES  # `RULES`
+
+    @property
+    def rule(self) -> str:
+        """The Monte Carlo rule of every p-value of this context (`montecarlo.RULES`)."""
+        return EARLY_REJECTION if self.rules >= CURRENT_RULES else BESAG_CLIFFORD
+
+    @property
+    def mde_level(self) -> float:
+        """The level the MDEs are computed at: the Besag-Clifford part's (`montecarlo.decision_level`)."""
+        return decision_level(self.level, self.rule)
 
 
-def _pit(ctx: Context, name: str, u: np.ndarray, buckets: np.ndarray | None, max_buckets: int) -> tuple:
+POOLED_LABEL = "mean binned PIT TV over buckets"
+BUCKET_LABEL = "binned PIT TV in one bucket of mean size (every bucket's: bucket_mde)"
+
+
+def _draws(ctx: Context, *results: Any) -> dict[str, int]:
+    """{"mc_draws": the null statistics drawn for the criterion's p-value(s)} from the second rules
+    on (a clear FAIL shows its early stop there); nothing for bundles of the first."""
+    if ctx.rules < CURRENT_RULES:
+        return {}
+    return {"mc_draws": sum(mc.draws for mc in results if mc is not None)}
+
+
+def _pit(ctx: Context, name: str, u: np.ndarray, buckets: np.ndarray | None) -> tuple:
+    combine = "max" if buckets is not None and ctx.rules >= CURRENT_RULES else "sum"
     result = sequence.pit_uniformity(
-        u.reshape(-1), None if buckets is None else buckets.reshape(-1), level=ctx.level, rng=ctx.rng(name)
+        u.reshape(-1),
+        None if buckets is None else buckets.reshape(-1),
+        level=ctx.level,
+        rng=ctx.rng(name),
+        combine=combine,
+        rule=ctx.rule,
     )
-    mde = sequence_power.pit_uniformity_mde(
-        result.n, [ctx.level], num_buckets=max(len(result.bucket_keys), 1), power=ctx.protocol.power
-    )
-    return (
-        result.statistic,
-        result.p_value,
-        result.n,
-        mde,
-        "mean binned PIT TV over buckets",
-        {"bucket_keys": result.bucket_keys, "bucket_sizes": result.bucket_sizes},
-    )
+    details = {"bucket_keys": result.bucket_keys, "bucket_sizes": result.bucket_sizes} | _draws(ctx, result.mc)
+    if combine == "sum" or result.is_degenerate:
+        mde = sequence_power.pit_uniformity_mde(
+            result.n, [ctx.mde_level], num_buckets=max(len(result.bucket_keys), 1), power=ctx.protocol.power
+        )
+        return result.statistic, result.p_value, result.n, mde, POOLED_LABEL, details
+    num_buckets = len(result.bucket_keys)
+
+    def one_bucket(n: int) -> float:
+        return sequence_power.bucket_mde(n, [ctx.mde_level], num_buckets=num_buckets, power=ctx.protocol.power)
+
+    worst = int(np.argmax(result.bucket_statistics))
+    details |= {
+        "bucket_mde": [None if (m := one_bucket(n)) == NOTHING_DETECTABLE else m for n in result.bucket_sizes],
+        "bucket_statistics": result.bucket_statistics,
+        "worst_bucket": result.bucket_keys[worst],
+    }
+    return result.statistic, result.p_value, result.n, one_bucket(result.n // num_buckets), BUCKET_LABEL, details
 
 
 def pit_pooled(ctx: Context) -> tuple:
-    return _pit(ctx, "pit_pooled", ctx.u_rank, None, 1)
+    return _pit(ctx, "pit_pooled", ctx.u_rank, None)
 
 
 def pit_position(ctx: Context) -> tuple:
     length = ctx.u_rank.shape[1]
     quarter = (np.arange(length) * QUARTERS // length)[None, :]
-    return _pit(ctx, "pit_position", ctx.u_rank, ctx.position * QUARTERS + quarter, 0)
+    return _pit(ctx, "pit_position", ctx.u_rank, ctx.position * QUARTERS + quarter)
 
 
 def pit_path(ctx: Context) -> tuple:
-    return _pit(
-        ctx, "pit_path", ctx.u_index, ctx.position * (ctx.protocol.num_speculative_tokens + 2) + ctx.previous, 0
-    )
+    return _pit(ctx, "pit_path", ctx.u_index, ctx.position * (ctx.protocol.num_speculative_tokens + 2) + ctx.previous)
 
 
 def serial(ctx: Context) -> tuple:
     max_lag = ctx.protocol.num_speculative_tokens + 1
-    result = sequence.serial_dependence(list(ctx.u_index), max_lag, level=ctx.level, rng=ctx.rng("serial"))
+    result = sequence.serial_dependence(
+        list(ctx.u_index), max_lag, level=ctx.level, rng=ctx.rng("serial"), rule=ctx.rule
+    )
     pairs = result.lag_pairs[0] if result.lag_pairs else 0
-    mde = sequence_power.serial_dependence_mde(pairs, [ctx.level], max_lag=max_lag, power=ctx.protocol.power)
+    mde = sequence_power.serial_dependence_mde(pairs, [ctx.mde_level], max_lag=max_lag, power=ctx.protocol.power)
     return (
         result.statistic,
         result.p_value,
         result.n,
         mde,
         "TV of one lag's pair-bin law from independence",
-        {"lag_statistics": result.lag_statistics},
+        {"lag_statistics": result.lag_statistics} | _draws(ctx, result.mc),
     )
 
 
@@ -320,16 +374,16 @@ def equal_t1_cross(ctx: Context) -> tuple:
 def _association(ctx: Context, name: str, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
     a, b = rows
     result = independence.pit_association(
-        ctx.u_index[a].reshape(-1), ctx.u_index[b].reshape(-1), level=ctx.level, rng=ctx.rng(name)
+        ctx.u_index[a].reshape(-1), ctx.u_index[b].reshape(-1), level=ctx.level, rng=ctx.rng(name), rule=ctx.rule
     )
-    mde = sequence_power.association_rho_mde(result.n, [ctx.level], power=ctx.protocol.power)
+    mde = sequence_power.association_rho_mde(result.n, [ctx.mde_level], power=ctx.protocol.power)
     return (
         abs(result.rho),
         result.p_value,
         result.n,
         mde,
         "|Spearman rho| of paired PITs",
-        {"rho": result.rho, "chi2": result.chi2},
+        {"rho": result.rho, "chi2": result.chi2} | _draws(ctx, result.mc_rho, result.mc_chi2),
     )
 
 
@@ -394,11 +448,15 @@ def family_sizes(protocol: SequenceProtocol) -> dict[str, int]:
 def evaluate(
     protocol: SequenceProtocol,
     data: dict[str, GroupSequences],
-    seed_starts: dict[str, int],
+    seed_ranges: dict[str, tuple[int, int]],
     stream: str = CURRENT_STREAM,
+    rules: int = CURRENT_RULES,
 ) -> dict:
     """Every criterion, Holm per role and the run verdict: {"tests", "families", "verdict", "reason"};
-    the PIT uniforms and Monte Carlo nulls are drawn from `stream` (`montecarlo.STREAMS`)."""
+    the PIT uniforms and Monte Carlo nulls are drawn from `stream` (`montecarlo.STREAMS`), keyed by
+    each group's seed range (start, stop), by the criteria's `rules` (`RULES`)."""
+    if rules not in RULES:
+        raise ValueError(f"unknown sequence criteria version {rules!r}; this specval knows {list(RULES)}")
     sizes, tests = family_sizes(protocol), {}
     contexts: dict[str, Context] = {}
     for name, role, group in planned_criteria(protocol):
@@ -411,7 +469,7 @@ def evaluate(
             tests[name] = reproducible_criterion(group, data[group]) | {"role": role}
         else:
             ctx = contexts.get(f"{group}/{role}") or _context(
-                protocol, group, data[group], role, sizes, seed_starts[group], stream
+                protocol, group, data[group], role, sizes, seed_ranges[group], stream, rules
             )
             contexts[f"{group}/{role}"] = ctx
             statistic, p_value, n, mde, label, details = P_VALUED_FUNCTIONS[kind](ctx)
@@ -426,14 +484,17 @@ def _context(
     data: GroupSequences,
     role: str,
     sizes: dict[str, int],
-    seed_start: int,
+    seed_range: tuple[int, int],
     stream: str,
+    rules: int,
 ) -> Context:
+    start, stop = seed_range
+    range_key = str(start) if rules == FIRST_RULES else f"{start}-{stop}"
+
     def rng(name: str) -> np.random.Generator:
-        return criterion_rng(protocol.hash, group, name, str(seed_start), stream=stream)
+        return criterion_rng(protocol.hash, group, name, range_key, stream=stream)
 
     u_rank, u_index = pits(data, rng("pit-uniforms"))
     position, previous = round_positions(data.sources, protocol.num_speculative_tokens)
-    return Context(
-        protocol, group, data, u_rank, u_index, position, previous, protocol.alpha / max(sizes.get(role, 1), 1), rng
-    )
+    level = protocol.alpha / max(sizes.get(role, 1), 1)
+    return Context(protocol, group, data, u_rank, u_index, position, previous, level, rng, rules)

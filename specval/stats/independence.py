@@ -22,7 +22,7 @@ import numpy as np
 from scipy import signal
 
 from specval.stats import checks
-from specval.stats.montecarlo import BESAG_CLIFFORD, McPValue, sequential_pvalue
+from specval.stats.montecarlo import BESAG_CLIFFORD, EARLY_REJECTION, McPValue, rejected_early, sequential_pvalue
 from specval.stats.results import StatResult
 from specval.stats.sequence import (
     SERIAL_BINS,
@@ -230,6 +230,13 @@ def pit_association(
         return independence_chi2(pair_counts(bins[0], bins[1], num_bins))
 
     mc_rho = sequential_pvalue(abs(rho), in_chunks(draw_rho, 2 * n), level / STATISTICS, rng, rule)
+    if rule == EARLY_REJECTION and rejected_early(mc_rho):
+        # |rho| already rejected at its early look: Bonferroni's 2 min(p_rho, p_chi2) <= 2 p_rho, so
+        # taking p_chi2 = 1 gives a p-value >= a valid one (valid) and no second null to draw
+        p_value = min(1.0, STATISTICS * mc_rho.p_value)
+        return PitAssociationResult(
+            rho, mc_rho.p_value, chi2, (num_bins - 1) ** 2, 1.0, p_value, n, num_bins, mc_rho, None
+        )
     mc_chi2 = sequential_pvalue(chi2, in_chunks(draw_chi2, 2 * n), level / STATISTICS, rng, rule)
     p_value = min(1.0, STATISTICS * min(mc_rho.p_value, mc_chi2.p_value))
     return PitAssociationResult(

@@ -119,6 +119,11 @@ def decision_level(level: float, rule: str = BESAG_CLIFFORD) -> float:
     return level - early_look(level)[0] if _check_rule(rule) == EARLY_REJECTION else level
 
 
+def rejected_early(result: McPValue) -> bool:
+    """Whether `result` is an early rejection of the early rule (stopped with no exceedance)."""
+    return result.stopped_early and result.exceedances == 0
+
+
 def criterion_rng(*keys: str, stream: str = CURRENT_STREAM) -> Stream | np.random.Generator:
     """The null draws of one criterion, keyed by sha256 of the keys (e.g. protocol hash, criterion,
     seed range), so that `specval verify` redraws the same null statistics bit for bit: a `Stream`

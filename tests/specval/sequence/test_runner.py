@@ -12,7 +12,8 @@ import json
 import pytest
 
 from specval.protocol import ProtocolError
-from specval.sequence import runner
+from specval.sequence import runner, verdict
+from specval.stats import montecarlo
 from tests.fixtures.sequence_protocol import write_sequence_protocol
 
 SMALL = {
@@ -112,6 +113,27 @@ def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, seq
     )
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
+    # Fail fast: the killer's Monte Carlo p-value stopped at the early look (2 / level draws; the
+    # association criterion has two p-values at level / 2), far below the cap of 60 / level
+    level = 0.01 / summary["protocol"]["family_sizes"]["primary"]
+    assert summary["tests"][killer]["mc_draws"] <= 2 * montecarlo.early_look(level / 2)[1] < 60 / level
+
+
+def test_the_run_records_its_criteria_rules_and_each_bucket(correct_run):
+    """The second rules: recorded in summary.json, max-type buckets with every bucket's MDE, the
+    worst bucket named; the first rules (bundles without `criteria_version`) give another summary,
+    so a bundle relabelled to the other rules fails `verify`."""
+    path, summary = correct_run
+    assert summary[runner.RULES_KEY] == verdict.CURRENT_RULES
+    row = summary["tests"]["pit_position.sync"]
+    assert row["mde_label"] == verdict.BUCKET_LABEL and len(row["bucket_mde"]) == len(row["bucket_keys"])
+    assert row["worst_bucket"] in row["bucket_keys"] and row["statistic"] == max(row["bucket_statistics"])
+    sizes = row["bucket_sizes"]  # a larger bucket sees a smaller deviation
+    assert row["bucket_mde"][sizes.index(max(sizes))] < row["bucket_mde"][sizes.index(min(sizes))]
+    protocol, ranges = runner.load_bundle_protocol(path)
+    first = runner.summarise(path, protocol, ranges, rules=verdict.FIRST_RULES)
+    assert runner.RULES_KEY not in first and "bucket_mde" not in first["tests"]["pit_position.sync"]
+    assert first["tests"]["pit_position.sync"]["statistic"] > row["statistic"]  # the sum over buckets
 
 
 MIXED = {

@@ -18,6 +18,7 @@ from statsmodels.stats.proportion import proportion_confint
 from specval.stats import independence as ind
 from specval.stats import sequence as sq
 from specval.stats import sequence_power as sp
+from specval.stats.montecarlo import EARLY_REJECTION
 from tests.fixtures.spec_chain import Bugs, make_chain, sample
 
 ALPHA = 0.05
@@ -25,6 +26,7 @@ SIZE_REPS = 2000
 SIZE_CI = 0.001
 LEVEL = 0.01
 CHAIN = make_chain(vocab=32, seed=1)
+NO_BUGS = Bugs()  # frozen: one shared default
 
 
 def _assert_size(p_values) -> None:
@@ -33,7 +35,7 @@ def _assert_size(p_values) -> None:
     assert low <= ALPHA, f"{rejections} / {len(p_values)} rejections at {ALPHA}"
 
 
-def _paired_run(num_pairs: int, length: int, seed: int, bugs: Bugs = Bugs()):
+def _paired_run(num_pairs: int, length: int, seed: int, bugs: Bugs = NO_BUGS):
     """Pairs of requests (2m, 2m + 1) with a common start state, as one batch of the K = 3 sampler."""
     starts = np.repeat(np.random.default_rng(seed + 10_000).integers(0, CHAIN.vocab, num_pairs), 2)
     return sample(CHAIN, 2 * num_pairs, length, np.random.default_rng(seed), bugs=bugs, starts=starts), starts
@@ -151,6 +153,17 @@ def test_pit_association_sees_antithetic_streams():
         u_a, u_b = _paired_pits(run, rep, "index")
         result = ind.pit_association(u_a[:, 0], u_b[:, 0], level=LEVEL, rng=np.random.default_rng(rep))
         assert result.p_value <= LEVEL and result.rho < 0, result
+
+
+def test_pit_association_stops_at_rho_when_it_rejects_early():
+    # Under the early rule an early-rejected |rho| decides the criterion: Bonferroni's 2 min(p) <= 2
+    # p_rho, so p_chi2 is taken as 1 (a larger p-value than a valid one is valid) and its null is
+    # never drawn. Antithetic PITs (u, 1 - u): rho = -1, deterministic.
+    u = np.random.default_rng(3).random(400)
+    early = ind.pit_association(u, 1 - u, level=LEVEL, rng=np.random.default_rng(0), rule=EARLY_REJECTION)
+    assert early.mc_chi2 is None and early.chi2_p_value == 1.0 and early.p_value == 2 * early.rho_p_value <= LEVEL
+    full = ind.pit_association(u, 1 - u, level=LEVEL, rng=np.random.default_rng(0))
+    assert full.mc_chi2 is not None and full.p_value <= LEVEL
 
 
 def test_pit_association_rho_mde_on_a_gaussian_copula():
