@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     protocol = load_protocol(args.protocol)
-    overrides = dict((k, parse_value(v)) for k, v in (item.split("=", 1) for item in args.set))
+    overrides = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     groups = [protocol.group(name) for name in args.groups] if args.groups else list(protocol.groups)
     lines = [
         f"protocol {protocol.name}, device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, "

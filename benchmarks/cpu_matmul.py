@@ -44,8 +44,8 @@ def main() -> None:
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for m in ROWS:
         x = rows[:m]
-        default = _median_ms(lambda: [x @ w.T for w in weights], args.repeats)
-        ours = _median_ms(lambda: [project(x, w) for w in weights], args.repeats)
+        default = _median_ms(lambda x=x: [x @ w.T for w in weights], args.repeats)
+        ours = _median_ms(lambda x=x: [project(x, w) for w in weights], args.repeats)
         print(
             f"| {m} | {default:.1f} | {gigabytes / default * 1e3:.1f} | {ours:.1f} | "
             f"{gigabytes / ours * 1e3:.1f} | {default / ours:.2f} |"

@@ -11,12 +11,12 @@ graphs the measured call uses); tokens/s counts generated tokens only (prefill i
 time). TPOT = wall time / mean generated tokens per request (all requests start together).
 ms/round = wall time / mean rounds per request, and ms/step = wall time / engine steps: the cost
 of one round. Within one engine, ms/step compares runs whose acceptance differs (random requests
-drift apart, so a batch lasts as long as its slowest request: more steps than mean rounds);
-across modes ms/round does (the asynchronous pipeline takes one more step to drain). Peak memory = torch.cuda.max_memory_allocated
-during the measured call (CUDA only). Async runs once per variant: "eager" (enforce_eager),
-"graphs" (CUDA Graphs; CUDA only), and their "-serial" forms with rounds_in_flight=1: the same
-runner on the synchronous timeline, which isolates what the overlap of rounds is worth (the
-sync runner itself has no CUDA Graphs).
+drift apart, so a batch lasts as long as its slowest request: more steps than mean rounds); across
+modes ms/round does (the asynchronous pipeline takes one more step to drain). Peak memory =
+torch.cuda.max_memory_allocated during the measured call (CUDA only). Async runs once per variant:
+"eager" (enforce_eager), "graphs" (CUDA Graphs; CUDA only), and their "-serial" forms with
+rounds_in_flight=1: the same runner on the synchronous timeline, which isolates what the overlap
+of rounds is worth (the sync runner itself has no CUDA Graphs).
 
 With --repeats N every (sampling, concurrency) cell is measured N times, the engines taking turns
 in ABBA order (A B C, C B A, A B C, ...) so that drift of the machine hits every engine alike;

@@ -6,8 +6,8 @@ the harness's seed collision), the protocol runs twice as `specval mutate` runs 
 (`mutate.run_protocol`: a copy with `sut.options.mutant` set, run exploratory, each mutant and mode
 with its own seed ledger, so both modes draw the same seeds): once as shipped, with its
 `sequential` looks, and once with `sequential` removed (the fixed-size design). Samples are the
-samples drawn over every stage (the manifest's `samples_drawn` and `stage2_samples_drawn`), seconds the process wall of the
-run (`wall_s`: setup, collection, analysis, report).
+samples drawn over every stage (the manifest's `samples_drawn` and `stage2_samples_drawn`),
+seconds the process wall of the run (`wall_s`: setup, collection, analysis, report).
 
     OMP_NUM_THREADS=1 python -m benchmarks.fail_fast --protocol protocols/t2_fp32.yaml \\
         --profile smoke --output results/fail_fast [--mutant residual_from_p ...]

@@ -37,10 +37,11 @@ def _row(kind: str, n: int, cells: int, rows: int, repeats: int) -> str:
     for version in (2, 3):
         stream = Stream(version, version=version)
         if kind == "multinomial":
-            ms[version] = _median_ms(lambda: stream.multinomial(n, pvals, size=rows), repeats)
+            ms[version] = _median_ms(lambda stream=stream: stream.multinomial(n, pvals, size=rows), repeats)
         else:
             ms[version] = _median_ms(
-                lambda: stream.multivariate_hypergeometric(colors, int(colors.sum()) // 2, size=rows), repeats
+                lambda stream=stream: stream.multivariate_hypergeometric(colors, int(colors.sum()) // 2, size=rows),
+                repeats,
             )
     return f"| {kind} | {n:,} | {cells} | {ms[2]:,.1f} | {ms[3]:,.1f} | {ms[2] / ms[3]:,.1f}x |"
 

@@ -187,7 +187,7 @@ def sweep(bandwidth, batch=256, vocab=152064):
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for config in SWEEP:
-        ms = time_ms(lambda *a: run_probabilities(*a, config).probs, sets)
+        ms = time_ms(lambda *a, config=config: run_probabilities(*a, config).probs, sets)
         fallback = fallback_rows(run_probabilities(*sets[0], config))
         times = kernel_times(sets[0], config)
         kernels = " / ".join(f"{times.get(name, 0.0):.1f}" for name in KERNEL_NAMES)

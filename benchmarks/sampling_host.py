@@ -128,8 +128,13 @@ def launch_costs() -> list[str]:
     """Host us per launch: empty Triton kernels (JIT and compiled runner), torch ops."""
     x = torch.zeros(16, device="cuda")
     ptrs = [torch.zeros(16, device="cuda") for _ in range(8)]
-    jit_1 = lambda: _empty_1[(1,)](x)  # noqa: E731
-    jit_14 = lambda: _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4, C2=8, C3=16)  # noqa: E731
+
+    def jit_1():
+        return _empty_1[(1,)](x)
+
+    def jit_14():
+        return _empty_14[(1, 1)](*ptrs, 100, 200, 300, C1=4, C2=8, C3=16)
+
     rows = [
         ("Triton JIT launch, 1 argument", per_call_us(jit_1)),
         ("Triton JIT launch, 14 arguments (3 constexpr)", per_call_us(jit_14)),
@@ -142,18 +147,12 @@ def launch_costs() -> list[str]:
     pointers = (x.data_ptr(),)
     route = "launcher" if direct_1.target is compiled_1.run else "C launch function"
     pointers_14 = (*(t.data_ptr() for t in ptrs), 100, 200, 300)
-    launcher_1 = lambda: compiled_1.run(
-        1,
-        1,
-        1,
-        stream,
-        compiled_1.function,  # noqa: E731
-        compiled_1.packed_metadata,
-        None,
-        None,
-        None,
-        *pointers,
-    )
+
+    def launcher_1():
+        return compiled_1.run(
+            1, 1, 1, stream, compiled_1.function, compiled_1.packed_metadata, None, None, None, *pointers
+        )
+
     rows += [
         ("compiled kernel runner, 1 argument", per_call_us(lambda: runner(x))),
         ("compiled kernel's launcher (CudaLauncher.__call__), 1 argument", per_call_us(launcher_1)),

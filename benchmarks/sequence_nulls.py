@@ -20,6 +20,7 @@ Usage, from the repository root: python -m benchmarks.sequence_nulls [--draws B]
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     for size in args.sizes:
         for name, before, now in _rows(size, level):
             p_before, t_before = _timed(before)
-            p_first, t_first = _timed(lambda: now(montecarlo.FIRST_STREAM))
-            p_after, t_after = _timed(lambda: now(montecarlo.CURRENT_STREAM))
+            p_first, t_first = _timed(functools.partial(now, montecarlo.FIRST_STREAM))
+            p_after, t_after = _timed(functools.partial(now, montecarlo.CURRENT_STREAM))
             if p_before != p_first:
                 raise AssertionError(f"{name}: version 1 p-value changed ({p_before} -> {p_first})")
             print(

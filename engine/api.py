@@ -331,9 +331,10 @@ class LLM:
 
         Guarantee: one serial, cache-free forward pass (`DepthModel.target_logits`: the last readout
         of `DepthModel.replay`, bit for bit) over prompt_ids + token_ids[:-1] on the engine's
-        device: no sampling, no RNG, and the paged KV of running requests is not touched. Row i equals what the engine's decode computes for that position
-        up to float summation order (the paged batched path and the dense serial path reduce in
-        different orders; see tests/engine/test_api.py for the bound).
+        device: no sampling, no RNG, and the paged KV of running requests is not touched. Row i
+        equals what the engine's decode computes for that position up to float summation order
+        (the paged batched path and the dense serial path reduce in different orders; see
+        tests/engine/test_api.py for the bound).
         ValueError for empty or out-of-vocabulary ids, and when prompt + token_ids exceeds
         max_model_len (the longest sequence the engine serves).
         """

@@ -23,6 +23,7 @@ call and the exception, never a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -449,7 +450,7 @@ def _check_vectorised(sut: GuardedSUT, p: np.ndarray, q: np.ndarray) -> list[Fin
 def _check_speed(context: CheckContext) -> list[Finding]:
     found = []
     for group in context.protocol.groups:
-        seconds = _least_time(lambda: _sample(context, group, SPEED_SEEDS))
+        seconds = _least_time(functools.partial(_sample, context, group, SPEED_SEEDS))
         rate = SPEED_SEEDS.size / seconds
         estimate = CI_SAMPLES_PER_GROUP / rate
         level = ADVICE if rate < SLOW_SAMPLES_PER_S else OK

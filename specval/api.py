@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from specval import bundle as bundles
 from specval import lifecycle, signing
@@ -54,7 +54,7 @@ INPUT_ERRORS = (ProtocolError, SeedOverlapError, BundleError, SUTError)  # refus
 # The operating system or the output root refused the harness (disk full, permissions, an unreadable
 # seed ledger): the CLI's exit 5; EnvironmentFailed names the kept bundle (it resumes).
 ENVIRONMENT_ERRORS = (EnvironmentFailed, LedgerError, OSError)
-SutArg = Union[None, str, type, SutFactory]  # see `run`
+SutArg = None | str | type | SutFactory  # see `run`
 DISTRIBUTION = KINDS[DISTRIBUTION_KIND]  # the kind of a protocol file that could not be read (its runner says why)
 API_COMMAND = "specval.run"  # first word of the session command a bundle records for an API run
 

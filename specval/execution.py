@@ -29,6 +29,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import signal
@@ -136,10 +137,8 @@ def _close(path: Path, session: int | None, outcome: str) -> None:
 def _close_if_possible(path: Path, session: int | None, outcome: str) -> None:
     """`_close`, unless the file system that just failed refuses that too: the session then stays
     open (`finished` null), as for a killed process, and the bundle still resumes."""
-    try:
+    with contextlib.suppress(OSError):  # the original OSError is what the user is told about
         _close(path, session, outcome)
-    except OSError:
-        pass  # the original OSError is what the user is told about
 
 
 def _raise_interrupt(signum, frame) -> None:  # noqa: ARG001 - signal handler signature

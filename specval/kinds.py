@@ -1,10 +1,10 @@
 """Kinds: the one table of protocol kinds the CLI dispatches through.
 
 A protocol file's top-level `kind` selects its kind (none: a distribution protocol). Each kind
-names how its file is parsed (`parse`, from the YAML read once) and the module whose `verify(bundle)`,
-`finish(bundle)` and `_recompute_bundle(bundle)` handle its bundles and whose `run_function` runs it (imported on first use,
-so reading this table imports no run module). A bundle's kind is that of the protocol.json it
-recorded.
+names how its file is parsed (`parse`, from the YAML read once) and the module whose
+`verify(bundle)`, `finish(bundle)` and `_recompute_bundle(bundle)` handle its bundles and whose
+`run_function` runs it (imported on first use, so reading this table imports no run module). A
+bundle's kind is that of the protocol.json it recorded.
 
 Guarantee: an unknown or missing `kind` reads as the distribution kind, whose parser then
 refuses a `kind` key naming the file; nothing else in specval branches on a protocol's kind.

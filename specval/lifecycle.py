@@ -192,18 +192,19 @@ def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases:
     """The manifest's timing block: `started` (ISO time) and `clock` (perf_counter) at the start
     of the run, seconds spent collecting and samples drawn.
 
-    `phases` (a distribution run) splits `wall_s` into consecutive, non-overlapping parts:
-    `setup_s` (protocol, adapter and its probe, figure workers started, seed claims, device
-    facts), `collect_s`, `analysis_s` (after collection: reference replay, quadrature sweeps,
-    every criterion with its Monte Carlo p-value, Holm, summary.json; a stage-2 collection is left
-    out, as `collect_stage2_s`) and `report_s` (the SUT closed and the report's figures);
-    `analysis_share` = (analysis_s + report_s) / wall_s; `analysis_steps` splits analysis_s and
-    report_s by step (`specval.distribution.runner.ANALYSIS_STEPS`; the rest of the two is
-    bookkeeping between the steps); `kernel_compile` (adapters that say, `SUT.kernel_compile_time`:
-    the engine on CUDA) counts the kernels built and loaded from a cache and their seconds, spent
-    within setup_s (the probe) and collect_s (a shape's first batch). Nothing of the analysis
-    overlaps the collection: the figure workers only start their imports then. What follows the manifest (report.md/html text from
-    the figures, SHA256SUMS) is not in `wall_s`: milliseconds (benchmarks/analysis_profile.py)."""
+    `phases` (a distribution run) splits `wall_s` into consecutive, non-overlapping parts: `setup_s`
+    (protocol, adapter and its probe, figure workers started, seed claims, device facts),
+    `collect_s`, `analysis_s` (after collection: reference replay, quadrature sweeps, every
+    criterion with its Monte Carlo p-value, Holm, summary.json; a stage-2 collection is left out, as
+    `collect_stage2_s`) and `report_s` (the SUT closed and the report's figures); `analysis_share` =
+    (analysis_s + report_s) / wall_s; `analysis_steps` splits analysis_s and report_s by step
+    (`specval.distribution.runner.ANALYSIS_STEPS`; the rest of the two is bookkeeping between the
+    steps); `kernel_compile` (adapters that say, `SUT.kernel_compile_time`: the engine on CUDA)
+    counts the kernels built and loaded from a cache and their seconds, spent within setup_s (the
+    probe) and collect_s (a shape's first batch). Nothing of the analysis overlaps the collection:
+    the figure workers only start their imports then. What follows the manifest (report.md/html text
+    from the figures, SHA256SUMS) is not in `wall_s`: milliseconds
+    (benchmarks/analysis_profile.py)."""
     wall = time.perf_counter() - clock
     timing = {
         "started": started,

@@ -13,10 +13,11 @@ with `pytest -p specval.pytest_plugin`. Two ways to use it (docs/harness.md sect
 Guarantees: the test fails unless the run's verdict is PASS, with a message naming the verdict,
 every gating criterion that did not PASS (reason and MDE) and the bundle's path (`Result.explain`);
 a refused protocol, an adapter that raises or an environment fault (disk full, an unreadable seed
-ledger) fails it with one line (no harness traceback). A relative protocol path is read from the test file's folder. The bundle
-path and verdict are recorded as the test's user properties (pytest's JUnit XML shows them).
-Bundles and their seed ledger go to `--specval-output` (ini `specval_output`; default: a folder of
-pytest's session temp dir); `--specval-profile P` overrides every profile (e.g. `ci` in CI).
+ledger) fails it with one line (no harness traceback). A relative protocol path is read from the
+test file's folder. The bundle path and verdict are recorded as the test's user properties (pytest's
+JUnit XML shows them). Bundles and their seed ledger go to `--specval-output` (ini `specval_output`;
+default: a folder of pytest's session temp dir); `--specval-profile P` overrides every profile (e.g.
+`ci` in CI).
 """
 
 from __future__ import annotations

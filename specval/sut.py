@@ -231,12 +231,14 @@ class SUT(abc.ABC):
 
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
         """Raise SUTError naming the group if any group's mode or depth is unsupported."""
+        return None  # an optional hook: the default accepts every group
 
     def plan_batches(self, largest: int) -> None:
         """Said once, before the preflight probe's first `sample` call: no `sample` call of this
         run carries more than `largest` seeds (the protocol's batch size). An adapter may size
         itself for it (buffers, captured shapes, kernels compiled ahead); the default does
         nothing. Results must not depend on it."""
+        return None  # an optional hook: the default does nothing
 
     def kernel_compile_time(self) -> dict[str, float] | None:
         """Kernel compilation this SUT did since it was opened: {"compiled": kernels built,
@@ -251,6 +253,7 @@ class SUT(abc.ABC):
 
     def close(self) -> None:
         """Release resources."""
+        return None  # an optional hook: the default does nothing
 
 
 def load_adapter(name: str) -> type[SUT]:

@@ -91,7 +91,7 @@ def vllm_failure(err: BaseException) -> str:
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        frames += [f for f in traceback.walk_tb(current.__traceback__)]
+        frames += list(traceback.walk_tb(current.__traceback__))
         current = current.__cause__ or current.__context__
     names = [(frame.f_globals.get("__name__", ""), frame.f_code.co_name) for frame, _ in frames]
     inside = [(module, name) for module, name in names if module.startswith("vllm.")]

@@ -489,9 +489,10 @@ def _recorded_stage2(path: Path, protocol: Protocol) -> list[seeds.SeedRange]:
 class Collector:
     """A run's `Advance`: collects the missing chunks up to the look (chunks cut at every look's
     size, `looks.segments`), then extends the stage's reference.json with the laws of the prefixes
-    new since the previous look (earlier laws are kept, not replayed: each prefix has one law).
-    A resumed run may find chunks of a later look already written (it was killed inside that look):
-    each look reads only its own first seeds. Counts the samples drawn and the seconds spent collecting, per stage directory."""
+    new since the previous look (earlier laws are kept, not replayed: each prefix has one law). A
+    resumed run may find chunks of a later look already written (it was killed inside that look):
+    each look reads only its own first seeds. Counts the samples drawn and the seconds spent
+    collecting, per stage directory."""
 
     def __init__(
         self, sut: SUT, protocol: Protocol, progress: bool, sampler: collect.ChunkSampler | None, watch: Stopwatch

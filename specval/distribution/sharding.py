@@ -42,6 +42,7 @@ frames, and torch's object collectives take the CPU backend of a group that has 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import traceback
@@ -340,10 +341,8 @@ def dismiss(code: int) -> None:
 
     if not dist.is_initialized():
         return
-    try:
+    with contextlib.suppress(RankLost):
         _broadcast(Dismiss(code))
-    except RankLost:
-        pass
 
 
 # ---------------------------------------------------------------- the launcher

@@ -669,7 +669,7 @@ def _apply_holm(tests: dict[str, dict], alpha: float, target_power: float) -> di
     for role in ROLES:
         pending = {n: t["p_value"] for n, t in tests.items() if t["role"] == role and t["verdict"] is None}
         adjusted = multiplicity.holm(pending, alpha) if pending else None
-        for name, test in tests.items():
+        for test in tests.values():
             if test["role"] == role and test["p_value"] is not None:
                 test["alpha"] = alpha
         for name in pending:

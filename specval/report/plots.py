@@ -83,7 +83,7 @@ def pvalues_across_strata(tests: dict) -> bytes | None:
     if not stratified:
         return None
     fig, ax = plt.subplots(figsize=(7, 3))
-    for i, (name, test) in enumerate(sorted(stratified.items())):
+    for i, (_, test) in enumerate(sorted(stratified.items())):
         values = [s["p_value"] for s in test["strata"]]
         ax.scatter(np.full(len(values), i), values, s=10)
     alpha = next(t["alpha"] for t in stratified.values() if t["alpha"] is not None)

@@ -17,6 +17,7 @@ request, whatever the batch) its tokens equal the first run's, bit for bit.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,7 @@ def collect(
     ) as bar:
         for batch in todo:
             table = sample_batch(sut, protocol, prompt_ids, batch)
-            bundles.write_chunk(bundle, out / batch.file_name, lambda tmp: table.to_parquet(tmp, index=False))
+            bundles.write_chunk(bundle, out / batch.file_name, functools.partial(table.to_parquet, index=False))
             drawn += len(batch.seeds)
             bar.set_postfix_str(batch.group)
             bar.update(len(batch.seeds))

@@ -26,6 +26,7 @@ chunks.json as written), so a resumed run keeps the groups already replayed.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -196,12 +197,12 @@ def build(
         path = _file(bundle, group)
         if not path.exists():
             table = build_group(sut, protocol, prompt_ids, frame, semantics, group)
-            bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
+            bundles.write_chunk(bundle, path, functools.partial(table.to_parquet, index=False))
     for group, frame in (companions or {}).items():
         path = _file(bundle, group, COMPANIONS_SUFFIX)
         if not path.exists():
             table = build_companions(sut, protocol, prompt_ids, frame, group, semantics)
-            bundles.write_chunk(bundle, path, lambda tmp: table.to_parquet(tmp, index=False))
+            bundles.write_chunk(bundle, path, functools.partial(table.to_parquet, index=False))
 
 
 def load(bundle: Path, group: str, suffix: str = REFERENCE_SUFFIX) -> pd.DataFrame:

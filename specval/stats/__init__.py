@@ -1,12 +1,12 @@
 """specval.stats: the statistics of the harness (numpy in, frozen result dataclasses out).
 
-Every result has `to_dict()` giving JSON-safe plain types. Modules, one noun each:
-pooling (chi-square cells from expected counts), gof (goodness of fit), homogeneity (two-sample),
+Every result has `to_dict()` giving JSON-safe plain types. Modules, one noun each: pooling
+(chi-square cells from expected counts), gof (goodness of fit), homogeneity (two-sample),
 aggregate (sum over strata), strata (stratified criteria with small strata tested jointly),
-montecarlo (exact-size sequential Monte Carlo p-values), power (minimum detectable TV, sample sizes), multiplicity (Holm),
-quadrature (exact single-draft law) with adversarial (synthetic p, q pairs), mcnemar (paired
-correctness), median (exact order-statistic interval of a median), rates (failure-rate
-intervals, p-value uniformity), confirmation (two-stage error rates).
+montecarlo (exact-size sequential Monte Carlo p-values), power (minimum detectable TV, sample
+sizes), multiplicity (Holm), quadrature (exact single-draft law) with adversarial (synthetic p, q
+pairs), mcnemar (paired correctness), median (exact order-statistic interval of a median), rates
+(failure-rate intervals, p-value uniformity), confirmation (two-stage error rates).
 """
 
 from specval.stats.adversarial import ProbPair, adversarial_pairs

@@ -14,13 +14,14 @@ Spending functions (`SPENDINGS`):
   largest share (a smaller loss of power at the planned size); early looks are stricter.
 
 Why Boole's inequality, not the classical boundaries computed from the joint normal law of the
-looks (Pocock's or O'Brien-Fleming's constants): the criteria are stratified chi-square tests
-whose strata are pooled afresh at every look (their df change), decided by Monte Carlo p-values
-and corrected by Holm; no Brownian-motion approximation of their joint law across looks is exact.
-The union bound needs only that each look's p-values are valid, whatever their dependence, so the
+looks (Pocock's or O'Brien-Fleming's constants): the criteria are stratified chi-square tests whose
+strata are pooled afresh at every look (their df change), decided by Monte Carlo p-values and
+corrected by Holm; no Brownian-motion approximation of their joint law across looks is exact. The
+union bound needs only that each look's p-values are valid, whatever their dependence, so the
 guarantee is as exact as the fixed-size one. The bound is nearly tight for looks as far apart as
-10/25/50/100 % (weakly dependent): tests/specval/stats/test_sequential.py measures the rate. O'Brien-Fleming-type spending is not offered: its first looks would be decided at
-levels around 1e-15, which no Monte Carlo p-value resolves (`montecarlo.num_draws`).
+10/25/50/100 % (weakly dependent): tests/specval/stats/test_sequential.py measures the rate.
+O'Brien-Fleming-type spending is not offered: its first looks would be decided at levels around
+1e-15, which no Monte Carlo p-value resolves (`montecarlo.num_draws`).
 
 Assumptions: at every look, every criterion's p-value P is valid under its null at any sample size
 (P(P <= a) <= a for all a), as the Monte Carlo p-values of `specval.stats.montecarlo` are.

@@ -284,7 +284,7 @@ RESUME_PLANTS = {  # attack 2 on an unsealed bundle: what a resume must refuse b
 
 def test_2_resume_refuses_a_bundle_holding_any_entry_but_its_files(killed):
     """One killed bundle, each entry planted in turn: exit 2, one line naming it, nothing followed."""
-    for name, (make, line) in RESUME_PLANTS.items():
+    for make, line in RESUME_PLANTS.values():
         make(killed)
         _refused(_resume(killed), f"refusing to resume: {line}")
         entry = killed / line.split(":")[0].rstrip("/")

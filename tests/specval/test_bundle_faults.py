@@ -336,7 +336,7 @@ def test_atomic_writers_follow_another_umask(tmp_path):
         seeds.ledger_path(tmp_path),
     ]
     assert [_mode(p) for p in written] == [0o640] * 4
-    assert not [p for p in tmp_path.rglob(".*")]  # no temp file left behind
+    assert not list(tmp_path.rglob(".*"))  # no temp file left behind
 
 
 def _package_tree(root: Path) -> None:

@@ -53,7 +53,7 @@ def _brute_force(logits: np.ndarray, spec: SamplingSpec, semantics: FilterSemant
     for step in steps:
         if step == "k" and 0 < spec.top_k < vocab:
 
-            def ahead(i):
+            def ahead(i, alive=alive):  # the mask before this step
                 return sum(
                     alive[j] and (x[j] > x[i] or (semantics.top_k_ties == "lowest_index" and x[j] == x[i] and j < i))
                     for j in range(vocab)

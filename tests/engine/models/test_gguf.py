@@ -18,7 +18,7 @@ from engine.models.llama import LayerWeights, LlamaModel, LlamaWeights  # noqa: 
 from tests.fixtures.engine_helpers import reorder_atol  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
-V, H, I, L, HEADS, KV_HEADS = 64, 32, 64, 2, 4, 2
+V, H, INTER, L, HEADS, KV_HEADS = 64, 32, 64, 2, 4, 2
 D = H // HEADS
 # Worst-case |dequantised - original| for values in [-1, 1]: one quantisation step (the clipped end of
 # the symmetric formats can be off by a full step), with a small margin.
@@ -65,9 +65,9 @@ def original_arrays(seed: int = 0) -> dict[str, np.ndarray]:
         "attn_v": (KV_HEADS * D, H),
         "attn_output": (H, HEADS * D),
         "ffn_norm": (H,),
-        "ffn_gate": (I, H),
-        "ffn_up": (I, H),
-        "ffn_down": (H, I),
+        "ffn_gate": (INTER, H),
+        "ffn_up": (INTER, H),
+        "ffn_down": (H, INTER),
     }
     arrays = {"token_embd.weight": rng.uniform(-1, 1, (V, H)), "output_norm.weight": 1 + rng.uniform(-0.1, 0.1, H)}
     for layer in range(L):
@@ -86,7 +86,7 @@ def write_gguf(
         "block_count": L,
         "context_length": 128,
         "embedding_length": H,
-        "feed_forward_length": I,
+        "feed_forward_length": INTER,
         "head_count": HEADS,
         "head_count_kv": KV_HEADS,
         "layer_norm_rms_eps": 1e-5,
@@ -156,7 +156,7 @@ def test_f32_file_loads_exact_weights_and_forward(tmp_path):
     expected = LlamaModel(config, direct).forward(ids)
     # bitwise-equal weights in other tensors: a kernel may still pick another summation order
     # for another memory alignment, so the reorder bound (9 reductions per layer, readout 2)
-    atol = reorder_atol(float(expected.abs().max()), num_reductions=9 * L + 2, max_terms=max(H, I))
+    atol = reorder_atol(float(expected.abs().max()), num_reductions=9 * L + 2, max_terms=max(H, INTER))
     torch.testing.assert_close(LlamaModel(config, weights).forward(ids), expected, atol=atol, rtol=0)
 
 

@@ -59,8 +59,7 @@ def _case(head_size: int, block_size: int, starts, lengths, dtype=torch.float32,
     table = block_table_tensor(tables, per_seq, layout.ends, block_size, layout.positions.device)
     metadata = metadata_for(layout, table)
     query = torch.randn(int(sum(lengths)), heads, head_size, generator=generator).to(dtype)
-    move = lambda t: t.to(device)
-    return move(query), move(key_cache), move(value_cache), metadata
+    return query.to(device), key_cache.to(device), value_cache.to(device), metadata
 
 
 def _kernel(query, key_cache, value_cache, metadata):

@@ -179,12 +179,12 @@ def test_planned_batches_pad_the_probe_on_cuda_and_warm_the_kernels_of_their_row
     monkeypatch.setattr(
         engine.sampling, "warm_round", lambda vocab, rows, k, device, backend: warmed.append((vocab, rows, k))
     )
-    for collection, device in (("batched", "cpu"), ("engine", "cuda"), ("batched", "cuda")):
-        sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", collection),)), 3)
+    for kind, device in (("batched", "cpu"), ("engine", "cuda"), ("batched", "cuda")):
+        sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", kind),)), 3)
         llm = sut._any_llm()
         monkeypatch.setattr(llm.engine, "device", torch.device(device))
         sut.plan_batches(64)
-        assert sut._batch_size == (64 if (collection, device) == ("batched", "cuda") else 0)
+        assert sut._batch_size == (64 if (kind, device) == ("batched", "cuda") else 0)
     assert warmed == [(256, 64, 3)]
     scheduler = SimpleNamespace(config=make_llm("sync_d1", max_num_seqs=24).engine.config)
     assert Engine._sampling_rows(scheduler) == (1, 24 * 4)
@@ -208,18 +208,18 @@ def test_engine_sut_batched_collection_equals_engine_collection():
     sampling = SamplingSpec(**RANDOM)
     group = GroupSpec(name="sync", mode="sync", draft_loops=1)
     batches = []
-    for collection in ("engine", "batched"):
-        spec = SutSpec(adapter="engine", model="looped", options=(("collection", collection),))
+    for kind in ("engine", "batched"):
+        spec = SutSpec(adapter="engine", model="looped", options=(("collection", kind),))
         sut = EngineSUT(spec, 3)
         batches.append(sut.sample(group, PROMPT, sampling, np.array(SEEDS), 2, MAX_TOKENS))
-        if collection == "batched":  # the same requests run to MAX_TOKENS, with their provenance
+        if kind == "batched":  # the same requests run to MAX_TOKENS, with their provenance
             full = BatchCollector(sut._group_llm(group).engine).collect(
                 PROMPT, SamplingParams(**RANDOM, max_tokens=MAX_TOKENS, ignore_eos=True), SEEDS, MAX_TOKENS
             )
         facts = sut.describe()
         # the manifest says how the batched rounds ran (no graphs on the CPU), and nothing otherwise
         assert facts.get("collection") == (
-            {"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"} if collection == "batched" else None
+            {"sync/draft_loops=1": "eager (no CUDA Graphs on this device)"} if kind == "batched" else None
         )
         sut.close()
     for name in ("tokens", "sources"):

@@ -3,8 +3,9 @@ bundle verifies; the same protocol with a planted sampler bug FAILs.
 
 Error rates. Correct engine: the run fails only if a control or primary family rejects in both
 stages of the protocol's two-stage confirmation, which Holm bounds by 0.01 * 0.01 per family (two
-gating families, so <= 2e-4), plus the quadrature controls, which are deterministic. The seeds are fixed (the ledger of a fresh output root starts
-at seed_base), so the outcome is reproducible and this test does not flake from run to run.
+gating families, so <= 2e-4), plus the quadrature controls, which are deterministic. The seeds are
+fixed (the ledger of a fresh output root starts at seed_base), so the outcome is reproducible and
+this test does not flake from run to run.
 Planted bug (the named mutant residual_from_p: correction drawn from p instead of max(p - q, 0)):
 it fails the exact quadrature control (deterministic, no second stage), which the protocol's
 sequential looks decide at the first look: the run stops after 300 of 3,000 samples per group,

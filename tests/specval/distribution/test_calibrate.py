@@ -207,12 +207,10 @@ def test_exact_calibration_sees_looks_taken_at_the_full_alpha(tmp_path, monkeypa
     Measured (these seeds): 65/150 = 0.43 FAIL, far above alpha = 0.2; the 99% interval's lower end
     stays above alpha with probability > 1 - 1e-6 at a true rate of 0.43 (5 sd). A calibration that
     ignored the looks would measure ~0.16 (one look at alpha) and fail this test."""
-    naive = lambda alpha, fractions, spending=POCOCK: Boundary(
-        alpha,
-        "none",
-        tuple(fractions),  # noqa: E731
-        (alpha,) * len(fractions),
-    )
+
+    def naive(alpha, fractions, spending=POCOCK):
+        return Boundary(alpha, "none", tuple(fractions), (alpha,) * len(fractions))
+
     monkeypatch.setattr(looks, "spend", naive)
     data, _ = _exact_with_looks(tmp_path, 150)
     low, _ = rate_ci(data["run"]["failures"], data["replicates"], LOOK_CI_ALPHA)

@@ -238,14 +238,11 @@ def test_a_token_outside_the_vocabulary_already_on_disk_is_out_of_support():
 
     protocol = parse_sequence_protocol(
         {
-            k: v
-            for k, v in {
-                **TINY,
-                "kind": "sequence",
-                "name": "chain_seq",
-                "sampling": {"temperature": 1.0},
-                "num_speculative_tokens": 3,
-            }.items()
+            **TINY,
+            "kind": "sequence",
+            "name": "chain_seq",
+            "sampling": {"temperature": 1.0},
+            "num_speculative_tokens": 3,
         }
     )
     sut = ChainSUT(SutSpec(adapter="chain"), 3)

@@ -128,8 +128,9 @@ def test_false_fail_rate_with_looks_stays_at_alpha(spending, seed):
     """20,000 replicates of a correct SUT (a family of 8 null criteria, looks at 10/25/50/100 %):
     the run FAILs at some look in a fraction whose 99% Clopper-Pearson interval must reach down to
     alpha or below. Measured (seeds 11, 12): pocock 0.0103 [0.0085, 0.0122], linear 0.0094
-    [0.0077, 0.0112] (the union bound is nearly tight: looks at 10/25/50/100 % are weakly dependent). False-fail rate of this test with other seeds: <= 0.005 (the interval's upper
-    tail) if the rule keeps alpha; it FAILs a rule that inflates it (next test)."""
+    [0.0077, 0.0112] (the union bound is nearly tight: looks at 10/25/50/100 % are weakly dependent).
+    False-fail rate of this test with other seeds: <= 0.005 (the interval's upper tail) if the rule
+    keeps alpha; it FAILs a rule that inflates it (next test)."""
     stops = _stops(np.random.default_rng(seed), spend(ALPHA, LOOKS, spending), np.zeros(FAMILY))
     failed = int(np.sum(stops < len(LOOKS)))
     low, _ = _interval(failed)
@@ -150,11 +151,11 @@ def test_looking_without_spending_inflates_the_false_fail_rate():
 @pytest.mark.parametrize("spending, seed", [(POCOCK, 21), (LINEAR, 22)])
 def test_power_at_the_printed_mde_stays_above_target(spending, seed):
     """A deviation of TV = the MDE the run prints (at the last look's level, Holm's first step, the
-    Monte Carlo factor and power / decision_power) in one criterion of the family: the run FAILs
-    at some look in a fraction whose 99% interval lies at or above power 0.8. Measured (seeds 21,
-    22): pocock 0.850 [0.843, 0.856] at MDE 0.0598, linear 0.847 [0.840, 0.854] at MDE 0.0581. False-fail rate with other seeds: <= 0.005 when the true
-    power is >= 0.8 + 3 standard errors (0.008); by construction it is >= 0.8 / 0.9996 at the last
-    look alone."""
+    Monte Carlo factor and power / decision_power) in one criterion of the family: the run FAILs at
+    some look in a fraction whose 99% interval lies at or above power 0.8. Measured (seeds 21, 22):
+    pocock 0.850 [0.843, 0.856] at MDE 0.0598, linear 0.847 [0.840, 0.854] at MDE 0.0581.
+    False-fail rate with other seeds: <= 0.005 when the true power is >= 0.8 + 3 standard errors
+    (0.008); by construction it is >= 0.8 / 0.9996 at the last look alone."""
     boundary = spend(ALPHA, LOOKS, spending)
     levels = [boundary.final_level / FAMILY * DECISION_LEVEL_FACTOR]
     mde = criterion_mde(N, DF, levels, mde_power(0.8, levels))

@@ -46,10 +46,9 @@ def test_uniforms_are_the_top_53_bits_of_consecutive_words():
 
 def _integers_reference(key: int, low: int, high: int, count: int) -> tuple[list[int], int]:
     """Lemire's rule word by word: (values, words consumed)."""
-    span, out, used = high - low, [], 0
+    span, out = high - low, []
     threshold = (2**32 - span) % span
-    for word in _words(key, 4 * count + 64):
-        used += 1
+    for used, word in enumerate(_words(key, 4 * count + 64), start=1):
         product = (int(word) >> 32) * span
         if product % 2**32 >= threshold:
             out.append(low + product // 2**32)

@@ -9,6 +9,7 @@ Deterministic (fixed keys) except where a law is checked; those state their fals
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -125,26 +126,14 @@ def test_the_hat_covers_every_binomial():
     for n in (1, 2, 3, 5, 10, 50, 192, 1000, 10**5):
         for p in (1e-6, 1e-3, 0.0052, 0.05, 0.2, 0.37, 0.5):
             q = 1 - p
-            reach = max(
-                reach,
-                _hat_reach(
-                    lambda k: stats.binom.logpmf(k, n, p),
-                    0,
-                    min(n, 2_000),
-                    n * p,
-                    n * p * q,
-                    min(int(math.floor((n + 1) * p)), n),
-                ),
-            )
+            logpmf = functools.partial(stats.binom.logpmf, n=n, p=p)
+            mode = min(int(math.floor((n + 1) * p)), n)
+            reach = max(reach, _hat_reach(logpmf, 0, min(n, 2_000), n * p, n * p * q, mode))
     for lam in np.linspace(0.9, 1.1, 81):  # the tightest shape: Poisson(1) (reach 0.9999996)
         n = 10**9
         p = lam / n
-        reach = max(
-            reach,
-            _hat_reach(
-                lambda k: stats.binom.logpmf(k, n, p), 0, 60, n * p, n * p * (1 - p), int(math.floor((n + 1) * p))
-            ),
-        )
+        logpmf = functools.partial(stats.binom.logpmf, n=n, p=p)
+        reach = max(reach, _hat_reach(logpmf, 0, 60, n * p, n * p * (1 - p), int(math.floor((n + 1) * p))))
     assert 0.99 < reach <= 1.0
 
 
@@ -161,10 +150,8 @@ def test_the_hat_covers_every_hypergeometric():
                 mean = sample * good / total
                 var = mean * (bad / total) * ((total - sample) / (total - 1))
                 mode = min(max(int(math.floor((sample + 1) * (good + 1) / (total + 2))), low), high)
-                reach = max(
-                    reach,
-                    _hat_reach(lambda k: stats.hypergeom.logpmf(k, total, good, sample), low, high, mean, var, mode),
-                )
+                logpmf = functools.partial(stats.hypergeom.logpmf, M=total, n=good, N=sample)
+                reach = max(reach, _hat_reach(logpmf, low, high, mean, var, mode))
     assert 0.9 < reach <= 1.0
 
 
@@ -214,7 +201,11 @@ def test_hypergeometric_law(good, bad, sample):
 
 def test_degenerate_laws_draw_no_words():
     words = []
-    source = lambda n: words.append(n) or Stream(KEY).raw(n)  # noqa: E731: records every request
+
+    def source(n):  # records every request
+        words.append(n)
+        return Stream(KEY).raw(n)
+
     assert variates.binomial(source, np.array([0, 5, 5]), np.array([0.3, 0.0, 1.0])).tolist() == [0, 0, 5]
     assert variates.hypergeometric(source, np.array([3, 0, 4]), np.array([0, 5, 2]), np.array([2, 3, 6])).tolist() == [
         2,
@@ -387,9 +378,9 @@ def test_the_tables_do_not_depend_on_numpy_simd_dispatch():
     only (`NPY_DISABLE_CPU_FEATURES`: no AVX2 / AVX-512 paths, as on an older x86-64 CPU), where
     numpy's own `log` and `exp` would take other code paths (feature names of numpy 2.4+)."""
     script = (
-        "import json, numpy as np; from specval.stats.stream import Stream; s = Stream(%d); "
+        f"import json, numpy as np; from specval.stats.stream import Stream; s = Stream({KEY}); "
         "print(json.dumps([s.multinomial(1_000_003, [0.1, 0.2, 0.3, 0.25, 0.15], size=2).tolist(), "
-        "s.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist()]))" % KEY
+        "s.multivariate_hypergeometric(np.array([5000, 70, 12000, 1]), 9001, size=2).tolist()]))"
     )
     env = dict(os.environ, NPY_DISABLE_CPU_FEATURES="AVX512_SPR AVX512_ICL X86_V4 X86_V3")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)

@@ -7,7 +7,8 @@ exact fallback), `division` (x = logits / T), `common` (jit helpers of several s
 and `kernels/warmup.py`) and `plan` (launch plan, scratch and launch). docs/sampling.md
 describes the algorithm, docs/notes/performance-notebook.md the measurements.
 
-Three launches (one for small batches, below), no host read between them (S = number of chunks of CHUNK vocabulary entries):
+Three launches (one for small batches, below), no host read between them (S = number of chunks
+of CHUNK vocabulary entries):
 
 1. `_chunk_kernel`, one program per (row, chunk), the chunk held in registers (512 entries
    and one warp by default, which needs no barrier at all): x = logits / T, the chunk's

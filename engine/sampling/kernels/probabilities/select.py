@@ -55,12 +55,17 @@ def _top_k_floor(chunk_max, floors, counts, m, spread, k, STEPS: tl.constexpr):
     short = tl.zeros([1], tl.int32).sum(0) - 1  # level 0 proves k (or a level that does not)
     for bit in tl.static_range(NUM_LEVELS_LOG2, -1, -1):
         trial = short + (1 << bit)
-        if trial < NUM_LEVELS:
+        # Nested on purpose (SIM102 does not apply to Triton): `and` of tensors compiles to a
+        # logical_and of both sides, evaluated unconditionally, while the inner `if` only counts
+        # the levels that exist.
+        if trial < NUM_LEVELS:  # noqa: SIM102
             if _certain_count(chunk_max, floors, counts, _pivot(m, spread, trial)) < k:
                 short = trial
     level = short + 1
     v = _pivot(m, spread, tl.minimum(level, NUM_LEVELS - 1))
-    if STEPS > 0:
+    # Nested on purpose (SIM102 does not apply to Triton): `STEPS > 0` is a constexpr, decided
+    # at compile time, so STEPS=0 compiles no `_refined_floor`; the inner test is a runtime branch.
+    if STEPS > 0:  # noqa: SIM102
         if (level > 0) & (level < NUM_LEVELS):
             v = _refined_floor(chunk_max, floors, counts, k, v, _pivot(m, spread, short), STEPS)
     return tl.where((level < NUM_LEVELS) & (v == v), v, float("-inf"))

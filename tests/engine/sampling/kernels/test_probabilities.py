@@ -110,8 +110,9 @@ def test_the_chunk_list_changes_no_result(single_launch_entries, floor_steps):
     and off: bitwise the same probabilities and row modes, exact either way, in three launches
     and in the single launch, with the select kernel's top-k floor at its level and refined
     (`top_k_floor_steps`; the single launch keeps the level). 24 chunks of 128 entries and 2
-    chunks per compaction step, so the listed chunks take several steps; the rows: top-k 5, top-k 3 + top-p 0.8, top-k 40 (above
-    the tiny block: not listed), top-p alone, greedy and no truncation."""
+    chunks per compaction step, so the listed chunks take several steps; the rows: top-k 5,
+    top-k 3 + top-p 0.8, top-k 40 (above the tiny block: not listed), top-p alone, greedy and no
+    truncation."""
     k = kernel()
     logits = torch.randn(6, 3000, generator=generator(29)) * 3
     t, top_k, p = params([1.0, 0.7, 1.3, 1.0, 0.0, 1.0], [5, 3, 40, -1, -1, -1], [1.0, 0.8, 1.0, 0.9, 1.0, 1.0])
@@ -539,10 +540,10 @@ def test_overlapped_launches_follow_the_device_and_the_config():
     from engine.sampling.kernels.launch_overlap import supports_overlap
 
     k = kernel()
-    pdl = lambda launch: (
-        dict(launch.constexprs)["PDL"],  # noqa: E731
-        dict(launch.options).get("launch_pdl", False),
-    )
+
+    def pdl(launch):
+        return dict(launch.constexprs)["PDL"], dict(launch.options).get("launch_pdl", False)
+
     both = dataclasses.replace(k.DEFAULT_CONFIG, overlap_launches=True)
     plan = k.launch_plan(both, 8, 152064, overlap=True)
     chunk, select, write = plan.launches
@@ -790,7 +791,7 @@ def test_rows_with_few_candidates_search_the_small_block_with_the_same_cut(num):
         )
         for small in (0, 64)
     }
-    for compacted, out, (found, proven, _) in rows.values():
+    for _compacted, out, (found, proven, _) in rows.values():
         assert (int(found), proven) == (num, 1.0)
         # float32 exp(x - m) (x - m rounded: <= 7u relative after exp for |x - m| <= 70 * 0.7)
         # over a float32 sum of 6 positive terms (<= 5u): 3e-5 covers both with room
@@ -971,8 +972,7 @@ def test_refined_top_k_floor_is_proved_and_within_its_resolution(steps):
         floors = chunk_max - torch.rand(40, generator=g) * 2
         counts = torch.randint(1, 9, (40,), generator=g, dtype=torch.int32)
 
-        def certain(v):
-            return certain_count(chunk_max, floors, counts, v)
+        certain = functools.partial(certain_count, chunk_max, floors, counts)
 
         total = certain(float(pivots[-1]))
         for k in [1, 2, 5, 17, 60, total, total + 1]:

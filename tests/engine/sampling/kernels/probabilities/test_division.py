@@ -51,10 +51,7 @@ def _misrounded_kernel(
     for step in range(X_STEPS):
         bits = x_first + (step * BLOCK + tl.arange(0, BLOCK)) * x_stride
         x = bits.to(tl.float32, bitcast=True)
-        if CORRECT:
-            q = corrected_quotient(x, t, y)
-        else:
-            q = x * y
+        q = corrected_quotient(x, t, y) if CORRECT else x * y  # CORRECT is a constexpr: one branch compiled
         exact = tl.math.div_rn(x, tl.zeros_like(x) + t)
         wrong += (q.to(tl.int32, bitcast=True) != exact.to(tl.int32, bitcast=True)).to(tl.int32)
     tl.store(count_ptr + i, tl.sum(wrong, 0))
@@ -79,10 +76,7 @@ def _quotient_kernel(x_ptr, t_ptr, out_ptr, applies_ptr, BLOCK: tl.constexpr, RE
     offs = i * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs)
     t = tl.load(t_ptr + i)
-    if RECIPROCAL:
-        q = reciprocal_quotient(x, t)
-    else:
-        q = ieee_quotient(x, t)
+    q = reciprocal_quotient(x, t) if RECIPROCAL else ieee_quotient(x, t)  # a constexpr: one branch compiled
     tl.store(out_ptr + offs, q)
     tl.store(applies_ptr + i, reciprocal_applies(x, t).to(tl.int32))
 
