@@ -156,7 +156,7 @@ class Result:
         )
 
     @classmethod
-    def from_bundle(cls, bundle: str | os.PathLike) -> Result:
+    def from_bundle(cls, bundle: str | os.PathLike[str]) -> Result:
         """The result recorded in a finished bundle (BundleError naming the file if it has no
         readable summary.json). Read only: `verify` checks that the record is sound."""
         path = Path(bundle)
@@ -190,10 +190,11 @@ def _final_verdict(summary: Mapping[str, Any], name: str, failing: set[str]) -> 
     """FAIL when it fails the run; a gating stage-1 FAIL that stage 2 re-tested takes stage 2's."""
     if name in failing:
         return "FAIL"
-    verdict = summary["tests"][name]["verdict"]
+    verdict: str = summary["tests"][name]["verdict"]
     second = (summary.get("confirmation") or {}).get("stage2")
     if second and verdict == "FAIL" and summary["tests"][name]["role"] in GATING_ROLES:
-        return second["tests"].get(name, {}).get("verdict", verdict)
+        confirmed: str = second["tests"].get(name, {}).get("verdict", verdict)
+        return confirmed
     return verdict
 
 
@@ -257,14 +258,14 @@ def _sut_name(sut: SutArg) -> str:
 
 
 def run(
-    protocol: str | os.PathLike,
+    protocol: str | os.PathLike[str],
     *,
     profile: str | None = None,
     sut: SutArg = None,
-    output: str | os.PathLike = DEFAULT_OUTPUT,
+    output: str | os.PathLike[str] = DEFAULT_OUTPUT,
     exploratory: bool = False,
     seed_offset: int | None = None,
-    junit: str | os.PathLike | None = None,
+    junit: str | os.PathLike[str] | None = None,
     progress: bool = False,
     announce: Callable[[Path], None] | None = None,
 ) -> Result:
@@ -301,10 +302,10 @@ def run(
 
 
 def resume(
-    bundle: str | os.PathLike,
+    bundle: str | os.PathLike[str],
     *,
     sut: SutArg = None,
-    junit: str | os.PathLike | None = None,
+    junit: str | os.PathLike[str] | None = None,
     progress: bool = False,
     announce: Callable[[Path], None] | None = None,
 ) -> Result:
@@ -342,7 +343,7 @@ def run_protocol_file(
     resume: Path | None = None,
     exploratory: bool = False,
     seed_offset: int | None = None,
-    junit: str | os.PathLike | None = None,
+    junit: str | os.PathLike[str] | None = None,
     progress: bool = False,
     announce: Callable[[Path], None] | None = None,
     sut_factory: SutFactory | None = None,
@@ -380,10 +381,10 @@ def run_protocol_file(
 
 
 def verify(
-    bundle: str | os.PathLike,
+    bundle: str | os.PathLike[str],
     *,
-    key: str | os.PathLike | None = None,
-    protocol: str | os.PathLike | None = None,
+    key: str | os.PathLike[str] | None = None,
+    protocol: str | os.PathLike[str] | None = None,
     protocol_hash: str | None = None,
 ) -> Verification:
     """Re-hash every file of the bundle, recompute every verdict from its raw files, check its
@@ -413,7 +414,7 @@ SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def pinned_hash(
-    protocol: str | os.PathLike | None,
+    protocol: str | os.PathLike[str] | None,
     protocol_hash: str | None,
     flags: tuple[str, str] = ("--protocol", "--protocol-hash"),
 ) -> str | None:
@@ -436,7 +437,8 @@ def pinned_hash(
             f"{flags[0]} {file}: protocol {loaded.name!r} is {state} in "
             f"{protocols.lock_path(file)}; only a frozen protocol can be pinned"
         )
-    return loaded.hash
+    digest: str = loaded.hash
+    return digest
 
 
 __all__ = [

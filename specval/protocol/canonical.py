@@ -26,7 +26,7 @@ def plain_form(protocol: Any) -> dict[str, Any]:
     """The JSON-able form every protocol kind starts its `to_dict` from: its dataclass fields as
     plain values without `profile` and `file_hash`, `sut.options` and `profiles` as mappings, and
     `sampling` in its own plain form (`SamplingSpec.to_dict`)."""
-    out = plain_value(dataclasses.asdict(protocol))
+    out: dict[str, Any] = plain_value(dataclasses.asdict(protocol))
     out.pop("profile")
     out.pop("file_hash")
     out["sut"]["options"] = dict(protocol.sut.options)

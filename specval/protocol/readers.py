@@ -14,7 +14,7 @@ import difflib
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 # Every integer of a protocol (sizes, counts, seeds) fits in the 32-bit seed space; a larger one is
@@ -26,7 +26,7 @@ class ProtocolError(ValueError):
     """Bad protocol input: the message names the file, the key, the value and a suggestion."""
 
 
-def fail(file: str, key: str, message: str, value: Any = None, suggestion: str | None = None):
+def fail(file: str, key: str, message: str, value: Any = None, suggestion: str | None = None) -> NoReturn:
     """Raise ProtocolError "FILE: KEY: MESSAGE (got VALUE); did you mean SUGGESTION?"."""
     text = f"{file}: {key}: {message}"
     if value is not None:
@@ -36,7 +36,7 @@ def fail(file: str, key: str, message: str, value: Any = None, suggestion: str |
     raise ProtocolError(text)
 
 
-def check_keys(raw: Mapping, cls: type, file: str, where: str) -> None:
+def check_keys(raw: Mapping[Any, Any], cls: type, file: str, where: str) -> None:
     """Refuse keys of `raw` (at `where`) that are not fields of the dataclass `cls` (naming the
     closest field) and required fields that are missing."""
     names = [f.name for f in dataclasses.fields(cls) if f.name not in ("profile", "file_hash")]
@@ -54,7 +54,7 @@ def _join(where: str, key: Any) -> str:
     return f"{where}.{key}" if where else str(key)
 
 
-def read_mapping(raw: Any, file: str, where: str) -> Mapping:
+def read_mapping(raw: Any, file: str, where: str) -> Mapping[Any, Any]:
     """`raw` if it is a mapping."""
     if not isinstance(raw, Mapping):
         fail(file, where or "<top level>", "expected a mapping", raw)
@@ -93,10 +93,10 @@ def read_str(value: Any, file: str, key: str, choices: tuple[str, ...] | None = 
 
 def read_name(value: Any, file: str, key: str) -> str:
     """`value` if it is a name: [a-z][a-z0-9_]*."""
-    read_str(value, file, key)
-    if not NAME_PATTERN.match(value):
+    name = read_str(value, file, key)
+    if not NAME_PATTERN.match(name):
         fail(file, key, "must match [a-z][a-z0-9_]*", value)
-    return value
+    return name
 
 
 def read_unit(value: Any, file: str, key: str, upper_closed: bool = False) -> float:
@@ -123,7 +123,7 @@ def read_bool(value: Any, file: str, key: str) -> bool:
     return value
 
 
-def read_draft_loops(raw: dict, file: str, where: str) -> int | None:
+def read_draft_loops(raw: Mapping[Any, Any], file: str, where: str) -> int | None:
     """`where.draft_loops` of a group or an arm: absent (the engine's default) or an integer >= 1."""
     value = raw.get("draft_loops")
     return None if value is None else read_int(value, file, f"{where}.draft_loops", minimum=1)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from specval.protocol.readers import (
     check_keys,
@@ -33,7 +34,25 @@ NOSPEC_MODE = "nospec"
 MIN_TEMPERATURE = 1e-5
 GREEDY_TOP_K = 1  # keeps one token: greedy decoding, nothing to test
 PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
-AnyProtocol = TypeVar("AnyProtocol")  # a protocol dataclass: Protocol or a quality protocol
+
+
+class Profiled(typing.Protocol):
+    """What `resolve` reads of a protocol dataclass (every kind's: distribution, sequence,
+    quality, performance): its fields, `name`, `hash` and `profiles` ((name, overrides) pairs)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def hash(self) -> str: ...
+
+    @property
+    def profiles(self) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]: ...
+
+
+AnyProtocol = TypeVar("AnyProtocol", bound=Profiled)  # a protocol dataclass of any kind
 
 
 @dataclass(frozen=True)
@@ -60,7 +79,7 @@ class SamplingSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form; `semantics` only when pinned, so a protocol without pins hashes as before the key."""
-        out = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+        out: dict[str, Any] = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
         if self.semantics:
             out["semantics"] = dict(self.semantics)
         return out

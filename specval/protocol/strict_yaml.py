@@ -37,12 +37,12 @@ class _StrictLoader(yaml.SafeLoader):
     It stops composing at the first node past MAX_DEPTH or MAX_NODES (`_TooLarge`), and checks the
     document with its aliases expanded before constructing anything (`_check_expansion`)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
         self._nodes = 0
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         self._depth, self._nodes = self._depth + 1, self._nodes + 1
         try:
             if self._depth > MAX_DEPTH or self._nodes > MAX_NODES:
@@ -52,7 +52,7 @@ class _StrictLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
-    def get_single_node(self):
+    def get_single_node(self) -> yaml.Node | None:
         node = super().get_single_node()
         if node is not None:
             _check_expansion(node)
@@ -108,7 +108,7 @@ class _DuplicateKey(yaml.YAMLError):
     """A mapping key given twice; the message names both lines."""
 
 
-class _KeyLines(dict):
+class _KeyLines(dict[Any, Any]):
     """A parsed mapping with `lines`: key -> 1-based line of the key in the file."""
 
     lines: dict[Any, int]
@@ -116,7 +116,8 @@ class _KeyLines(dict):
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> _KeyLines:
     loader.flatten_mapping(node)
-    out, lines = _KeyLines(), {}
+    out = _KeyLines()
+    lines: dict[Any, int] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
         line = key_node.start_mark.line + 1

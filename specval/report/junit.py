@@ -3,7 +3,9 @@ INCONCLUSIVE -> error, so that a CI report tells "wrong" from "could not test").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 from specval.protocol import GATING_ROLES
@@ -11,14 +13,14 @@ from specval.protocol import GATING_ROLES
 INCONCLUSIVE = "INCONCLUSIVE"  # a criterion's verdict when it could not test
 
 
-def failing(summary: dict) -> set[str]:
+def failing(summary: Mapping[str, Any]) -> set[str]:
     """Gating criteria that fail the run: after confirmation, only the stage-1 FAILs stage 2 confirmed."""
     if "confirmation" in summary:
         return set(summary["confirmation"]["failing"])
     return {n for n, t in summary["tests"].items() if t["verdict"] == "FAIL" and t["role"] in GATING_ROLES}
 
 
-def reason(summary: dict, name: str) -> str:
+def reason(summary: Mapping[str, Any], name: str) -> str:
     """The criterion's reason, with its stage-2 reason appended when a second stage ran."""
     second = (summary.get("confirmation") or {}).get("stage2")
     first = summary["tests"][name]["reason"]
