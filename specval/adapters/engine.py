@@ -14,7 +14,7 @@ names a planted bug, that mutant's accept rule, so the quadrature sees the rule 
 
 This module is the only one of specval that imports `engine` (specval/adapters/ holds every
 engine-facing module): the bench (`specval.performance.bench`) builds and drives its engines through
-`engine_config`, `build_llm` and `sampling_params`, and the quadrature's engine-backed kernels
+`engine_config`, `build_llm` and `request_params`, and the quadrature's engine-backed kernels
 (`engine_accept_fn`, `engine_draft_fn`) live here. `specval.sut` finds `EngineSUT` by name (the
 entry point `engine` of the group `specval.sut`), never by an import statement.
 """
@@ -156,19 +156,7 @@ class EngineSUT(SUT):
         num_tokens: int,
         max_tokens: int,
     ) -> SampleBatch:
-        from engine import SamplingParams
-
-        params = [
-            SamplingParams(
-                temperature=sp.temperature,
-                top_k=sp.top_k,
-                top_p=sp.top_p,
-                seed=int(s),
-                max_tokens=max_tokens,
-                ignore_eos=True,
-            )
-            for sp, s in zip(samplings, seeds)
-        ]
+        params = [request_params(sp, max_tokens, seed=int(s), ignore_eos=True) for sp, s in zip(samplings, seeds)]
         outs = llm.generate([list(prompt_ids)] * len(params), params)
         bad = [o.finish_reason for o in outs if len(o.token_ids) != max_tokens]
         if bad:
@@ -214,20 +202,13 @@ class EngineSUT(SUT):
         back as arrays, no per-request objects. Batches are padded to the largest batch seen so
         far, so the last, shorter batch of a chunk replays the same captured round (on CUDA to the
         planned batch size from the first: `plan_batches`)."""
-        from engine import SamplingParams
         from engine.runners.collection import BatchCollector
 
         key = (group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
         if key not in self._collectors:
             self._collectors[key] = BatchCollector(llm.engine)
         self._batch_size = max(self._batch_size, len(seeds))
-        params = SamplingParams(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            max_tokens=max_tokens,
-            ignore_eos=True,
-        )
+        params = request_params(sampling, max_tokens, ignore_eos=True)
         try:
             out = self._collectors[key].collect(
                 list(prompt_ids),
@@ -266,18 +247,7 @@ class EngineSUT(SUT):
         progress: Callable[[int, int], None] | None = None,
     ) -> list[Completion]:
         """One completion per (prompt, seed): at most `max_tokens` tokens, stopped by EOS."""
-        from engine import SamplingParams
-
-        params = [
-            SamplingParams(
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                seed=int(s),
-                max_tokens=max_tokens,
-            )
-            for s in seeds
-        ]
+        params = [request_params(sampling, max_tokens, seed=int(s)) for s in seeds]
         llm = self._llm(group.mode, group.draft_loops)
         outs = llm.generate(list(prompts), params, progress=progress)
         return [
@@ -384,11 +354,19 @@ def build_llm(config: Any, shared: Any = None):  # -> engine.LLM
     return engine.LLM(config, *((shared.engine.model, shared.tokenizer) if shared else ()))
 
 
-def sampling_params(**settings: Any):  # -> engine.SamplingParams
-    """`engine.SamplingParams(**settings)`: the parameters of one request."""
+def request_params(sampling: SamplingSpec, max_tokens: int, seed: int | None = None, ignore_eos: bool = False):
+    """`engine.SamplingParams` of one request sampled by `sampling` (temperature, top-k, top-p), of
+    at most `max_tokens` tokens; `seed` None lets the engine pick one."""
     from engine import SamplingParams
 
-    return SamplingParams(**settings)
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+    )
 
 
 # ---------------------------------------------------------------- the engine's accept rule for the quadrature

@@ -275,14 +275,7 @@ def _requests(protocol: PerformanceProtocol, run: ScheduledRun) -> tuple[list[st
     sampling, first = protocol.arm_sampling(run.arm), seed_start(protocol, run)
     prompts = [protocol.prompts[j % len(protocol.prompts)] for j in range(protocol.concurrency)]
     params = [
-        adapter.sampling_params(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            seed=first + j,
-            max_tokens=protocol.max_tokens,
-            ignore_eos=True,
-        )
+        adapter.request_params(sampling, protocol.max_tokens, seed=first + j, ignore_eos=True)
         for j in range(protocol.concurrency)
     ]
     return prompts, params
