@@ -70,6 +70,10 @@ class AcceptMutation:
     # (target rows int64[...], round positions j int64[...], 1-based) -> the rows p is read from
     # for the accept tests and the correction at those positions (the bonus keeps its row)
     verify_row: Callable | None = None
+    residual_from: int = 1  # `residual` replaces the correct one at stop positions j >= this only
+    # (draft rows int64[R, ...], the round's first draft row int64[R]) -> the rows q is read from for
+    # the accept tests and the correction (the drafts themselves were sampled from their own rows)
+    q_row: Callable | None = None
 
 
 def _correct_accept(u, q_x, p_x):
@@ -127,7 +131,8 @@ def _mutated_accept(
     x = torch.cat([draft_tokens.long(), draft_tokens.new_zeros(1).long()])[draft_row.clamp(max=safe - 1)]
     x = torch.where(in_range, x.clamp(min=0), 0)  # [R, K]
     q_all = draft_probs if num_drafts else target_probs.new_zeros(1, target_probs.shape[1])
-    q_x = q_all[draft_row.clamp(max=safe - 1), x].double()
+    q_rows = draft_row if mutation.q_row is None else mutation.q_row(draft_row, start.unsqueeze(1))
+    q_x = q_all[q_rows.clamp(max=safe - 1), x].double()
     p_x = target_probs[target_row.clamp(max=target_probs.shape[0] - 1), x].double()
     u_accept = uniforms[:, k : 2 * k]
     if mutation.reuse_uniform:
@@ -142,8 +147,13 @@ def _mutated_accept(
         else torch.where(is_bonus, stop_target, mutation.verify_row(stop_target, num_accepted + 1))
     )
     p_stop = target_probs[stop_row].double()
-    q_stop = q_all[(start + num_accepted).clamp(max=safe - 1)].double()
+    stop_draft = start + num_accepted
+    q_stop = q_all[(stop_draft if mutation.q_row is None else mutation.q_row(stop_draft, start)).clamp(max=safe - 1)]
+    q_stop = q_stop.double()
     residual = (mutation.residual or _correct_residual)(p_stop, q_stop)
+    if mutation.residual_from > 1:
+        late = (num_accepted + 1 >= mutation.residual_from).unsqueeze(1)  # the stop's round position j
+        residual = torch.where(late, residual, _correct_residual(p_stop, q_stop))
     bonus = (
         p_stop
         if mutation.bonus_row is None
@@ -185,6 +195,11 @@ def _bonus_from_q(p, q, start, count, stop_target):
     return torch.where(
         (count > 0).unsqueeze(1), q[(start + count - 1).clamp(min=0, max=q.shape[0] - 1)], p[stop_target]
     )
+
+
+def _round_first_row(rows, first_rows):
+    """q of the round's first draft position for every position (position 0's rows)."""
+    return torch.zeros_like(rows) + first_rows
 
 
 def _row_before_from(first, rows, positions):
@@ -468,6 +483,23 @@ SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
         "(accept test and correction); positions 1-2 and the bonus use the right rows",
         "t3+ (round positions 3..K, K >= 3)",
         ops=_accept(verify_row=functools.partial(_row_before_from, LATE_POSITION)),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "residual_from_p_late",
+        f"after a rejection at round position j >= {LATE_POSITION} the correction is drawn from p "
+        "instead of max(p - q, 0); earlier positions draw the right residual",
+        f"corrections at t{LATE_POSITION}+ (round positions {LATE_POSITION}..K, K >= {LATE_POSITION})",
+        ops=_accept(residual=lambda p, q: p, residual_from=LATE_POSITION),
+        needs=NEEDS_SEQUENCE,
+    ),
+    Mutant(
+        "q_first_row",
+        "every draft position's accept test and correction read q of the round's first draft "
+        "position (position 0's rows), while each draft was sampled from its own q: the engine "
+        "accepts against a q it did not sample from",
+        "t2+ (round positions 2..K+1)",
+        ops=_accept(q_row=_round_first_row),
         needs=NEEDS_SEQUENCE,
     ),
     Mutant(

@@ -230,6 +230,8 @@ def test_sequence_mutants_are_apart_from_the_prefix_registry():
     assert names == {
         "correlated_streams",
         "wrong_row_late_draft",
+        "residual_from_p_late",
+        "q_first_row",
         "wrong_row_deep_draft",
         "frozen_offset",
         "offset_overlap",
@@ -267,6 +269,13 @@ def test_correlated_streams_change_odd_slots_only(correct):
     ("name", "where"),
     [
         ("wrong_row_late_draft", lambda batch, b, i: batch.round_position[b, i] >= mutants.LATE_POSITION),
+        (
+            "residual_from_p_late",
+            lambda batch, b, i: (
+                batch.source_names()[b, i] == "correction" and batch.round_position[b, i] >= mutants.LATE_POSITION
+            ),
+        ),
+        ("q_first_row", lambda batch, b, i: batch.round_position[b, i] >= 2),
         (mutants.WRONG_BONUS_ROW, lambda batch, b, i: batch.source_names()[b, i] == "bonus"),
         ("frozen_offset", lambda batch, b, i: i + 1 >= mutants.FROZEN_AFTER + 2),
         ("offset_overlap", lambda batch, b, i: batch.round_index[b, i] >= 1),
