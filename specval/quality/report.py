@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specval import bundle as bundles
 from specval.report import Section, summary_files
-from specval.report.markdown import fmt, tests_by_role
+from specval.report.markdown import fmt, group_cells, tests_by_role
 
 COMPARISON_HEADER = [
     "comparison",
@@ -62,16 +62,7 @@ def comparison_rows(summary: dict) -> list[list[str]]:
 
 def group_rows(summary: dict) -> list[list[str]]:
     return [
-        [
-            name,
-            g["mode"],
-            fmt(g["draft_loops"]),
-            f"[{g['seed_start']}, {g['seed_stop']})",
-            f"{g['planned_n']} / {g['effective_n']}",
-            fmt(g["accuracy"], 3),
-            fmt(g["acceptance_rate"], 3),
-            fmt(g["mean_tokens"], 3),
-        ]
+        [*group_cells(name, g), fmt(g["accuracy"], 3), fmt(g["acceptance_rate"], 3), fmt(g["mean_tokens"], 3)]
         for name, g in sorted(summary["groups"].items())
     ]
 

@@ -64,18 +64,20 @@ CRITERIA_HEADER = ["criterion", "role", "statistic", "df", "p", "p (Holm)", "MDE
 GROUP_HEADER = ["group", "mode", "draft loops", "seeds", "n (planned / effective)", "acceptance rate"]
 
 
-def group_rows(summary: dict) -> list[list[str]]:
+def group_cells(name: str, group: dict) -> list[str]:
+    """The first cells of a group's row, as the distribution and quality reports show them: name,
+    mode, draft loops, seed range, n (planned / effective)."""
     return [
-        [
-            name,
-            g["mode"],
-            fmt(g["draft_loops"]),
-            f"[{g['seed_start']}, {g['seed_stop']})",
-            f"{g['planned_n']} / {g['effective_n']}",
-            fmt(g["acceptance_rate"], 3),
-        ]
-        for name, g in sorted(summary["groups"].items())
+        name,
+        group["mode"],
+        fmt(group["draft_loops"]),
+        f"[{group['seed_start']}, {group['seed_stop']})",
+        f"{group['planned_n']} / {group['effective_n']}",
     ]
+
+
+def group_rows(summary: dict) -> list[list[str]]:
+    return [[*group_cells(name, g), fmt(g["acceptance_rate"], 3)] for name, g in sorted(summary["groups"].items())]
 
 
 def confirmation_lines(summary: dict) -> list[str]:
