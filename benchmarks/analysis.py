@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from specval.distribution.calibrate import exact_counts
+from specval.distribution.decision import FAIL
 from specval.distribution.reference import Reference, transform
-from specval.distribution.verdict import FAIL, evaluate
+from specval.distribution.verdict import evaluate
 from specval.protocol import SamplingSpec, parse_protocol
 
 GROUPS = ("nospec", "sync", "sync_d1", "async", "async_d1")

@@ -1,6 +1,6 @@
 """Profile of a run's post-collection work (and of `specval verify`) on a kept bundle, step by step.
 
-The run's analysis after collection (`runner.analyse`, `lifecycle.write_manifest`, `runner.finish`)
+The run's analysis after collection (`analysis.analyse`, `lifecycle.write_manifest`, `runner.finish`)
 is replayed on a copy of a kept bundle with its samples, so every CPU-side step runs on real data
 at full size. The two GPU-side steps cannot run here: the reference replay of the occurring
 prefixes and the quadrature sweeps (2^16 rows per pair) are timed separately on the CPU with the
@@ -41,7 +41,7 @@ import numpy as np
 
 from specval import bundle as bundles
 from specval import lifecycle, report
-from specval.distribution import collect, runner, verdict
+from specval.distribution import analysis, collect, criteria, laws, runner, stages, verdict
 from specval.distribution.reference import Reference
 from specval.report import plots
 from specval.report.figure_pool import FigurePool
@@ -90,7 +90,7 @@ def _fixed(name: str) -> Callable[..., str]:
 
 
 def _criterion(protocol, test, group, *args, **kwargs) -> str:
-    return f"criterion {verdict.criterion_name(test, group)} (pooling + Monte Carlo)"
+    return f"criterion {criteria.criterion_name(test, group)} (pooling + Monte Carlo)"
 
 
 def _targets() -> list[tuple[object, str, Callable[..., str]]]:
@@ -99,10 +99,10 @@ def _targets() -> list[tuple[object, str, Callable[..., str]]]:
         (collect, "load_samples", _fixed("load samples (parquet)")),
         (report, "load_samples", _fixed("load samples (parquet)")),
         (verdict, "group_data", _fixed("group data (tokens, paths, validity counts)")),
-        (verdict, "_validity_tests", _fixed("validity criteria")),
-        (verdict, "_quadrature", _fixed("quadrature criteria (exact laws)")),
-        (verdict, "_gof", _criterion),
-        (verdict, "_homogeneity", _criterion),
+        (verdict, "validity_tests", _fixed("validity criteria")),
+        (verdict, "quadrature_criterion", _fixed("quadrature criteria (exact laws)")),
+        (criteria, "_gof", _criterion),
+        (criteria, "_homogeneity", _criterion),
         (verdict, "decide", _fixed("Holm and run verdict")),
         (verdict, "group_facts", _fixed("group facts (acceptance, sources)")),
         (plots, "observed_vs_expected", _fixed("plot: observed vs expected")),
@@ -124,23 +124,23 @@ def _targets() -> list[tuple[object, str, Callable[..., str]]]:
 def _stored(path: Path):
     """Stand-ins of the GPU-side steps: the bundle's own reference and quadrature laws."""
     reference = Reference.from_dict(bundles.read_json(path / bundles.REFERENCE_FILE))
-    laws = bundles.read_json(path / bundles.QUADRATURE_FILE)
-    return (lambda *args, **kwargs: reference), (lambda *args, **kwargs: laws)
+    swept = bundles.read_json(path / bundles.QUADRATURE_FILE)
+    return (lambda *args, **kwargs: reference), (lambda *args, **kwargs: swept)
 
 
 @contextlib.contextmanager
 def _stored_gpu_steps(path: Path) -> Iterator[None]:
-    reference, laws = _stored(path)
-    saved = (runner.reference_for, runner.quadrature_laws)
-    runner.reference_for, runner.quadrature_laws = reference, laws
+    reference, swept = _stored(path)
+    saved = (laws.reference_for, analysis.quadrature_laws)
+    laws.reference_for, analysis.quadrature_laws = reference, swept  # where analysis.analyse looks them up
     try:
         yield
     finally:
-        runner.reference_for, runner.quadrature_laws = saved
+        laws.reference_for, analysis.quadrature_laws = saved
 
 
 class _NoSut:
-    """What `runner.analyse` needs of a SUT once the GPU-side steps read stored files."""
+    """What `analysis.analyse` needs of a SUT once the GPU-side steps read stored files."""
 
     def __init__(self, prompt_ids: list[int]) -> None:
         self.prompt_ids = prompt_ids
@@ -170,14 +170,14 @@ def _replay(kept: Path, work: Path, against: Path, pool: FigurePool | None) -> t
     clock = Clock()
     with _stored_gpu_steps(kept), clock.patched(_targets()):
         start = time.perf_counter()
-        analysis = runner.analyse(path, protocol, ranges, _NoSut(prompt), **({"pool": pool} if pool else {}))
-        samples = getattr(analysis, "samples", None)  # code before the analysis kept its samples: None
+        analysed = analysis.analyse(path, protocol, ranges, _NoSut(prompt), **({"pool": pool} if pool else {}))
+        samples = getattr(analysed, "samples", None)  # code before the analysis kept its samples: None
         if pool is not None:
-            pngs = pool.submit(path, analysis.summary, samples)()
+            pngs = pool.submit(path, analysed.summary, samples)()
         else:
-            pngs = report.figures(path, analysis.summary, samples) if samples is not None else None
+            pngs = report.figures(path, analysed.summary, samples) if samples is not None else None
         lifecycle.write_manifest(
-            path, protocol, ranges, manifest["device"], timing, manifest["command"], runner.stage2_ranges(path)
+            path, protocol, ranges, manifest["device"], timing, manifest["command"], stages.stage2_ranges(path)
         )
         shutil.copyfile(kept / bundles.MANIFEST_FILE, path / bundles.MANIFEST_FILE)  # the kept code version
         runner.finish(path, pngs) if pngs is not None else runner.finish(path)
@@ -209,10 +209,10 @@ def gpu_steps_on_cpu(kept: Path) -> dict[str, float]:
         tokens = samples[collect.token_columns(protocol.positions)].to_numpy(dtype=np.int64)
         sut.target_logits(prompt_ids)  # model load and first call, not part of the analysis
         start = time.perf_counter()
-        runner.reference_for(sut, protocol, prompt_ids, tokens)
+        laws.reference_for(sut, protocol, prompt_ids, tokens)
         replay = time.perf_counter() - start
         start = time.perf_counter()
-        runner.quadrature_laws(sut, protocol, prompt_ids)
+        laws.quadrature_laws(sut, protocol, prompt_ids)
         sweeps = time.perf_counter() - start
     finally:
         sut.close()

@@ -42,8 +42,12 @@ import numpy as np
 
 from specval import bundle as bundles
 from specval.distribution import collect, looks, runner
+from specval.distribution.criteria import statistical_tests
+from specval.distribution.decision import FAIL, decide, gating_failures
+from specval.distribution.laws import quadrature_laws, reference_for, token_matrix
 from specval.distribution.reference import Reference, build_reference
-from specval.distribution.verdict import FAIL, decide, evaluate, gating_failures, statistical_tests, supports_of
+from specval.distribution.strata import supports_of
+from specval.distribution.verdict import evaluate
 from specval.protocol import FROZEN, GATING_ROLES, ROLES, Protocol
 from specval.stats.montecarlo import criterion_rng
 from specval.stats.rates import pvalue_uniformity, rate_ci
@@ -279,8 +283,8 @@ def calibrate(
         prompt_ids = sut.encode(protocol.prompt)
         collect.collect(sut, pooled, prompt_ids, ranges, path, progress)
         data = collect.load_samples(path, ranges)
-        reference = runner.reference_for(sut, protocol, prompt_ids, runner.token_matrix(data, protocol.positions))
-        laws = runner.quadrature_laws(sut, protocol, prompt_ids)
+        reference = reference_for(sut, protocol, prompt_ids, token_matrix(data, protocol.positions))
+        laws = quadrature_laws(sut, protocol, prompt_ids)
     finally:
         sut.close()
     one = dataclasses.replace(protocol, samples_per_group=samples)

@@ -1,7 +1,7 @@
 """Plan: sample sizes for a target TV, and the MDE of a given sample size, before any data exists.
 
 Both directions use the computation that every criterion's printed MDE uses
-(`specval.stats.power.criterion_mde` through `specval.distribution.verdict`): the noncentral chi-square power
+(`specval.stats.power.criterion_mde` through `specval.distribution.criteria`): the noncentral chi-square power
 of the least favourable deviation (w = 2 TV) at the level the criterion is decided at (Holm's
 first step alpha / m of its family, halved for the Monte Carlo resolution, one level per stage of
 the confirmation rule), each stage needing power / decision_power.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from specval.distribution.verdict import (
+from specval.distribution.criteria import (
     P_VALUED_KINDS,
     applicable_groups,
     criterion_name,

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from specval import report
-from specval.distribution.verdict import applicable_groups, criterion_name
+from specval.distribution.criteria import applicable_groups, criterion_name
 from specval.protocol import Protocol
 from specval.report import plots
 

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from specval.distribution.reference import Reference  # noqa: E402
-from specval.distribution.verdict import strata  # noqa: E402
+from specval.distribution.strata import strata  # noqa: E402
 
 MAX_STRATA_PLOTTED = 4
 MAX_TOKENS_PLOTTED = 12

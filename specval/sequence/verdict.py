@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from specval.distribution.verdict import FAIL, INCONCLUSIVE, PASS, decide
+from specval.distribution.decision import FAIL, INCONCLUSIVE, PASS, decide
 from specval.sequence import reference
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats import independence, sequence, sequence_power

@@ -82,9 +82,9 @@ def test_mutate_runs_the_example_adapters_mutants_with_any_number_of_workers(exa
     """False-fail rate: the equivalent mutant survives unless a gating family of its one run rejects a
     correct law, <= 0.02 (two p-valued families at alpha 0.01); fixed seeds (each mutant's own ledger),
     so the outcome is fixed and identical for 1 and 2 workers."""
-    from specval.distribution import runner as runs
+    from specval.distribution import laws
 
-    monkeypatch.setattr(runs, "QUADRATURE_GRID_SIZE", MUTATE_GRID)  # forked workers inherit it
+    monkeypatch.setattr(laws, "QUADRATURE_GRID_SIZE", MUTATE_GRID)  # forked workers inherit it
     cli = CliRunner()
     tables = []
     for workers in ("1", "2"):

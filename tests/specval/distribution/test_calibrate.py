@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from specval.cli import main
 from specval.distribution import calibrate as calibration
 from specval.distribution import looks
-from specval.distribution.verdict import FAIL, PASS, evaluate
+from specval.distribution.decision import FAIL, PASS
+from specval.distribution.verdict import evaluate
 from specval.stats import montecarlo
 from specval.stats.rates import rate_ci
 from specval.stats.sequential import POCOCK, Boundary

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specval.distribution import runner
+from specval.distribution.checks import quadrature_criterion
+from specval.distribution.decision import FAIL, PASS
+from specval.distribution.laws import quadrature_laws
 from specval.distribution.reference import draft_law, transform
-from specval.distribution.verdict import FAIL, PASS, _quadrature
 from specval.protocol import SamplingSpec, parse_protocol
 from specval.semantics import DEFAULT_SEMANTICS
 from specval.sut import DRAFT_FILTERED, DRAFT_GREEDY, DRAFT_TEMPERATURE, Capabilities
@@ -74,12 +75,12 @@ def _sut(kind: str, kernel=None):
 
 def _verdict(sut, monkeypatch) -> tuple[str, float, dict]:
     """(verdict, the largest |swept law - exact law| over the swept pairs, the laws)."""
-    monkeypatch.setattr(runner, "QUADRATURE_GRID_SIZE", GRID)
+    monkeypatch.setattr("specval.distribution.laws.QUADRATURE_GRID_SIZE", GRID)
     protocol = parse_protocol(fake_protocol_dict(sampling=SAMPLING))
-    laws = runner.quadrature_laws(sut, protocol, sut.encode(protocol.prompt))
+    laws = quadrature_laws(sut, protocol, sut.encode(protocol.prompt))
     test = next(t for t in protocol.tests if t.kind == "quadrature")
     pairs = laws["sync"] + laws["adversarial"] + laws["stop_point"]
-    result = _quadrature(test, "sync", pairs)
+    result = quadrature_criterion(test, "sync", pairs)
     worst = max(c["max_abs_error"] for c in result["pairs"].values() if "max_abs_error" in c)
     return result["verdict"], worst, laws
 

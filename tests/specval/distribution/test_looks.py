@@ -15,7 +15,8 @@ import pytest
 
 from specval import bundle as bundles
 from specval.distribution import collect, looks, runner
-from specval.distribution.verdict import FAIL, PASS, decision_levels
+from specval.distribution.criteria import decision_levels
+from specval.distribution.decision import FAIL, PASS
 from specval.execution import RunInterrupted
 from specval.protocol import load_protocol, resolve
 from specval.report.junit import write_junit

@@ -22,7 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from specval.cli import main
-from specval.distribution import runner
+from specval.distribution import laws
 from specval.distribution.mutate import (
     SEED_COLLISION,
     _reused_row,
@@ -58,7 +58,7 @@ def test_the_suite_directory_lists_its_protocols_in_order(tmp_path):
 
 
 def test_mutate_a_suite_kills_the_subset_and_spares_the_equivalent_mutant(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "QUADRATURE_GRID_SIZE", 1 << 10)
+    monkeypatch.setattr(laws, "QUADRATURE_GRID_SIZE", 1 << 10)
     suite = _reduced_suite(tmp_path / "suite")
     args = ["mutate", str(suite), "--samples", "600", "--output", str(tmp_path / "out")]
     for name in SUBSET:

@@ -129,7 +129,7 @@ def test_reference_reads_format_2_lists_and_names_a_malformed_entry():
 
 
 def test_path_strata_refine_the_token_strata():
-    from specval.distribution.verdict import path_strata, strata
+    from specval.distribution.strata import path_strata, strata
 
     tokens = np.array([[1, 5], [1, 6], [1, 7], [2, 5], [1, 5]])
     paths = np.array([[1, 1], [2, 1], [1, 2], [1, 1], [2, 3]])  # codes of SOURCES
@@ -140,7 +140,7 @@ def test_path_strata_refine_the_token_strata():
 
 
 def test_source_codes_index_sources_and_mark_anything_else_minus_one():
-    from specval.distribution.verdict import source_codes
+    from specval.distribution.strata import source_codes
     from specval.sut import SOURCES
 
     column = pd.Series([SOURCES[2], "mystery", None, SOURCES[0], SOURCES[3], SOURCES[2]], dtype="str")

@@ -23,7 +23,7 @@ import pytest
 from specval import bundle as bundles
 from specval import seeds
 from specval.distribution import runner
-from specval.distribution.verdict import FAIL, PASS, confirm
+from specval.distribution.decision import FAIL, PASS, confirm
 from specval.protocol import ProtocolError, load_protocol, parse_protocol
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from tests.fixtures.fake_sut import BuggyFakeSUT, FakeSUT

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-from specval.distribution.verdict import mde_power
+from specval.distribution.criteria import mde_power
 from specval.stats import multiplicity
 from specval.stats.montecarlo import DECISION_LEVEL_FACTOR, EXCEEDANCES, num_draws
 from specval.stats.power import criterion_mde

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specval.distribution.decision import FAIL, PASS, confirm
 from specval.distribution.reference import build_reference, needed_prefixes
-from specval.distribution.verdict import FAIL, PASS, confirm, evaluate
+from specval.distribution.verdict import evaluate
 from specval.protocol import parse_protocol
 from tests.fixtures.fake_protocol import fake_protocol_dict
 from tests.fixtures.fake_sut import VOCAB, FakeSUT
