@@ -3,7 +3,8 @@
 The public Python API (semver'd, CHANGELOG.md; docs/harness.md section 12) is importable from here:
 `specval.run`, `specval.resume`, `specval.verify`, `specval.Result`, `specval.Criterion`,
 `specval.Verification` and the exceptions a run raises. They live in `specval.api`, imported on first
-use, so that `import specval` stays cheap and every module may import this package for `__version__`.
+use, so that `import specval` stays cheap. `__version__` lives in `specval.version`, below every
+module: a module that records the version imports it from there, not from this package.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from specval.version import __version__
 
 API_MODULE = "specval.api"
 _API_NAMES = (

@@ -37,8 +37,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import specval
 from specval import bundle as bundles
+from specval.version import __version__
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -177,7 +177,7 @@ def predicate(bundle: Path, public_key: Ed25519PublicKey) -> dict[str, Any]:
         "python": manifest.get("python"),
         "device": manifest.get("device"),
         "signer": {"keyid": key_id(public_key), "public_key": base64.b64encode(_raw(public_key)).decode()},
-        "signed": {"time": dt.datetime.now(dt.timezone.utc).isoformat(), "specval": specval.__version__},
+        "signed": {"time": dt.datetime.now(dt.timezone.utc).isoformat(), "specval": __version__},
     }
 
 

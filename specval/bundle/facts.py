@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import specval
+from specval.version import __version__
 
 PACKAGES = (
     "specval",
@@ -83,8 +83,8 @@ def code_version() -> dict[str, Any]:
     """The code that runs: specval's version, the commit and dirty flag of the checkout that
     holds the package's own source (not of the current directory), and `source_digest()`."""
     return {
-        "version": specval.__version__,
-        **git_state(Path(specval.__file__).resolve().parent),
+        "version": __version__,
+        **git_state(Path(__file__).resolve().parents[1]),  # the specval package directory
         "source_sha256": source_digest(),
     }
 
