@@ -34,6 +34,7 @@ fails.
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,3 +422,52 @@ def test_the_scanner_finds_a_planted_long_document(tmp_path):
     assert long_documents(tmp_path) == {"docs/performance.md": 301}
     _write(tmp_path, "docs/performance.md", "a line\n" * 300)
     assert long_documents(tmp_path) == {}
+
+
+# ---------------------------------------------------------------- the package map
+
+
+MAP_DOC = "docs/architecture.md"
+MAP_EXEMPT = {"__init__.py", "__main__.py"}  # the package itself, not an entry of its map
+
+
+def map_entries(root: Path, package: str) -> set[str]:
+    """The entries the map of `package` in docs/architecture.md names in its first column: the
+    backticked names of the table under the `### `package/`` heading, e.g. `cli/`, `api.py`."""
+    text = (root / MAP_DOC).read_text()
+    section = text.split(f"### `{package}/`", 1)[1].split("\n#", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    names = set()
+    for cell in first_cells:
+        names |= {name.split("/")[0] + ("/" if "/" in name else "") for name in re.findall(r"`([^`]+)`", cell)}
+    return names
+
+
+def tree_entries(root: Path, package: str) -> set[str]:
+    """The modules and sub-packages directly in `package`, as the map names them (`x.py`, `x/`)."""
+    out = set()
+    for path in (root / package).iterdir():
+        if path.suffix == ".py" and path.name not in MAP_EXEMPT:
+            out.add(path.name)
+        elif path.is_dir() and (path / "__init__.py").exists():
+            out.add(path.name + "/")
+        elif path.is_dir() and any(path.iterdir()) and path.name != "__pycache__":
+            out.add(path.name + "/")  # a data folder (engine/weights/)
+    return out
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_package_map_matches_the_tree(package):
+    mapped, present = map_entries(ROOT, package), tree_entries(ROOT, package)
+    assert not present - mapped, f"{MAP_DOC} does not map {sorted(present - mapped)} of {package}/"
+    assert not mapped - present, f"{MAP_DOC} maps {sorted(mapped - present)}, which {package}/ does not hold"
+
+
+def test_the_map_check_sees_a_planted_difference(tmp_path):
+    table = "| module | what |\n| --- | --- |\n| `api.py`, `gone/` | x |\n"
+    _write(tmp_path, MAP_DOC, f"### `specval/`\n\n{table}\n## Next\n")
+    _write(tmp_path, "specval/__init__.py", "")
+    _write(tmp_path, "specval/api.py", "")
+    _write(tmp_path, "specval/new.py", "")
+    assert map_entries(tmp_path, "specval") == {"api.py", "gone/"}
+    assert tree_entries(tmp_path, "specval") == {"api.py", "new.py"}
