@@ -41,6 +41,17 @@ Select it with `sut: {adapter: transformers}` (entry point of group `specval.sut
 
 `accept_single` is not offered (transformers draws its uniforms from torch's global generator), so
 `capabilities.accept_single` is False and protocols for this adapter carry no quadrature test.
+
+The draft, for a sequence protocol's `source` test (`draft_logits_along`; `draft_logits` is its
+last row): transformers 5.25's `EarlyExitCandidateGenerator.get_candidates` sets the base model's
+`config.num_hidden_layers` to `assistant_early_exit` and runs the model's own `generate` with the
+target's generation config (`do_sample=True`) and logits processors, so a draft is sampled from the
+softmax of the early exit's logits (the first `draft_loops` decoder layers, then the final norm and
+the head) after the same temperature, top-k and top-p as the target; `_speculative_sampling` then
+reads q from exactly those processed scores. The adapter replays that early exit without a cache:
+one forward over prompt + tokens with `num_hidden_layers` lowered the same way, so the harness's
+filter of the rows (the declared semantics) gives q as it gives p. The draft does not depend on the
+request's seed.
 """
 
 from __future__ import annotations
@@ -368,6 +379,38 @@ class TransformersSUT(SUT):
         the position before token i (`causal_lm.logits_along`: equal to `target_logits` of that prefix
         up to float32 summation order)."""
         return causal_lm.logits_along(self.model, prompt_ids, token_ids)
+
+    def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
+        """f32[V]: the early-exit draft's logits after `token_ids` (one cache-free forward through
+        the group's first `draft_loops` decoder layers, the final norm and the head)."""
+        with self._early_exit(group):
+            return causal_lm.last_logits(self.model, token_ids)
+
+    def draft_logits_along(
+        self, group: GroupSpec, prompt_ids: list[int], token_ids: list[int], seed: int
+    ) -> np.ndarray:
+        """f32[len(token_ids), V]: row i is the early-exit draft's logits after prompt + token_ids[:i],
+        from one cache-free forward over prompt + tokens at the group's early-exit depth (equal to
+        `draft_logits` of each prefix up to float32 summation order). transformers samples a draft
+        from these logits after the target's own processors (module docstring), so the harness's
+        filter of them is q. `seed` is unused: the draft does not depend on the request."""
+        with self._early_exit(group):
+            return causal_lm.logits_along(self.model, prompt_ids, token_ids)
+
+    @contextlib.contextmanager
+    def _early_exit(self, group: GroupSpec):
+        """The model cut to the group's early exit inside, as `EarlyExitCandidateGenerator` cuts it
+        (the base model's `config.num_hidden_layers`), restored on exit."""
+        if not group.is_speculative:
+            raise SUTError(f"group {group.name!r}: a nospec group has no draft")
+        model = self.model
+        config = getattr(model, model.base_model_prefix).config
+        layers = config.num_hidden_layers
+        config.num_hidden_layers = self.early_exit_layers(group)
+        try:
+            yield
+        finally:
+            config.num_hidden_layers = layers
 
     def describe(self) -> dict[str, Any]:
         import torch

@@ -44,6 +44,19 @@ PROCESSOR_TV_TOL = 2e-5
 # different summation orders over <= 6 positions; as the logit-match test, 1e-3 absolute on
 # logits of magnitude ~30 (float32 relative error ~1e-7 times a few hundred accumulated terms).
 LOGIT_TOL = 1e-3
+# draft_logits_along (one cache-free forward at the early exit) against draft_logits of each prefix
+# and against the scores transformers' own assistant drafted from (its early exit with a KV cache,
+# position by position): the same float32 function of the same weights and tokens, summed in other
+# orders. Two orders of one reduction of n terms differ by about sqrt(2 n) u relative to the size of
+# its terms (u = 2**-24, rounding errors adding as a random walk), and a logit collects the
+# differences of the reductions on its path, scaled by the row's largest |logit| (the head's dot
+# product): the early exit after 24 layers has 24 x 9 + 2 = 218 reductions in series (per layer two
+# norms, q/k/v, scores, softmax sum, values, output, gate/up, down; then the final norm and the
+# head) of n <= 1536 terms, sqrt(218 x 2 x 1536) u = 4.9e-5. DRAFT_RELATIVE_TOL x max |logit| bounds
+# the difference: 7.7e-3 at this prompt's 77. Measured: at most 6.5e-5 over three seeds' sequences
+# (both comparisons), a margin of 100. Neighbouring prefixes' rows differ by >= 14.6, more than
+# twice the tolerance, so a row shifted by one position fails.
+DRAFT_RELATIVE_TOL = 1e-4
 
 
 def spec(**options) -> SutSpec:
@@ -218,6 +231,54 @@ def test_target_logits_along_equals_one_call_per_prefix(sut, prompt_ids):
     assert along.shape == (6, sut.vocab_size) and along.dtype == np.float32
     for i in range(6):
         assert np.abs(along[i] - sut.target_logits(prompt_ids + tokens[:i])).max() <= LOGIT_TOL, i
+
+
+def test_draft_logits_along_are_the_early_exit_of_each_prefix(sut, prompt_ids):
+    """Deterministic. Each row of the one-forward early-exit replay against `draft_logits` of its
+    prefix (DRAFT_RELATIVE_TOL above), neighbouring prefixes far apart (a shifted row fails); the
+    early exit is not the target (the depth is applied), and the model is whole again afterwards."""
+    layers = sut.model.config.num_hidden_layers
+    tokens = [int(t) for t in sut.sample(SYNC, prompt_ids, FULL, np.array([5]), 6, 6 + K).tokens[0]]
+    along = sut.draft_logits_along(SYNC, prompt_ids, tokens, 5)
+    assert along.shape == (6, sut.vocab_size) and along.dtype == np.float32
+    single = np.stack([sut.draft_logits(SYNC, prompt_ids + tokens[:i]) for i in range(7)])
+    tolerance = DRAFT_RELATIVE_TOL * float(np.abs(single).max())
+    assert np.abs(np.diff(single, axis=0)).max(axis=1).min() > 2 * tolerance
+    assert np.abs(along - single[:-1]).max() <= tolerance
+    assert np.abs(single[0] - sut.target_logits(prompt_ids)).max() > 100 * tolerance  # not the full depth
+    assert np.array_equal(along, sut.draft_logits_along(SYNC, prompt_ids, tokens, 6))  # the seed is unused
+    with pytest.raises(SUTError, match="'nospec': a nospec group has no draft"):
+        sut.draft_logits_along(NOSPEC, prompt_ids, tokens, 5)
+    assert sut.model.config.num_hidden_layers == layers
+
+
+def test_draft_logits_along_are_the_scores_the_assistant_drafts_from(sut, prompt_ids, monkeypatch):
+    """Deterministic. Record, in transformers' `_speculative_sampling`, the candidate scores of every
+    round (q's logits: at temperature 1 without top-k / top-p transformers' processors leave them
+    raw) and compare each draft position whose prefix was committed (the accepted drafts and the
+    first rejected one) with the row of `draft_logits_along` at that position of the sequence."""
+    import transformers.generation.utils as generation_utils
+
+    rounds, original = [], generation_utils._speculative_sampling
+
+    def recording(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs):
+        tokens, matches = original(candidate_input_ids, candidate_logits, candidate_length, new_logits, **kwargs)
+        start = candidate_input_ids.shape[1] - int(candidate_length) - len(prompt_ids)
+        rounds.append((start, candidate_logits[0].float().numpy(), int(matches)))
+        return tokens, matches
+
+    monkeypatch.setattr(generation_utils, "_speculative_sampling", recording)
+    compared = 0
+    for seed in (0, 2):
+        rounds.clear()
+        tokens = list(sut.generate(SYNC, prompt_ids, FULL, seed, 8, 8).tokens)
+        along = sut.draft_logits_along(SYNC, prompt_ids, tokens, seed)
+        tolerance = DRAFT_RELATIVE_TOL * float(np.abs(along).max())
+        for start, scores, matches in rounds:
+            for j in range(min(matches + 1, len(scores), len(tokens) - start)):
+                assert np.abs(scores[j] - along[start + j]).max() <= tolerance, (seed, start, j)
+                compared += 1
+    assert compared >= 8  # both sequences' drafts, accepted and rejected
 
 
 @pytest.mark.parametrize("sampling", [TRUNCATED, FULL, SHIPPED], ids=["t0.8_k20_p0.9", "t1", "t1_k20_p0.95"])
