@@ -102,7 +102,7 @@ class Engine:
         speculative = dict(
             num_speculative_tokens=self.config.num_speculative_tokens,
             draft_depth=self.config.draft_loops,
-            draft_override=self._draft_override(),
+            draft_override=self.draft_override(),
         )
         if self.config.mode == "nospec":
             return PlainRunner(*args)
@@ -117,7 +117,8 @@ class Engine:
             scratch_block=scratch_block(self.config.num_kv_blocks) if use_graphs else None,
         )
 
-    def _draft_override(self) -> DraftOverride | None:
+    def draft_override(self) -> DraftOverride | None:
+        """The draft replacement this engine's runners apply (None: the engine's own draft)."""
         config = self.config
         if config.draft_override == OWN:
             return None
@@ -367,6 +368,30 @@ class LLM:
     def draft_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """float32[V]: next-token logits after `token_ids` at the draft depth (draft_loops)."""
         return self._replay_logits(token_ids, self.engine.config.draft_loops)
+
+    def draft_logits_along(self, prompt_ids: Sequence[int], token_ids: Sequence[int], seed: int) -> torch.Tensor:
+        """float32[len(token_ids), V] on the CPU: row i holds the draft logits a round would sample
+        token_ids[i] from as a draft after prompt_ids + token_ids[:i]: the draft depth's readout,
+        replaced by this engine's draft override as its runners replace it (`noisy` keyed by
+        `seed` and the input's position, `adversarial` / `temperature` from the target logits).
+
+        Guarantee: as `target_logits_along` (one serial, cache-free pass at the draft depth; the
+        override a pure function of seed, position and logits), so row i equals the draft logits
+        of a round that drafted position i up to float summation order. ValueError as there.
+        """
+        target = self.target_logits_along(prompt_ids, token_ids)  # checks the ids and the length
+        prompt = self.engine.prompt_token_ids(_as_list(prompt_ids))
+        tokens = self._token_ids(_as_list(token_ids))
+        ids = torch.tensor(prompt + tokens[:-1], dtype=torch.int64, device=self.engine.device)
+        with torch.inference_mode():
+            draft = self.engine.model.replay(ids, self.engine.config.draft_loops).logits[-1][len(prompt) - 1 :]
+        override = self.engine.draft_override()
+        if override is None:
+            return draft.float().cpu()
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(tokens), device=self.engine.device)
+        seeds = torch.full_like(positions, int(seed))
+        replaced = override.logits(draft.float(), target.to(self.engine.device), seeds, positions)
+        return replaced.float().cpu()
 
     def _replay_logits(self, token_ids: Sequence[int], depth: int) -> torch.Tensor:
         ids = torch.tensor(self.engine.prompt_token_ids(token_ids), dtype=torch.int64, device=self.engine.device)

@@ -220,6 +220,24 @@ class SUT(abc.ABC):
         the quadrature, i.e. when `capabilities.accept_single` is True)."""
         raise SUTError(f"{type(self).__name__} does not provide draft_logits")
 
+    def draft_logits_along(
+        self, group: GroupSpec, prompt_ids: list[int], token_ids: list[int], seed: int
+    ) -> np.ndarray:
+        """f32[len(token_ids), V]: row i is the logits of the draft distribution q that `group`'s
+        rounds sample a draft of position i from, after prompt_ids + token_ids[:i], for the request
+        of `seed` (a draft override may depend on it); the sampling parameters and filter semantics
+        then give q as they give p. Needed by a sequence protocol's `source` test (the law of each
+        token given its source: accepted ~ min(p, q) / beta, correction ~ (p - q)+ / (1 - beta), and
+        the acceptance count against beta = sum min(p, q)). This default calls `draft_logits` once
+        per row, right for a draft that does not depend on the seed; adapters override it with one
+        pass over the sequence."""
+        prefix = list(prompt_ids)
+        rows = []
+        for token in token_ids:
+            rows.append(np.asarray(self.draft_logits(group, prefix), dtype=np.float32))
+            prefix.append(int(token))
+        return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
+
     def accept_single(
         self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
     ) -> np.ndarray:

@@ -271,6 +271,14 @@ class EngineSUT(SUT):
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
         return self._group_llm(group).draft_logits(token_ids).float().numpy()
 
+    def draft_logits_along(
+        self, group: GroupSpec, prompt_ids: list[int], token_ids: list[int], seed: int
+    ) -> np.ndarray:
+        """One draft-depth replay of prompt + tokens with the group's draft override
+        (`LLM.draft_logits_along`): f32[len, V]."""
+        llm = self._group_llm(group)
+        return llm.draft_logits_along(list(prompt_ids), list(token_ids), int(seed)).float().numpy()
+
     def accept_single(
         self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
     ) -> np.ndarray:

@@ -39,6 +39,8 @@ class PlanRow:
 
 def _num_buckets(protocol: SequenceProtocol, kind: str) -> int:
     k = protocol.num_speculative_tokens
+    if kind == "pit_source":
+        return 2 * k + 1  # (accepted, j), (correction, j) for j = 1..K, and the bonus
     return (k + 1) * (verdict.QUARTERS if kind == "pit_position" else k + 2)
 
 
@@ -52,7 +54,7 @@ def _mde(protocol: SequenceProtocol, kind: str, criterion_level: float) -> tuple
             sequence_power.pit_uniformity_mde(tokens, [level], power=protocol.power),
             verdict.POOLED_LABEL,
         )
-    if kind in ("pit_position", "pit_path"):
+    if kind in ("pit_position", "pit_path", "pit_source"):
         buckets = _num_buckets(protocol, kind)
         return (
             tokens // buckets,
@@ -68,6 +70,8 @@ def _mde(protocol: SequenceProtocol, kind: str, criterion_level: float) -> tuple
     if kind.startswith("association"):
         n = pairs * length  # adjacent and cross pairs each use every row once
         return n, sequence_power.association_rho_mde(n, [level], power=protocol.power), "|Spearman rho| of paired PITs"
+    if kind == "accepts":
+        return tokens, None, "needs the target's and the draft's laws: printed by the run"
     return pairs, None, "needs the target's laws: printed by the run"
 
 
@@ -89,6 +93,33 @@ def position_rows(protocol: SequenceProtocol, group: str, role: str, family_size
         mde_or_none = None if mde == NOTHING_DETECTABLE else mde
         rows.append(
             PlanRow(f"pit_position.{group} @ position {position}", role, family_size, level, n, mde_or_none, label)
+        )
+    return rows
+
+
+def source_rows(protocol: SequenceProtocol, group: str, role: str, family_size: int, level: float) -> list[PlanRow]:
+    """pit_source's MDE for the corrections at each draft position j and for the bonus: the planned
+    size of those buckets under the acceptance model (a round reaches j w.p. a^(j-1), is corrected
+    there w.p. 1 - a; the bonus follows K accepts)."""
+    k, buckets = protocol.num_speculative_tokens, _num_buckets(protocol, "pit_source")
+    a = PLAN_ACCEPTANCE
+    rounds = protocol.sequences_per_group * protocol.sequence_length / sum(a**i for i in range(k + 1))
+    decided = montecarlo.decision_level(level, montecarlo.EARLY_REJECTION)
+    rows = []
+    for position in range(1, k + 2):
+        n = int(rounds * a ** (position - 1) * (1 - a if position <= k else 1))
+        mde = sequence_power.bucket_mde(n, [decided], num_buckets=buckets, power=protocol.power)
+        what = "the bonus" if position == k + 1 else f"corrections at draft position {position}"
+        rows.append(
+            PlanRow(
+                f"pit_source.{group} @ {'bonus' if position == k + 1 else f'correction {position}'}",
+                role,
+                family_size,
+                level,
+                n,
+                None if mde == NOTHING_DETECTABLE else mde,
+                f"binned PIT TV of {what} under its source's law (acceptance {a:g} assumed)",
+            )
         )
     return rows
 
@@ -116,4 +147,6 @@ def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
         )
         if kind == "pit_position":
             rows += position_rows(protocol, group, role, sizes.get(role, 1), level)
+        if kind == "pit_source":
+            rows += source_rows(protocol, group, role, sizes.get(role, 1), level)
     return rows

@@ -57,7 +57,8 @@ from specval.sut import DRAFT_OVERRIDES as DRAFTS
 from specval.sut import OWN_DRAFT
 
 SEQUENCE_KIND = "sequence"
-TEST_KINDS = ("pit", "serial", "independence", "reproducibility")
+TEST_KINDS = ("pit", "serial", "independence", "reproducibility", "source")
+SOURCE_KIND = "source"  # white box: each token against its source's law (needs `SUT.draft_logits_along`)
 DETERMINISTIC_KINDS = ("reproducibility",)
 MAX_SPECULATIVE_TOKENS = 8  # K: round positions 1..K+1 are tested as buckets
 MAX_SEQUENCE_LENGTH = 1024
@@ -135,7 +136,11 @@ class SequenceProtocol:
         return next(g for g in self.groups if g.name == name)
 
     def groups_of(self, test: SequenceTest) -> tuple[str, ...]:
-        return test.groups or tuple(g.name for g in self.groups)
+        """The groups a test applies to: those it lists, else every group (every speculative one for
+        a `source` test: a nospec group has no draft, so no source to condition on)."""
+        if test.groups:
+            return test.groups
+        return tuple(g.name for g in self.groups if g.is_speculative or test.kind != SOURCE_KIND)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form; a group's `companions` only when it has some, so protocols without them hash
@@ -198,11 +203,15 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[SequenceGroup, ..
     if not isinstance(listed, list):
         fail(file, f"{where}.groups", "expected a list of group names", listed)
     names = tuple(g.name for g in groups)
-    return SequenceTest(
+    test = SequenceTest(
         kind=read_str(raw["kind"], file, f"{where}.kind", TEST_KINDS),
         role=read_str(raw["role"], file, f"{where}.role", ROLES),
         groups=tuple(read_str(n, file, f"{where}.groups", names) for n in listed),
     )
+    plain = [g.name for g in groups if g.name in test.groups and not g.is_speculative]
+    if test.kind == SOURCE_KIND and plain:
+        fail(file, f"{where}.groups", "a source test needs speculative groups (nospec has no sources)", plain[0])
+    return test
 
 
 def _parse_tests(raw: Any, file: str, groups: tuple[SequenceGroup, ...]) -> tuple[SequenceTest, ...]:

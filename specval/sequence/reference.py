@@ -13,6 +13,14 @@ and tokens 1..i-1. What the tests need of p_i is kept per token (`samples/<group
   logit would keep it: float rounding between the SUT's logits and this replay, not evidence) or
   OUT_OF_SUPPORT (outside the support even so: a bug, failed at once).
 
+A group under a `source` test also gets, from `SUT.draft_logits_along` (the draft's q_i along the
+same prefixes, filtered by the same sampling and semantics), the token's place in the law of its
+SOURCE (`SOURCE_COLUMNS`): an accepted draft follows min(p_i, q_i) / beta_i, a correction
+(p_i - q_i)+ / (1 - beta_i), a bonus or plain token p_i, with beta_i = sum min(p_i, q_i), the
+probability that a draft at that position is accepted (`beta`). `source_lower` / `source_mass` are
+the rank-order PIT parts under that law; a token the law cannot emit (mass 0: a correction where p
+<= q, an accepted token outside min(p, q)) gets lower 1 and mass 0, its PIT at the top of the unit.
+
 A group with companions (`specval.sequence.collect`) also gets `samples/<group>-companions.parquet`:
 the `status` of every companion token under the companion's own sampling (a greedy companion's
 token is IN_SUPPORT iff its logit is the row's maximum, BOUNDARY iff within `support_tolerance` of
@@ -37,7 +45,7 @@ from specval.distribution.reference import transform
 from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
 from specval.sequence.contract import check_logits_along
-from specval.sequence.protocol import SequenceProtocol
+from specval.sequence.protocol import SOURCE_KIND, SequenceProtocol
 from specval.stats.sequence import pit_parts
 from specval.sut import SUT
 
@@ -45,6 +53,8 @@ REFERENCE_SUFFIX = "-reference.parquet"
 IN_SUPPORT, BOUNDARY, OUT_OF_SUPPORT = 0, 1, 2
 COMPANIONS_SUFFIX = "-companions.parquet"
 PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
+SOURCE_COLUMNS = ("source_mass", "source_lower", "beta")  # groups under a source test only
+ACCEPTED, CORRECTION = "accepted", "correction"  # the sources whose law involves q
 
 
 def support_status(
@@ -88,11 +98,40 @@ def companion_status(
     return support_status(logits, tokens, mass, sampling, tolerance, semantics)
 
 
-def sequence_parts(
-    logits: np.ndarray, tokens: np.ndarray, protocol: SequenceProtocol, semantics: FilterSemantics
+def source_parts(
+    probs: np.ndarray, draft_probs: np.ndarray, tokens: np.ndarray, sources: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """The reference parts (PART_COLUMNS) of one sequence's tokens int64[L] from its logits f32[L, V]."""
+    """SOURCE_COLUMNS of one sequence: p f64[L, V], q f64[L, V], tokens int64[L], sources str[L]
+    (module docstring). Deterministic in its inputs."""
+    overlap = np.minimum(probs, draft_probs)
+    beta = overlap.sum(axis=1)
+    law = np.where(
+        (sources == ACCEPTED)[:, None],
+        overlap,
+        np.where((sources == CORRECTION)[:, None], np.clip(probs - draft_probs, 0.0, None), probs),
+    )
+    possible = law.sum(axis=1) > 0
+    lower, mass = np.ones(len(tokens)), np.zeros(len(tokens))
+    if possible.any():
+        lower[possible], mass[possible] = pit_parts(law[possible], tokens[possible], "rank")
+    return {"source_mass": mass, "source_lower": lower, "beta": beta}
+
+
+def sequence_parts(
+    logits: np.ndarray,
+    tokens: np.ndarray,
+    protocol: SequenceProtocol,
+    semantics: FilterSemantics,
+    draft: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """The reference parts (PART_COLUMNS) of one sequence's tokens int64[L] from its logits f32[L, V];
+    with `draft` = (the draft's logits f32[L, V], the tokens' sources str[L]) SOURCE_COLUMNS too."""
     probs = transform(logits, protocol.sampling, semantics)
+    extra = (
+        {}
+        if draft is None
+        else source_parts(probs, transform(draft[0], protocol.sampling, semantics), tokens, draft[1])
+    )
     lower_rank, mass = pit_parts(probs, tokens, "rank")
     lower_index, _ = pit_parts(probs, tokens, "index")
     return {
@@ -101,6 +140,7 @@ def sequence_parts(
         "lower_index": lower_index,
         "self_match": (probs * probs).sum(axis=1),
         "status": support_status(logits, tokens, mass, protocol.sampling, protocol.support_tolerance, semantics),
+        **extra,
     }
 
 
@@ -135,6 +175,18 @@ def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], 
         yield r, row, replay(sut, prompt_ids[int(prompt)], row, f"target_logits_along ({label}, sequence {r})")
 
 
+def source_groups(protocol: SequenceProtocol) -> set[str]:
+    """The groups a `source` test applies to (their reference holds SOURCE_COLUMNS)."""
+    return {g for t in protocol.tests if t.kind == SOURCE_KIND for g in protocol.groups_of(t)}
+
+
+def draft_replay(sut: SUT, protocol: SequenceProtocol, group: str, prompt: list[int], row: np.ndarray, seed: int):
+    """The draft's logits f32[L, V] along one sequence (`draft_logits_along`), checked as a replay."""
+    call = f"draft_logits_along (group {group!r}, seed {seed})"
+    along = sut.draft_logits_along(protocol.group(group), list(prompt), row.tolist(), int(seed))
+    return check_logits_along(call, along, len(row), int(sut.vocab_size))
+
+
 def build_group(
     sut: SUT,
     protocol: SequenceProtocol,
@@ -142,11 +194,20 @@ def build_group(
     samples: pd.DataFrame,
     semantics: FilterSemantics,
     group: str = "",
+    with_sources: bool = False,
 ) -> pd.DataFrame:
-    """The parts of every token of one group's main batches (samples sorted by batch, slot, index)."""
-    parts = {name: [] for name in PART_COLUMNS}
-    for _, row, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
-        for name, values in sequence_parts(logits, row, protocol, semantics).items():
+    """The parts of every token of one group's main batches (samples sorted by batch, slot, index);
+    `with_sources`: SOURCE_COLUMNS too, from one `draft_logits_along` call per sequence."""
+    parts = {name: [] for name in PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ())}
+    length = protocol.sequence_length
+    seeds, prompts = samples["seed"].to_numpy()[::length], samples["prompt"].to_numpy()[::length]
+    sources = samples["source"].to_numpy().reshape(-1, length)
+    for r, row, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
+        draft = None
+        if with_sources:
+            prompt = prompt_ids[int(prompts[r])]
+            draft = (draft_replay(sut, protocol, group, prompt, row, int(seeds[r])), sources[r])
+        for name, values in sequence_parts(logits, row, protocol, semantics, draft).items():
             parts[name].append(values)
     table = samples[["batch", "slot", "index"]].copy()
     for name, values in parts.items():
@@ -193,10 +254,11 @@ def build(
     """Write samples/<group>-reference.parquet for every group that lacks it, and
     samples/<group>-companions.parquet for every group in `companions` that lacks it (resumable,
     hashes recorded)."""
+    white_box = source_groups(protocol)
     for group, frame in samples.items():
         path = _file(bundle, group)
         if not path.exists():
-            table = build_group(sut, protocol, prompt_ids, frame, semantics, group)
+            table = build_group(sut, protocol, prompt_ids, frame, semantics, group, group in white_box)
             bundles.write_chunk(bundle, path, functools.partial(table.to_parquet, index=False))
     for group, frame in (companions or {}).items():
         path = _file(bundle, group, COMPANIONS_SUFFIX)

@@ -82,7 +82,8 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     (`specval.sequence.contract`), on the reserved probe seeds (`seeds.PROBE_SEEDS`, outside every
     run's ranges): `vocab_size`, `encode` of every prompt, one batch of `probe_length` tokens per
     group after the first prompt (`sample_mixed` with its companions for a group that has them) and
-    `target_logits_along` of its first sequence. A fault that shows only later in a sequence is
+    `target_logits_along` of its first sequence (and `draft_logits_along`, for a group under a
+    `source` test). A fault that shows only later in a sequence is
     caught by the run's own checks of every batch (exit 3, the bundle resumable). ProtocolError
     (exit 2) for an adapter without `target_logits_along`; SUTRaised (exit 3) for anything the
     adapter raises or returns malformed."""
@@ -96,11 +97,14 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
         raise SUTRaised("vocab_size", f"is {vocab!r}, expected an integer >= 2")
     prompt_ids = [_encoded(sut, text, int(vocab)) for text in protocol.prompts]
     short = dataclasses.replace(protocol, sequence_length=probe_length(protocol))
+    white_box = reference.source_groups(protocol)
     for group in protocol.groups:
         batch = collect.Batch(group.name, 0, seeds.PROBE_SEEDS, 0, probe=True)
         table = collect.sample_batch(sut, short, prompt_ids, batch)
         first = table["token"].to_numpy()[: short.sequence_length]
         reference.replay(sut, prompt_ids[0], first, f"target_logits_along (probe, group {group.name!r})")
+        if group.name in white_box:  # the source test's call, on the same sequence
+            reference.draft_replay(sut, short, group.name, prompt_ids[0], first, int(table["seed"].iloc[0]))
 
 
 def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:

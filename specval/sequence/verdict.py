@@ -9,9 +9,10 @@ what it sees:
 - `pit_pooled.<g>` (pit): uniformity X^2 of all randomized PITs, rank order; sees every token's law,
   pooled.
 - `pit_position.<g>` (pit): the same, one bucket per (round position 1..K+1, quarter of the
-  sequence); sees one wrong draft position, the bonus, later rounds.
+  sequence), the largest bucket X^2 (criteria version 2); sees one wrong draft position, the bonus,
+  later rounds, each at its own bucket's size.
 - `pit_path.<g>` (pit): PITs in token-id order, one bucket per (round position, previous round's
-  length); sees reused or overlapping uniforms between rounds.
+  length), max-type; sees reused or overlapping uniforms between rounds.
 - `serial.<g>` (serial): binned dependence of U_i and U_{i+l}, l = 1..K+1, id order; sees frozen or
   overlapping RNG offsets.
 - `equal_t1_adjacent.<g>`, `equal_t1_cross.<g>` (independence): count of equal first tokens of
@@ -24,6 +25,11 @@ what it sees:
   slot and batch; sees batch-dependent sampling.
 - `companions.<g>` (control, groups with companions): companion tokens outside their own law's
   support (greedy: not the argmax); sees neighbours served with the tested rows' parameters.
+- `pit_source.<g>` (source, speculative groups): each token's PIT under its source's law (accepted
+  ~ min(p, q) / beta, correction ~ (p - q)+ / (1 - beta), bonus ~ p), max-type over (source,
+  position); sees a bug in one source at one position, undiluted by the other sources.
+- `accepts.<g>` (source): accepted drafts per draft position against Poisson-binomial(beta), beta
+  = sum min(p, q); sees an accept rule that accepts too often or too seldom.
 
 A group with companions shares every batch with requests of other sampling parameters (greedy among
 them); its tested requests go through every criterion above, so a law that changes with the
@@ -33,9 +39,10 @@ Pairs: "adjacent" = slots 2i and 2i + 1 of one batch; "cross" = slot s of batche
 prompts; b in the first P batches of each block of 2P, so pairs are disjoint). Each p-valued
 criterion is an exact-size test (exact discrete law or sequential Monte Carlo null); Holm within
 each role keeps the family-wise false-fail rate <= alpha; the run verdict is the distribution kind's
-(`specval.distribution.verdict.run_verdict`): PASS iff every control and primary criterion passes.
+(`specval.distribution.decision.run_verdict`): PASS iff every control and primary criterion passes.
 The randomized PITs' uniforms V and the Monte Carlo nulls come from `criterion_rng` streams keyed
-by the protocol hash, the group, the criterion and the group's first seed.
+by the protocol hash, the group, the criterion and the group's seed range (its first seed under
+criteria version 1); every Monte Carlo p-value of version 2 uses the early-rejection rule.
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ P_VALUED = {
     "pit": ("pit_pooled", "pit_position", "pit_path"),
     "serial": ("serial",),
     "independence": ("equal_t1_adjacent", "equal_t1_cross", "association_adjacent", "association_cross", "identical"),
+    "source": ("pit_source", "accepts"),
 }
+SOURCE_CODES = {"accepted": 0, "correction": 1, "bonus": 2, "plain": 3}  # pit_source's bucket: source x position
 DETERMINISTIC = {"reproducibility": ("reproducible",)}
 CRITERIA = P_VALUED | DETERMINISTIC
 __all__ = ["CRITERIA", "FAIL", "INCONCLUSIVE", "PASS", "GroupSequences", "evaluate", "family_sizes", "round_positions"]
@@ -105,7 +114,11 @@ def group_sequences(
         sources=samples["source"].to_numpy().reshape(shape),
         batch=samples["batch"].to_numpy()[::length],
         slot=samples["slot"].to_numpy()[::length],
-        parts={name: parts[name].to_numpy().reshape(shape) for name in reference.PART_COLUMNS},
+        parts={
+            name: parts[name].to_numpy().reshape(shape)
+            for name in reference.PART_COLUMNS + reference.SOURCE_COLUMNS
+            if name in parts.columns
+        },
         rerun_tokens=rerun["token"].to_numpy().reshape(shape)[rerun_order],
         rerun_expected=tokens[first] if first is not None else np.full((len(rerun_order), length), -1),
         companion_status=None if companions is None else companions["status"].to_numpy().reshape(shape),
@@ -410,6 +423,53 @@ def identical(ctx: Context) -> tuple:
     )
 
 
+def pit_source(ctx: Context) -> tuple:
+    """Every token's randomized PIT under the law of its source (accepted ~ min(p, q) / beta,
+    correction ~ (p - q)+ / (1 - beta), bonus and plain ~ p), max-type over (source, round position)
+    buckets. Given the past and its source label a token follows that law exactly, so each U is
+    U(0, 1) given everything before it; a bug in ONE source at ONE position is judged at that
+    bucket's size, not diluted by the mixture of sources the label-free PITs see."""
+    parts = ctx.data.parts
+    v = ctx.rng("source-uniforms").random(ctx.data.tokens.size).reshape(ctx.data.tokens.shape)
+    u = np.minimum(parts["source_lower"] + v * parts["source_mass"], sequence.TOP_OF_UNIT)
+    codes = np.vectorize(SOURCE_CODES.get, otypes=[np.int64])(ctx.data.sources)
+    result = _pit(ctx, "pit_source", u, codes * (ctx.protocol.num_speculative_tokens + 2) + ctx.position)
+    impossible = int((parts["source_mass"] <= 0).sum())
+    return result[:5] + (result[5] | {"impossible_tokens": impossible},)
+
+
+def accepts(ctx: Context) -> tuple:
+    """The number of accepted drafts at each draft position j = 1..K against Poisson-binomial(beta)
+    of the tokens tested there (accepted or corrected drafts): given its prefix, a draft is accepted
+    with probability beta = sum min(p, q) exactly. Two-sided exact p-value per position, Bonferroni
+    over the positions that hold a draft (min(1, J min p_j))."""
+    tested = np.isin(ctx.data.sources, ("accepted", "correction"))
+    accepted = ctx.data.sources == "accepted"
+    beta = np.clip(ctx.data.parts["beta"], 0.0, 1.0)
+    counts, expected, p_values, mdes = {}, {}, {}, []
+    positions = [j for j in range(1, ctx.protocol.num_speculative_tokens + 1) if (tested & (ctx.position == j)).any()]
+    for j in positions:
+        here = tested & (ctx.position == j)
+        pmf = independence.poisson_binomial_pmf(beta[here])
+        counts[j], expected[j] = int(accepted[here].sum()), float(beta[here].sum())
+        p_values[j] = independence.discrete_pvalue(pmf, counts[j], "two-sided")
+        level = ctx.level / max(len(positions), 1) / 2
+        mdes.append(sequence_power.equal_rate_mde(beta[here], [level], alternative="less", power=ctx.protocol.power))
+    p_value = min(1.0, len(positions) * min(p_values.values())) if positions else 1.0
+    return (
+        max((abs(counts[j] - expected[j]) for j in positions), default=0.0),
+        p_value,
+        int(tested.sum()),
+        max(mdes, default=None),
+        "relative drop of the acceptance rate at one draft position",
+        {
+            "accepted": {str(j): counts[j] for j in positions},
+            "expected": {str(j): expected[j] for j in positions},
+            "position_p_values": {str(j): p_values[j] for j in positions},
+        },
+    )
+
+
 P_VALUED_FUNCTIONS = {
     "pit_pooled": pit_pooled,
     "pit_position": pit_position,
@@ -420,6 +480,8 @@ P_VALUED_FUNCTIONS = {
     "association_adjacent": association_adjacent,
     "association_cross": association_cross,
     "identical": identical,
+    "pit_source": pit_source,
+    "accepts": accepts,
 }
 
 

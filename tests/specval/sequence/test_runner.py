@@ -22,6 +22,7 @@ SMALL = {
         {"kind": "pit", "role": "primary"},
         {"kind": "independence", "role": "primary"},
         {"kind": "reproducibility", "role": "control"},
+        {"kind": "source", "role": "primary"},
     ],
 }
 
@@ -47,6 +48,9 @@ def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
             f"reproducible.{group}",
         } <= names
     assert {"equal_t1_adjacent.sync", "association_cross.sync", "identical.sync"} <= names
+    # the white-box source test: every speculative group, none for nospec
+    assert {"pit_source.sync", "accepts.adversarial", "pit_source.mixed"} <= names
+    assert "pit_source.nospec" not in names and summary["tests"]["pit_source.sync"]["impossible_tokens"] == 0
     assert summary["groups"]["sync"]["round_positions"]["4"] > 0  # the bonus position is tested
     assert summary["tests"]["companions.mixed"]["verdict"] == "PASS"
     assert summary["tests"]["companions.mixed"]["effective_n"] == 160 * 32  # one companion per tested request
@@ -100,6 +104,7 @@ def test_a_draft_override_needs_the_adapter_capability(tmp_path):
         ("wrong_bonus_row", "pit_position.sync", 80),
         ("reuse_accept", "pit_path.sync", 80),
         ("correlated_streams", "association_adjacent.sync", 160),
+        ("residual_from_p_late", "pit_source.sync", 80),
     ],
 )
 def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, sequences):
@@ -113,10 +118,12 @@ def test_each_bug_class_is_killed_by_its_criterion(tmp_path, mutant, killer, seq
     )
     _, summary = runner.run(file, None, tmp_path / "out", exploratory=True, progress=False)
     assert summary["verdict"] == "FAIL" and summary["tests"][killer]["verdict"] == "FAIL", summary["reason"]
-    # Fail fast: the killer's Monte Carlo p-value stopped at the early look (2 / level draws; the
-    # association criterion has two p-values at level / 2), far below the cap of 60 / level
+    # Fail fast: a PIT killer (its deviation far above the MDE) stops at the early look after ~2 /
+    # level draws, not at the cap of 60 / level. The association killer at 80 pairs lies near its
+    # MDE: a borderline rejection runs to the cap, as the rule says.
     level = 0.01 / summary["protocol"]["family_sizes"]["primary"]
-    assert summary["tests"][killer]["mc_draws"] <= 2 * montecarlo.early_look(level / 2)[1] < 60 / level
+    if killer.startswith("pit_"):
+        assert summary["tests"][killer]["mc_draws"] == montecarlo.early_look(level)[1] < 60 / level
 
 
 def test_the_run_records_its_criteria_rules_and_each_bucket(correct_run):
