@@ -13,6 +13,12 @@ Everything an adapter needs is here: capabilities as data on the class, `vocab_s
 `specval check-adapter toy_adapter:ToySUT` (from this folder, with PYTHONPATH=.) checks all of it.
 It also plants two bugs for `specval mutate` (listed in `capabilities.mutants`, switched on by
 `sut.options.mutant`): one that changes the output law and one that does not.
+
+Whole sequences (sequence.yaml) add three optional parts: `target_logits_along` and
+`draft_logits_along` (the target's and the draft's logits at every position of a sequence, one call
+each: the replay and the white-box `source` test), draft overrides (`Capabilities.draft_overrides`,
+read from `group.draft` where the draft is built) and mixed batches (`Capabilities.mixed_sampling`,
+`sample_mixed`: one sampling per request in one call, temperature 0 meaning greedy).
 """
 
 from __future__ import annotations
@@ -41,6 +47,10 @@ MUTANTS = (
 
 
 def _softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """The law of one row at `temperature`: softmax(logits / T), or the point mass at the argmax when
+    T is 0 (greedy; speculation then accepts a draft iff it is the target's argmax)."""
+    if temperature == 0:
+        return np.eye(len(logits))[np.argmax(logits)]
     z = np.asarray(logits, dtype=np.float64) / temperature
     e = np.exp(z - z.max())
     return e / e.sum()
@@ -53,6 +63,11 @@ def _inverse_cdf_rows(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
     first = (cdf <= (u * cdf[:, -1])[:, None]).sum(axis=1)  # searchsorted(side="right") per row
     last_positive = weights.shape[1] - 1 - np.argmax(weights[:, ::-1] > 0, axis=1)
     return np.minimum(first, last_positive).astype(np.int64)
+
+
+def _previous(prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
+    """The token before each of `token_ids` (int64 [len(token_ids)]): all a bigram model reads."""
+    return np.asarray([prompt_ids[-1], *token_ids], dtype=np.int64)[: len(token_ids)]
 
 
 def _inverse_cdf(weights: np.ndarray, u: float) -> int:
@@ -68,6 +83,7 @@ class ToySUT(SUT):
         sampling=("temperature",),
         mutants=MUTANTS,
         draft_overrides=("noisy", "adversarial", "temperature"),
+        mixed_sampling=True,
     )
 
     def __init__(self, spec, num_speculative_tokens):
@@ -110,22 +126,31 @@ class ToySUT(SUT):
     def target_logits_along(self, prompt_ids: list[int], token_ids: list[int]) -> np.ndarray:
         """Row i: the target logits after prompt + tokens[:i], all rows in one indexing (a bigram
         model reads only the last token; a transformer would run one forward pass here)."""
-        last = np.asarray([prompt_ids[-1], *token_ids[:-1]], dtype=np.int64)
-        return self.target[last].astype(np.float32)
+        return self.target[_previous(prompt_ids, token_ids)].astype(np.float32)
 
     def draft_logits(self, group, token_ids: list[int]) -> np.ndarray:
-        """The group's draft: its own table, or the override a sequence protocol's group names
-        (`group.draft`): noisy (own + fixed noise), adversarial (minus the target), temperature
-        (the target at twice the temperature). The committed law must not change with any of them."""
-        last = token_ids[-1]
+        return self._draft(group, np.asarray(token_ids[-1:]))[0].astype(np.float32)
+
+    def draft_logits_along(self, group, prompt_ids: list[int], token_ids: list[int], seed: int) -> np.ndarray:
+        """Row i: the logits of the draft a round samples position i from, after prompt + tokens[:i]
+        (the `source` test filters them into q as it filters the target's into p). One indexing, as
+        `target_logits_along`; the toy's drafts do not depend on the request, so `seed` is unused (a
+        draft that did, e.g. noise drawn per request, would be rebuilt from it here)."""
+        return self._draft(group, _previous(prompt_ids, token_ids)).astype(np.float32)
+
+    def _draft(self, group, last: np.ndarray) -> np.ndarray:
+        """The group's draft logits after each token of `last`: its own table, or the override a
+        sequence protocol's group names (`group.draft`; distribution groups carry none): noisy (own +
+        fixed noise), adversarial (minus the target), temperature (the target at twice the
+        temperature). The committed law must not change with any of them."""
         draft = getattr(group, "draft", "own")
         if draft == "noisy":
-            return (self.draft[last] + 2.0 * self.noise[last]).astype(np.float32)
+            return self.draft[last] + 2.0 * self.noise[last]
         if draft == "adversarial":
-            return (-self.target[last]).astype(np.float32)
+            return -self.target[last]
         if draft == "temperature":
-            return (self.target[last] / 2.0).astype(np.float32)
-        return self.draft[last].astype(np.float32)
+            return self.target[last] / 2.0
+        return self.draft[last]
 
     def _accepts(self, u, q_x, p_x):
         """Accept iff u * q(x) < p(x); elementwise on arrays (one entry per row) as on scalars."""
@@ -149,7 +174,19 @@ class ToySUT(SUT):
         return np.where(accepted, x, corrected)
 
     def sample(self, group, prompt_ids, sampling, seeds, num_tokens, max_tokens) -> SampleBatch:
-        rows = [self._request(group, prompt_ids, sampling.temperature, int(s), max_tokens) for s in seeds]
+        return self.sample_mixed(group, prompt_ids, [sampling] * len(seeds), seeds, num_tokens, max_tokens)
+
+    def sample_mixed(self, group, prompt_ids, samplings, seeds, num_tokens, max_tokens) -> SampleBatch:
+        """`sample` with one sampling per request, all in one call (temperature 0: greedy). The toy
+        runs its requests one after another; an engine would put them in one batch, each with its
+        own parameters, and each row must stay a function of its own request alone."""
+        for sampling in samplings:
+            if sampling.top_k not in (-1, 0) or sampling.top_p < 1.0:
+                raise SUTError(f"sampling {sampling}: the toy sampler honours temperature only")
+        rows = [
+            self._request(group, prompt_ids, sampling.temperature, int(seed), max_tokens)
+            for sampling, seed in zip(samplings, seeds)
+        ]
         return SampleBatch(
             tokens=np.array([r[0][:num_tokens] for r in rows], dtype=np.int64),
             sources=np.array([r[1][:num_tokens] for r in rows], dtype=object),

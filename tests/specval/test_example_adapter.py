@@ -43,18 +43,48 @@ def test_minimal_adapter_example_passes_and_verifies(example):
     assert runner.invoke(main, ["verify", str(bundle)]).exit_code == 0
 
 
+SPECULATIVE_GROUPS = ("sync", "sync_noisy", "sync_adversarial", "sync_temperature", "sync_mixed")
+
+
 def test_minimal_adapter_sequence_protocol_passes_with_every_draft_and_verifies(example):
-    """The example's whole-sequence protocol (target_logits_along and the three draft overrides of
-    the toy adapter): PASS at its smoke size, frozen, and the bundle verifies. False-fail rate <= 0.01
-    over seed choices (one gating family per role at alpha 0.01, Holm)."""
+    """The example's whole-sequence protocol (target_logits_along, draft_logits_along under the
+    source test, the three draft overrides and a mixed batch through sample_mixed): PASS at its smoke
+    size, frozen, and the bundle verifies. False-fail rate <= 0.01 over seed choices (one gating
+    family per role at alpha 0.01, Holm)."""
     runner = CliRunner()
     result = runner.invoke(main, ["run", str(example / "sequence.yaml"), "--profile", "smoke", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert "PASS: all 40 control and primary criteria passed" in result.output, result.output
+    assert "PASS: all 57 control and primary criteria passed" in result.output, result.output
     bundle = Path(result.output.strip().splitlines()[-1].removeprefix("bundle: "))
     summary = json.loads((bundle / "summary.json").read_text())
     assert {g["draft"] for g in summary["groups"].values()} == {"own", "noisy", "adversarial", "temperature"}
+    assert summary["groups"]["sync_mixed"]["companions"][0]["temperature"] == 0.0  # greedy neighbours
+    white_box = {f"{c}.{g}" for c in ("pit_source", "accepts") for g in SPECULATIVE_GROUPS}
+    assert white_box | {"companions.sync_mixed"} <= set(summary["tests"])
     assert runner.invoke(main, ["verify", str(bundle)]).exit_code == 0
+
+
+def test_the_source_test_kills_the_toys_correction_from_p(example):
+    """The example's sequence protocol cut to its plain and speculative groups and the pit and
+    source tests, through the Python API, once as shipped and once with the toy's planted
+    `residual_from_p` (every correction drawn from p instead of max(p - q, 0)): the first PASSes,
+    the second FAILs pit_source.sync. Fixed seeds, so both outcomes are fixed on a platform; a
+    correct sampler fails with probability <= 0.01 (one primary family at alpha 0.01, Holm)."""
+    import specval
+
+    raw = yaml.safe_load((example / "sequence.yaml").read_text())
+    raw["groups"] = [g for g in raw["groups"] if g["name"] in ("nospec", "sync")]
+    raw["tests"] = [t for t in raw["tests"] if t["kind"] in ("pit", "source")]
+    verdicts = {}
+    for mutant in (None, "residual_from_p"):
+        raw["sut"]["options"] = {"mutant": mutant} if mutant else {}
+        path = example / f"source_{mutant}.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        verdicts[mutant] = specval.run(path, profile="smoke", exploratory=True, output=f"results_{mutant}")
+    assert verdicts[None].passed, verdicts[None].reason
+    assert verdicts[None].criterion("accepts.sync").verdict == "PASS"
+    planted = verdicts["residual_from_p"]
+    assert planted.verdict == "FAIL" and planted.criterion("pit_source.sync").verdict == "FAIL", planted.reason
 
 
 def test_minimal_adapter_refuses_top_k_before_any_seed(example):
