@@ -16,6 +16,14 @@ the sampler: fix it before any run) or ADVICE (works, but costs time or evidence
   against a call on one row, with the cost of a run's quadrature when it loops per row;
 - speed: samples per second of one `sample` call; describe: a JSON-able dict with facts; close.
 
+A sequence protocol (`--protocol`, `kind: sequence`) gets the calls a sequence run makes: its
+capabilities (draft overrides, companions), its probe as contract (`sample` / `sample_mixed`,
+`target_logits_along`, `draft_logits_along` under a `source` test), the sampling checks above on two
+whole rounds, then target_logits_along (each row is `target_logits` of its prefix), draft_logits_along
+(deterministic, `draft_logits` of its prefix for an own draft where the adapter has it, every
+accepted or corrected token possible under its source's law) and mixed (a `sample_mixed` call's
+tested rows are `sample`'s; each companion follows its own sampling, greedy the argmax).
+
 Guarantees: deterministic except the two timing checks (speed, vectorised), which only ever advise;
 the adapter is closed at the end; nothing is written. An adapter call that raises is a FIX naming the
 call and the exception, never a traceback.
@@ -28,15 +36,22 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specval.distribution.reference import draft_law, transform
-from specval.preflight import GuardedSUT, SUTRaised, probe
-from specval.protocol import Protocol, SutSpec, parse_protocol
+from specval.kinds import DISTRIBUTION_KIND, read_protocol_file
+from specval.preflight import GuardedSUT, SUTRaised, check_capabilities, probe
+from specval.protocol import Protocol, ProtocolError, SutSpec, parse_protocol
+from specval.sequence import reference as sequences
+from specval.sequence.collect import companion_seeds
+from specval.sequence.contract import check_batch
+from specval.sequence.protocol import SEQUENCE_KIND, SequenceProtocol
+from specval.sequence.runner import probe as sequence_probe
 from specval.stats import quadrature
-from specval.sut import SUTError, capabilities_of, load_adapter
+from specval.sut import OWN_DRAFT, SUTError, capabilities_of, load_adapter
 
 OK, FIX, ADVICE = "OK", "FIX", "ADVICE"
 CHECK_PROMPT = "The speculative sampler must be lossless."
@@ -55,6 +70,14 @@ VECTORISED_RATIO = 0.1  # time per row at ACCEPT_ROWS / time of a one-row call: 
 RUN_QUADRATURE_SWEEPS = 14  # a t2 protocol's sweeps: 1 per speculative group (typically 1-2) + 12 pairs
 RUN_QUADRATURE_ROWS = 2 * quadrature.GRID_SIZE * RUN_QUADRATURE_SWEEPS  # rows per sweep <= 2 G
 DEFAULT_DESCRIBE_KEYS = {"adapter", "python"}  # what SUT.describe returns when not overridden
+CHECK_FILE = Path("<check-adapter>")  # the protocol's name in messages when it came from no file
+CHECK_ROUNDS = 2  # a sequence protocol's checks sample two whole rounds: 2 (K + 1) tokens, at most its length
+SEQUENCE_SEEDS = 4  # sequences per group of the along and mixed checks (each one replay per sequence)
+# TV between a row of target_logits_along (or draft_logits_along) and the law of target_logits (or
+# draft_logits) of its prefix: float rounding of two forwards moves it by ~1e-5 at most (TV <=
+# exp(2 d) - 1 for logits within d); a row of another prefix moves it by a whole law.
+ALONG_TV_TOL = 1e-3
+AnyProtocol = Protocol | SequenceProtocol
 
 
 class CannotLoad(Exception):
@@ -78,7 +101,7 @@ class CheckContext:
     """What every check reads: the guarded adapter, the check protocol, the prompt's ids and V."""
 
     sut: GuardedSUT
-    protocol: Protocol
+    protocol: AnyProtocol
     prompt_ids: list[int]
     vocab: int
 
@@ -107,13 +130,24 @@ def check_protocol(adapter: str, options: dict[str, Any], num_speculative_tokens
     return parse_protocol(raw, "<check-adapter>")
 
 
-def with_adapter(protocol: Protocol, adapter: str, options: dict[str, Any]) -> Protocol:
+def load_protocol(path: str | Path) -> AnyProtocol:
+    """The protocol file at `path` for `--protocol`: a distribution or a sequence protocol
+    (ProtocolError naming the file for any other kind, or a protocol that does not parse)."""
+    source = read_protocol_file(Path(path))
+    if source.kind.name not in (DISTRIBUTION_KIND, SEQUENCE_KIND):
+        raise ProtocolError(
+            f"{path}: check-adapter takes a distribution or sequence protocol, not kind {source.kind.name!r}"
+        )
+    return source.load()
+
+
+def with_adapter(protocol: AnyProtocol, adapter: str, options: dict[str, Any]) -> AnyProtocol:
     """`protocol` with its sut.adapter replaced by `adapter` and `options` added to sut.options."""
     merged = {**dict(protocol.sut.options), **options}
     return replace(protocol, sut=replace(protocol.sut, adapter=adapter, options=tuple(sorted(merged.items()))))
 
 
-def open_adapter(protocol: Protocol) -> GuardedSUT:
+def open_adapter(protocol: AnyProtocol) -> GuardedSUT:
     """The adapter `protocol.sut` names, constructed; CannotLoad naming it and the error otherwise."""
     spec: SutSpec = protocol.sut
     try:
@@ -125,23 +159,42 @@ def open_adapter(protocol: Protocol) -> GuardedSUT:
         raise CannotLoad(f"{spec.adapter}: the constructor raised {type(err).__name__}: {err}") from err
 
 
-def run_checks(protocol: Protocol) -> list[Finding]:
+def run_checks(protocol: AnyProtocol, protocol_file: Path = CHECK_FILE) -> list[Finding]:
     """Every finding for the adapter of `protocol` (CannotLoad if it cannot be constructed); the
-    adapter is closed at the end. A failed contract probe stops the checks that depend on it."""
+    adapter is closed at the end. Capabilities the protocol needs and the adapter lacks, or a failed
+    contract probe, stop the checks that depend on them. `protocol_file` names the protocol (and
+    gives line numbers) in the capabilities' message."""
+    sequence = isinstance(protocol, SequenceProtocol)
+    if sequence:  # two whole rounds per request: enough for the calls' contract, cheap for real models
+        length = min(protocol.sequence_length, CHECK_ROUNDS * (protocol.num_speculative_tokens + 1))
+        protocol = replace(protocol, sequence_length=length)
     sut = open_adapter(protocol)
     findings: list[Finding] = []
     try:
         protocol = _accepted_groups(sut, protocol, findings)
-        context = _contract(sut, protocol, findings) if protocol.groups else None
+        context = None
+        if protocol.groups and _capabilities(sut, protocol, protocol_file, findings):
+            context = _contract(sut, protocol, findings)
         if context is not None:
-            for check in CHECKS:
+            for check in SEQUENCE_CHECKS if sequence else CHECKS:
                 findings += _guarded(check.__name__.removeprefix("_check_"), check, context)
     finally:
         findings += _close(sut)
     return findings
 
 
-def _accepted_groups(sut: GuardedSUT, protocol: Protocol, findings: list[Finding]) -> Protocol:
+def _capabilities(sut: GuardedSUT, protocol: AnyProtocol, protocol_file: Path, findings: list[Finding]) -> bool:
+    """True iff the adapter declares every capability the protocol needs (else a run refuses it: FIX)."""
+    try:
+        check_capabilities(protocol, sut, protocol_file)
+    except ProtocolError as err:
+        findings.append(Finding("capabilities", FIX, f"{err}: declare it (and implement it) or leave it out"))
+        return False
+    findings.append(Finding("capabilities", OK, "the adapter declares every capability the protocol needs"))
+    return True
+
+
+def _accepted_groups(sut: GuardedSUT, protocol: AnyProtocol, findings: list[Finding]) -> AnyProtocol:
     """`protocol` with the groups `check_groups` accepts; a refused group is a FIX (a run of it would be
     refused, and a mode in `capabilities.modes` must be one the adapter runs)."""
     accepted = []
@@ -165,17 +218,26 @@ def _accepted_groups(sut: GuardedSUT, protocol: Protocol, findings: list[Finding
     return replace(protocol, groups=tuple(accepted))
 
 
-def _contract(sut: GuardedSUT, protocol: Protocol, findings: list[Finding]) -> CheckContext | None:
+def _contract(sut: GuardedSUT, protocol: AnyProtocol, findings: list[Finding]) -> CheckContext | None:
     try:
-        probe(sut, protocol)
-    except SUTRaised as err:
+        if isinstance(protocol, SequenceProtocol):
+            sequence_probe(sut, protocol, CHECK_FILE)
+        else:
+            probe(sut, protocol)
+    except (SUTRaised, ProtocolError) as err:
         findings.append(Finding("contract", FIX, str(err)))
         return None
-    calls = ["vocab_size", "encode", "target_logits", f"sample ({len(protocol.groups)} group(s))"]
-    if any(t.kind == "quadrature" for t in protocol.tests):
-        calls += ["draft_logits", "accept_single"]
+    if isinstance(protocol, SequenceProtocol):
+        sample = "sample / sample_mixed" if any(g.companions for g in protocol.groups) else "sample"
+        calls = ["vocab_size", "encode", f"{sample} ({len(protocol.groups)} group(s))", "target_logits_along"]
+        calls, prompt = calls + ["draft_logits_along"] * bool(sequences.source_groups(protocol)), protocol.prompts[0]
+    else:
+        calls = ["vocab_size", "encode", "target_logits", f"sample ({len(protocol.groups)} group(s))"]
+        if any(t.kind == "quadrature" for t in protocol.tests):
+            calls += ["draft_logits", "accept_single"]
+        prompt = protocol.prompt
     findings.append(Finding("contract", OK, f"{', '.join(calls)} answer with the shapes and dtypes the harness reads"))
-    return CheckContext(sut, protocol, list(sut.encode(protocol.prompt)), int(sut.vocab_size))
+    return CheckContext(sut, protocol, list(sut.encode(prompt)), int(sut.vocab_size))
 
 
 def _guarded(name: str, check: Callable[[CheckContext], list[Finding]], context: CheckContext) -> list[Finding]:
@@ -448,18 +510,20 @@ def _check_vectorised(sut: GuardedSUT, p: np.ndarray, q: np.ndarray) -> list[Fin
 
 
 def _check_speed(context: CheckContext) -> list[Finding]:
-    found = []
-    for group in context.protocol.groups:
+    found, protocol = [], context.protocol
+    sequence = isinstance(protocol, SequenceProtocol)
+    per_group = getattr(protocol, "sequences_per_group", CI_SAMPLES_PER_GROUP)
+    unit = f"sequences of {protocol.positions} tokens" if sequence else "samples"
+    for group in protocol.groups:
         seconds = _least_time(functools.partial(_sample, context, group, SPEED_SEEDS))
         rate = SPEED_SEEDS.size / seconds
-        estimate = CI_SAMPLES_PER_GROUP / rate
-        level = ADVICE if rate < SLOW_SAMPLES_PER_S else OK
+        level = ADVICE if rate < SLOW_SAMPLES_PER_S and not sequence else OK
         found.append(
             Finding(
                 "speed",
                 level,
-                f"group {group.name!r}: {rate:,.0f} samples/s in one call of "
-                f"{SPEED_SEEDS.size} requests; {CI_SAMPLES_PER_GROUP:,} per group: ~{estimate:.0f} s"
+                f"group {group.name!r}: {rate:,.0f} {unit}/s in one call of "
+                f"{SPEED_SEEDS.size} requests; {per_group:,}{' such' * sequence} per group: ~{per_group / rate:.0f} s"
                 + ("; batch the requests of one call (many seeds per engine call)" if level == ADVICE else ""),
             )
         )
@@ -486,6 +550,106 @@ def _check_describe(context: CheckContext) -> list[Finding]:
     return [Finding("describe", OK, f"records {sorted(facts)}")]
 
 
+# ---------------------------------------------------------------- sequence protocols
+
+
+def _laws(context: CheckContext, logits: np.ndarray) -> np.ndarray:
+    return transform(logits, context.protocol.sampling, capabilities_of(context.sut).semantics)
+
+
+def _sequences(context: CheckContext, group, seeds: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(seed, tokens, sources) of one `sample` call of `group` on `seeds`."""
+    batch = _sample(context, group, seeds)
+    return list(zip(seeds.tolist(), np.asarray(batch.tokens), np.asarray(batch.sources).astype(str)))
+
+
+def _off_prefix(context: CheckContext, rows: np.ndarray, single, tokens: np.ndarray) -> str:
+    """What the first row whose law is not within ALONG_TV_TOL of `single(its prefix)`'s shows; "" if none."""
+    prompt, laws = context.prompt_ids, _laws(context, rows)
+    for i in range(len(tokens)):
+        tv = 0.5 * float(np.abs(laws[i] - _laws(context, single(prompt + tokens[:i].tolist()))).sum())
+        if tv > ALONG_TV_TOL:
+            return f"row {i} is {tv:.3g} in TV from the law after prompt + tokens[:{i}] (a row of another prefix?)"
+    return ""
+
+
+def _check_target_logits_along(context: CheckContext) -> list[Finding]:
+    _, tokens, _ = _sequences(context, context.protocol.groups[-1], CHECK_SEEDS[:1])[0]
+    rows = sequences.replay(context.sut, context.prompt_ids, tokens, "target_logits_along")
+    wrong = _off_prefix(context, rows, context.sut.target_logits, tokens)
+    if wrong:
+        return [Finding("target_logits_along", FIX, f"{wrong}: row i must be target_logits(prompt + tokens[:i])")]
+    return [Finding("target_logits_along", OK, f"each of {len(tokens)} rows is the law after its own prefix")]
+
+
+def _check_draft_logits_along(context: CheckContext) -> list[Finding]:
+    """Groups under a source test: rows deterministic, equal to draft_logits of their prefix (an own
+    draft, where the adapter has draft_logits), and every accepted or corrected token possible."""
+    sut, protocol, prompt, found = context.sut, context.protocol, context.prompt_ids, []
+    assert isinstance(protocol, SequenceProtocol)
+    for group in (g for g in protocol.groups if g.name in sequences.source_groups(protocol)):
+        single = _draft_logits(sut, group, prompt) if group.draft == OWN_DRAFT else None
+        impossible, fault = [], ""
+        for seed, tokens, sources in _sequences(context, group, CHECK_SEEDS[:SEQUENCE_SEEDS]):
+            draft = sequences.draft_replay(sut, protocol, group.name, prompt, tokens, seed)
+            if not np.array_equal(draft, sequences.draft_replay(sut, protocol, group.name, prompt, tokens, seed)):
+                fault = f"two calls on seed {seed} differ: the rows must be a function of the call's arguments"
+            elif single is not None:
+                fault = _off_prefix(context, draft, single, tokens)
+                fault = fault and f"seed {seed}: {fault}: row i must be the draft after prompt + tokens[:i]"
+            if fault:
+                break
+            p = _laws(context, sequences.replay(sut, prompt, tokens, "target_logits_along"))
+            mass = sequences.source_parts(p, _laws(context, draft), tokens, sources)["source_mass"]
+            bad = np.flatnonzero(np.isin(sources, (sequences.ACCEPTED, sequences.CORRECTION)) & (mass <= 0))
+            impossible += [f"seed {seed}, position {i}: {sources[i]} {int(tokens[i])}" for i in bad]
+        if impossible and not fault:
+            fault = (
+                f"{len(impossible)} token(s) impossible under their source's law with q from these rows "
+                f"({impossible[0]}): the rows are not the q the rounds drafted from, or the sources are wrong"
+            )
+        if fault:
+            found.append(Finding("draft_logits_along", FIX, f"group {group.name!r}: {fault}"))
+    return found or [Finding("draft_logits_along", OK, "deterministic, and every source label is possible under q")]
+
+
+def _draft_logits(sut: GuardedSUT, group, prompt_ids: list[int]):
+    """`draft_logits` of `group` as a function of a prefix; None without one (sequence runs never call it)."""
+    try:
+        sut.draft_logits(group, list(prompt_ids))
+    except SUTRaised:
+        return None
+    return functools.partial(sut.draft_logits, group)
+
+
+def _check_mixed(context: CheckContext) -> list[Finding]:
+    """Groups with companions: the tested rows of one sample_mixed call equal sample's rows of the same
+    seeds (a run's re-run compares them bit for bit), and each companion follows its own sampling."""
+    sut, protocol, prompt, found = context.sut, context.protocol, context.prompt_ids, []
+    assert isinstance(protocol, SequenceProtocol)
+    seeds, semantics = CHECK_SEEDS[:SEQUENCE_SEEDS], capabilities_of(sut).semantics
+    for group in (g for g in protocol.groups if g.companions):
+        companions = [group.companions[j % len(group.companions)] for j in range(seeds.size)]
+        samplings, ids = [protocol.sampling] * seeds.size + companions, np.concatenate([seeds, companion_seeds(seeds)])
+        batch = sut.sample_mixed(group, prompt, samplings, ids, protocol.positions, protocol.max_tokens(group))
+        batch = check_batch("sample_mixed", batch, ids.size, protocol.positions, context.vocab)
+        fault = ""
+        if _rows(batch)[: seeds.size] != _rows(_sample(context, group, seeds)):
+            fault = "its tested rows differ from sample's for the same seeds (a row must not depend on its neighbours)"
+        for j, (tokens, companion) in enumerate(zip(np.asarray(batch.tokens)[seeds.size :], companions)):
+            logits = sequences.replay(sut, prompt, tokens, "target_logits_along")
+            status = sequences.companion_status(logits, tokens, companion, protocol.support_tolerance, semantics)
+            outside = np.flatnonzero(status == sequences.OUT_OF_SUPPORT)
+            if outside.size and not fault:
+                fault = (
+                    f"companion {j} (temperature {companion.temperature:g}) emitted a token its own sampling "
+                    f"cannot at position {outside[0]} (greedy: not the argmax): apply each row's own sampling"
+                )
+        if fault:
+            found.append(Finding("mixed", FIX, f"group {group.name!r}, sample_mixed: {fault}"))
+    return found or [Finding("mixed", OK, "sample_mixed rows equal sample's, companions follow their own sampling")]
+
+
 def _close(sut: GuardedSUT) -> list[Finding]:
     try:
         sut.close()
@@ -504,6 +668,18 @@ CHECKS = (
     _check_speed,
     _check_describe,
 )
+SEQUENCE_CHECKS = (
+    _check_tokens,
+    _check_reproducible,
+    _check_batch_independent,
+    _check_distinct_seeds,
+    _check_target_logits,
+    _check_target_logits_along,
+    _check_draft_logits_along,
+    _check_mixed,
+    _check_speed,
+    _check_describe,
+)
 
 
 __all__ = [
@@ -514,6 +690,7 @@ __all__ = [
     "Finding",
     "OK",
     "check_protocol",
+    "load_protocol",
     "open_adapter",
     "run_checks",
     "with_adapter",

@@ -17,7 +17,9 @@ from click.testing import CliRunner
 
 from specval import adapter_check as checks
 from specval.cli import main
+from specval.protocol import ProtocolError
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.sequence_protocol import write_sequence_protocol
 
 FAULTS = "tests.fixtures.adapter_faults"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adapter_minimal"
@@ -109,3 +111,73 @@ def test_a_protocol_supplies_the_settings(tmp_path):
 def test_an_adapter_that_calls_sys_exit_on_import_exits_2_not_0():
     result = CliRunner().invoke(main, ["check-adapter", "tests.fixtures.exits_on_import:ExitingOnImportSUT"])
     assert result.exit_code == 2 and "raised SystemExit(0)" in result.output, result.output
+
+
+# ---------------------------------------------------------------- sequence protocols
+
+
+def _sequence_levels(path: Path, adapter: str, **options) -> dict[str, set[str]]:
+    protocol = checks.with_adapter(checks.load_protocol(path), f"{FAULTS}:{adapter}", options)
+    out: dict[str, set[str]] = {checks.OK: set(), checks.FIX: set(), checks.ADVICE: set()}
+    for finding in checks.run_checks(protocol, path):
+        out[finding.level].add(finding.check)
+    return out
+
+
+@pytest.fixture
+def chain_protocol(tmp_path):
+    """tests/fixtures/sequence_protocol.py: nospec, sync, an adversarial draft and a mixed group, a
+    source test over the speculative ones."""
+    return write_sequence_protocol(tmp_path)
+
+
+def test_a_correct_sequence_adapter_has_nothing_to_fix(chain_protocol):
+    levels = _sequence_levels(chain_protocol, "CheckedChainSUT")
+    assert levels[checks.FIX] == set() and levels[checks.ADVICE] == set()
+    assert {"capabilities", "contract", "target_logits_along", "draft_logits_along", "mixed"} <= levels[checks.OK]
+    assert "quadrature" not in levels[checks.OK]  # a sequence protocol has none
+
+
+@pytest.mark.parametrize(
+    "adapter, options, fixes",
+    [
+        ("ShiftedDraftSUT", {}, {"draft_logits_along"}),
+        ("DriftingDraftSUT", {}, {"draft_logits_along"}),
+        ("SwappedSourcesSUT", {}, {"draft_logits_along"}),
+        ("NoDraftSUT", {}, {"contract"}),
+        ("UndeclaredMixedSUT", {}, {"capabilities"}),
+        ("CheckedChainSUT", {"mutant": "mixed_leak"}, {"mixed"}),
+        ("CheckedChainSUT", {"mutant": "greedy_ignored"}, {"mixed"}),
+    ],
+)
+def test_each_planted_break_of_a_sequence_call_is_named(chain_protocol, adapter, options, fixes):
+    """Deterministic (fixed seeds). Rows one position late (caught by draft_logits of each prefix,
+    and, for the adversarial override, by tokens impossible under their source's law), rows that
+    change between calls, accepted drafts and corrections reported under each other's label, no
+    draft at all, companions the adapter does not declare, a mixed batch whose tested rows take a
+    companion's temperature, greedy companions sampled at temperature 1."""
+    assert _sequence_levels(chain_protocol, adapter, **options)[checks.FIX] == fixes
+
+
+def test_a_shifted_target_replay_is_named(chain_protocol):
+    """The replay itself one position late: target_logits_along's own check names it (every check
+    that replays the target then sees wrong laws too)."""
+    assert "target_logits_along" in _sequence_levels(chain_protocol, "ShiftedTargetSUT")[checks.FIX]
+
+
+def test_the_example_sequence_protocol_has_nothing_to_fix(toy_importable):
+    """examples/adapter_minimal/sequence.yaml (draft overrides, companions, a source test) and its
+    toy adapter: every check of a sequence run OK, the planted correction from p still runs."""
+    protocol = checks.load_protocol(EXAMPLE / "sequence.yaml")
+    findings = checks.run_checks(protocol, EXAMPLE / "sequence.yaml")
+    assert [f.line() for f in findings if f.level != checks.OK] == []
+    contract = next(f for f in findings if f.check == "contract")
+    assert "sample / sample_mixed (6 group(s)), target_logits_along, draft_logits_along" in contract.message
+
+
+def test_only_distribution_and_sequence_protocols_are_taken(tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("kind: suite\nname: s\nprotocols: [a.yaml]\n")
+    with pytest.raises(ProtocolError, match="takes a distribution or sequence protocol, not kind .suite."):
+        checks.load_protocol(suite)
+    assert checks.load_protocol(write_protocol(tmp_path, fake_protocol_dict())).groups
