@@ -1,0 +1,99 @@
+"""`specval run` of a suite: every member read and checked before any runs, then run in order
+(`specval.suite`), one line per member, the suite's verdict and record, and its exit status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+
+import click
+
+from specval import execution
+from specval import protocol as protocols
+from specval.cli.common import EXIT_ENVIRONMENT, EXIT_PASS, fail_with, input_error, read
+from specval.cli.runner import run_here
+from specval.kinds import RUN_KINDS, ProtocolFile
+
+
+def _suite_members(
+    spec, suite_file: Path, profile: str | None, exploratory: bool
+) -> list[tuple[Path, ProtocolFile, object]]:
+    """Every member of a suite, read, registration-checked and resolved with `profile` (ProtocolError
+    naming the member file: nothing has run yet)."""
+    members = []
+    for path in spec.member_paths(suite_file):
+        if not path.is_file():
+            raise protocols.ProtocolError(f"{suite_file}: members: {path} does not exist")
+        given = read(path)
+        if given.kind.name not in RUN_KINDS:
+            raise protocols.ProtocolError(
+                f"{suite_file}: members: {path} is of kind {given.kind.name}; a suite lists "
+                f"protocols of kinds {', '.join(RUN_KINDS)}"
+            )
+        protocol = given.load()
+        protocols.check_registered(protocol, path, exploratory)
+        members.append((path, given, protocols.resolve(protocol, profile)))
+    return members
+
+
+def run_suite(
+    given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer
+) -> None:
+    """Run every member of the suite `given` in order (`specval.suite`), print one line per member
+    and the suite's verdict, write the suite record; exit with the most severe member status."""
+    from specval import suite as suites
+    from specval.preflight import check_writable_dir
+
+    started = dt.datetime.now(dt.timezone.utc).isoformat()
+    try:
+        spec = given.load()
+        state = protocols.check_registered(spec, suite_file, exploratory)
+        members = _suite_members(spec, suite_file, profile, exploratory)
+        check_writable_dir(Path(output), "--output")
+    except protocols.ProtocolError as err:
+        input_error(err)
+    try:
+        directory = suites.new_directory(output, spec.name)
+    except OSError as err:
+        fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; nothing ran")
+    results = []
+    for index, (path, member, protocol) in enumerate(members, start=1):
+        click.echo(f"== suite {spec.name}: member {index}/{len(members)}: {path}")
+        announced: list[Path] = []
+        try:
+            run_here(
+                member,
+                path,
+                profile,
+                output,
+                None,
+                exploratory,
+                None,
+                directory / f"{protocol.name}.junit.xml",
+                quiet,
+                signer,
+                announced=announced,
+            )
+            code = EXIT_PASS  # run_here always exits; kept for clarity
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else int(done.code is not None)
+        results.append(
+            suites.MemberResult(str(path), protocol.name, protocol.hash, code, announced[0] if announced else None)
+        )
+        if code == execution.EXIT_INTERRUPTED:
+            break
+    data = suites.record(directory, spec, suite_file, profile, state, results, started)
+    click.echo(
+        f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
+        f"profile {profile or 'as written'}):"
+    )
+    for member in data["members"]:
+        click.echo(f"  {member['verdict']:<12} exit {member['exit']}  {member['file']}  {member['bundle'] or '-'}")
+    final = results[-1].exit if results and results[-1].exit == execution.EXIT_INTERRUPTED else data["exit"]
+    click.echo(
+        f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
+        f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}"
+    )
+    sys.exit(final)

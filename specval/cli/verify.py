@@ -1,0 +1,135 @@
+"""The commands over bundles already written: `verify` (a bundle, or a suite's record and every
+member bundle), `report` (re-render and re-seal) and `ls` (the bundles under --output with their
+verdicts).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from specval import bundle as bundles
+from specval import execution, signing
+from specval import protocol as protocols
+from specval.cli.common import EXIT_FAIL, EXIT_PASS, bundle_kind_of, input_error, public_key_of
+from specval.suite import is_suite_directory as suite_directory
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option(
+    "--key",
+    "key_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="The signer's ed25519 public key (PEM): fail unless BUNDLE is signed by it and unchanged since.",
+)
+@click.option(
+    "--protocol",
+    "protocol_file",
+    default=None,
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    help="Fail unless BUNDLE ran exactly this protocol, frozen in the lock beside it.",
+)
+@click.option("--protocol-hash", default=None, help="Fail unless BUNDLE ran the frozen protocol of this hash.")
+def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
+    """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
+    bundle: the ratios, the interval and the verdict from its recorded timings); check its
+    signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
+    that it ran exactly that frozen protocol (`specval.api.verify`, the same checks).
+    Exit 0 verifies, 1 differs, 2 bad input."""
+    from specval import api
+
+    if protocol_file is not None and protocol_hash is not None:
+        raise click.UsageError("give --protocol or --protocol-hash, not both")
+    if suite_directory(bundle):
+        if protocol_file is not None or protocol_hash is not None:
+            raise click.UsageError(
+                "--protocol and --protocol-hash pin one bundle's protocol; a suite records "
+                "each member's hash, checked against its bundle"
+            )
+        _verify_suite(bundle, public_key_of(key_file))
+    try:
+        found = api.verify(bundle, key=key_file, protocol=protocol_file, protocol_hash=protocol_hash)
+    except (signing.SigningError, protocols.ProtocolError, bundles.BundleError) as err:
+        input_error(err)
+    for line in (*found.notes, found.signature):
+        click.echo(line)
+    for problem in found.differences:
+        click.echo(f"DIFFERS {problem}")
+    if not found.ok:
+        click.echo(f"FAIL: {bundle} does not verify ({len(found.differences)} difference(s))")
+        sys.exit(EXIT_FAIL)
+    pinned_line = f"; ran the pinned frozen protocol {found.pinned[:12]}" if found.pinned else ""
+    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line})")
+
+
+def _verify_suite(directory: Path, key) -> None:
+    """Verify a suite's record and every member bundle (`specval.suite.verify`), each member's
+    signature against `key` (None: the key it embeds, if signed); exit 0 or 1."""
+    from specval import suite as suites
+
+    problems = suites.verify(
+        directory, lambda path: bundle_kind_of(path).verify(path) + list(signing.check_signature(path, key).problems)
+    )
+    for problem in problems:
+        click.echo(f"DIFFERS {problem}")
+    if problems:
+        click.echo(f"FAIL: suite {directory} does not verify ({len(problems)} difference(s))")
+        sys.exit(EXIT_FAIL)
+    click.echo(f"OK: suite {directory} verifies (every member bundle, and the verdicts and hashes it records)")
+    sys.exit(EXIT_PASS)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
+def report(bundle) -> None:
+    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
+    kind = bundle_kind_of(bundle)  # the same finish() contract for every kind
+    problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
+    if problems:
+        input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
+    try:
+        kind.finish(bundle)
+    except bundles.READ_ERRORS as err:
+        input_error(f"{bundle}: cannot render the report: {err}")
+    click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
+
+
+@click.command(name="ls")
+@click.option("--output", default=Path("results"), type=click.Path(file_okay=False, path_type=Path), show_default=True)
+def ls_command(output) -> None:
+    """List the bundles under --output with their verdicts."""
+    for path in sorted(p for p in Path(output).glob("*") if (p / bundles.RUN_FILE).exists()):
+        sealed = "sealed" if (path / bundles.SUMS_FILE).exists() else "unsealed"
+        state = _listed_state(path, sealed == "sealed")
+        marked = f"EXPLORATORY {state}" if _listed_exploratory(path) else state
+        click.echo(f"{marked:<{LS_STATE_WIDTH}} {sealed:<9} {path}")
+
+
+LS_STATE_WIDTH = len("EXPLORATORY INCONCLUSIVE")  # the widest state `ls` prints
+
+
+def _listed_exploratory(path: Path) -> bool:
+    """True iff the bundle's run.json records an exploratory run (an unreadable one: False; its
+    state then says what is wrong)."""
+    try:
+        return bundles.read_json(path / bundles.RUN_FILE).get("exploratory") is True
+    except (bundles.BundleError, *bundles.READ_ERRORS):
+        return False
+
+
+def _listed_state(path: Path, sealed: bool) -> str:
+    """The verdict of a bundle for `ls`: its summary's, ERROR (the SUT raised, not yet resumed),
+    INCOMPLETE (no summary yet) or CORRUPT (a summary that cannot be read)."""
+    summary_file = path / bundles.SUMMARY_FILE
+    if not summary_file.exists():
+        return "ERROR" if (path / execution.ERROR_LOG).exists() and not sealed else "INCOMPLETE"
+    try:
+        verdict = json.loads(summary_file.read_text())["verdict"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "CORRUPT"
+    return verdict if isinstance(verdict, str) else "CORRUPT"
