@@ -33,6 +33,34 @@ the same weights as vLLM serves, through an independent implementation, so a bug
 shows up as a deviation instead of moving the reference with it; the two differ by float32 rounding
 only (docs/real-model.md gives the measured difference). `accept_single` is not offered: vLLM draws
 its own uniforms (a Gumbel-max race), so protocols for this adapter carry no quadrature test.
+
+The draft's q, for a sequence protocol's `source` test (`draft_logits_along`), as vLLM 0.32's
+rejection sampler sees it (`vllm/v1/sample/rejection_sampler.py`): neither `ngram` nor a greedy
+`draft_model` hands it draft probabilities (`draft_probs` is None), and its kernels then read q as
+the point mass at the draft token (`rejection_random_sample_kernel`: draft_prob = 1, accept iff
+u <= p(x); `sample_recovered_tokens_kernel`: the correction from p with the draft token removed,
+i.e. max(p - q, 0); the CPU build runs C++ ports of both, given the same NO_DRAFT_PROBS flag, and
+the live tests find vLLM's accept counts at the beta = p(draft) this q gives). Each row is therefore
+a one-hot logit row (0 at the draft token, -inf elsewhere), which every temperature, top-k and
+top-p turns into that point mass:
+
+- `draft_model`, `draft_sample: greedy` (the default): the draft is the argmax of the draft model's
+  raw logits after the prefix (`_greedy_sample`), read from transformers' forward of the folder vLLM
+  serves as the draft (the target itself for a self draft, `smollm2-L{draft_loops}` otherwise), one
+  cache-free pass per sequence. Where the two largest draft logits lie within float32 rounding of
+  each other, vLLM's own forward may pick the other one; the source test then sees that one token as
+  impossible under its source's law (rare: it needs a gap below about 1e-4).
+- `ngram`: the drafts are copied from the context by vLLM's own proposer, called as vLLM calls it at
+  the start of each step, so a draft depends on where its round began, not on its prefix alone. The
+  rounds are rebuilt from the tokens: t1 comes from the prefill; a step proposes from prompt + the
+  tokens so far (none: a plain token); its drafts are accepted while they equal the committed tokens
+  (a correction never equals its draft, since the residual removes it), then one correction or the
+  bonus. A position no draft was made for (plain tokens, bonus tokens) gets a row of zeros, which the
+  harness never reads as q (it reads q at accepted drafts and corrections only).
+- `draft_sample: probabilistic` is refused (SUTError): vLLM samples those drafts from the softmax of
+  the draft logits at the request's temperature WITHOUT top-k and top-p
+  (`compute_probs_and_sample_next_token`), a q that the harness's filter of a logit row cannot give
+  under a protocol that truncates, and from unseeded noise, so a seed's tokens do not repeat.
 """
 
 from __future__ import annotations
@@ -40,6 +68,7 @@ from __future__ import annotations
 import os
 import platform
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -47,6 +76,7 @@ import numpy as np
 from specval.adapters import causal_lm
 from specval.adapters.rounds import RoundTrace, batch_of
 from specval.adapters.vllm_options import (
+    DRAFT_PROBABILISTIC,
     METHOD_NGRAM,
     VllmOptions,
     check_version,
@@ -144,6 +174,7 @@ class VllmSUT(SUT):
         self.target = require_folder(target_dir(models_root()), "sut.model 'smollm2'")
         self._engines: dict[str, Any] = {}
         self._reference = None
+        self._drafts: dict[int, Any] = {}  # draft_loops -> transformers' model of the truncated draft
         self._tokenizer = None
         self.patch = self._apply_patch() if self.options.patch_cpu_expand else None
 
@@ -315,6 +346,46 @@ class VllmSUT(SUT):
         that prefix up to float32 summation order; whole sequences of sequence protocols)."""
         return causal_lm.logits_along(self.reference_model, prompt_ids, token_ids)
 
+    def draft_logits_along(
+        self, group: GroupSpec, prompt_ids: list[int], token_ids: list[int], seed: int
+    ) -> np.ndarray:
+        """f32[len(token_ids), V]: row i is the one-hot logit row of the draft vLLM proposed for
+        position i (0 at the draft token, -inf elsewhere: q is its point mass), or zeros where no
+        draft was made (module docstring). `seed` is unused: no draft here depends on it."""
+        method = self.options.method_of(group.name) if group.is_speculative else None
+        if method is None:
+            raise SUTError(f"group {group.name!r}: no speculative method, so no draft")
+        if method.method == METHOD_NGRAM:
+            drafts = ngram_drafts(list(prompt_ids), list(token_ids), _ngram_proposer(self.num_speculative_tokens))
+        elif method.draft_sample == DRAFT_PROBABILISTIC:
+            raise SUTError(
+                f"group {group.name!r}: draft_sample 'probabilistic' has no q the source test can "
+                "rebuild: vLLM 0.32 samples those drafts at the request's temperature without top-k and "
+                "top-p, from unseeded noise (use draft_sample: greedy)"
+            )
+        else:
+            logits = causal_lm.logits_along(self.draft_model(group), prompt_ids, token_ids)
+            drafts = [int(t) for t in np.argmax(logits, axis=1)]
+        return point_mass_rows(drafts, self.vocab_size)
+
+    def draft_model(self, group: GroupSpec):
+        """transformers' float32 model of the folder vLLM serves as `group`'s draft: the reference
+        itself for a self draft, the truncated folder of `draft_loops` layers otherwise."""
+        if group.draft_loops is None:
+            return self.reference_model
+        loops = int(group.draft_loops)
+        if loops not in self._drafts:
+            import torch
+            import transformers
+
+            from specval.adapters.vllm_model import draft_dir
+
+            folder = require_folder(draft_dir(models_root(), loops), f"group {group.name!r} draft_loops {loops}")
+            self._drafts[loops] = transformers.AutoModelForCausalLM.from_pretrained(
+                str(folder), dtype=torch.float32
+            ).eval()
+        return self._drafts[loops]
+
     def describe(self) -> dict[str, Any]:
         import torch
 
@@ -339,19 +410,61 @@ class VllmSUT(SUT):
     def close(self) -> None:
         self._engines.clear()
         self._reference = None
+        self._drafts.clear()
         self._tokenizer = None
+
+
+Proposer = Callable[[list[int]], list[int]]
+
+
+def _ngram_proposer(num_speculative_tokens: int) -> Proposer:
+    """vLLM's own n-gram proposer as this adapter configures it: context token ids -> its drafts
+    (empty when no n-gram of 1..4 tokens at the end of the context occurs earlier in it)."""
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
+
+    def proposer(context: list[int]) -> list[int]:
+        found = propose(np.array(context, dtype=np.int32), NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, num_speculative_tokens)
+        return [int(t) for t in found]
+
+    return proposer
 
 
 def _ngram_drafts_at(prompt_ids: list[int], tokens: list[int], num_speculative_tokens: int):
     """drafts_at(n): whether vLLM's own n-gram proposer drafts after the prompt and n generated tokens."""
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
-
-    context = np.array(prompt_ids + tokens, dtype=np.int32)
+    proposer = _ngram_proposer(num_speculative_tokens)
+    context = prompt_ids + tokens
 
     def drafts_at(num_generated: int) -> bool:
-        found = propose(
-            context[: len(prompt_ids) + num_generated], NGRAM_MIN, NGRAM_MAX, MAX_MODEL_LEN, num_speculative_tokens
-        )
-        return len(found) > 0
+        return len(proposer(context[: len(prompt_ids) + num_generated])) > 0
 
     return drafts_at
+
+
+def ngram_drafts(prompt_ids: list[int], tokens: list[int], propose: Proposer) -> list[int | None]:
+    """The draft an n-gram proposer made for each position of `tokens` (None: no draft there),
+    its rounds rebuilt from the tokens: token 0 comes from the prefill; a step at n tokens proposes
+    from prompt + tokens[:n] (nothing proposed: token n is plain); its drafts are accepted while they
+    equal the committed tokens, and the step ends with one correction (the first draft that differs:
+    a correction never equals its draft) or the bonus after its last draft."""
+    drafts: list[int | None] = [None] * len(tokens)
+    n = 1
+    while n < len(tokens):
+        proposal = propose(prompt_ids + tokens[:n])
+        j = 0
+        while j < len(proposal) and n + j < len(tokens):
+            drafts[n + j] = proposal[j]
+            if tokens[n + j] != proposal[j]:
+                break
+            j += 1
+        n += j + 1
+    return drafts
+
+
+def point_mass_rows(drafts: list[int | None], vocab: int) -> np.ndarray:
+    """f32[len(drafts), vocab]: 0 at each draft token and -inf elsewhere (every sampling filter turns
+    such a row into the point mass at the draft); zeros for a position without a draft."""
+    rows = np.zeros((len(drafts), vocab), dtype=np.float32)
+    drafted = [i for i, d in enumerate(drafts) if d is not None]
+    rows[drafted] = -np.inf
+    rows[drafted, [drafts[i] for i in drafted]] = 0.0
+    return rows

