@@ -88,7 +88,7 @@ def position_rows(protocol: SequenceProtocol, group: str, role: str, family_size
     for position, share in enumerate(sequence_power.position_shares(PLAN_ACCEPTANCE, k), start=1):
         n = int(tokens * share / verdict.QUARTERS)
         mde = sequence_power.bucket_mde(n, [decided], num_buckets=buckets, power=protocol.power)
-        what = "the bonus" if position == k + 1 else f"draft position {position}"
+        what = "the bonus" if position == k + 1 else f"round position {position}"
         label = f"binned PIT TV of {what} in one quarter (acceptance {PLAN_ACCEPTANCE:g} assumed)"
         mde_or_none = None if mde == NOTHING_DETECTABLE else mde
         rows.append(
