@@ -21,7 +21,11 @@ Guarantees: `check_signature(bundle, key)` fails unless the envelope's signature
 `key` (None: the public key the envelope embeds) and every file of the bundle has exactly the
 sha256 of its subject, no subject missing and no file added: any byte changed after signing, a
 re-seal included, fails. What it proves is the holder of the private key signed these bytes;
-that the key is the team's, only `--key` with the team's published public key proves.
+that the key is the team's, only `--key` with the team's published public key proves. The
+envelope's `keyid` and the statement's signer `keyid` must be the id of the key that verifies (the
+--key given, else the embedded one). A bundle whose sessions.json records a session run with
+`--sign` fails without its envelope, with or without `key`: removing the signature does not make
+it "unsigned".
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import base64
 import datetime as dt
 import functools
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "urn:specval:evidence-bundle:v1"
 UNSIGNED_LINE = "unsigned: internal consistency only"
+MISSING_LINE = "signature: missing, though a session signed"  # sessions.json records `--sign`, no envelope
+SIGN_FLAG = "--sign"  # the option of `specval run` a session's recorded command asks for a signature with
 PRIVATE_KEY_MODE = 0o600  # a private key file is readable by its owner only
 PUBLIC_KEY_SUFFIX = ".pub"
 
@@ -225,7 +230,7 @@ def _statement(bundle: Path, public_key: Ed25519PublicKey | None) -> tuple[dict,
         payload = base64.b64decode(envelope["payload"], validate=True)
         (signature,) = envelope["signatures"]
         sig = base64.b64decode(signature["sig"], validate=True)
-        statement = json.loads(payload)
+        statement = bundles.parse_json(payload, f"{SIGNATURE_FILE}'s payload")
         embedded = _crypto().Ed25519PublicKey.from_public_bytes(
             base64.b64decode(statement["predicate"]["signer"]["public_key"], validate=True)
         )
@@ -236,11 +241,38 @@ def _statement(bundle: Path, public_key: Ed25519PublicKey | None) -> tuple[dict,
     key = public_key or embedded
     if public_key is not None and _raw(public_key) != _raw(embedded):
         raise SigningError(f"{where} signed by key {key_id(embedded)}, not by the --key given ({key_id(public_key)})")
+    whose = "the --key given" if public_key is not None else "the key the statement embeds"
+    named_ids = (("the envelope's keyid", signature.get("keyid")), ("the signer's keyid", _signer_id(statement)))
+    for field, named in named_ids:
+        if named != key_id(key):
+            raise SigningError(f"{where} {field} {named} is not the id {key_id(key)} of {whose}")
     try:
         key.verify(sig, pae(PAYLOAD_TYPE, payload))
     except _crypto().InvalidSignature as err:
         raise SigningError(f"{where} the signature does not verify under key {key_id(key)}") from err
     return statement, key
+
+
+def _signer_id(statement: dict) -> Any:
+    """The keyid the statement's predicate names for its signer (None if it names none)."""
+    signer = (statement.get("predicate") or {}).get("signer")
+    return signer.get("keyid") if isinstance(signer, dict) else None
+
+
+def signing_sessions(bundle: Path) -> list[int]:
+    """The sessions of sessions.json (their indices) whose command asked for a signature
+    (`--sign`): such a bundle must carry one. An unreadable sessions.json: none (verify reports it)."""
+    try:
+        sessions = bundles.read_sessions(bundle)
+    except bundles.READ_ERRORS:
+        return []
+    return [
+        number
+        for number, session in enumerate(sessions)
+        if isinstance(session, dict)
+        and isinstance(session.get("command"), list)
+        and any(arg == SIGN_FLAG or str(arg).startswith(f"{SIGN_FLAG}=") for arg in session["command"])
+    ]
 
 
 def _subject_problems(bundle: Path, statement: dict) -> list[str]:
@@ -259,8 +291,19 @@ def _subject_problems(bundle: Path, statement: dict) -> list[str]:
 def check_signature(bundle: Path, public_key: Ed25519PublicKey | None = None) -> SignatureCheck:
     """Whether the bundle's signature holds under `public_key` (None: the key the envelope
     embeds, which proves integrity since signing, not whose key it is), and the line verify
-    prints. An unsigned bundle: no problem without `public_key`, one with it."""
+    prints. An unsigned bundle: no problem without `public_key`, one with it; a bundle whose
+    sessions.json records a signing session (`--sign`) but holds no envelope: a problem either way.
+    The envelope's keyid and the statement's signer keyid must both name the key that verifies."""
     if not os.path.lexists(bundle / SIGNATURE_FILE):
+        signed_by = signing_sessions(bundle)
+        if signed_by:
+            return SignatureCheck(
+                (
+                    f"{SIGNATURE_FILE} is missing, but {bundles.SESSIONS_FILE} records a signing session "
+                    f"({SIGN_FLAG}, session {signed_by[-1]}): the signature was removed",
+                ),
+                MISSING_LINE,
+            )
         problems = (f"{SIGNATURE_FILE} is missing: --key needs a signed bundle",) if public_key else ()
         return SignatureCheck(problems, UNSIGNED_LINE)
     try:

@@ -12,6 +12,8 @@ Guarantees:
   process umask (0644 under the default umask 022), never a fixed 0600.
 - `read_json`, `read_typed` and `regular_file` never follow a symbolic link nor open a FIFO or a
   device: such an entry is a BundleError naming what it is.
+- `read_json` and `parse_json` read at most MAX_JSON_BYTES and refuse JSON nested deeper than
+  MAX_JSON_DEPTH with a BundleError, never a RecursionError.
 - `check_entries`, `regular_files` and the other listings read no file and follow no link.
 """
 
@@ -100,15 +102,56 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+# Every JSON file of a bundle is read within these bounds, so that a hostile bundle (say a
+# summary.json of 200,000 nested brackets, or one of gigabytes) is a one-line BundleError in
+# verify, ls, report and --resume, never a RecursionError traceback or an exhausted memory.
+# 256 MiB is 15 times the largest JSON file of a kept bundle (a reference.json of 17 MB over a
+# 49,152-token vocabulary); 32 levels is four times the deepest a bundle writes (summary.json's
+# criteria within tests within groups, 8).
+MAX_JSON_BYTES = 256 << 20
+MAX_JSON_DEPTH = 32
+
+
+def parse_json(data: bytes | str, where: object) -> Any:
+    """The JSON value of `data` read from `where` (a path or a name), refused (BundleError naming
+    `where` and the bound) when over MAX_JSON_BYTES, nested deeper than MAX_JSON_DEPTH or not JSON."""
+    if len(data) > MAX_JSON_BYTES:
+        raise BundleError(f"{where}: larger than {MAX_JSON_BYTES} bytes, the most a bundle's JSON file may hold")
+    try:
+        value = json.loads(data)
+    except RecursionError as err:  # the parser's own recursion bound, far above MAX_JSON_DEPTH
+        raise BundleError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels, the most a bundle's JSON may") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise BundleError(f"{where}: not valid JSON ({err})") from err
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise BundleError(f"{where}: nested deeper than {MAX_JSON_DEPTH} levels, the most a bundle's JSON may")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in `value` (0: a scalar), without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_JSON_DEPTH:  # one level past the bound is enough to refuse
+            pending.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
 def read_json(path: Path) -> Any:
     """The JSON value of the regular file `path` (BundleError if it is missing, not a regular
-    file, e.g. a symbolic link or a FIFO, which is never followed or opened, or not JSON)."""
+    file, e.g. a symbolic link or a FIFO, which is never followed or opened, larger than
+    MAX_JSON_BYTES, which is never read whole, nested deeper than MAX_JSON_DEPTH, or not JSON)."""
     try:
-        return json.loads(regular_file(path).read_text())
+        with regular_file(path).open("rb") as handle:
+            data = handle.read(MAX_JSON_BYTES + 1)
     except FileNotFoundError as err:
         raise BundleError(f"{path}: missing") from err
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise BundleError(f"{path}: not valid JSON ({err})") from err
+    return parse_json(data, path)
 
 
 def read_typed(path: Path, kind: type) -> Any:

@@ -6,13 +6,15 @@ Guarantees:
 - `write_sums` lists every regular file but itself, the signature and the sealing process's lock
   file, dotfiles and subdirectories included, and writes SHA256SUMS atomically: a fault while
   sealing leaves no SHA256SUMS, never a partial one.
-- `check_sums` reports every file added, removed or changed since SHA256SUMS was written.
+- `check_sums` reports every file added, removed or changed since SHA256SUMS was written, and a
+  SHA256SUMS with a malformed line or a file listed twice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -56,18 +58,26 @@ def write_sums(bundle: Path) -> None:
     atomic_write(bundle / SUMS_FILE, lambda tmp: tmp.write_text(text))
 
 
+SUMS_LINE = re.compile(r"([0-9a-f]{64})  (.+)")  # one line as `write_sums` writes it (and `sha256sum -c` reads)
+
+
 def read_sums(bundle: Path) -> dict[str, str]:
-    """{file: sha256} of SHA256SUMS (BundleError if it is missing, not a regular file or malformed)."""
+    """{file: sha256} of SHA256SUMS (BundleError if it is missing, not a regular file, or holds a
+    line that is not `<sha256>  <path>` or a file listed twice: `sha256sum -c` fails on either, so
+    verify never lets the last of two lines win)."""
     path = bundle / SUMS_FILE
     try:
         text = regular_file(path).read_text(errors="replace")
     except FileNotFoundError as err:
         raise BundleError(f"{SUMS_FILE} is missing") from err
-    listed = {}
+    listed: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        digest, _, name = line.partition("  ")
-        if not name:
-            raise BundleError(f"{SUMS_FILE}: line {number} is not `<sha256>  <path>`")
+        match = SUMS_LINE.fullmatch(line)
+        if not match:
+            raise BundleError(f"{SUMS_FILE}: line {number} is not `<sha256>  <path>` (64 lowercase hex digits)")
+        digest, name = match.groups()
+        if name in listed:
+            raise BundleError(f"{SUMS_FILE}: line {number} lists {name} again; each file is listed once")
         listed[name] = digest
     return listed
 

@@ -12,15 +12,18 @@ Guarantees:
   to the heads the manifest names, if a sample chunk differs from its recorded hash, if any value
   of summary.json differs from its recomputation, or if a report differs byte for byte from its
   re-rendering.
+- A bundle whose run.json records a format before the chained one while its chunk records chain
+  or its manifest names their heads is reported: the format cannot be lowered to skip a check.
 - A check that cannot read what it checks reports that as a difference; it never raises.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
-from specval.bundle.chain import _stages, check_chunks, chunk_heads, read_chunk_index
+from specval.bundle.chain import _stages, check_chunks, chunk_heads, read_chunk_index, read_chunk_records
 from specval.bundle.compare import diff
 from specval.bundle.facts import source_digest
 from specval.bundle.files import (
@@ -51,14 +54,35 @@ from specval.bundle.sums import check_sums, read_sums
 
 
 def check_format(path: Path) -> list[str]:
-    """The bundle format recorded in run.json must be one this code verifies (VERIFIABLE_FORMATS)."""
+    """The bundle format recorded in run.json must be one this code verifies (VERIFIABLE_FORMATS),
+    and one its files bear out: a format before CHAINED_FORMAT with chained chunk records or
+    manifest.json's `chunk_heads` (what only CHAINED_FORMAT writes) is refused, so the format
+    cannot be lowered to skip the chain check."""
     found = RunPlan.from_dict(read_json(path / RUN_FILE)).bundle_format
-    if found in VERIFIABLE_FORMATS:
-        return []
-    return [
-        f"{RUN_FILE}: bundle format {found}, this specval verifies formats "
-        f"{', '.join(map(str, VERIFIABLE_FORMATS))} (re-run it)"
+    if found not in VERIFIABLE_FORMATS:
+        return [
+            f"{RUN_FILE}: bundle format {found}, this specval verifies formats "
+            f"{', '.join(map(str, VERIFIABLE_FORMATS))} (re-run it)"
+        ]
+    if found < CHAINED_FORMAT:
+        return [
+            f"{RUN_FILE}: bundle format {found}, but {shown} (format {CHAINED_FORMAT}): the format was lowered"
+            for shown in _chained_layout(path)
+        ]
+    return []
+
+
+def _chained_layout(path: Path) -> list[str]:
+    """What in the bundle only CHAINED_FORMAT writes: chunks.json a list of records (a stage of
+    an earlier format holds a {file: sha256} map), manifest.json's `chunk_heads`."""
+    shown = [
+        f"{'' if stage == path else STAGE2_DIR + '/'}{CHUNKS_FILE} is a chain of records"
+        for stage in _stages(path)
+        if os.path.lexists(stage / CHUNKS_FILE) and isinstance(read_chunk_records(stage), list)
     ]
+    if os.path.lexists(path / MANIFEST_FILE) and "chunk_heads" in read_typed(path / MANIFEST_FILE, dict):
+        shown.append(f"{MANIFEST_FILE} records chunk_heads")
+    return shown
 
 
 def code_note(path: Path) -> str | None:

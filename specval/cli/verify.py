@@ -5,7 +5,6 @@ verdicts).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,7 +13,15 @@ import click
 from specval import bundle as bundles
 from specval import execution, signing
 from specval import protocol as protocols
-from specval.cli.common import EXIT_FAIL, EXIT_PASS, bundle_kind_of, input_error, public_key_of
+from specval.cli.common import (
+    EXIT_ENVIRONMENT,
+    EXIT_FAIL,
+    EXIT_PASS,
+    bundle_kind_of,
+    fail_with,
+    input_error,
+    public_key_of,
+)
 from specval.suite import is_suite_directory as suite_directory
 
 
@@ -87,13 +94,17 @@ def _verify_suite(directory: Path, key) -> None:
 @click.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def report(bundle) -> None:
-    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact)."""
+    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact).
+    Exit 0 rendered, 2 a bundle that changed or cannot be rendered, 5 the operating system refused
+    a write (a read-only bundle, a full disk)."""
     kind = bundle_kind_of(bundle)  # the same finish() contract for every kind
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
     try:
         kind.finish(bundle)
+    except OSError as err:  # a read-only bundle, a full disk: the environment's, as documented
+        fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}")
     except bundles.READ_ERRORS as err:
         input_error(f"{bundle}: cannot render the report: {err}")
     click.echo(f"rendered {bundle / 'report.md'} and {bundle / 'report.html'}")
@@ -129,7 +140,7 @@ def _listed_state(path: Path, sealed: bool) -> str:
     if not summary_file.exists():
         return "ERROR" if (path / execution.ERROR_LOG).exists() and not sealed else "INCOMPLETE"
     try:
-        verdict = json.loads(summary_file.read_text())["verdict"]
-    except (OSError, ValueError, KeyError, TypeError):
+        verdict = bundles.read_typed(summary_file, dict)["verdict"]  # bounded: a hostile summary is CORRUPT
+    except bundles.READ_ERRORS:
         return "CORRUPT"
     return verdict if isinstance(verdict, str) else "CORRUPT"

@@ -199,13 +199,19 @@ def test_resume_with_an_unrecorded_chunk_is_refused(killed):
 
 
 def _as_format(bundle: Path, found: int) -> None:
-    """Rewrite `bundle` as the format `found` wrote it: run.json's bundle_format and, for format
-    2, reference.json's tokens and probs as JSON lists of numbers (the same values)."""
+    """Rewrite `bundle` as the format `found` wrote it: run.json's bundle_format, chunks.json a
+    {file: sha256} map and no `chunk_heads` in manifest.json (before format 4, which verify
+    checks the files bear out), and, for format 2, reference.json's tokens and probs as JSON
+    lists of numbers (the same values)."""
     from specval.distribution.reference import Reference
 
     run = json.loads((bundle / bundles.RUN_FILE).read_text())
     run["bundle_format"] = found
     bundles.write_json(bundle / bundles.RUN_FILE, run)
+    bundles.write_json(bundle / bundles.CHUNKS_FILE, bundles.read_chunk_index(bundle))
+    manifest = bundles.read_json(bundle / bundles.MANIFEST_FILE)
+    del manifest["chunk_heads"]
+    bundles.write_json(bundle / bundles.MANIFEST_FILE, manifest)
     reference = Reference.from_dict(bundles.read_json(bundle / bundles.REFERENCE_FILE))
     entries = [
         {

@@ -1,0 +1,231 @@
+"""Fault injection: a malformed or hostile bundle, run through the CLI, gets its documented exit
+code and one line naming what is wrong, never a traceback. Duplicate or malformed SHA256SUMS
+lines, JSON nested 200,000 deep or larger than the bound (verify, verify --key, ls, --resume), a
+signature removed from a bundle that recorded a signing session, an envelope whose keyid names
+another key, `report` on a read-only bundle, and a bundle_format lowered to skip the chain check.
+Deterministic: the fake SUT's fixed run, no statistic asserted."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specval import bundle as bundles
+from specval import signing
+from specval.bundle import files
+from specval.bundle.verify import check_format
+from specval.cli import main
+from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
+from tests.fixtures.small_bundles import SMALL, killed_bundle
+
+DEEP = "[" * 200_000 + "]" * 200_000  # a RecursionError for an unbounded parser
+
+
+def _cli(*args: object):
+    return CliRunner().invoke(main, [str(arg) for arg in args])
+
+
+def _no_traceback(result) -> None:
+    assert "Traceback" not in result.output and not isinstance(result.exception, RecursionError), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+
+
+def _fails_verify(result, *words: str) -> str:
+    """The one DIFFERS line of a verify that exits 1, holding every word."""
+    _no_traceback(result)
+    assert result.exit_code == 1, result.output
+    differs = [line for line in result.output.splitlines() if line.startswith("DIFFERS")]
+    lines = [line for line in differs if all(w in line for w in words)]
+    assert lines, result.output
+    assert result.output.rstrip().splitlines()[-1].startswith("FAIL: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("keys")
+    for name in ("team", "other"):
+        assert _cli("keygen", root / name).exit_code == 0
+    return {name: root / name for name in ("team", "team.pub", "other", "other.pub")}
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory, keys) -> Path:
+    """A bundle of `specval run --sign`, its session recording the command as a shell gives it."""
+    root = tmp_path_factory.mktemp("signed")
+    protocol = write_protocol(root, fake_protocol_dict(**SMALL))
+    args = ["run", protocol, "--profile", "ci", "--output", root / "results", "--quiet", "--sign", keys["team"]]
+    argv = sys.argv
+    sys.argv = ["specval", *map(str, args)]  # sessions.json records sys.argv
+    try:
+        result = _cli(*args)
+    finally:
+        sys.argv = argv
+    assert result.exit_code == 0, result.output
+    (path,) = (root / "results").glob("fake_t2-*")
+    return path
+
+
+@pytest.fixture
+def copy(signed, tmp_path) -> Path:
+    return Path(shutil.copytree(signed, tmp_path / signed.name))
+
+
+@pytest.fixture(scope="module")
+def made_unsigned(tmp_path_factory) -> Path:
+    """A bundle of `specval run` without --sign."""
+    root = tmp_path_factory.mktemp("unsigned")
+    protocol = write_protocol(root, fake_protocol_dict(**SMALL))
+    result = _cli("run", protocol, "--profile", "ci", "--output", root / "results", "--quiet")
+    assert result.exit_code == 0, result.output
+    (path,) = (root / "results").glob("fake_t2-*")
+    return path
+
+
+@pytest.fixture
+def unsigned(made_unsigned, tmp_path) -> Path:
+    path = Path(shutil.copytree(made_unsigned, tmp_path / made_unsigned.name))
+    result = _cli("verify", path)
+    assert result.exit_code == 0 and signing.UNSIGNED_LINE in result.output, result.output
+    return path
+
+
+# ---------------------------------------------------------------- SHA256SUMS
+
+
+def test_a_file_listed_twice_in_sha256sums_fails_verify(unsigned):
+    sums = unsigned / bundles.SUMS_FILE
+    lines = sums.read_text().splitlines()
+    name = bundles.SUMMARY_FILE
+    (line,) = [line for line in lines if line.endswith(f"  {name}")]
+    sums.write_text("\n".join([*lines, f"{'0' * 64}  {name}"]) + "\n")  # the last would win
+    number = len(lines) + 1
+    _fails_verify(_cli("verify", unsigned), f"SHA256SUMS: line {number} lists {name} again")
+    sums.write_text("\n".join([*lines, line]) + "\n")  # even the same line twice
+    _fails_verify(_cli("verify", unsigned), f"SHA256SUMS: line {number} lists {name} again")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["abc  summary.json", f"{'A' * 64}  summary.json", f"{'0' * 64} summary.json", f"{'0' * 64}  ", ""],
+)
+def test_a_malformed_sha256sums_line_fails_verify(unsigned, bad):
+    sums = unsigned / bundles.SUMS_FILE
+    lines = sums.read_text().splitlines()
+    sums.write_text("\n".join([bad, *lines]) + "\n")
+    _fails_verify(_cli("verify", unsigned), "SHA256SUMS: line 1 is not `<sha256>  <path>`")
+
+
+# ---------------------------------------------------------------- bounded JSON
+
+
+@pytest.mark.parametrize(
+    "name",
+    [bundles.SUMMARY_FILE, bundles.RUN_FILE, bundles.SESSIONS_FILE, bundles.MANIFEST_FILE, bundles.CHUNKS_FILE],
+)
+def test_deeply_nested_json_fails_verify_in_one_line(copy, keys, name):
+    (copy / name).write_text(DEEP)
+    bundles.write_sums(copy)
+    _fails_verify(_cli("verify", copy), name, f"nested deeper than {files.MAX_JSON_DEPTH} levels")
+    _fails_verify(_cli("verify", copy, "--key", keys["team.pub"]), name, "nested deeper than")
+
+
+def test_a_deeply_nested_signature_or_payload_fails_verify_in_one_line(copy, keys):
+    (copy / signing.SIGNATURE_FILE).write_text(DEEP)
+    for args in ((), ("--key", keys["team.pub"])):
+        _fails_verify(_cli("verify", copy, *args), signing.SIGNATURE_FILE, "nested deeper than")
+    envelope = {"payloadType": signing.PAYLOAD_TYPE, "payload": base64.b64encode(DEEP.encode()).decode()}
+    envelope["signatures"] = [{"keyid": "k", "sig": base64.b64encode(b"x" * 64).decode()}]
+    bundles.write_json(copy / signing.SIGNATURE_FILE, envelope)
+    _fails_verify(_cli("verify", copy, "--key", keys["team.pub"]), "payload", "nested deeper than")
+
+
+def test_json_over_the_size_bound_is_refused_unread(copy, monkeypatch):
+    monkeypatch.setattr(files, "MAX_JSON_BYTES", 1000)  # the bound, not gigabytes, is what is tested
+    _fails_verify(_cli("verify", copy), bundles.SUMMARY_FILE, "larger than 1000 bytes")
+
+
+def test_ls_lists_a_deeply_nested_summary_as_corrupt(copy):
+    (copy / bundles.SUMMARY_FILE).write_text(DEEP)
+    (copy / bundles.RUN_FILE).write_text(DEEP)
+    result = _cli("ls", "--output", copy.parent)
+    _no_traceback(result)
+    assert result.exit_code == 0 and result.output.split() == ["CORRUPT", "sealed", str(copy)], result.output
+
+
+@pytest.mark.parametrize("name", [bundles.RUN_FILE, bundles.SESSIONS_FILE, bundles.CHUNKS_FILE])
+def test_resume_refuses_deeply_nested_json_in_one_line(tmp_path, name):
+    bundle = killed_bundle(tmp_path)
+    (bundle / name).write_text(DEEP)
+    result = CliRunner().invoke(main, ["run", "--resume", str(bundle), "--quiet"])
+    _no_traceback(result)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert name in line and "nested deeper than" in line, line
+
+
+# ---------------------------------------------------------------- signatures
+
+
+def test_a_removed_signature_fails_verify_when_a_session_signed(copy, keys):
+    assert bundles.read_sessions(copy)[0]["command"].count("--sign") == 1
+    (copy / signing.SIGNATURE_FILE).unlink()
+    for args in ((), ("--key", keys["team.pub"])):
+        result = _cli("verify", copy, *args)
+        line = _fails_verify(result, signing.SIGNATURE_FILE, "is missing", "records a signing session (--sign")
+        assert signing.UNSIGNED_LINE not in result.output and signing.MISSING_LINE in result.output, line
+
+
+def test_an_envelope_keyid_of_another_key_is_refused_naming_both(copy, keys):
+    team = signing.key_id(signing.load_public_key(keys["team.pub"]))
+    other = signing.key_id(signing.load_public_key(keys["other.pub"]))
+    envelope = bundles.read_json(copy / signing.SIGNATURE_FILE)
+    envelope["signatures"][0]["keyid"] = other  # the signature itself still verifies
+    bundles.write_json(copy / signing.SIGNATURE_FILE, envelope)
+    for args in ((), ("--key", keys["team.pub"])):
+        _fails_verify(_cli("verify", copy, *args), f"the envelope's keyid {other} is not the id {team}")
+
+
+# ---------------------------------------------------------------- report, format
+
+
+def test_report_on_a_read_only_bundle_exits_5(copy, monkeypatch):
+    replace = os.replace
+
+    def read_only(src, dst, *args, **kwargs):  # root writes through a mode of 0555: refuse as the file system would
+        if Path(dst).parent == copy:
+            raise OSError(errno.EROFS, "Read-only file system", str(dst))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", read_only)
+    result = _cli("report", copy)
+    _no_traceback(result)
+    assert result.exit_code == 5, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: environment: EROFS (Read-only file system): ") and str(copy) in line, line
+
+
+def test_a_lowered_bundle_format_is_refused(unsigned):
+    run = bundles.read_json(unsigned / bundles.RUN_FILE)
+    run["bundle_format"] = 3
+    bundles.write_json(unsigned / bundles.RUN_FILE, run)
+    bundles.write_sums(unsigned)  # a consistent re-seal: only the layout tells
+    result = _cli("verify", unsigned)
+    _fails_verify(result, "run.json: bundle format 3, but chunks.json is a chain of records (format 4)")
+    _fails_verify(result, "run.json: bundle format 3, but manifest.json records chunk_heads (format 4)")
+
+
+def test_kept_bundles_of_formats_2_and_3_bear_out_their_format():
+    kept = [p.parent for p in sorted(Path("reports").glob("*/run.json"))]
+    old = [p for p in kept if json.loads((p / bundles.RUN_FILE).read_text()).get("bundle_format") in (2, 3)]
+    if not old:
+        pytest.skip("no kept bundle of format 2 or 3")
+    assert {str(p): check_format(p) for p in old} == {str(p): [] for p in old}
