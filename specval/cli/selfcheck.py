@@ -102,12 +102,13 @@ def check_adapter(adapter, protocol_file, options, num_speculative_tokens) -> No
     try:
         extra = _options(options)
         k = num_speculative_tokens
-        if protocol_file is not None:
-            protocol = checks.with_adapter(protocols.load_protocol(protocol_file), adapter, extra)
+        if protocol_file is not None:  # a distribution or a sequence protocol
+            protocol = checks.with_adapter(checks.load_protocol(protocol_file), adapter, extra)
             protocol = protocol if k is None else dataclasses.replace(protocol, num_speculative_tokens=k)
+            findings = checks.run_checks(protocol, protocol_file)
         else:
             protocol = checks.check_protocol(adapter, extra, k or checks.DEFAULT_SPECULATIVE_TOKENS)
-        findings = checks.run_checks(protocol)
+            findings = checks.run_checks(protocol)
     except (protocols.ProtocolError, checks.CannotLoad, SUTError) as err:
         input_error(f"cannot load adapter {adapter!r}: {err}" if not isinstance(err, protocols.ProtocolError) else err)
     except SystemExit as err:  # adapter code called sys.exit (on import, say): never its status, 0 would read OK

@@ -100,6 +100,19 @@ def test_exit_codes_and_output(toy_importable):
         assert refused.exit_code == 2 and text in refused.output and "Traceback" not in refused.output, args
 
 
+def test_the_command_takes_a_sequence_protocol(toy_importable):
+    """`specval check-adapter ADAPTER --protocol sequence.yaml` runs the sequence checks (the
+    source test's draft_logits_along among them) and exits 0 for the example; a planted residual
+    bug of the toy is named with exit 1."""
+    cli, path = CliRunner(), str(EXAMPLE / "sequence.yaml")
+    ok = cli.invoke(main, ["check-adapter", "toy_adapter:ToySUT", "--protocol", path])
+    assert ok.exit_code == 0 and "draft_logits_along" in ok.output, ok.output
+    planted = cli.invoke(
+        main, ["check-adapter", "toy_adapter:ToySUT", "--protocol", path, "--option", "mutant=residual_from_p"]
+    )
+    assert planted.exit_code == 1 and "FIX" in planted.output, planted.output
+
+
 def test_a_protocol_supplies_the_settings(tmp_path):
     """--protocol: its groups (nospec and sync, no async) and sut settings are used; -k overrides K."""
     path = write_protocol(tmp_path, fake_protocol_dict())
