@@ -35,6 +35,14 @@ DEFAULT_ADAPTER = "engine"
 # entry points); used only when the installed metadata lacks the entry point, and loaded by name so
 # that this module (the adapter contract) never imports an adapter.
 BUNDLED_ADAPTERS = {DEFAULT_ADAPTER: "specval.adapters.engine:EngineSUT"}
+# The extra of specval that brings what each shipped adapter's module imports (torch, triton, an
+# engine): `pip install specval` is the harness alone, so loading one of these without its extra
+# is refused (SUTError, exit 2) with the line to install it, never a traceback.
+ADAPTER_EXTRAS = {
+    "specval.adapters.engine": "engine",
+    "specval.adapters.transformers": "transformers",
+    "specval.adapters.vllm": "vllm",
+}
 MODES = ("nospec", "sync", "async")
 SAMPLING_PARAMETERS = ("temperature", "top_k", "top_p")
 DRAFT_FILTERED = "filtered"  # drafts sampled from q after the protocol's temperature, top-k and top-p
@@ -291,6 +299,7 @@ def load_adapter(name: str) -> type[SUT]:
             try:
                 cls = points[0].load()
             except (ImportError, AttributeError) as err:
+                _refuse_missing_extra(name, points[0].value, err)
                 raise SUTError(
                     f"sut.adapter: entry point {name!r} ({points[0].value}) cannot be loaded ({err})"
                 ) from err
@@ -305,7 +314,21 @@ def _import_class(path: str) -> Any:
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
+        _refuse_missing_extra(path, path, err)
         raise SUTError(f"sut.adapter: cannot import {path!r} ({err})") from err
+
+
+def _refuse_missing_extra(name: str, path: str, err: BaseException) -> None:
+    """SUTError with the install line when the shipped adapter at `path` ("module:Class") failed to
+    import because a package of its extra is missing (a module outside specval); else nothing."""
+    extra = ADAPTER_EXTRAS.get(path.partition(":")[0])
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    package = (missing or "specval").split(".")[0]
+    if extra is None or package == "specval":  # another adapter, or no package missing outside specval
+        return
+    raise SUTError(
+        f'sut.adapter: {name!r} needs {package}, which is not installed: pip install "specval[{extra}]"'
+    ) from err
 
 
 SutFactory = Callable[[SutSpec, int], SUT]  # open_sut, or a test's adapter class: (spec, K) -> SUT

@@ -25,7 +25,11 @@ re-exports its submodules would otherwise close a circle with each of them). The
    that forwards names. Packages' `__init__.py` are their facades and are not checked, and
    `specval/__init__.py` is the public API (lazy re-exports of `specval.api`), exempt by design;
 8. docs/performance.md has at most 300 lines (DOCUMENT_LINES): the current figures only, their
-   history lives in docs/notes/.
+   history lives in docs/notes/;
+9. no module of `specval` outside `specval/adapters/` imports `torch` or `triton` at module level
+   (the harness installs and imports without them: `pip install specval`, the `engine` extra adds
+   them); a lazy (function-level) or type-only import of either only in the modules of TORCH_LAZY,
+   an allow-list with each entry's reason, each of which still has one.
 
 Each rule's scanner is also run on a small planted tree, so a rule that silently checks nothing
 fails.
@@ -54,6 +58,23 @@ LONG_MODULES: dict[str, str] = {}
 # Documents with a line budget: path relative to the root -> most lines.
 DOCUMENT_LINES = {"docs/performance.md": 300}  # current figures only; their history is docs/notes/
 FORWARDING_FUNCTIONS = ("__getattr__", "__dir__")  # a module's PEP 562 hooks
+HEAVY = ("torch", "triton")  # the `engine` extra: never imported when a harness module is
+# Harness modules (specval outside specval/adapters/) that may import torch inside a function, path
+# relative to the root -> why, and what happens without torch. Nothing else may (rule 9), and no
+# module imports it at module level, so `pip install specval` imports every harness module.
+TORCH_LAZY = {
+    # device facts of the manifest: CUDA is read through torch; without it they say
+    # `torch: "not installed"` (guarded)
+    "specval/bundle/facts.py": "device facts read CUDA through torch (guarded: absent -> said so)",
+    # multi-process runs join through torch.distributed; without it exit 2 naming the extra (guarded)
+    "specval/distribution/sharding.py": "torch.distributed joins the ranks (guarded: TorchMissing, exit 2)",
+    # `run --devices N` of a CUDA protocol counts the GPUs; a CUDA protocol runs an adapter that
+    # brings torch
+    "specval/cli/common.py": "--devices of a CUDA protocol counts GPUs with torch.cuda",
+    # a bench of the bundled engine on CUDA synchronises the device; the engine arms need the
+    # `engine` extra anyway
+    "specval/performance/bench.py": "timing the engine on CUDA synchronises it (torch.cuda)",
+}
 
 
 @dataclass(frozen=True)
@@ -279,6 +300,46 @@ def long_documents(root: Path, limits: dict[str, int] = DOCUMENT_LINES) -> dict[
     return {name: _lines(root / name) for name, most in limits.items() if _lines(root / name) > most}
 
 
+def _lazy_imports(tree: ast.AST):
+    """Every Import / ImportFrom node, with whether it runs only later or never when the module is
+    imported (inside a function or lambda, or under `if TYPE_CHECKING:`)."""
+    stack = [(tree, False)]
+    while stack:
+        node, lazy = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend((child, True) for child in node.body)
+            stack.extend((child, lazy) for child in node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, lazy
+        inner = lazy or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        stack.extend((child, inner) for child in ast.iter_child_nodes(node))
+
+
+def heavy_imports(root: Path, allowed: dict[str, str] = TORCH_LAZY) -> tuple[list[str], set[str]]:
+    """Rule 9: the imports of HEAVY in specval outside ADAPTERS that break it, as 'path:line imports
+    X (why)', and the modules that import HEAVY lazily (what `allowed` must still hold)."""
+    found, lazy_modules = [], set()
+    for name, path in module_files(root).items():
+        if not _within(name, "specval") or _within(name, ADAPTERS):
+            continue
+        relative = path.relative_to(root).as_posix()
+        for node, lazy in _lazy_imports(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                targets = [node.module or ""] if node.level == 0 else []
+            for target in (t for t in targets if any(_within(t, heavy) for heavy in HEAVY)):
+                where = f"{relative}:{node.lineno} imports {target}"
+                if not lazy:
+                    found.append(f"{where} at module level (the harness imports without torch and triton)")
+                elif relative not in allowed:
+                    found.append(f"{where} lazily, outside the allow-list TORCH_LAZY")
+                else:
+                    lazy_modules.add(relative)
+    return found, lazy_modules
+
+
 def test_the_packages_keep_the_layering_rules():
     assert violations(ROOT) == []
 
@@ -315,6 +376,14 @@ def test_the_documents_keep_their_line_budget():
     found = long_documents(ROOT)
     assert found == {}, ", ".join(
         f"{name}: {lines} lines, at most {DOCUMENT_LINES[name]}" for name, lines in found.items()
+    )
+
+
+def test_the_harness_imports_torch_and_triton_only_lazily_and_where_allowed():
+    found, lazy_modules = heavy_imports(ROOT)
+    assert found == [], "\n".join(found)
+    assert lazy_modules == set(TORCH_LAZY), (
+        f"TORCH_LAZY names modules without a lazy import: {set(TORCH_LAZY) - lazy_modules}"
     )
 
 
@@ -377,6 +446,36 @@ def test_the_scanner_finds_a_planted_circle_closed_by_a_type_only_import(planted
         "engine/c.py:1 imports engine.d",
         "engine/d.py:3 imports engine.c (type-only)",
     ]
+
+
+def test_the_scanner_finds_each_planted_heavy_import(tmp_path):
+    _write(tmp_path, "engine/__init__.py", "import torch\n")  # the engine: not the harness
+    _write(tmp_path, "specval/__init__.py", "")
+    _write(tmp_path, "specval/stats.py", "import numpy\nimport torch.nn as nn\n")  # module level
+    _write(tmp_path, "specval/guarded.py", "try:\n    import torch\nexcept ImportError:\n    torch = None\n")
+    _write(tmp_path, "specval/report/kernel.py", "class K:\n    from triton import language\n")  # a class body runs
+    _write(tmp_path, "specval/lazy.py", "def f():\n    import torch.distributed as dist\n")  # not allowed
+    _write(
+        tmp_path,
+        "specval/typed.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from torch import Tensor\n",
+    )
+    _write(tmp_path, "specval/facts.py", "def g():\n    import torch\n\n\nh = lambda: __import__('x')\n")  # allowed
+    _write(tmp_path, "specval/sharding.py", "import torch\n\n\ndef g():\n    import torch.distributed\n")
+    _write(tmp_path, "specval/adapters/__init__.py", "")
+    _write(tmp_path, "specval/adapters/engine.py", "import torch\nimport triton\n")  # the adapters may
+    _write(tmp_path, "specval/torchvision_like.py", "import torchvision\nfrom torch_geometric import x\n")  # others
+    allowed = {"specval/facts.py": "planted", "specval/sharding.py": "planted"}
+    found, lazy_modules = heavy_imports(tmp_path, allowed)
+    assert sorted(found) == [
+        "specval/guarded.py:2 imports torch at module level (the harness imports without torch and triton)",
+        "specval/lazy.py:2 imports torch.distributed lazily, outside the allow-list TORCH_LAZY",
+        "specval/report/kernel.py:2 imports triton at module level (the harness imports without torch and triton)",
+        "specval/sharding.py:1 imports torch at module level (the harness imports without torch and triton)",
+        "specval/stats.py:2 imports torch.nn at module level (the harness imports without torch and triton)",
+        "specval/typed.py:3 imports torch lazily, outside the allow-list TORCH_LAZY",
+    ]
+    assert lazy_modules == {"specval/facts.py", "specval/sharding.py"}
 
 
 def _lines_of(count: int) -> str:

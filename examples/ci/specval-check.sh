@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# specval in a team's CI: install specval, run the smoke (or ci) profile of the team's frozen protocol,
-# keep the bundle and the JUnit file for upload, and exit with specval's exit code, so the job fails on
-# anything but PASS. Called by specval.yml (GitHub Actions); any CI can call it the same way.
+# specval in a team's CI: install specval (the harness alone: no torch, no triton), run the smoke (or
+# ci) profile of the team's frozen protocol, keep the bundle and the JUnit file for upload, and exit
+# with specval's exit code, so the job fails on anything but PASS. Called by specval.yml (GitHub
+# Actions); any CI can call it the same way.
 #
 # Environment (only SPECVAL_PROTOCOL is required):
 #   SPECVAL_PROTOCOL      the protocol file (frozen in the frozen.lock beside it)
@@ -9,9 +10,11 @@
 #   SPECVAL_OUTPUT        folder of the bundle, the seed ledger, junit.xml and bundle.txt
 #                         (default: specval-results); upload it as the job's artifact
 #   SPECVAL_PACKAGE       what pip installs: the specval you pinned (a wheel you keep, or a git URL at a
-#                         tag); required unless SPECVAL_SKIP_INSTALL=1
-#   SPECVAL_TORCH         a torch version pip installs first (e.g. 2.13.0, specval's CPU pin), so that
-#                         specval's torch range pulls nothing more; unset: keep the engine's own torch
+#                         tag), without extras: the harness needs no torch (about 680 MB with its
+#                         dependencies); add [engine] only to test specval's own bundled engine;
+#                         required unless SPECVAL_SKIP_INSTALL=1
+#   SPECVAL_TORCH         optional: a torch version pip installs first, for an engine of yours that
+#                         needs torch (specval needs none); unset: no torch unless your package brings it
 #   SPECVAL_SKIP_INSTALL  1: use the specval already installed for SPECVAL_PYTHON (no pip)
 #   SPECVAL_PYTHON        the interpreter (default: python3)
 #   SPECVAL_ARGS          extra arguments of `specval run` (word-split)

@@ -99,13 +99,21 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+TORCH_ABSENT = "not installed"  # device facts' `torch` where it is absent (`pip install specval`)
+
+
 def device_facts() -> dict[str, Any]:
-    """CUDA device name, UUID and driver where CUDA is present; the CPU otherwise."""
+    """CUDA device name, UUID and driver where CUDA is present; the CPU otherwise. CUDA is read
+    through torch, which the harness does not need (`pip install specval` leaves it out): without
+    torch the facts say so (`torch: "not installed"`) and `cuda` is None (not looked at)."""
     import platform
 
-    import torch
-
-    facts: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "cuda": torch.cuda.is_available()}
+    cpu = platform.processor() or platform.machine()
+    try:
+        import torch  # the `engine` extra; a lazy import (tests/test_layering.py, TORCH_LAZY)
+    except ImportError:
+        return {"cpu": cpu, "cuda": None, "torch": TORCH_ABSENT}
+    facts: dict[str, Any] = {"cpu": cpu, "cuda": torch.cuda.is_available()}
     if facts["cuda"]:
         props = torch.cuda.get_device_properties(0)
         facts.update(name=props.name, uuid=str(getattr(props, "uuid", "")), cuda_version=torch.version.cuda)

@@ -38,6 +38,10 @@ Backend: gloo for a CPU protocol; `cpu:gloo,cuda:nccl` for a CUDA one, each rank
 cuda:LOCAL_RANK (`place` rewrites the protocol's device per rank; its hash is unchanged). Samples
 are host arrays once collected (the engine reads each batch back once), so they travel as pickled
 frames, and torch's object collectives take the CPU backend of a group that has one.
+
+torch is imported only inside the functions that use it: the harness installs without it
+(`pip install specval`), and a multi-process run without torch is an input error (exit 2) whose
+one line names the extra to install (`TorchMissing`), before anything is claimed.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import sys
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,7 +60,7 @@ from typing import Any
 import pandas as pd
 
 from specval.distribution.collect import Chunk, Keep, collect_chunk
-from specval.execution import EXIT_INTERRUPTED
+from specval.execution import EXIT_INPUT, EXIT_INTERRUPTED
 from specval.preflight import SUTRaised, open_guarded, probe
 from specval.protocol import Protocol, ProtocolError, load_protocol
 from specval.sut import SUT, SUTError, SutFactory, open_sut
@@ -63,6 +68,7 @@ from specval.sut import SUT, SUTError, SutFactory, open_sut
 LEADER = 0  # the rank that claims seeds and writes the bundle
 GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
 CUDA_PREFIX = "cuda"
+INSTALL_TORCH = 'pip install "specval[engine]"'  # the extra that brings torch (and torch.distributed)
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,11 @@ class Failure:
         return SUTRaised(f"{self.call} on rank {self.rank}", self.message, self.details)
 
 
+class TorchMissing(RuntimeError):
+    """torch is not installed: a multi-process run cannot join its processes. A RuntimeError, as a
+    group that cannot be joined is (the run exits 2 with one line, nothing claimed)."""
+
+
 class RankLost(KeyboardInterrupt):
     """A collective failed: another rank is gone (killed, interrupted) or timed out. It ends the run
     as an interrupt (exit 130, the bundle kept for --resume)."""
@@ -142,8 +153,29 @@ def protocol_device(protocol_file: Path) -> str:
         return "cpu"
 
 
+def require_torch() -> None:
+    """TorchMissing unless torch.distributed can be imported (the `engine` extra)."""
+    if _distributed() is None:
+        raise TorchMissing(
+            f"a multi-process run joins its processes through torch.distributed, and torch is not installed: "
+            f"{INSTALL_TORCH}"
+        )
+
+
+def _distributed() -> Any:
+    """The module torch.distributed, or None where torch is not installed (a lazy import:
+    tests/test_layering.py, TORCH_LAZY)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist
+
+
 def join(group: ShardGroup, device: str) -> None:
-    """Initialise the default process group from torchrun's environment (env://)."""
+    """Initialise the default process group from torchrun's environment (env://); TorchMissing
+    without torch."""
+    require_torch()
     import torch
     import torch.distributed as dist
 
@@ -155,9 +187,8 @@ def join(group: ShardGroup, device: str) -> None:
 
 
 def leave() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
+    dist = _distributed()
+    if dist is not None and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -337,9 +368,8 @@ def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Col
 def dismiss(code: int) -> None:
     """Rank 0, as it exits: send every other rank its exit code. A group already broken (a rank
     gone) is left as it is: torchrun ends the remaining ranks once rank 0 exits."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
+    dist = _distributed()
+    if dist is None or not dist.is_initialized():
         return
     with contextlib.suppress(RankLost):
         _broadcast(Dismiss(code))
@@ -352,7 +382,13 @@ def launch(devices: int, argv: list[str]) -> int:
     """Run `torchrun --standalone --nproc-per-node DEVICES -m specval ARGV` through torch's own
     launcher (torch.distributed.run) in this process; returns rank 0's exit code (130 when the
     launcher itself is interrupted: it forwards the signal to every rank, and rank 0 keeps the
-    bundle and prints how to resume it)."""
+    bundle and prints how to resume it). Without torch: one line on stderr naming the extra to
+    install, and EXIT_INPUT (nothing was launched or claimed)."""
+    try:
+        require_torch()
+    except TorchMissing as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_INPUT
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
