@@ -55,11 +55,18 @@ def new_bundle(output: Path, name: str) -> Path:
 
 
 def claim_bundle(
-    output: Path, name: str, groups: list[str], size: int, base: int, offset: int | None
+    output: Path,
+    name: str,
+    groups: list[str],
+    size: int,
+    base: int,
+    offset: int | None,
+    exploratory: bool = False,
 ) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim the next seed ranges of protocol `name` and create its bundle, under the ledger lock
-    (the bundle is created only once the ranges are known to be free; if the ledger then cannot
-    be written, the new directory is removed and nothing is claimed)."""
+    """Claim the next seed ranges of protocol `name` in the run's seed space (`exploratory`: the
+    exploratory space, `seeds.space_start`) and create its bundle, under the ledger lock (the
+    bundle is created only once the ranges are known to be free; if the ledger then cannot be
+    written, the new directory is removed and nothing is claimed)."""
     output.mkdir(parents=True, exist_ok=True)
     made: list[Path] = []
 
@@ -68,7 +75,7 @@ def claim_bundle(
         return made[0].name
 
     try:
-        ranges = seeds.claim_next(output, name, groups, size, base, offset, create)
+        ranges = seeds.claim_next(output, name, groups, size, base, offset, create, exploratory)
     except BaseException:
         if made:  # the ledger refused the claim (disk full): the directory holds only its lock file
             _discard(made[0])
@@ -136,10 +143,16 @@ def start_bundle(
     exploratory: bool,
     semantics: FilterSemantics | None = None,
 ) -> tuple[Path, list[seeds.SeedRange]]:
-    """Claim `size` seeds for each of `groups`, from `protocol.seed_base` (`claim_bundle`, under
-    the ledger lock), create the bundle and record its plan with the claimed ranges (`record_run`);
-    nothing is sampled yet."""
-    path, ranges = claim_bundle(output, protocol.name, groups, size, protocol.seed_base, seed_offset)
+    """Claim `size` seeds for each of `groups` (`claim_bundle`, under the ledger lock), create the
+    bundle and record its plan with the claimed ranges (`record_run`); nothing is sampled yet.
+
+    The seeds come from the run's space (`specval.seeds`): a confirmatory run from
+    `protocol.seed_base` on, as always; an exploratory one from `protocol.seed_base +
+    seeds.EXPLORATORY_OFFSET` on, so that trying a protocol never draws the seeds its frozen run is
+    judged on. run.json records the ranges beside `exploratory`; `seed_offset` places the run as given."""
+    path, ranges = claim_bundle(
+        output, protocol.name, groups, size, protocol.seed_base, seed_offset, exploratory=exploratory
+    )
     claimed = [(r.group, r.start, r.stop) for r in ranges]
     record_run(path, protocol_file, written, protocol, claimed, registration, exploratory, semantics)
     return path, ranges
@@ -233,7 +246,9 @@ def write_manifest(
     (sessions.json), so a resumed run lists each process that worked on it with its own code
     version; `seeds_stage2` (a two-stage distribution run) is recorded only when not empty;
     `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them;
-    `adapter` the identity of the protocol's adapter code (`adapter_identity`)."""
+    `adapter` the identity of the protocol's adapter code (`adapter_identity`); `seed_space` the
+    space its first seed lies in (`seeds.space_of`: "confirmatory" or "exploratory"), where the
+    protocol has a seed_base."""
     sut = getattr(protocol, "sut", None)
     manifest = {
         "chunk_heads": bundles.chunk_heads(path),
@@ -250,6 +265,9 @@ def write_manifest(
     }
     if seeds_stage2:
         manifest["seeds_stage2"] = [r.to_dict() for r in seeds_stage2]
+    base = getattr(protocol, "seed_base", None)
+    if isinstance(base, int) and ranges:
+        manifest["seed_space"] = seeds.space_of(min(r.start for r in ranges), base)
     bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
 
 
@@ -264,7 +282,9 @@ def seal(path: Path) -> None:
 
 # ---------------------------------------------------------------- completion
 
-STAGE2_RUN_SUFFIX = ":stage2"  # ledger run name of a bundle's second stage (as the distribution runner names it)
+# ledger run name of a bundle's second stage (as the distribution runner names it): a later stage of
+# the bundle's run, which the ledger keeps in that run's seed space
+STAGE2_RUN_SUFFIX = seeds.STAGE_SEPARATOR + "stage2"
 UNRECORDED = (
     "not recorded: the run that collected this bundle stopped on an environment fault after its "
     "verdict and before its manifest; a later session completed it without the system under test"
