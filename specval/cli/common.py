@@ -196,6 +196,10 @@ def _check_gpus(protocol_file: Path, devices: int) -> None:
     from specval.distribution import sharding
 
     if sharding.protocol_device(protocol_file).startswith(sharding.CUDA_PREFIX):
+        try:
+            sharding.require_torch()
+        except sharding.TorchMissing as err:
+            input_error(str(err))
         import torch
 
         if torch.cuda.device_count() < devices:

@@ -164,3 +164,12 @@ def test_a_multi_process_run_without_torch_is_refused_with_the_install_line(exam
     )
     _one_line_refusal(done, "torch.distributed", "torch is not installed", INSTALL_LINE)
     assert not (example / "out" / "ledger.json").exists()
+
+
+def test_devices_on_a_cuda_protocol_without_torch_is_refused_with_the_install_line(tmp_path):
+    """--devices 2 of a CUDA protocol counts the host's GPUs first: without torch one line naming
+    the extra (exit 2), not a traceback from the count."""
+    protocol = ROOT / "protocols" / "t2_cuda.yaml"
+    done = _python(CLI, "run", str(protocol), "--devices", "2", "--output", "out", "--quiet", cwd=tmp_path)
+    _one_line_refusal(done, "torch is not installed", INSTALL_LINE)
+    assert not (tmp_path / "out" / "ledger.json").exists()
