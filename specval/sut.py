@@ -16,6 +16,7 @@ Token sources are reported with the codes of `SOURCES`: "plain" (no speculation)
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import platform
 from collections.abc import Callable, Sequence
@@ -216,12 +217,7 @@ class SUT(abc.ABC):
         actual prefix (sequence protocols). This default calls `target_logits` once per row;
         adapters override it with one forward pass over the sequence (same logits up to the
         model's own rounding, which `support_tolerance` of a sequence protocol absorbs)."""
-        prefix = list(prompt_ids)
-        rows = []
-        for token in token_ids:
-            rows.append(np.asarray(self.target_logits(prefix), dtype=np.float32))
-            prefix.append(int(token))
-        return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
+        return self._rows_along(self.target_logits, prompt_ids, token_ids)
 
     def draft_logits(self, group: GroupSpec, token_ids: list[int]) -> np.ndarray:
         """Draft next-token logits f32[V] of `group`'s draft model after `token_ids` (needed only by
@@ -239,10 +235,16 @@ class SUT(abc.ABC):
         the acceptance count against beta = sum min(p, q)). This default calls `draft_logits` once
         per row, right for a draft that does not depend on the seed; adapters override it with one
         pass over the sequence."""
+        return self._rows_along(functools.partial(self.draft_logits, group), prompt_ids, token_ids)
+
+    def _rows_along(
+        self, logits_after: Callable[[list[int]], np.ndarray], prompt_ids: list[int], token_ids: list[int]
+    ) -> np.ndarray:
+        """f32[len(token_ids), V]: `logits_after(prompt_ids + token_ids[:i])` for every row i."""
         prefix = list(prompt_ids)
         rows = []
         for token in token_ids:
-            rows.append(np.asarray(self.draft_logits(group, prefix), dtype=np.float32))
+            rows.append(np.asarray(logits_after(prefix), dtype=np.float32))
             prefix.append(int(token))
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
