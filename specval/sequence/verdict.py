@@ -41,8 +41,8 @@ criterion is an exact-size test (exact discrete law or sequential Monte Carlo nu
 each role keeps the family-wise false-fail rate <= alpha; the run verdict is the distribution kind's
 (`specval.distribution.decision.run_verdict`): PASS iff every control and primary criterion passes.
 The randomized PITs' uniforms V and the Monte Carlo nulls come from `criterion_rng` streams keyed
-by the protocol hash, the group, the criterion and the group's seed range (its first seed under
-criteria version 1); every Monte Carlo p-value of version 2 uses the early-rejection rule.
+by the protocol hash, the group, the criterion and the group's first seed; every Monte Carlo
+p-value of version 2 uses the early-rejection rule.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ QUARTERS = 4  # sequence-index buckets of pit_position: early to late tokens
 # recomputes a bundle by the rules it was sealed with. 1: pit_position / pit_path sum their buckets'
 # X^2, Monte Carlo p-values by Besag-Clifford, streams keyed by the group's first seed. 2: they take
 # the largest bucket X^2 (a bug in one bucket is judged at that bucket's size), every Monte Carlo
-# p-value by the early-rejection rule (a clear FAIL stops after ~2 / level draws), streams keyed by
-# the group's whole seed range.
+# p-value by the early-rejection rule (a clear FAIL stops after ~2 / level draws); streams keyed as
+# in version 1.
 FIRST_RULES = 1
 CURRENT_RULES = 2
 RULES = (FIRST_RULES, CURRENT_RULES)
@@ -516,7 +516,7 @@ def evaluate(
 ) -> dict:
     """Every criterion, Holm per role and the run verdict: {"tests", "families", "verdict", "reason"};
     the PIT uniforms and Monte Carlo nulls are drawn from `stream` (`montecarlo.STREAMS`), keyed by
-    each group's seed range (start, stop), by the criteria's `rules` (`RULES`)."""
+    each group's first seed (`seed_ranges`: group -> (start, stop)), by the criteria's `rules` (`RULES`)."""
     if rules not in RULES:
         raise ValueError(f"unknown sequence criteria version {rules!r}; this specval knows {list(RULES)}")
     sizes, tests = family_sizes(protocol), {}
@@ -550,8 +550,7 @@ def _context(
     stream: str,
     rules: int,
 ) -> Context:
-    start, stop = seed_range
-    range_key = str(start) if rules == FIRST_RULES else f"{start}-{stop}"
+    range_key = str(seed_range[0])  # the group's first seed (a range's start is unique in its ledger)
 
     def rng(name: str) -> np.random.Generator:
         return criterion_rng(protocol.hash, group, name, range_key, stream=stream)
