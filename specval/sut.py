@@ -237,26 +237,25 @@ class SUT(abc.ABC):
         pass over the sequence."""
         return self._rows_along(functools.partial(self.draft_logits, group), prompt_ids, token_ids)
 
-    def target_logits_along_batch(self, prompt_ids: list[int], token_rows: np.ndarray) -> np.ndarray:
-        """f32[B, L, V]: `target_logits_along(prompt_ids, token_rows[b])` for every row b of
-        int64[B, L] (the sequences of one collected batch share their prompt). This default calls
-        `target_logits_along` once per row; an adapter whose model takes a batch overrides it with
-        one batched forward pass (the same logits up to the model's own rounding, which a sequence
-        protocol's `support_tolerance` absorbs). The harness sends rows in chunks of at most
-        `specval.sequence.reference.REPLAY_VALUES` logits."""
-        rows = [self.target_logits_along(list(prompt_ids), [int(t) for t in row]) for row in token_rows]
-        return _stacked(rows, "target_logits_along", np.shape(token_rows), self.vocab_size)
+    def target_logits_along_batch(self, prompt_ids: list[int], token_rows: np.ndarray) -> Any:
+        """f32[B, L, V] (or a list of B arrays f32[L, V]): `target_logits_along(prompt_ids,
+        token_rows[b])` for every row b of int64[B, L] (the sequences of one collected batch share
+        their prompt). This default calls `target_logits_along` once per row and returns the list;
+        an adapter whose model takes a batch overrides it with one batched forward pass (the same
+        logits up to the model's own rounding, which a sequence protocol's `support_tolerance`
+        absorbs). The harness checks every row (`specval.sequence.contract`) and sends at most
+        `specval.sequence.reference.REPLAY_VALUES` logits per call."""
+        return [self.target_logits_along(list(prompt_ids), [int(t) for t in row]) for row in token_rows]
 
     def draft_logits_along_batch(
         self, group: GroupSpec, prompt_ids: list[int], token_rows: np.ndarray, seeds: np.ndarray
-    ) -> np.ndarray:
-        """f32[B, L, V]: `draft_logits_along(group, prompt_ids, token_rows[b], seeds[b])` for every
-        row b (`target_logits_along_batch`'s batching, for the draft)."""
-        rows = [
+    ) -> Any:
+        """f32[B, L, V] (or a list of B arrays): `draft_logits_along(group, prompt_ids,
+        token_rows[b], seeds[b])` for every row b (`target_logits_along_batch`'s batching)."""
+        return [
             self.draft_logits_along(group, list(prompt_ids), [int(t) for t in row], int(seed))
             for row, seed in zip(token_rows, seeds)
         ]
-        return _stacked(rows, "draft_logits_along", np.shape(token_rows), self.vocab_size)
 
     def _rows_along(
         self, logits_after: Callable[[list[int]], np.ndarray], prompt_ids: list[int], token_ids: list[int]
@@ -303,17 +302,6 @@ class SUT(abc.ABC):
     def close(self) -> None:
         """Release resources."""
         return None  # an optional hook: the default does nothing
-
-
-def _stacked(rows: list[Any], call: str, shape: tuple[int, ...], vocab: int) -> np.ndarray:
-    """The per-sequence answers `rows` of a batched call, each expected [L, V], as one array
-    [B, L, V]; SUTError naming the first row of another shape (`call` answered it)."""
-    length = shape[1] if len(shape) > 1 else 0
-    arrays = [np.asarray(row) for row in rows]
-    for b, array in enumerate(arrays):
-        if array.shape != (length, vocab):
-            raise SUTError(f"{call} returned shape {array.shape} for row {b}, expected ({length}, {vocab})")
-    return np.stack(arrays) if arrays else np.zeros((0, length, vocab), dtype=np.float32)
 
 
 def load_adapter(name: str) -> type[SUT]:
