@@ -29,9 +29,10 @@ from typing import Any
 
 from specval import bundle as bundles
 from specval import seeds
+from specval.identity import IDENTITY_KEY, identity_of, unrecorded
 from specval.protocol.registration import lock_path, read_lock
 from specval.semantics import FilterSemantics
-from specval.sut import BUNDLED_ADAPTERS, ENTRY_POINT_GROUP
+from specval.sut import BUNDLED_ADAPTERS, ENTRY_POINT_GROUP, SUTError, load_adapter
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # UTC time in a bundle's directory name
 
@@ -201,6 +202,17 @@ def adapter_identity(adapter: str) -> dict[str, Any]:
     return {"adapter": adapter, "module": module, "sha256": digest.hexdigest()}
 
 
+def sut_identity(adapter: str) -> dict[str, Any]:
+    """manifest.json's `sut_identity` for `sut.adapter`: the adapter class's `identity()`
+    (`specval.identity.identity_of`), taken from the files on disk when the manifest is written;
+    {"unrecorded": reason} when the adapter cannot be loaded (a completion in another environment)."""
+    try:
+        adapter_class = load_adapter(adapter)
+    except SUTError as err:
+        return unrecorded(f"adapter {adapter!r} cannot be loaded: {err}")
+    return identity_of(adapter_class)
+
+
 def run_timing(started: str, clock: float, collect_s: float, drawn: int, phases: dict | None = None) -> dict:
     """The manifest's timing block: `started` (ISO time) and `clock` (perf_counter) at the start
     of the run, seconds spent collecting and samples drawn.
@@ -246,13 +258,15 @@ def write_manifest(
     (sessions.json), so a resumed run lists each process that worked on it with its own code
     version; `seeds_stage2` (a two-stage distribution run) is recorded only when not empty;
     `chunk_heads` the head of every stage's chain of chunk records, so the seal covers them;
-    `adapter` the identity of the protocol's adapter code (`adapter_identity`); `seed_space` the
+    `adapter` the identity of the protocol's adapter code (`adapter_identity`); `sut_identity` the
+    code the adapter tests (`sut_identity`; None when the protocol names no adapter); `seed_space` the
     space its first seed lies in (`seeds.space_of`: "confirmatory" or "exploratory"), where the
     protocol has a seed_base."""
     sut = getattr(protocol, "sut", None)
     manifest = {
         "chunk_heads": bundles.chunk_heads(path),
         "adapter": adapter_identity(sut.adapter) if sut is not None else None,
+        IDENTITY_KEY: sut_identity(sut.adapter) if sut is not None else None,
         "protocol": {"name": protocol.name, "hash": protocol.hash, "profile": protocol.profile},
         "code": bundles.code_version(),
         "command": list(command or bundles.invocation()),

@@ -10,7 +10,8 @@
                  "predicateType": PREDICATE_TYPE,
                  "predicate": {"protocol": {name, hash, profile, registration, exploratory},
                                "lock": run.json's lock, "chunk_heads", "code": {version, commit, dirty,
-                               source_sha256, adapter}, "packages", "python", "device",
+                               source_sha256, adapter}, "sut_identity": {name, version, digest,
+                               commit, dirty, covers}, "packages", "python", "device",
                                "signer": {"keyid": K, "public_key": base64(raw 32 bytes)},
                                "signed": {"time", "specval"}}}
 
@@ -41,6 +42,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from specval import bundle as bundles
+from specval.identity import IDENTITY_KEY
 from specval.version import __version__
 
 if TYPE_CHECKING:
@@ -178,6 +180,7 @@ def predicate(bundle: Path, public_key: Ed25519PublicKey) -> dict[str, Any]:
         "lock": dict(plan.lock) or None,
         "chunk_heads": manifest.get("chunk_heads"),
         "code": {**(manifest.get("code") or {}), "adapter": manifest.get("adapter")},
+        "sut_identity": manifest.get(IDENTITY_KEY),
         "packages": manifest.get("packages"),
         "python": manifest.get("python"),
         "device": manifest.get("device"),

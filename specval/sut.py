@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from specval.identity import SutIdentity, package_identity, top_package
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 
@@ -294,6 +295,18 @@ class SUT(abc.ABC):
         seconds loading them}, recorded in the manifest's timing as `kernel_compile`. None (the
         default) when the adapter does not know."""
         return None
+
+    @classmethod
+    def identity(cls) -> SutIdentity:
+        """The code this adapter tests, recorded in manifest.json as `sut_identity` (covered by the
+        seal and the signature, shown on the report's first screen, pinned by `specval verify
+        --sut-digest`). A class method: it names code, which no option of an instance changes.
+
+        The default is `specval.identity.package_identity` of the adapter's top-level package
+        (`mypkg` for `mypkg.adapters:MySUT`): the installed distribution's name and version, a
+        SHA-256 over the package's files and the git commit holding them. An adapter whose engine
+        is another package overrides it, e.g. `return package_identity("myengine")`."""
+        return package_identity(top_package(cls.__module__))
 
     def describe(self) -> dict[str, Any]:
         """Name, version and device facts for the manifest."""

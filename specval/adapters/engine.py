@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from engine.mutants import ALL_MUTANTS, ENGINE_LAYER
+from specval.identity import SutIdentity, package_identity
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.stats.quadrature import AcceptFn, DraftFn
 from specval.sut import DRAFT_OVERRIDES, OWN_DRAFT, SUT, Capabilities, PlantedMutant, SampleBatch, SUTError
@@ -336,6 +337,13 @@ class EngineSUT(SUT):
         for llm in self._llms.values():
             llm.close()
         self._llms.clear()
+
+    @classmethod
+    def identity(cls) -> SutIdentity:
+        """The bundled engine's code: the `engine` package's files (this adapter's own file is the
+        manifest's `adapter`), not the top-level `specval` package of the default."""
+        package = "engine"  # the package this module drives (`engine.*` imports)
+        return package_identity(package, name=package)
 
 
 def _config_label(mode: str, draft_loops: int | None, draft: str) -> str:

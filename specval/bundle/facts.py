@@ -37,10 +37,12 @@ PACKAGES = (
 )
 
 
-def git_state(source: Path) -> dict[str, Any]:
+def git_state(source: Path, only_here: bool = False) -> dict[str, Any]:
     """Commit and dirty flag of the git checkout whose tracked files include the directory
     `source`; both None when `source` is not tracked by a checkout (an installed package, or a
-    package directory that some unrelated repository merely contains, e.g. a venv inside a repo)."""
+    package directory that some unrelated repository merely contains, e.g. a venv inside a repo).
+    `dirty`: any tracked file of the checkout changed; with `only_here`, any file under `source`
+    changed, added or not yet tracked (ignored files left out)."""
 
     def git(*args: str) -> str | None:
         try:
@@ -52,7 +54,8 @@ def git_state(source: Path) -> dict[str, Any]:
     if not git("ls-files", "--", "."):
         return {"commit": None, "dirty": None}
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    scope = ("--untracked-files=all", "--", ".") if only_here else ("--untracked-files=no",)
+    status = git("status", "--porcelain", *scope)
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 

@@ -22,6 +22,7 @@ from specval.cli.common import (
     input_error,
     public_key_of,
 )
+from specval.identity import DIGEST_PATTERN, pinned_digest_problem
 from specval.suite import is_suite_directory as suite_directory
 
 
@@ -42,12 +43,20 @@ from specval.suite import is_suite_directory as suite_directory
     help="Fail unless BUNDLE ran exactly this protocol, frozen in the lock beside it.",
 )
 @click.option("--protocol-hash", default=None, help="Fail unless BUNDLE ran the frozen protocol of this hash.")
-def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
+@click.option(
+    "--sut-digest",
+    default=None,
+    callback=lambda ctx, param, value: _digest_option(value),
+    help="Fail unless BUNDLE's system under test has this SHA-256 digest (manifest.json's "
+    "sut_identity.digest, on the report's first screen); a suite: every member.",
+)
+def verify(bundle, key_file, protocol_file, protocol_hash, sut_digest) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
     bundle: the ratios, the interval and the verdict from its recorded timings); check its
     signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
-    that it ran exactly that frozen protocol (`specval.api.verify`, the same checks).
-    Exit 0 verifies, 1 differs, 2 bad input."""
+    that it ran exactly that frozen protocol (`specval.api.verify`, the same checks); with
+    --sut-digest, that it tested the system under test of that digest (a bundle that records none
+    fails). Exit 0 verifies, 1 differs, 2 bad input."""
     from specval import api
 
     if protocol_file is not None and protocol_hash is not None:
@@ -58,7 +67,7 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
                 "--protocol and --protocol-hash pin one bundle's protocol; a suite records "
                 "each member's hash, checked against its bundle"
             )
-        _verify_suite(bundle, public_key_of(key_file))
+        _verify_suite(bundle, public_key_of(key_file), sut_digest)
     try:
         found = api.verify(bundle, key=key_file, protocol=protocol_file, protocol_hash=protocol_hash)
     except (signing.SigningError, protocols.ProtocolError, bundles.BundleError) as err:
@@ -70,17 +79,50 @@ def verify(bundle, key_file, protocol_file, protocol_hash) -> None:
     if not found.ok:
         click.echo(f"FAIL: {bundle} does not verify ({len(found.differences)} difference(s))")
         sys.exit(EXIT_FAIL)
+    sut_problem = _sut_problems(bundle, sut_digest)
+    if sut_problem:
+        click.echo(f"FAIL: {bundle}: {sut_problem[0]}")
+        sys.exit(EXIT_FAIL)
     pinned_line = f"; ran the pinned frozen protocol {found.pinned[:12]}" if found.pinned else ""
-    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line})")
+    sut_line = f"; tested the pinned system under test {sut_digest}" if sut_digest else ""
+    click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line}{sut_line})")
 
 
-def _verify_suite(directory: Path, key) -> None:
+def _digest_option(value: str | None) -> str | None:
+    """--sut-digest in lowercase; BadParameter (exit 2) unless it is a whole SHA-256 in hex."""
+    if value is None:
+        return None
+    digest = value.strip().lower()
+    if not DIGEST_PATTERN.match(digest):
+        raise click.BadParameter(f"{value!r} is not a SHA-256 digest (64 hex digits)", param_hint="--sut-digest")
+    return digest
+
+
+def _sut_problems(bundle: Path, expected: str | None) -> list[str]:
+    """[the problem] when BUNDLE's recorded system under test is not `expected` (None: not pinned)."""
+    if expected is None:
+        return []
+    try:
+        manifest = bundles.read_typed(bundle / bundles.MANIFEST_FILE, dict)
+    except (bundles.BundleError, *bundles.READ_ERRORS) as err:
+        return [f"cannot read the system under test's identity: {err}"]
+    problem = pinned_digest_problem(manifest, expected)
+    return [problem] if problem else []
+
+
+def _verify_suite(directory: Path, key, sut_digest: str | None = None) -> None:
     """Verify a suite's record and every member bundle (`specval.suite.verify`), each member's
-    signature against `key` (None: the key it embeds, if signed); exit 0 or 1."""
+    signature against `key` (None: the key it embeds, if signed) and, with `sut_digest`, its
+    system under test; exit 0 or 1."""
     from specval import suite as suites
 
     problems = suites.verify(
-        directory, lambda path: bundle_kind_of(path).verify(path) + list(signing.check_signature(path, key).problems)
+        directory,
+        lambda path: (
+            bundle_kind_of(path).verify(path)
+            + list(signing.check_signature(path, key).problems)
+            + _sut_problems(path, sut_digest)
+        ),
     )
     for problem in problems:
         click.echo(f"DIFFERS {problem}")

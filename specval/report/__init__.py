@@ -18,6 +18,7 @@ from specval.report.html import html_table, page, render_html
 from specval.report.markdown import (
     SESSION_HEADER,
     fmt,
+    identity_text,
     md_table,
     provenance,
     render_markdown,
@@ -125,13 +126,15 @@ def summary_files(
 ) -> dict[str, bytes]:
     """report.md and report.html of a bundle whose report is rendered from summary.json and
     manifest.json alone (quality, sequence and performance bundles): "name: verdict", the reason,
-    a list of the protocol's hash and profile, `facts(summary, manifest)`, the run's provenance
-    and wall time, then `sections(summary, manifest)` and the sessions, the same content in both
-    files. Deterministic, as `render_files`."""
+    a list of the system under test's identity (bundles that record it), the protocol's hash and
+    profile, `facts(summary, manifest)`, the run's provenance and wall time, then
+    `sections(summary, manifest)` and the sessions, the same content in both files. Deterministic,
+    as `render_files`."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    proto = summary["protocol"]
+    proto, identity = summary["protocol"], identity_text(manifest)
     listed = [
+        *([identity] if identity else []),
         f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         *facts(summary, manifest),
         f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",

@@ -14,6 +14,7 @@ from specval.report.markdown import (
     criteria_rows,
     fmt,
     group_rows,
+    identity_text,
     look_rows,
     patch_text,
     provenance,
@@ -92,6 +93,11 @@ def _semantics(summary: dict) -> str:
     return "" if text is None else f"<p>{html.escape(text)}</p>"
 
 
+def _identity(manifest: dict) -> str:
+    text = identity_text(manifest)
+    return "" if text is None else f"<p><b>{html.escape(text)}</b></p>"
+
+
 def _patch(manifest: dict) -> str:
     text = patch_text(manifest)
     return "" if text is None else f"<p>{html.escape(text)}</p>"
@@ -108,7 +114,7 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
         f"<style>{STYLE}</style></head><body>"
         f"{heading(proto['name'], summary['verdict'], verdict_text(summary))}"
-        f"<p>{html.escape(summary['reason'])}</p>"
+        f"<p>{html.escape(summary['reason'])}</p>{_identity(manifest)}"
         f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
         f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"

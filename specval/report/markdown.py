@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from specval.identity import IDENTITY_KEY, describe_record
 from specval.semantics import FilterSemantics
 
 EXPLORATORY = "EXPLORATORY"  # marks the verdict of a protocol run unfrozen (--exploratory)
@@ -178,17 +179,36 @@ def sequential_text(block: dict) -> str:
 SESSION_HEADER = ["session", "command", "started", "finished", "samples drawn", "outcome", "code"]
 
 
-def code_text(code: dict) -> str:
+def code_text(code: dict, labelled: bool = False) -> str:
     """specval version, commit and dirty flag of one code-version record (format-1 manifests
-    recorded only `git {commit, dirty}`)."""
-    text = f"specval {code.get('version', '?')}, git {code.get('commit')} (dirty: {code.get('dirty')})"
+    recorded only `git {commit, dirty}`). `labelled` (a bundle that records the SUT's identity,
+    `has_identity`): the commit is named specval's, "specval git ...", so that no reader takes it
+    for the engine's; older bundles render as they were sealed."""
+    git = "specval git" if labelled else "git"
+    text = f"specval {code.get('version', '?')}, {git} {code.get('commit')} (dirty: {code.get('dirty')})"
     return text + (f", source sha256 {code['source_sha256'][:16]}" if code.get("source_sha256") else "")
+
+
+def has_identity(manifest: dict) -> bool:
+    """True iff the manifest records the system under test's identity (`sut_identity`, possibly
+    null): bundles made before it render unchanged, so that `verify` still re-renders them byte for byte."""
+    return IDENTITY_KEY in manifest
+
+
+def identity_text(manifest: dict) -> str | None:
+    """The system under test's identity in one line (None: a bundle made before it was recorded)."""
+    return f"system under test: {describe_record(manifest[IDENTITY_KEY])}" if has_identity(manifest) else None
+
+
+def identity_lines(manifest: dict) -> list[str]:
+    text = identity_text(manifest)
+    return [] if text is None else [f"- {text}"]
 
 
 def provenance(manifest: dict) -> str:
     """The code that finished the bundle and the number of sessions that worked on it."""
     code = manifest.get("code") or manifest.get("git") or {}
-    return f"{code_text(code)}; {len(manifest.get('sessions') or [])} session(s)"
+    return f"{code_text(code, has_identity(manifest))}; {len(manifest.get('sessions') or [])} session(s)"
 
 
 def session_rows(manifest: dict) -> list[list[str]]:
@@ -201,7 +221,7 @@ def session_rows(manifest: dict) -> list[list[str]]:
             fmt(s["finished"]),
             fmt(s["samples_drawn"]),
             fmt(s["outcome"]),
-            code_text(s["code"]),
+            code_text(s["code"], has_identity(manifest)),
         ]
         for i, s in enumerate(manifest.get("sessions") or [])
     ]
@@ -243,6 +263,7 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         "",
         summary["reason"],
         "",
+        *identity_lines(manifest),
         f"- protocol hash: `{proto['hash']}` (profile: {proto['profile']})",
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
         "iff every control and primary criterion passes",

@@ -5,6 +5,7 @@ its own line. Deterministic."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from specval.report import summary_files
@@ -53,3 +54,46 @@ def test_a_patched_sut_is_named_with_the_adapters_sentence():
 def test_no_line_for_an_unpatched_sut_or_an_older_bundle():
     for manifest in ({}, {"device": {}}, {"device": {"sut": {"patched": False}}}, {"device": {"sut": {}}}):
         assert patch_text(manifest) is None and patch_lines(manifest) == []
+
+
+IDENTITY = {
+    "name": "myengine",
+    "version": "2.1",
+    "digest": "ab" * 32,
+    "commit": "c0ffee",
+    "dirty": False,
+    "covers": "package myengine: 12 file(s)",
+}
+IDENTITY_LINE = f"system under test: myengine 2.1, sha256 {'ab' * 32} (package myengine: 12 file(s)), git c0ffee"
+
+
+def test_the_first_screen_names_the_sut_and_labels_specvals_commit():
+    """A bundle recording `sut_identity` shows it above the criteria in both files, and specval's
+    commit reads "specval git" (in the provenance line and the sessions table)."""
+    summary = json.loads((KEPT / "summary.json").read_text())
+    manifest = {**json.loads((KEPT / "manifest.json").read_text()), "sut_identity": IDENTITY}
+    md, html = render_markdown(summary, manifest, {}), render_html(summary, manifest, {})
+    for text in (md, html):
+        assert IDENTITY_LINE in text and text.index(IDENTITY_LINE) < text.index("Criteria")
+        assert ", specval git " in text and not re.search(r"specval [^,]+, git ", text)
+    unrecorded = render_markdown(summary, {**manifest, "sut_identity": {"unrecorded": "no adapter here"}}, {})
+    assert "- system under test: not recorded (no adapter here)" in unrecorded
+
+
+def test_a_bundle_made_before_identities_renders_unchanged():
+    """No identity line and the unlabelled commit, byte for byte as sealed: kept bundles still verify."""
+    summary = json.loads((KEPT / "summary.json").read_text())
+    manifest = json.loads((KEPT / "manifest.json").read_text())
+    md = render_markdown(summary, manifest, {})
+    assert "system under test:" not in md and "specval git" not in md and re.search(r"specval [^,]+, git ", md)
+
+
+def test_summary_reports_name_the_sut_first(tmp_path):
+    for name in ("summary.json", "manifest.json"):
+        (tmp_path / name).write_bytes((QUALITY / name).read_bytes())
+    manifest = json.loads((QUALITY / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, "sut_identity": IDENTITY}))
+    files = summary_files(tmp_path, lambda s, m: ["a fact"], lambda s, m: [])
+    md = files["report.md"].decode()
+    assert md.index(f"- {IDENTITY_LINE}") < md.index("- protocol hash") < md.index("- a fact")
+    assert IDENTITY_LINE in files["report.html"].decode() and "specval git" in md
