@@ -8,12 +8,15 @@ of exact speculative sampling at acceptance ~0.8 and reference parts; a Markov c
 model), and evaluates it with the real `specval.sequence.verdict.evaluate`: every p-valued criterion
 (50 for seq_fp32, one Holm family per role), the PIT uniforms and Monte Carlo nulls from the
 criterion streams under a fresh seed range per group and replicate, the early-rejection rule, the
-run verdict. Prints the family FAIL count, its rate and Clopper-Pearson 95% interval next to alpha,
+run verdict; only the printed MDEs are skipped (`sequence_null.mdes_not_printed`: no verdict reads
+them, and they cost a quarter of the time). Every replicate is appended to `--output` (JSON lines)
+as it ends, so a long run can be stopped and continued (`--first`) and the table printed from the
+file alone (`--report-only`). Prints the family FAIL count, its rate and Clopper-Pearson 95% interval next to alpha,
 then per criterion kind and per criterion the raw rejections at the family's first Holm step
 (p <= alpha / m) and at p <= alpha (each p-value's own size at alpha, with its interval), and the
 Holm FAILs.
 
-    nice -n 10 python -m benchmarks.sequence_calibration --replicates 2000 --workers 2
+    nice -n 10 python -m benchmarks.sequence_calibration --replicates 2000 --workers 2 --output calib.jsonl
 """
 
 from __future__ import annotations
@@ -46,9 +49,11 @@ def replicate(job: tuple[str, str | None, int]) -> dict:
     """{criterion: p-value or None, ...} of one null replicate, the Holm verdicts under "verdicts"
     and the run verdict under RUN."""
     path, profile, index = job
-    decided = sequence_null.evaluate_replicate(_protocol(path, profile), index, CHAIN_SEED)
+    with sequence_null.mdes_not_printed():
+        decided = sequence_null.evaluate_replicate(_protocol(path, profile), index, CHAIN_SEED)
     tests = decided["tests"]
     return {
+        "replicate": index,
         "p": {name: t["p_value"] for name, t in tests.items() if t["p_value"] is not None},
         "verdicts": {name: t["verdict"] for name, t in tests.items()},
         RUN: decided["verdict"],
@@ -73,7 +78,8 @@ def report(protocol: SequenceProtocol, results: list[dict], seconds: float) -> I
         f"criteria {len(names)}, families {sizes}, first Holm step {first_step}"
     )
     family = _line("family FAIL", fails, total)
-    yield f"replicates {total} in {seconds:.0f} s: {family} vs alpha {protocol.alpha}"
+    timing = f" in {seconds:.0f} s" if seconds else ""
+    yield f"replicates {total}{timing}: {family} vs alpha {protocol.alpha}"
     yield ""
     yield "criterion | n | p <= first Holm step | p <= alpha | Holm FAIL"
     kinds = sorted({name.split(".")[0] for name in names})
@@ -87,27 +93,35 @@ def report(protocol: SequenceProtocol, results: list[dict], seconds: float) -> I
         yield f"{label} | {checks} | {step} | " + _line("", at_alpha, checks).strip() + f" | {holm}"
 
 
+def run(args: argparse.Namespace) -> float:
+    """Evaluate replicates --first .. --first + --replicates - 1, appending each to --output; seconds."""
+    jobs = [(args.protocol, args.profile, i) for i in range(args.first, args.first + args.replicates)]
+    start, done = time.perf_counter(), 0
+    with ProcessPoolExecutor(args.workers) as pool, args.output.open("a") as sink:
+        for result in pool.map(replicate, jobs, chunksize=2):
+            sink.write(json.dumps(result) + "\n")
+            sink.flush()
+            done += 1
+            if done % PROGRESS_EVERY == 0:
+                print(f"{done} replicates, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--protocol", default=DEFAULT_PROTOCOL)
     parser.add_argument("--profile", default="smoke")
     parser.add_argument("--replicates", type=int, default=2000)
+    parser.add_argument("--first", type=int, default=0, help="index of the first replicate (to continue a run)")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--output", type=Path, help="write every replicate's p-values and verdicts here (JSON)")
+    parser.add_argument("--output", type=Path, required=True, help="JSON lines, one replicate each (appended)")
+    parser.add_argument("--report-only", action="store_true", help="print the table of --output, run nothing")
     args = parser.parse_args()
-    protocol = _protocol(args.protocol, args.profile)
-    jobs = [(args.protocol, args.profile, i) for i in range(args.replicates)]
-    start, results = time.perf_counter(), []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for result in pool.map(replicate, jobs, chunksize=4):
-            results.append(result)
-            if len(results) % PROGRESS_EVERY == 0:
-                elapsed = time.perf_counter() - start
-                print(f"{len(results)} replicates, {elapsed:.0f} s", file=sys.stderr, flush=True)
-    seconds = time.perf_counter() - start
-    if args.output:
-        args.output.write_text(json.dumps(results))
-    for line in report(protocol, results, seconds):
+    seconds = 0.0 if args.report_only else run(args)
+    results = [json.loads(line) for line in args.output.read_text().splitlines() if line.strip()]
+    if len({r["replicate"] for r in results}) != len(results):
+        raise SystemExit(f"{args.output}: a replicate appears twice (continue with --first past the last one)")
+    for line in report(_protocol(args.protocol, args.profile), results, seconds):
         print(line)
 
 
