@@ -18,6 +18,7 @@ from specval.report.html import html_table, page, render_html
 from specval.report.markdown import (
     SESSION_HEADER,
     fmt,
+    has_identity,
     identity_text,
     md_table,
     provenance,
@@ -25,6 +26,7 @@ from specval.report.markdown import (
     session_rows,
     verdict_text,
 )
+from specval.report.scope import distribution_scope, summary_scope
 from specval.seeds import SeedRange
 
 
@@ -100,9 +102,11 @@ def render_files(
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     if pngs is None:
         pngs = render_figures(path, summary, bundle_samples(path, manifest, summary))
+    protocol = bundles.read_typed(path / bundles.PROTOCOL_JSON, dict) if has_identity(manifest) else None
+    scope = distribution_scope(summary, manifest, protocol)
     return {
-        "report.md": render_markdown(summary, manifest, pngs).encode(),
-        "report.html": render_html(summary, manifest, pngs).encode(),
+        "report.md": render_markdown(summary, manifest, pngs, scope).encode(),
+        "report.html": render_html(summary, manifest, pngs, scope).encode(),
     }
 
 
@@ -122,19 +126,24 @@ class Section:
 
 
 def summary_files(
-    path: Path, facts: Callable[[dict, dict], list[str]], sections: Callable[[dict, dict], list[Section]]
+    path: Path,
+    facts: Callable[[dict, dict], list[str]],
+    sections: Callable[[dict, dict], list[Section]],
+    not_covered: str | None = None,
 ) -> dict[str, bytes]:
     """report.md and report.html of a bundle whose report is rendered from summary.json and
     manifest.json alone (quality, sequence and performance bundles): "name: verdict", the reason,
     a list of the system under test's identity (bundles that record it), the protocol's hash and
     profile, `facts(summary, manifest)`, the run's provenance and wall time, then
     `sections(summary, manifest)` and the sessions, the same content in both files. Deterministic,
-    as `render_files`."""
+    as `render_files`. A bundle that records the system under test's identity lists it first, then
+    frozen or exploratory and `not_covered` (what the kind's PASS does not cover: `scope.summary_scope`)."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     proto, identity = summary["protocol"], identity_text(manifest)
     listed = [
         *([identity] if identity else []),
+        *summary_scope(summary, manifest, not_covered),
         f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         *facts(summary, manifest),
         f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",

@@ -103,7 +103,12 @@ def _patch(manifest: dict) -> str:
     return "" if text is None else f"<p>{html.escape(text)}</p>"
 
 
-def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
+def _scope(scope: list[str] | None) -> str:
+    return "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in scope) + "</ul>" if scope else ""
+
+
+def render_html(summary: dict, manifest: dict, figures: dict[str, bytes], scope: list[str] | None = None) -> str:
+    """report.html of a distribution bundle (`scope`: as `render_markdown`'s)."""
     proto = summary["protocol"]
     images = "".join(
         f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
@@ -114,7 +119,7 @@ def render_html(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(proto['name'])}</title>"
         f"<style>{STYLE}</style></head><body>"
         f"{heading(proto['name'], summary['verdict'], verdict_text(summary))}"
-        f"<p>{html.escape(summary['reason'])}</p>{_identity(manifest)}"
+        f"<p>{html.escape(summary['reason'])}</p>{_identity(manifest)}{_scope(scope)}"
         f"<p>protocol hash <code>{proto['hash']}</code>, profile {html.escape(str(proto['profile']))}, "
         f"alpha {proto['alpha']} (Holm within each family), {html.escape(provenance(manifest))}, "
         f"wall {fmt(manifest.get('wall_s'), 3)} s</p>"

@@ -256,7 +256,9 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) -> str:
+def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes], scope: list[str] | None = None) -> str:
+    """report.md of a distribution bundle; `scope`: the first screen's scope lines
+    (`specval.report.scope.distribution_scope`), listed under the system under test."""
     proto = summary["protocol"]
     lines = [
         f"# {proto['name']}: {verdict_text(summary)}",
@@ -264,6 +266,7 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes]) ->
         summary["reason"],
         "",
         *identity_lines(manifest),
+        *[f"- {line}" for line in scope or []],
         f"- protocol hash: `{proto['hash']}` (profile: {proto['profile']})",
         f"- alpha {proto['alpha']}, Holm within each family (control / primary / secondary); the run passes "
         "iff every control and primary criterion passes",

@@ -83,9 +83,16 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
     ]
 
 
+NOT_COVERED = (
+    "a PASS does not cover: tokens after each sequence's length, other prompts or sampling parameters, "
+    "a request sharing a batch with rows of other sampling parameters (beyond the groups' companions), "
+    "other engine settings, and deviations smaller than each criterion's MDE (the scope under Criteria)"
+)
+
+
 def render_files(path: Path) -> dict[str, bytes]:
     """report.md and report.html of the sequence bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, _facts, _sections)
+    return summary_files(path, _facts, _sections, NOT_COVERED)
 
 
 def render(path: Path) -> None:

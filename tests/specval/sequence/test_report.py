@@ -4,8 +4,10 @@ sequence bundle made before identities renders as it was sealed. Deterministic."
 from __future__ import annotations
 
 import json
+from html import escape
 from pathlib import Path
 
+from specval.report.scope import FROZEN_TEXT
 from specval.sequence import report
 
 KEPT = Path(__file__).resolve().parents[3] / "reports" / "seq_cuda-20261205T162252Z"
@@ -35,6 +37,9 @@ def test_the_sequence_report_names_the_sut_before_its_criteria(tmp_path):
         text = files[name].decode()
         assert line in text and text.index(line) < text.index("Criteria"), name
         assert "specval git" in text, name
+        shown = (lambda value: value) if name == "report.md" else escape
+        assert text.index(line) < text.index(shown(FROZEN_TEXT)) < text.index(shown(report.NOT_COVERED)), name
+        assert text.index(shown(report.NOT_COVERED)) < text.index("Criteria"), name
 
 
 def test_a_sequence_bundle_made_before_identities_renders_as_sealed(tmp_path):

@@ -1,0 +1,79 @@
+"""The scope block of a report's first screen: whether the protocol was frozen, what the run
+tested, and in plain words what its PASS does not cover.
+
+Guarantee: only bundles that record the system under test's identity (`markdown.has_identity`)
+get these lines; bundles made before it render byte for byte as they were sealed, so `specval
+verify` still re-renders them exactly. Every value shown comes from the bundle's files
+(summary.json, protocol.json), never from the code that renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specval.report.markdown import has_identity, is_exploratory
+
+FROZEN_TEXT = "frozen: the protocol's hash is registered in its frozen.lock, and the run drew confirmatory seeds"
+EXPLORATORY_TEXT = "EXPLORATORY: the protocol is not frozen; this verdict is for trying the protocol and gates nothing"
+
+
+def registration_text(summary: dict) -> str:
+    """Frozen or exploratory, in words (another recorded state is named as recorded)."""
+    if is_exploratory(summary):
+        return EXPLORATORY_TEXT
+    state = (summary.get("registration") or {}).get("state")
+    return FROZEN_TEXT if state == "frozen" else f"registration: {state or 'not recorded'}"
+
+
+def _setting(protocol: dict, profile: Any, key: str) -> Any:
+    """`key` of the written protocol with its profile applied (protocol.json keeps the profiles apart)."""
+    overrides = (protocol.get("profiles") or {}).get(profile) or {}
+    return overrides.get(key, protocol.get(key))
+
+
+def sampling_text(sampling: dict) -> str:
+    """The sampling parameters as given, by name."""
+    return ", ".join(f"{name} {value}" for name, value in sorted(sampling.items())) or "defaults"
+
+
+def group_text(name: str, group: dict) -> str:
+    loops = f", draft loops {group['draft_loops']}" if group.get("draft_loops") is not None else ""
+    return f"{name} ({group['mode']}{loops})"
+
+
+def tested_text(summary: dict, protocol: dict) -> str:
+    """What a distribution run tested: prompt, sampling, K, positions, groups and their sizes, batches."""
+    proto = summary["protocol"]
+    groups = ", ".join(group_text(name, g) for name, g in sorted(summary["groups"].items()))
+    batch = _setting(protocol, proto.get("profile"), "batch_size")
+    return (
+        f"tested: prompt {protocol.get('prompt')!r}; sampling {sampling_text(protocol.get('sampling') or {})}; "
+        f"K = {protocol.get('num_speculative_tokens')}; token positions 1..{proto['positions']} of each "
+        f"request; groups {groups}; {proto['samples_per_group']} requests per group, in batches of {batch} "
+        "requests of this prompt"
+    )
+
+
+def not_covered_text(summary: dict) -> str:
+    """What a distribution PASS does not cover, in plain words."""
+    positions = summary["protocol"]["positions"]
+    return (
+        f"a PASS does not cover: tokens after position {positions}, other prompts or sampling "
+        "parameters, batches mixing requests of other prompts or parameters, other engine settings, "
+        "and deviations smaller than each criterion's MDE (TV) below"
+    )
+
+
+def distribution_scope(summary: dict, manifest: dict, protocol: dict | None) -> list[str]:
+    """The distribution report's scope lines (empty: a bundle made before identities, or no protocol)."""
+    if protocol is None or not has_identity(manifest):
+        return []
+    return [registration_text(summary), tested_text(summary, protocol), not_covered_text(summary)]
+
+
+def summary_scope(summary: dict, manifest: dict, not_covered: str | None = None) -> list[str]:
+    """The scope lines of a summary report (sequence, quality, performance): frozen or exploratory
+    and, when the kind gives one, what its PASS does not cover (empty before identities)."""
+    if not has_identity(manifest):
+        return []
+    return [registration_text(summary), *([not_covered] if not_covered else [])]
