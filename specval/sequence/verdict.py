@@ -438,34 +438,60 @@ def pit_source(ctx: Context) -> tuple:
     return result[:5] + (result[5] | {"impossible_tokens": impossible},)
 
 
+@dataclass(frozen=True)
+class DraftPosition:
+    """The accepts test at one draft position: `accepted` drafts of those tested there, `expected`
+    = sum beta, the exact two-sided Poisson-binomial `p_value`, and `mde`: the relative drop r of
+    every beta there (beta -> (1 - r) beta) detected with the protocol's power by the one-sided
+    region at half the position's Bonferroni level (`sequence_power.equal_rate_mde`)."""
+
+    accepted: int
+    expected: float
+    p_value: float
+    mde: float
+
+
+def accepts_by_position(ctx: Context) -> dict[int, DraftPosition]:
+    """Every draft position j = 1..K that holds a tested draft (accepted or corrected), with its
+    test at level ctx.level / (positions held) (Bonferroni)."""
+    tested = np.isin(ctx.data.sources, ("accepted", "correction"))
+    accepted = ctx.data.sources == "accepted"
+    beta = np.clip(ctx.data.parts["beta"], 0.0, 1.0)
+    positions = [j for j in range(1, ctx.protocol.num_speculative_tokens + 1) if (tested & (ctx.position == j)).any()]
+    level = ctx.level / max(len(positions), 1) / 2
+    out = {}
+    for j in positions:
+        here = tested & (ctx.position == j)
+        out[j] = DraftPosition(
+            accepted=int(accepted[here].sum()),
+            expected=float(beta[here].sum()),
+            p_value=independence.discrete_pvalue(
+                independence.poisson_binomial_pmf(beta[here]), int(accepted[here].sum()), "two-sided"
+            ),
+            mde=sequence_power.equal_rate_mde(beta[here], [level], alternative="less", power=ctx.protocol.power),
+        )
+    return out
+
+
 def accepts(ctx: Context) -> tuple:
     """The number of accepted drafts at each draft position j = 1..K against Poisson-binomial(beta)
     of the tokens tested there (accepted or corrected drafts): given its prefix, a draft is accepted
     with probability beta = sum min(p, q) exactly. Two-sided exact p-value per position, Bonferroni
-    over the positions that hold a draft (min(1, J min p_j))."""
+    over the positions that hold a draft (min(1, J min p_j)); the MDE printed is the largest of the
+    positions' (`accepts_by_position`)."""
+    by_position = accepts_by_position(ctx)
     tested = np.isin(ctx.data.sources, ("accepted", "correction"))
-    accepted = ctx.data.sources == "accepted"
-    beta = np.clip(ctx.data.parts["beta"], 0.0, 1.0)
-    counts, expected, p_values, mdes = {}, {}, {}, []
-    positions = [j for j in range(1, ctx.protocol.num_speculative_tokens + 1) if (tested & (ctx.position == j)).any()]
-    for j in positions:
-        here = tested & (ctx.position == j)
-        pmf = independence.poisson_binomial_pmf(beta[here])
-        counts[j], expected[j] = int(accepted[here].sum()), float(beta[here].sum())
-        p_values[j] = independence.discrete_pvalue(pmf, counts[j], "two-sided")
-        level = ctx.level / max(len(positions), 1) / 2
-        mdes.append(sequence_power.equal_rate_mde(beta[here], [level], alternative="less", power=ctx.protocol.power))
-    p_value = min(1.0, len(positions) * min(p_values.values())) if positions else 1.0
+    p_value = min(1.0, len(by_position) * min(d.p_value for d in by_position.values())) if by_position else 1.0
     return (
-        max((abs(counts[j] - expected[j]) for j in positions), default=0.0),
+        max((abs(d.accepted - d.expected) for d in by_position.values()), default=0.0),
         p_value,
         int(tested.sum()),
-        max(mdes, default=None),
+        max((d.mde for d in by_position.values()), default=None),
         "relative drop of the acceptance rate at one draft position",
         {
-            "accepted": {str(j): counts[j] for j in positions},
-            "expected": {str(j): expected[j] for j in positions},
-            "position_p_values": {str(j): p_values[j] for j in positions},
+            "accepted": {str(j): d.accepted for j, d in by_position.items()},
+            "expected": {str(j): d.expected for j, d in by_position.items()},
+            "position_p_values": {str(j): d.p_value for j, d in by_position.items()},
         },
     )
 
