@@ -16,7 +16,9 @@ what it sees:
 - `serial.<g>` (serial): binned dependence of U_i and U_{i+l}, l = 1..K+1, id order; sees frozen or
   overlapping RNG offsets.
 - `equal_t1_adjacent.<g>`, `equal_t1_cross.<g>` (independence): count of equal first tokens of
-  paired requests, exact Poisson-binomial; sees shared or antithetic streams between requests.
+  paired requests, exact Poisson-binomial, two-sided; sees streams that make paired first tokens
+  agree more often (shared, overlapping) or less often than sum p^2 (an antithetic stream does
+  either, or neither, as the law's id order decides: the association criteria see it regardless).
 - `association_adjacent.<g>`, `association_cross.<g>` (independence): rank correlation and binned
   X^2 of paired PITs, every token; sees correlated streams at any position.
 - `identical.<g>` (independence): adjacent pairs with identical whole sequences; sees a stream
@@ -67,10 +69,13 @@ QUARTERS = 4  # sequence-index buckets of pit_position: early to late tokens
 # X^2, Monte Carlo p-values by Besag-Clifford, streams keyed by the group's first seed. 2: they take
 # the largest bucket X^2 (a bug in one bucket is judged at that bucket's size), every Monte Carlo
 # p-value by the early-rejection rule (a clear FAIL stops after ~2 / level draws); streams keyed as
-# in version 1.
+# in version 1. 3: the equal-first-token criteria print their MDE of either sign (an increase and a
+# decrease of P(t1 equal), signed) and the observed signed change; every p-value and verdict as in 2.
 FIRST_RULES = 1
-CURRENT_RULES = 2
-RULES = (FIRST_RULES, CURRENT_RULES)
+MAX_TYPE_RULES = 2
+SIGNED_EFFECT_RULES = 3
+CURRENT_RULES = SIGNED_EFFECT_RULES
+RULES = (FIRST_RULES, MAX_TYPE_RULES, SIGNED_EFFECT_RULES)
 ENDS_ROUND = ("correction", "bonus", "plain")  # sources that close a round ("accepted" continues it)
 P_VALUED = {
     "pit": ("pit_pooled", "pit_position", "pit_path"),
@@ -275,7 +280,7 @@ class Context:
     @property
     def rule(self) -> str:
         """The Monte Carlo rule of every p-value of this context (`montecarlo.RULES`)."""
-        return EARLY_REJECTION if self.rules >= CURRENT_RULES else BESAG_CLIFFORD
+        return EARLY_REJECTION if self.rules >= MAX_TYPE_RULES else BESAG_CLIFFORD
 
     @property
     def mde_level(self) -> float:
@@ -290,13 +295,13 @@ BUCKET_LABEL = "binned PIT TV in one bucket of mean size (every bucket's: bucket
 def _draws(ctx: Context, *results: Any) -> dict[str, int]:
     """{"mc_draws": the null statistics drawn for the criterion's p-value(s)} from the second rules
     on (a clear FAIL shows its early stop there); nothing for bundles of the first."""
-    if ctx.rules < CURRENT_RULES:
+    if ctx.rules < MAX_TYPE_RULES:
         return {}
     return {"mc_draws": sum(mc.draws for mc in results if mc is not None)}
 
 
 def _pit(ctx: Context, name: str, u: np.ndarray, buckets: np.ndarray | None) -> tuple:
-    combine = "max" if buckets is not None and ctx.rules >= CURRENT_RULES else "sum"
+    combine = "max" if buckets is not None and ctx.rules >= MAX_TYPE_RULES else "sum"
     result = sequence.pit_uniformity(
         u.reshape(-1),
         None if buckets is None else buckets.reshape(-1),
@@ -356,24 +361,42 @@ def serial(ctx: Context) -> tuple:
     )
 
 
+EQUAL_T1_LABEL = "relative change of P(t1 equal)"
+
+
 def _equal_t1(ctx: Context, rows: tuple[np.ndarray, np.ndarray]) -> tuple:
+    """The count of equal first tokens of paired requests against Poisson-binomial(sum p^2), a
+    two-sided exact p-value: more equal pairs (shared or overlapping streams) and fewer (streams
+    that push paired draws apart) are both rejected. The MDE is the larger of the relative increase
+    and decrease detected with the protocol's power (each side at level / 2); from criteria version 3
+    the row prints both, signed (`mde_increase` > 0, `mde_decrease` < 0), and the observed signed
+    change count / expected - 1."""
     a, b = rows
     pi = ctx.data.parts["self_match"][a, 0]  # same prompt, empty prefix: one law p, P(equal) = sum p^2
     count = int((ctx.data.tokens[a, 0] == ctx.data.tokens[b, 0]).sum())
     p_value = independence.discrete_pvalue(independence.poisson_binomial_pmf(pi), count, "two-sided")
-    mde = max(
+    increase, decrease = (
         sequence_power.equal_rate_mde(pi, [ctx.level / 2], alternative=alt, power=ctx.protocol.power)
         for alt in ("greater", "less")
     )
     expected = float(pi.sum())
-    return (
-        count,
-        p_value,
-        len(a),
-        mde,
-        "relative change of P(t1 equal)",
-        {"expected": expected, "ratio": count / expected if expected > 0 else None},
-    )
+    ratio = count / expected if expected > 0 else None
+    details: dict[str, Any] = {"expected": expected, "ratio": ratio}
+    if ctx.rules < SIGNED_EFFECT_RULES:
+        return count, p_value, len(a), max(increase, decrease), EQUAL_T1_LABEL, details
+    up, down = (None if m == NOTHING_DETECTABLE else m for m in (increase, decrease))
+    label = f"{EQUAL_T1_LABEL}, either sign ({_signed(up, '+')} or {_signed(down, '-')} alone)"
+    details |= {
+        "alternative": "two-sided",
+        "change": None if ratio is None else ratio - 1.0,
+        "mde_increase": up,
+        "mde_decrease": None if down is None else -down,
+    }
+    return count, p_value, len(a), max(increase, decrease), label, details
+
+
+def _signed(mde: float | None, sign: str) -> str:
+    return "nothing detectable" if mde is None else f"{sign}{mde:.3g}"
 
 
 def equal_t1_adjacent(ctx: Context) -> tuple:
