@@ -38,11 +38,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specval import bundle as bundles
+from specval.exits import (  # the statuses live below the harness, where the supervisor reads them too
+    EXIT_ENVIRONMENT,
+    EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_PASS,
+    EXIT_SUT,
+    VERDICT_EXITS,
+    resume_command,
+    verdict_exit,
+)
 from specval.preflight import SUTRaised
 
-EXIT_PASS, EXIT_FAIL, EXIT_INPUT, EXIT_SUT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_INCONCLUSIVE, EXIT_ENVIRONMENT = 4, 5
-VERDICT_EXITS = {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL, "INCONCLUSIVE": EXIT_INCONCLUSIVE}
 ERROR_LOG = bundles.ERROR_LOG  # in a bundle: tracebacks of the system under test, one block per failure
 PROBE_LOG_PREFIX = "probe-error-"  # in the output root: a probe failure (no bundle exists yet)
 
@@ -70,12 +79,6 @@ class RunInterrupted(Exception):
     def __init__(self, path: Path | None):
         super().__init__("interrupted")
         self.path = path
-
-
-def verdict_exit(verdict: object) -> int:
-    """The exit code of a written verdict: 0 PASS, 1 FAIL, 4 INCONCLUSIVE; anything else (a harness
-    bug) exits 1, never 0."""
-    return VERDICT_EXITS.get(verdict, EXIT_FAIL) if isinstance(verdict, str) else EXIT_FAIL
 
 
 def describe_os_error(err: OSError) -> str:
@@ -155,5 +158,23 @@ def signals_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def resume_command(path: Path) -> str:
-    return f"specval run --resume {path}"
+__all__ = [
+    "EXIT_ENVIRONMENT",
+    "EXIT_FAIL",
+    "EXIT_INCONCLUSIVE",
+    "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
+    "EXIT_PASS",
+    "EXIT_SUT",
+    "VERDICT_EXITS",
+    "EnvironmentFailed",
+    "RunFailed",
+    "RunInterrupted",
+    "append_log",
+    "describe_os_error",
+    "guard_bundle",
+    "probe_log",
+    "resume_command",
+    "signals_interrupt",
+    "verdict_exit",
+]

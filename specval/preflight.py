@@ -17,7 +17,10 @@ entry) and the command exits 2 (input) or 3 (the system under test raised or bro
 `GuardedSUT` wraps an adapter for the whole run, so that an exception from the adapter is told
 apart from one of the harness: every adapter call that raises becomes `SUTRaised`, naming the call.
 `SystemExit` raised by adapter code (`sys.exit` in a method, in the constructor or while its module
-is imported) is a failure of the system under test too, never the harness's exit status.
+is imported) is a failure of the system under test too, never the harness's exit status. Every
+guarded call (and the import and construction in `open_guarded`) is also recorded on the
+supervisor's channel (`specval.channel.adapter_call`) as it starts and as it ends, so that a worker
+that dies inside the adapter (`os._exit`, a signal) is reported with the call it was in.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from specval import channel
 from specval.protocol import Protocol, ProtocolError, line_of, read_yaml
 from specval.seeds import PROBE_SEEDS
 from specval.sut import OWN_DRAFT, SOURCES, SUT, SampleBatch, SUTError, capabilities_of
 
 PROBE_ROWS = 2  # rows of the accept_single probe
+IMPORT_CALL = "the adapter's import or constructor"  # the call named while `open_guarded` builds the adapter
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
 # what adapter code may raise that is its own failure (exit 3): any Exception, and SystemExit (an
 # adapter calling sys.exit must not end specval with the adapter's status); KeyboardInterrupt is the user's
@@ -71,7 +76,8 @@ class GuardedSUT:
 
     def __getattr__(self, name: str) -> Any:
         try:
-            value = getattr(self._sut, name)
+            with channel.adapter_call(name):
+                value = getattr(self._sut, name)
         except AttributeError:
             raise  # the adapter has no such attribute: hasattr() must keep working
         except ADAPTER_FAULTS as err:  # a property of the adapter raised (e.g. vocab_size)
@@ -84,7 +90,8 @@ class GuardedSUT:
 def _guard_call(name: str, method: Callable) -> Callable:
     def call(*args, **kwargs):
         try:
-            return method(*args, **kwargs)
+            with channel.adapter_call(name):
+                return method(*args, **kwargs)
         except ADAPTER_FAULTS as err:
             if isinstance(err, SUTError) and name in PASS_THROUGH:
                 raise
@@ -97,11 +104,12 @@ def open_guarded(factory: Callable[..., SUT], protocol: Protocol) -> GuardedSUT:
     """Import and construct the adapter; SUTError (a refused configuration, an adapter that cannot
     be imported) passes, anything else (SystemExit included) is SUTRaised."""
     try:
-        return GuardedSUT(factory(protocol.sut, protocol.num_speculative_tokens))
+        with channel.adapter_call(IMPORT_CALL):
+            return GuardedSUT(factory(protocol.sut, protocol.num_speculative_tokens))
     except SUTError:
         raise
     except ADAPTER_FAULTS as err:
-        raise sut_raised("the adapter's import or constructor", err) from err
+        raise sut_raised(IMPORT_CALL, err) from err
 
 
 # ---------------------------------------------------------------- writable paths

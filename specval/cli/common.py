@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from specval import bundle as bundles
-from specval import execution, seeds, signing
+from specval import channel, execution, seeds, signing
 from specval import protocol as protocols
 from specval.kinds import (
     DISTRIBUTION_KIND,
@@ -80,10 +80,12 @@ def no_verdict(err: BaseException, announced: list[Path], where: Callable[[Path 
 
 
 def recording(announced: list[Path], announce: Callable[[Path], None]) -> Callable[[Path], None]:
-    """`announce`, also appending the bundle's path to `announced` (what an error message names)."""
+    """`announce`, also appending the bundle's path to `announced` (what an error message names)
+    and telling the supervisor (specval.channel: what it checks is sealed before it exits 0)."""
 
     def record(path: Path) -> None:
         announced.append(path)
+        channel.report_bundle(path)
         announce(path)
 
     return record
