@@ -393,6 +393,70 @@ class LLM:
         replaced = override.logits(draft.float(), target.to(self.engine.device), seeds, positions)
         return replaced.float().cpu()
 
+    def target_logits_along_batch(self, prompt_ids: Sequence[int], token_rows) -> torch.Tensor:
+        """float32[B, L, V] on the CPU: `target_logits_along(prompt_ids, token_rows[b])` for every
+        row b of int64[B, L] (array-like), in one batched cache-free pass when the model has one
+        (`depth_logits_batch`; the looped model), else one serial pass per row.
+
+        Guarantee: row b equals `target_logits_along` of that row up to the summation order of a
+        batched matmul (tests/engine/test_api.py bounds it); no sampling, no RNG, the paged KV of
+        running requests untouched. ValueError as `target_logits_along`."""
+        prompt, rows = self._batch_ids(prompt_ids, token_rows)
+        return self._depth_along(prompt, rows, self.engine.model.num_depths)
+
+    def draft_logits_along_batch(self, prompt_ids: Sequence[int], token_rows, seeds) -> torch.Tensor:
+        """float32[B, L, V] on the CPU: `draft_logits_along(prompt_ids, token_rows[b], seeds[b])`
+        for every row b, batched as `target_logits_along_batch` (the override applied to all rows
+        at once: it is a pure function of seed, position and logits)."""
+        prompt, rows = self._batch_ids(prompt_ids, token_rows)
+        draft = self._depth_along(prompt, rows, self.engine.config.draft_loops)
+        override = self.engine.draft_override()
+        if override is None:
+            return draft
+        count, length, vocab = draft.shape
+        device = self.engine.device
+        target = self._depth_along(prompt, rows, self.engine.model.num_depths) if override.needs_target else None
+        positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + length, device=device).repeat(count)
+        seed_rows = torch.as_tensor(np.array(seeds, dtype=np.int64), device=device).repeat_interleave(length)
+        replaced = override.logits(
+            draft.reshape(-1, vocab).to(device),
+            None if target is None else target.reshape(-1, vocab).to(device),
+            seed_rows,
+            positions,
+        )
+        return replaced.float().cpu().reshape(count, length, vocab)
+
+    def _batch_ids(self, prompt_ids: Sequence[int], token_rows) -> tuple[list[int], np.ndarray]:
+        """(the prompt's ids, int64[B, L] rows), checked as `target_logits_along` checks one row."""
+        prompt = self.engine.prompt_token_ids(_as_list(prompt_ids))
+        rows = np.asarray(token_rows)
+        vocab, limit = self.engine.model.vocab_size, self.engine.config.max_model_len
+        if rows.ndim != 2 or rows.shape[1] == 0 or not np.issubdtype(rows.dtype, np.integer):
+            raise ValueError(f"token_rows of shape {rows.shape} and dtype {rows.dtype} is invalid: expected int[B, L]")
+        if rows.size and (rows.min() < 0 or rows.max() >= vocab):
+            raise ValueError(f"token_rows contains token ids outside [0, {vocab})")
+        if len(prompt) + rows.shape[1] > limit:
+            raise ValueError(
+                f"token_rows of {rows.shape[1]} tokens after a prompt of {len(prompt)} tokens is too long: "
+                f"prompt + tokens = {len(prompt) + rows.shape[1]} exceeds max_model_len={limit}"
+            )
+        return prompt, rows.astype(np.int64)
+
+    def _depth_along(self, prompt: list[int], rows: np.ndarray, depth: int) -> torch.Tensor:
+        """float32[B, L, V] on the CPU: the readout after `depth` predicting every token of every row."""
+        model, device = self.engine.model, self.engine.device
+        count, length = rows.shape
+        ids = np.concatenate([np.tile(np.asarray(prompt, dtype=np.int64), (count, 1)), rows[:, :-1]], axis=1)
+        batch = torch.as_tensor(ids, device=device)
+        with torch.inference_mode():
+            if hasattr(model, "depth_logits_batch"):
+                logits = model.depth_logits_batch(batch, depth)
+            elif depth == model.num_depths:
+                logits = torch.stack([model.target_logits(row) for row in batch])
+            else:
+                logits = torch.stack([model.replay(row, depth).logits[-1] for row in batch])
+        return logits[:, len(prompt) - 1 :].float().cpu()
+
     def _replay_logits(self, token_ids: Sequence[int], depth: int) -> torch.Tensor:
         ids = torch.tensor(self.engine.prompt_token_ids(token_ids), dtype=torch.int64, device=self.engine.device)
         return self.engine.model.replay(ids, depth).logits[-1, -1].cpu()

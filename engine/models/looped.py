@@ -144,6 +144,21 @@ class LoopedModel(nn.Module):
                 hidden = layer.finish(hidden, causal_attention(q, k, v))
         return self.readout(hidden[0])
 
+    @torch.no_grad()
+    def depth_logits_batch(self, token_ids: torch.Tensor, depth: int) -> torch.Tensor:
+        """float32[B, T, V]: the readout after `depth` loops at every position of every row of
+        int64[B, T] (each row its own causal sequence): row b equals `replay(token_ids[b],
+        depth).logits[-1]`, the same operations on a batch, up to the summation order a batched
+        matmul may choose (the harness's batched replays, `LLM.target_logits_along_batch`)."""
+        self._check_depth(depth)
+        positions = torch.arange(token_ids.shape[-1], device=token_ids.device)
+        hidden = self.embed(token_ids)
+        for _ in range(depth):
+            for layer in self.layers:
+                q, k, v = layer.qkv_heads(hidden, positions)
+                hidden = layer.finish(hidden, causal_attention(q, k, v))
+        return self.readout(hidden)
+
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= self.num_depths:
             raise ValueError(f"depth={depth!r} is invalid: expected 1..{self.num_depths}")

@@ -234,3 +234,70 @@ def test_target_logits_along_on_cuda_match_the_cpu():
     cuda = tiny_llm(mode="sync", device="cuda").target_logits_along(ALONG_PROMPT, tokens)
     assert cuda.device.type == "cpu"
     torch.testing.assert_close(cuda, cpu, rtol=0, atol=looped_atol(tiny_llm().engine.model, cpu, 76))
+
+
+# ---------------------------------------------------------------- batched replays (the harness's chunks)
+
+BATCH_ROWS = 5
+
+
+def _rows(seed: int, count: int, length: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, vocab, size=(count, length))
+
+
+@pytest.mark.parametrize("override", [None, "noisy", "adversarial", "temperature"])
+def test_batched_replays_equal_one_replay_per_row(override):
+    # Tolerance: the batch and the single rows run the same operations on [B, T] and [1, T]
+    # inputs; a batched matmul may sum in another order, bounded by looped_atol (the rounding
+    # analysis of the chained reductions, tests/fixtures/engine_helpers.py). The overrides are
+    # elementwise in the logits (noise keyed by seed and position, negation, a division), so the
+    # bound of the logits they read carries over (the temperature factor only shrinks it).
+    extra = {} if override is None else {"draft_override": override}
+    llm = tiny_llm(mode="async", num_speculative_tokens=3, draft_loops=1, **extra)
+    rows, seeds = _rows(7, BATCH_ROWS, 9, 64), np.arange(100, 100 + BATCH_ROWS)
+    target = llm.target_logits_along_batch(ALONG_PROMPT, rows)
+    draft = llm.draft_logits_along_batch(ALONG_PROMPT, rows, seeds)
+    assert target.shape == draft.shape == (BATCH_ROWS, 9, 64) and target.dtype == draft.dtype == torch.float32
+    for b in range(BATCH_ROWS):
+        one = llm.target_logits_along(ALONG_PROMPT, rows[b].tolist())
+        atol = looped_atol(llm.engine.model, one, len(ALONG_PROMPT) + 9)
+        torch.testing.assert_close(target[b], one, rtol=0, atol=atol)
+        one_draft = llm.draft_logits_along(ALONG_PROMPT, rows[b].tolist(), int(seeds[b]))
+        torch.testing.assert_close(draft[b], one_draft, rtol=0, atol=looped_atol(llm.engine.model, one_draft, 21))
+    if override == "noisy":  # the noise follows each row's own seed, not its place in the batch
+        swapped = llm.draft_logits_along_batch(ALONG_PROMPT, rows[::-1], seeds[::-1])
+        torch.testing.assert_close(swapped.flip(0), draft, rtol=0, atol=looped_atol(llm.engine.model, draft, 21))
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        (np.zeros((2, 0), dtype=np.int64), "token_rows of shape"),
+        (np.full((2, 3), 64), "outside"),
+        (np.full((2, 3), 1.5), "token_rows of shape"),
+        (np.ones(3, dtype=np.int64), "token_rows of shape"),
+        (np.ones((2, 21), dtype=np.int64), "max_model_len=32"),
+    ],
+)
+def test_batched_replays_name_bad_input(rows, match):
+    llm = tiny_llm(mode="sync", max_model_len=32)
+    with pytest.raises(ValueError, match=match):
+        llm.target_logits_along_batch(ALONG_PROMPT, rows)
+    with pytest.raises(ValueError, match=match):
+        llm.draft_logits_along_batch(ALONG_PROMPT, rows, np.zeros(len(rows), dtype=np.int64))
+    assert llm.target_logits_along_batch(ALONG_PROMPT, np.ones((2, 20), dtype=np.int64)).shape == (2, 20, 64)
+
+
+def test_batched_replays_of_a_model_without_a_batch_pass_run_row_by_row(monkeypatch):
+    """A depth model without `depth_logits_batch` (the real-model adapter) answers one serial
+    replay per row: bit for bit the per-row calls (the same operations on the same shapes)."""
+    from engine.models.looped import LoopedModel
+
+    llm = tiny_llm(mode="async", num_speculative_tokens=3, draft_loops=1, draft_override="noisy")
+    monkeypatch.delattr(LoopedModel, "depth_logits_batch")
+    rows, seeds = _rows(11, 3, 6, 64), np.array([4, 5, 6])
+    target = llm.target_logits_along_batch(ALONG_PROMPT, rows)
+    draft = llm.draft_logits_along_batch(ALONG_PROMPT, rows, seeds)
+    for b in range(3):
+        assert torch.equal(target[b], llm.target_logits_along(ALONG_PROMPT, rows[b].tolist()))
+        assert torch.equal(draft[b], llm.draft_logits_along(ALONG_PROMPT, rows[b].tolist(), int(seeds[b])))
