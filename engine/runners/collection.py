@@ -34,6 +34,7 @@ prefill does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -142,16 +143,18 @@ class BatchCollector:
     def collect(
         self,
         prompt: list[int],
-        params: SamplingParams,
+        params: SamplingParams | Sequence[SamplingParams],
         seeds,
         max_tokens: int,
         batch_size: int | None = None,
         stop_after: int | None = None,
     ) -> CollectedBatch:
         """Generate `max_tokens` tokens (EOS ignored) for each seed; `params` gives temperature,
-        top-k and top-p (its seed and stop settings are not used); `seeds` is a list of ints or an
-        int64 array. `batch_size` (>= len(seeds)) pads the batch to a fixed shape, so partial
-        batches replay the same graph.
+        top-k and top-p (its seed and stop settings are not used), one for every request or one per
+        request (a mixed batch: greedy rows beside random ones, each row its own law, as
+        `LLM.generate` serves a mixed batch); `seeds` is a list of ints or an int64 array.
+        `batch_size` (>= len(seeds)) pads the batch to a fixed shape, so partial batches replay
+        the same graph.
 
         `stop_after` (1..max_tokens, default max_tokens): a request stops once it has that many
         tokens, and the batch once all have; the result then holds `stop_after` columns. They are
@@ -164,6 +167,9 @@ class BatchCollector:
             raise RuntimeError("batched collection needs an idle engine (requests are live)")
         prompt = engine.prompt_token_ids(prompt)
         count, size = len(seeds), max(batch_size or 0, len(seeds))
+        per_row = [params] * count if isinstance(params, SamplingParams) else list(params)
+        if len(per_row) != count or not count:
+            raise ValueError(f"params has {len(per_row)} entries for {count} seeds")
         if len(prompt) + max_tokens > engine.config.max_model_len:
             raise ValueError(
                 f"max_tokens={max_tokens} is invalid: prompt ({len(prompt)}) + max_tokens "
@@ -186,7 +192,7 @@ class BatchCollector:
             index = self._device_ids(np.asarray(ids, dtype=np.int64))
             engine.kv.zero_blocks(index)
             with torch.inference_mode():
-                return self._run(prompt, params, seeds, count, size, (max_tokens, stop_after), num_blocks, index)
+                return self._run(prompt, per_row, seeds, count, size, (max_tokens, stop_after), num_blocks, index)
         finally:
             blocks.give_back(ids, needed)
 
@@ -198,12 +204,12 @@ class BatchCollector:
             self._ids = (ids, to_device(ids, torch.int64, self.device))
         return self._ids[1]
 
-    def _run(self, prompt, params, seeds, count, size, lengths, num_blocks, ids: torch.Tensor) -> CollectedBatch:
+    def _run(self, prompt, per_row, seeds, count, size, lengths, num_blocks, ids: torch.Tensor) -> CollectedBatch:
         depths = self.runner.model.num_depths
         tables = ids.view(depths, size, num_blocks)
-        self._prefill(prompt, params, tables)
+        self._prefill(prompt, per_row[0], tables)
         state, graph = self._state(size, num_blocks, *lengths)
-        self._reset(state, tables, prompt, params, seeds, count)
+        self._reset(state, tables, prompt, per_row, seeds, count)
         self._loop(state, graph)
         return self._read(state, count)
 
@@ -283,8 +289,9 @@ class BatchCollector:
             stop_after,
         )
 
-    def _reset(self, state: BatchState, tables, prompt, params: SamplingParams, seeds, count: int) -> None:
-        """Load a batch into the static state: rows past `count` are padding (done from the start)."""
+    def _reset(self, state: BatchState, tables, prompt, per_row: list[SamplingParams], seeds, count: int) -> None:
+        """Load a batch into the static state: row r samples by `per_row[r]`; rows past `count` are
+        padding (done from the start, sampled like row 0 and never recorded)."""
         size = state.size
         state.tables.copy_(tables)
         state.inputs.fill_(prompt[-1])
@@ -297,16 +304,20 @@ class BatchCollector:
         state.round_index.zero_()
         state.round_position.zero_()
         state.counts.zero_()
+        padded = per_row + [per_row[0]] * (size - count)
         rows = state.rows
-        rows.temperature.fill_(params.temperature)
-        rows.top_k.fill_(params.top_k)
-        rows.top_p.fill_(params.top_p)
-        rows.is_greedy.fill_(params.is_greedy)
+        for tensor, field, dtype in (
+            (rows.temperature, "temperature", np.float32),
+            (rows.top_k, "top_k", np.int64),
+            (rows.top_p, "top_p", np.float32),
+            (rows.is_greedy, "is_greedy", np.bool_),
+        ):
+            tensor.copy_(torch.from_numpy(np.array([getattr(p, field) for p in padded], dtype=dtype)))
         rows.num_prompt.fill_(len(prompt))
-        padded = np.full(size, GREEDY_SEED, dtype=np.int64)  # greedy and padding rows
-        if not params.is_greedy:
-            padded[:count] = np.asarray(seeds, dtype=np.int64)
-        rows.seeds.copy_(to_device(padded, torch.int64, self.device))
+        streams = np.full(size, GREEDY_SEED, dtype=np.int64)  # greedy and padding rows
+        random = np.flatnonzero([not p.is_greedy for p in per_row])
+        streams[random] = np.asarray(seeds, dtype=np.int64)[random]
+        rows.seeds.copy_(to_device(streams, torch.int64, self.device))
 
     def _loop(self, state: BatchState, graph) -> None:
         """Rounds until every row is done: at least ceil(S / (K + 1)), at most S, S = `stop_after`

@@ -124,9 +124,10 @@ class EngineSUT(SUT):
         max_tokens: int,
     ) -> SampleBatch:
         llm = self._group_llm(group)
+        samplings = [sampling] * len(seeds)
         if llm.engine.config.collection == "batched":
-            return self._sample_batched(group, llm, prompt_ids, sampling, seeds, num_tokens, max_tokens)
-        return self._generate(group, llm, prompt_ids, [sampling] * len(seeds), seeds, num_tokens, max_tokens)
+            return self._sample_batched(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
+        return self._generate(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
 
     def sample_mixed(
         self,
@@ -137,14 +138,11 @@ class EngineSUT(SUT):
         num_tokens: int,
         max_tokens: int,
     ) -> SampleBatch:
-        """One `LLM.generate` call with each request's own `SamplingParams` (temperature 0: greedy).
-        The batched collection runs one sampling per call, so a group using it is refused."""
+        """One `LLM.generate` call (or, with `collection: batched`, one `BatchCollector.collect`
+        batch) with each request's own `SamplingParams` (temperature 0: greedy)."""
         llm = self._group_llm(group)
         if llm.engine.config.collection == "batched":
-            raise SUTError(
-                f"group {group.name!r}: collection 'batched' runs one sampling per call; "
-                "companions need the default collection"
-            )
+            return self._sample_batched(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
         return self._generate(group, llm, prompt_ids, samplings, seeds, num_tokens, max_tokens)
 
     def _generate(
@@ -194,22 +192,22 @@ class EngineSUT(SUT):
         group: GroupSpec,
         llm,
         prompt_ids: list[int],
-        sampling: SamplingSpec,
+        samplings: Sequence[SamplingSpec],
         seeds: np.ndarray,
         num_tokens: int,
         max_tokens: int,
     ) -> SampleBatch:
-        """`sample` through the engine's batched collection (`collection: batched`): columns come
-        back as arrays, no per-request objects. Batches are padded to the largest batch seen so
-        far, so the last, shorter batch of a chunk replays the same captured round (on CUDA to the
-        planned batch size from the first: `plan_batches`)."""
+        """`sample` (or `sample_mixed`: one sampling per row) through the engine's batched collection
+        (`collection: batched`): columns come back as arrays, no per-request objects. Batches are
+        padded to the largest batch seen so far, so the last, shorter batch of a chunk replays the
+        same captured round (on CUDA to the planned batch size from the first: `plan_batches`)."""
         from engine.runners.collection import BatchCollector
 
         key = (group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
         if key not in self._collectors:
             self._collectors[key] = BatchCollector(llm.engine)
         self._batch_size = max(self._batch_size, len(seeds))
-        params = request_params(sampling, max_tokens, ignore_eos=True)
+        params = [request_params(sampling, max_tokens, ignore_eos=True) for sampling in samplings]
         try:
             out = self._collectors[key].collect(
                 list(prompt_ids),
@@ -279,6 +277,16 @@ class EngineSUT(SUT):
         (`LLM.draft_logits_along`): f32[len, V]."""
         llm = self._group_llm(group)
         return llm.draft_logits_along(list(prompt_ids), list(token_ids), int(seed)).float().numpy()
+
+    def target_logits_along_batch(self, prompt_ids: list[int], token_rows: np.ndarray) -> np.ndarray:
+        """One batched full-depth replay of the rows (`LLM.target_logits_along_batch`): f32[B, L, V]."""
+        return self._any_llm().target_logits_along_batch(list(prompt_ids), token_rows).numpy()
+
+    def draft_logits_along_batch(
+        self, group: GroupSpec, prompt_ids: list[int], token_rows: np.ndarray, seeds: np.ndarray
+    ) -> np.ndarray:
+        """One batched draft-depth replay with the group's override (`LLM.draft_logits_along_batch`)."""
+        return self._group_llm(group).draft_logits_along_batch(list(prompt_ids), token_rows, seeds).numpy()
 
     def accept_single(
         self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray

@@ -76,6 +76,33 @@ def test_batched_collection_equals_generate(name, sampling):
         assert len(set(map(tuple, expected[1].tolist()))) > 1
 
 
+MIXED = [RANDOM, dict(temperature=0.0), dict(temperature=0.6, top_k=5)]  # a row's sampling: MIXED[r % 3]
+
+
+@pytest.mark.parametrize("name", ["nospec", "sync_d1", "async_d1"])
+def test_a_mixed_batch_equals_generate_and_each_row_alone(name):
+    """One batch of random, greedy and other-temperature rows (companions of a sequence
+    protocol) gives every row the tokens and sources `LLM.generate` gives the same mixed batch,
+    and each row the tokens it gets in a batch of its own sampling (a row's law ignores its
+    neighbours)."""
+    samplings = [MIXED[r % len(MIXED)] for r in range(len(SEEDS))]
+    params = [
+        SamplingParams(**sp, seed=s if sp["temperature"] else None, max_tokens=MAX_TOKENS, ignore_eos=True)
+        for sp, s in zip(samplings, SEEDS)
+    ]
+    expected = as_columns(make_llm(name).generate([PROMPT] * len(SEEDS), params))
+    collector = BatchCollector(make_llm(name).engine)
+    out = collector.collect(PROMPT, params, list(SEEDS), MAX_TOKENS, batch_size=len(SEEDS) + 1)
+    np.testing.assert_array_equal(out.tokens, expected[0])
+    np.testing.assert_array_equal(out.source_names(), expected[1])
+    for which, sampling in enumerate(MIXED):
+        rows = [r for r in range(len(SEEDS)) if r % len(MIXED) == which]
+        alone = collected(collector, sampling, [SEEDS[r] for r in rows])
+        np.testing.assert_array_equal(out.tokens[rows], alone[0])
+    with pytest.raises(ValueError, match="params has 2 entries for 8 seeds"):
+        collector.collect(PROMPT, params[:2], list(SEEDS), MAX_TOKENS)
+
+
 @pytest.mark.parametrize("name", ["nospec", "sync_d1"])
 def test_batched_collection_ignores_batch_composition(name):
     """Split batches, padding rows and a reused (cached) state give the same rows."""
