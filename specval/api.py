@@ -42,7 +42,7 @@ from specval.bundle import BundleError
 from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
 from specval.performance.protocol import PERFORMANCE_KIND
-from specval.preflight import SUTRaised, check_writable_file
+from specval.preflight import SUTRaised
 from specval.protocol import GATING_ROLES, ProtocolError
 from specval.report import junit as junits
 from specval.seeds import LedgerError, SeedOverlapError
@@ -355,7 +355,7 @@ def run_protocol_file(
     (None with `resume`, whose bundle names its kind: `kind`); `extra` goes to the kind's runner
     (`shards` of a multi-rank run). Not itself part of the semver'd API."""
     if junit is not None:
-        check_writable_file(Path(junit), "junit")
+        junits.check_target(Path(junit), "junit")
     if kind is None:
         kind = source.kind if source is not None else bundle_kind(resume) if resume is not None else DISTRIBUTION
     options = dict(resume=resume, seed_offset=seed_offset, sut_factory=sut_factory, **extra)

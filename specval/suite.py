@@ -16,6 +16,9 @@ Guarantees:
   kept for `--resume` as usual.
 - `specval verify SUITE_DIR` verifies every member bundle and checks that each still holds the
   verdict and protocol hash the record names, and the digest of its SHA256SUMS.
+- `junit_report` gives one <testsuite> per member run, in order: its criteria as a single run's
+  JUnit file has them, or, for a member that ended without a verdict, one <error> naming its exit
+  status, so no member that ran is missing from a CI report or shown as passed.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 from specval import bundle as bundles
 from specval.protocol.canonical import canonical_hash
 from specval.protocol.readers import check_keys, fail, read_mapping, read_name, read_str
 from specval.protocol.strict_yaml import read_yaml
+from specval.report import junit as junits
 
 SUITE_KIND = "suite"
 SUITE_FILE = "suite.json"
@@ -173,6 +178,30 @@ def record(
     }
     bundles.write_json(directory / SUITE_FILE, data)
     return data
+
+
+def junit_report(suite: SuiteProtocol, results: list[MemberResult]) -> ET.Element:
+    """<testsuites name="specval.SUITE"> with one <testsuite> per member run (see the module's
+    guarantees); each carries the member's file and exit status as <properties>."""
+    return junits.grouped_element(f"specval.{suite.name}", [_member_element(r) for r in results])
+
+
+def _member_element(result: MemberResult) -> ET.Element:
+    facts = [("member_file", result.file), ("exit", result.exit)]
+    summary, why = _member_summary(result.bundle)
+    if summary is not None:
+        return junits.run_element(summary, result.bundle, facts)
+    return junits.no_verdict_element(result.protocol, result.exit, why, [("member_file", result.file)])
+
+
+def _member_summary(bundle: Path | None) -> tuple[dict | None, str]:
+    """The member bundle's summary, or None and why there is none."""
+    if bundle is None:
+        return None, "no bundle was made (see the suite's output)"
+    try:
+        return bundles.read_json(bundle / bundles.SUMMARY_FILE), ""
+    except bundles.BundleError:
+        return None, f"the bundle {bundle} holds no verdict (see its log; it may resume)"
 
 
 def _relative(path: Path, directory: Path) -> str:

@@ -103,7 +103,7 @@ def run(
     given = None if protocol_file is None else (read_file or read(protocol_file))  # the file is read once
     if kind_of(given).name == SUITE_KIND:
         check_suite_flags(ctx)
-        run_suite(given, protocol_file, profile, output, exploratory, quiet, signer)
+        run_suite(given, protocol_file, profile, output, exploratory, quiet, signer, junit)
     if kind_of(given).name == PERFORMANCE_KIND:
         check_performance_flags(ctx)
         run_bench(given, protocol_file, profile, output, exploratory, quiet, signer)

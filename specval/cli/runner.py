@@ -58,15 +58,15 @@ def run_here(
     contract) in this process (rank 0 of a sharded run: with the other ranks collecting); exits.
     `announced` (a suite's member run) receives the bundle's path once it exists."""
     from specval import api
-    from specval.preflight import SUTRaised, check_writable_file
-    from specval.report.junit import write_junit
+    from specval.preflight import SUTRaised
+    from specval.report.junit import check_target, write_junit
     from specval.sut import SUTError
 
     extra = {} if shards is None else {"shards": shards}
     announced = [] if announced is None else announced
     try:
         if junit:
-            check_writable_file(junit, "--junit")
+            check_target(junit, "--junit")
         with execution.signals_interrupt():
             result = api.run_protocol_file(
                 given,

@@ -39,12 +39,15 @@ def _suite_members(
 
 
 def run_suite(
-    given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer
+    given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer, junit=None
 ) -> None:
     """Run every member of the suite `given` in order (`specval.suite`), print one line per member
-    and the suite's verdict, write the suite record; exit with the most severe member status."""
+    and the suite's verdict, write the suite record and, with `junit`, one JUnit file holding a
+    <testsuite> per member run (its folders created; checked writable before any member runs);
+    exit with the most severe member status."""
     from specval import suite as suites
     from specval.preflight import check_writable_dir
+    from specval.report.junit import check_target
 
     started = dt.datetime.now(dt.timezone.utc).isoformat()
     try:
@@ -52,15 +55,40 @@ def run_suite(
         state = protocols.check_registered(spec, suite_file, exploratory)
         members = _suite_members(spec, suite_file, profile, exploratory)
         check_writable_dir(Path(output), "--output")
+        if junit:
+            check_target(junit, "--junit")
     except protocols.ProtocolError as err:
         input_error(err)
     try:
         directory = suites.new_directory(output, spec.name)
     except OSError as err:
         fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; nothing ran")
+    results = _run_members(spec.name, members, directory, profile, output, exploratory, quiet, signer)
+    data = suites.record(directory, spec, suite_file, profile, state, results, started)
+    click.echo(
+        f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
+        f"profile {profile or 'as written'}):"
+    )
+    for member in data["members"]:
+        click.echo(f"  {member['verdict']:<12} exit {member['exit']}  {member['file']}  {member['bundle'] or '-'}")
+    final = results[-1].exit if results and results[-1].exit == execution.EXIT_INTERRUPTED else data["exit"]
+    click.echo(
+        f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
+        f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}"
+    )
+    if junit:
+        _write_junit(junit, suites.junit_report(spec, results))
+    sys.exit(final)
+
+
+def _run_members(name, members, directory: Path, profile, output, exploratory, quiet, signer) -> list:
+    """Run the members in order (each writes its own JUnit file into the suite's `directory`) and
+    return their `specval.suite.MemberResult`s; an interrupt stops after the member it hit."""
+    from specval import suite as suites
+
     results = []
     for index, (path, member, protocol) in enumerate(members, start=1):
-        click.echo(f"== suite {spec.name}: member {index}/{len(members)}: {path}")
+        click.echo(f"== suite {name}: member {index}/{len(members)}: {path}")
         announced: list[Path] = []
         try:
             run_here(
@@ -84,16 +112,19 @@ def run_suite(
         )
         if code == execution.EXIT_INTERRUPTED:
             break
-    data = suites.record(directory, spec, suite_file, profile, state, results, started)
-    click.echo(
-        f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
-        f"profile {profile or 'as written'}):"
-    )
-    for member in data["members"]:
-        click.echo(f"  {member['verdict']:<12} exit {member['exit']}  {member['file']}  {member['bundle'] or '-'}")
-    final = results[-1].exit if results and results[-1].exit == execution.EXIT_INTERRUPTED else data["exit"]
-    click.echo(
-        f"{data['verdict'] if final == data['exit'] else 'INTERRUPTED'}: suite {spec.name}, "
-        f"{len(results)} of {len(members)} member(s) run; record: {directory / suites.SUITE_FILE}"
-    )
-    sys.exit(final)
+    return results
+
+
+def _write_junit(path: Path, report) -> None:
+    """Write the suite's JUnit file; exit 5 with one line if the operating system refuses it."""
+    from specval.report.junit import write_xml
+
+    try:
+        write_xml(report, path)
+    except OSError as err:
+        fail_with(
+            EXIT_ENVIRONMENT,
+            f"error: environment: --junit {path}: cannot write ({execution.describe_os_error(err)}); "
+            "the suite's verdict above stands",
+        )
+    click.echo(f"junit: {path}")

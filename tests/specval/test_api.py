@@ -30,9 +30,10 @@ from tests.fixtures.fault_suts import RaisingSUT
 
 @pytest.fixture(scope="module")
 def passed(tmp_path_factory) -> tuple[specval.Result, Path]:
-    """One PASS run of the fake protocol's ci profile (shared: a run takes seconds), and its JUnit file."""
+    """One PASS run of the fake protocol's ci profile (shared: a run takes seconds), and its JUnit file
+    (in folders that do not exist yet: the run creates them)."""
     root = tmp_path_factory.mktemp("api")
-    junit = root / "j.xml"
+    junit = root / "out" / "ci" / "j.xml"
     return specval.run(
         write_protocol(root, fake_protocol_dict()), profile="ci", output=root / "out", junit=junit
     ), junit

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -83,7 +84,8 @@ def _run(suite: Path, output: Path, *args: str):
 @pytest.fixture(scope="module")
 def failing_suite(members, tmp_path_factory):
     output = tmp_path_factory.mktemp("results")
-    result = _run(_suite(members, ["seq_ok.yaml", "fake_t2.yaml", "seq_bug.yaml"]), output)
+    junit = output / "reports" / "suite.xml"  # a folder that does not exist yet: the run creates it
+    result = _run(_suite(members, ["seq_ok.yaml", "fake_t2.yaml", "seq_bug.yaml"]), output, "--junit", str(junit))
     directories = [p for p in output.iterdir() if p.name.startswith("team_suite-suite-")]
     return result, directories[0] if directories else None
 
@@ -99,6 +101,23 @@ def test_a_suite_runs_every_member_and_exits_with_the_most_severe_status(failing
         assert summary["verdict"] == member["verdict"]
         assert (directory / f"{member['protocol']}.junit.xml").is_file()
     assert "FAIL: suite team_suite, 3 of 3 member(s) run" in result.output
+
+
+def test_a_suite_with_junit_writes_one_testsuite_per_member_in_order(failing_suite):
+    """Deterministic given the members' verdicts above: one <testsuite> per member with its criteria,
+    its file and exit status; the FAILed member's failures counted at the top."""
+    result, directory = failing_suite
+    root = ET.parse(directory.parent / "reports" / "suite.xml").getroot()
+    record = json.loads((directory / SUITE_FILE).read_text())
+    assert root.tag == "testsuites" and root.get("name") == "specval.team_suite"
+    members = root.findall("testsuite")
+    assert [m.get("name") for m in members] == [f"specval.{m['protocol']}" for m in record["members"]]
+    facts = [{p.get("name"): p.get("value") for p in m.findall("properties/property")} for m in members]
+    assert [(f["member_file"], f["exit"]) for f in facts] == [(m["file"], str(m["exit"])) for m in record["members"]]
+    assert [int(m.get("failures")) > 0 for m in members] == [False, False, True]
+    assert (
+        root.get("failures") == members[2].get("failures") and f"junit: {directory.parent / 'reports'}" in result.output
+    )
 
 
 def test_a_suite_of_passing_members_exits_0_and_verifies(members, tmp_path):

@@ -69,11 +69,18 @@ def test_output_under_a_file_is_refused_before_any_seed(cli, tmp_path):
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("junit", ["missing_dir/j.xml", "."])
+@pytest.mark.parametrize("junit", ["plain_file/j.xml", "."])
 def test_unwritable_junit_is_refused_before_any_seed(cli, tmp_path, junit):
+    (tmp_path / "plain_file").write_text("x")
     result = _run(cli, "run", str(_protocol(tmp_path)), "--quiet", "--junit", junit)
     assert result.exit_code == 2 and "--junit" in result.output
     assert _nothing_claimed(tmp_path / "results")
+
+
+def test_junit_into_folders_that_do_not_exist_yet_creates_them(cli, tmp_path):
+    result = _run(cli, "run", str(_protocol(tmp_path)), "--quiet", "--junit", "results/new/j.xml")
+    assert result.exit_code == 0, result.output
+    assert "<testsuite" in (tmp_path / "results" / "new" / "j.xml").read_text()
 
 
 def test_zero_samples_is_refused_before_any_seed(cli, tmp_path):
