@@ -24,6 +24,7 @@ from specval.report.markdown import (
     provenance,
     render_markdown,
     session_rows,
+    table_cell,
     verdict_text,
 )
 from specval.report.scope import distribution_scope, summary_scope
@@ -153,7 +154,7 @@ def summary_files(
     shown = verdict_text(summary)
     lines = [f"# {name}: {shown}", "", reason, ""] + [f"- {fact}" for fact in listed]
     for part in parts:
-        lines += ["", f"## {part.title}", "", md_table(part.header, part.rows)]
+        lines += ["", f"## {part.title}", "", md_table(part.header, part.rows, table_cell(manifest))]
         lines += [line for note in part.notes for line in ("", note)]
     body = "".join(
         f"<h2>{part.title}</h2>{html_table(part.header, part.rows)}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from specval.identity import IDENTITY_KEY, describe_record
 from specval.semantics import FilterSemantics
 
@@ -81,7 +83,32 @@ def group_rows(summary: dict) -> list[list[str]]:
     return [[*group_cells(name, g), fmt(g["acceptance_rate"], 3)] for name, g in sorted(summary["groups"].items())]
 
 
-def confirmation_lines(summary: dict) -> list[str]:
+def escape_cell(text: str) -> str:
+    """`text` as one markdown table cell: `|` escaped as `\\|` (GitHub and GitLab render a pipe, not a
+    cell border) and line breaks as spaces (a row is one line)."""
+    return " ".join(text.splitlines()).replace("|", "\\|")
+
+
+def legacy_cell(text: str) -> str:
+    """How bundles sealed before identities wrote a cell (`|` as `/`): kept for them alone, so that
+    `specval verify` still re-renders their report.md byte for byte."""
+    return text.replace("|", "/")
+
+
+def table_cell(manifest: dict) -> Callable[[str], str]:
+    """The cell writer of a bundle's report.md: `escape_cell`, or `legacy_cell` for a bundle made
+    before identities (`has_identity`)."""
+    return escape_cell if has_identity(manifest) else legacy_cell
+
+
+def md_table(header: list[str], rows: list[list[str]], cell: Callable[[str], str] = escape_cell) -> str:
+    """A markdown table; each body cell written by `cell`."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(text) for text in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def confirmation_lines(summary: dict, cell: Callable[[str], str] = escape_cell) -> list[str]:
     """The two-stage section: rule, per-stage and combined error rates, stage-2 outcome (empty for
     a one-stage protocol, or a summary written before confirmation existed)."""
     block = summary.get("confirmation")
@@ -111,11 +138,11 @@ def confirmation_lines(summary: dict) -> list[str]:
             "",
             "### Stage 2 criteria",
             "",
-            md_table(CRITERIA_HEADER, criteria_rows(second)),
+            md_table(CRITERIA_HEADER, criteria_rows(second), cell),
             "",
             "### Stage 2 groups",
             "",
-            md_table(GROUP_HEADER, group_rows(second)),
+            md_table(GROUP_HEADER, group_rows(second), cell),
         ]
     return lines + [""]
 
@@ -147,7 +174,7 @@ def sequential_blocks(summary: dict) -> list[tuple[str, dict]]:
     return [("1", first)] + ([("2", second)] if second else [])
 
 
-def sequential_lines(summary: dict) -> list[str]:
+def sequential_lines(summary: dict, cell: Callable[[str], str] = escape_cell) -> list[str]:
     """The sequential section: rule, boundary, where each stage stopped, one row per look taken
     (empty for a protocol without looks)."""
     blocks = sequential_blocks(summary)
@@ -163,7 +190,7 @@ def sequential_lines(summary: dict) -> list[str]:
             f"{', '.join(fmt(v, 3) for v in block['levels'])}; {sequential_text(block)}"
         ]
     rows = [row for stage, block in blocks for row in look_rows(stage, block)]
-    return lines + ["", md_table(LOOK_HEADER, rows), ""]
+    return lines + ["", md_table(LOOK_HEADER, rows, cell), ""]
 
 
 def sequential_text(block: dict) -> str:
@@ -250,15 +277,10 @@ def patch_lines(manifest: dict) -> list[str]:
     return [] if text is None else [f"- {text}"]
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes], scope: list[str] | None = None) -> str:
     """report.md of a distribution bundle; `scope`: the first screen's scope lines
     (`specval.report.scope.distribution_scope`), listed under the system under test."""
+    cell = table_cell(manifest)
     proto = summary["protocol"]
     lines = [
         f"# {proto['name']}: {verdict_text(summary)}",
@@ -278,20 +300,20 @@ def render_markdown(summary: dict, manifest: dict, figures: dict[str, bytes], sc
         "",
         "## Criteria" + (" (stage 1)" if summary.get("confirmation", {}).get("triggered") else ""),
         "",
-        md_table(CRITERIA_HEADER, criteria_rows(summary)),
+        md_table(CRITERIA_HEADER, criteria_rows(summary), cell),
         "",
         "MDE (TV): deviations of total-variation distance >= this value would have been detected with power "
         f">= {proto['power']} at the run's sample size.",
         "",
         "## Groups",
         "",
-        md_table(GROUP_HEADER, group_rows(summary)),
+        md_table(GROUP_HEADER, group_rows(summary), cell),
         "",
-        *confirmation_lines(summary),
-        *sequential_lines(summary),
+        *confirmation_lines(summary, cell),
+        *sequential_lines(summary, cell),
         "## Sessions",
         "",
-        md_table(SESSION_HEADER, session_rows(manifest)),
+        md_table(SESSION_HEADER, session_rows(manifest), cell),
         "",
         "## Figures",
         "",

@@ -97,3 +97,29 @@ def test_summary_reports_name_the_sut_first(tmp_path):
     md = files["report.md"].decode()
     assert md.index(f"- {IDENTITY_LINE}") < md.index("- protocol hash") < md.index("- a fact")
     assert IDENTITY_LINE in files["report.html"].decode() and "specval git" in md
+
+
+SEQUENCE_KEPT = REPORTS / "seq_vllm-20261206T234936Z"  # its association criteria name "|Spearman rho|"
+UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
+
+
+def _sequence_report(tmp_path: Path, manifest_extra: dict) -> str:
+    from specval.sequence.report import render_files
+
+    (tmp_path / "summary.json").write_bytes((SEQUENCE_KEPT / "summary.json").read_bytes())
+    manifest = json.loads((SEQUENCE_KEPT / "manifest.json").read_text())
+    (tmp_path / "manifest.json").write_text(json.dumps({**manifest, **manifest_extra}))
+    return render_files(tmp_path)["report.md"].decode()
+
+
+def test_a_pipe_inside_a_table_cell_is_escaped_and_keeps_the_row_whole(tmp_path):
+    """Deterministic: `|Spearman rho|` reads as written (`\\|` is a pipe to GitHub and GitLab), every row
+    of the criteria table has as many cells as its header; a bundle made before identities keeps the
+    `/` it was sealed with (so it still verifies byte for byte)."""
+    md = _sequence_report(tmp_path, {"sut_identity": IDENTITY})
+    assert "\\|Spearman rho\\| of paired PITs" in md and "/Spearman rho/" not in md
+    table = md.split("## Criteria")[1].strip().split("\n\n")[0].splitlines()
+    widths = {len(UNESCAPED_PIPE.findall(row)) for row in table}
+    assert len(table) > 2 and widths == {len(UNESCAPED_PIPE.findall(table[0]))}
+    sealed = _sequence_report(tmp_path, {})
+    assert sealed.encode() == (SEQUENCE_KEPT / "report.md").read_bytes() and "/Spearman rho/" in sealed
