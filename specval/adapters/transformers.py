@@ -67,6 +67,7 @@ import numpy as np
 from specval.adapters import causal_lm
 from specval.adapters.request_pool import RequestPool
 from specval.adapters.rounds import RoundLog, RoundTrace, assisted_trace, batch_of, plain_trace
+from specval.identity import SutIdentity, package_identity
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
 from specval.sut import DRAFT_FILTERED, SUT, Capabilities, SampleBatch, SUTError
@@ -430,6 +431,13 @@ class TransformersSUT(SUT):
             "stop_after_positions": self.options.stop_after_positions,
             "workers": self.options.workers,
         }
+
+    @classmethod
+    def identity(cls) -> SutIdentity:
+        """The engine under test is the installed `transformers` package (Hugging Face transformers: its distribution's
+        name and version, the digest of its files), not the `specval` package this adapter ships in
+        (this module's own file is the manifest's `adapter`; the model is `sut.model`)."""
+        return package_identity("transformers")
 
     def close(self) -> None:
         """Drop the model and tokenizer; shut the workers down and restore the parent's torch threads."""

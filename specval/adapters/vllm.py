@@ -85,6 +85,7 @@ from specval.adapters.vllm_options import (
     require_folder,
 )
 from specval.adapters.vllm_rounds import spec_trace
+from specval.identity import SutIdentity, package_identity
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
 from specval.sut import DRAFT_GREEDY, SUT, Capabilities, SampleBatch, SUTError
@@ -406,6 +407,13 @@ class VllmSUT(SUT):
             "engine": "in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor uni), chunked prefill off, enforce_eager",
             "patched": self.patch or False,
         }
+
+    @classmethod
+    def identity(cls) -> SutIdentity:
+        """The engine under test is the installed `vllm` package (vLLM: its distribution's
+        name and version, the digest of its files), not the `specval` package this adapter ships in
+        (this module's own file is the manifest's `adapter`; the model is `sut.model`)."""
+        return package_identity("vllm")
 
     def close(self) -> None:
         self._engines.clear()

@@ -345,3 +345,11 @@ def test_loading_hides_the_loaders_progress_bars_and_restores_them():
     with pytest.raises(RuntimeError), _silent_loading(transformers):
         raise RuntimeError("a failed load")
     assert gguf.tqdm is original and transformers.utils.logging.is_progress_bar_enabled()
+
+
+def test_the_identity_names_the_installed_transformers_not_specval():
+    """The evidence names the engine tested: the transformers distribution and its files' digest
+    (an edit of specval's adapter file changes `manifest.adapter`, not this)."""
+    identity = TransformersSUT.identity()
+    assert identity.name == "transformers" and identity.version == metadata.version("transformers")
+    assert identity.covers.startswith("package transformers") and len(identity.digest) == 64

@@ -364,3 +364,13 @@ def test_live_source_test_passes_on_seq_vllm(tmp_path):
     verdicts = json.loads(done.stdout.strip().splitlines()[-1])
     assert not [name for name, verdict in verdicts.items() if verdict == "FAIL"], verdicts
     assert {"pit_source.draft", "accepts.draft", "pit_source.ngram", "accepts.ngram"} <= set(verdicts)
+
+
+@needs_vllm
+def test_the_identity_names_the_installed_vllm_not_specval():
+    """The evidence names the engine tested: the vllm distribution and its files' digest."""
+    from importlib import metadata
+
+    identity = adapter.VllmSUT.identity()
+    assert identity.name == "vllm" and identity.version == metadata.version("vllm")
+    assert identity.covers.startswith("package vllm") and len(identity.digest) == 64
