@@ -15,6 +15,7 @@ seen, never a traceback and never a verdict:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,3 +79,22 @@ def check_logits_along(call: str, logits: Any, length: int, vocab: int) -> np.nd
     if empty.any():
         raise SUTRaised(call, f"returned no finite logit at position {int(np.flatnonzero(empty)[0])} (all -inf)")
     return array
+
+
+def check_logits_rows(call: str, row_call: Callable[[int], str], logits: Any, rows: int, length: int, vocab: int):
+    """The answer of a batched replay (`target_logits_along_batch`: one array [rows, length, vocab]
+    or a list of `rows` arrays) as float32[rows, length, vocab], each row checked by
+    `check_logits_along` under the name `row_call(r)`; `call` names a wrong number of rows or shape."""
+    if isinstance(logits, (list, tuple)):
+        if len(logits) != rows:
+            raise SUTRaised(call, f"returned {len(logits)} rows, expected {rows}")
+    else:
+        array = np.asarray(logits)
+        if array.shape != (rows, length, vocab) or not np.issubdtype(array.dtype, np.floating):
+            expected = f"float[{rows}, {length}, {vocab}]"
+            raise SUTRaised(call, f"returned {array.dtype}{list(array.shape)}, expected {expected}")
+        logits = array
+    out = np.empty((rows, length, vocab), dtype=np.float32)
+    for r in range(rows):
+        out[r] = check_logits_along(row_call(r), logits[r], length, vocab)
+    return out

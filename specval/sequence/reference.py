@@ -35,6 +35,7 @@ chunks.json as written), so a resumed run keeps the groups already replayed.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ from specval import bundle as bundles
 from specval.distribution.reference import transform
 from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
-from specval.sequence.contract import check_logits_along
+from specval.sequence.contract import check_logits_along, check_logits_rows
 from specval.sequence.protocol import SOURCE_KIND, SequenceProtocol
 from specval.stats.sequence import pit_parts
 from specval.sut import SUT
@@ -55,6 +56,7 @@ COMPANIONS_SUFFIX = "-companions.parquet"
 PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
 SOURCE_COLUMNS = ("source_mass", "source_lower", "beta")  # groups under a source test only
 ACCEPTED, CORRECTION = "accepted", "correction"  # the sources whose law involves q
+REPLAY_VALUES = 1 << 25  # logits one batched replay call answers at most (128 MiB of float32)
 
 
 def support_status(
@@ -156,23 +158,54 @@ def replay(sut: SUT, prompt_ids: list[int], tokens: np.ndarray, call: str) -> np
     )
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Sequences `rows` (indices into a group's sorted sequences) of one collected batch: one prompt."""
+
+    rows: np.ndarray  # int64[n]
+    prompt: int
+
+
+def chunks(samples: pd.DataFrame, length: int, vocab: int) -> list[Chunk]:
+    """The sequences of `samples` (sorted by batch, slot, index) in replay calls: each batch's rows in
+    order, split so that one call answers at most REPLAY_VALUES logits (at least one row a call)."""
+    per_call = max(1, REPLAY_VALUES // (length * vocab))
+    batches, prompts = samples["batch"].to_numpy()[::length], samples["prompt"].to_numpy()[::length]
+    starts = np.flatnonzero(np.r_[True, batches[1:] != batches[:-1]]) if len(batches) else np.zeros(0, np.int64)
+    out = []
+    for first, stop in zip(starts, np.r_[starts[1:], len(batches)]):
+        for begin in range(int(first), int(stop), per_call):
+            out.append(Chunk(np.arange(begin, min(begin + per_call, int(stop))), int(prompts[first])))
+    return out
+
+
+def _clipped(row: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sequence holding a token outside [0, V) (collected before the contract checked batches) is
+    not replayed: its tokens are clipped and its logits are 0 but -inf at the clipped token of each
+    such position, so exactly those tokens are OUT_OF_SUPPORT."""
+    outside = (row < 0) | (row >= vocab)
+    clipped, logits = np.clip(row, 0, vocab - 1), np.zeros((len(row), vocab), dtype=np.float32)
+    logits[np.flatnonzero(outside), clipped[outside]] = -np.inf
+    return clipped, logits
+
+
 def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], samples: pd.DataFrame, label: str):
-    """(row index, tokens int64[L], logits f32[L, V]) of every sequence of `samples` (sorted by batch,
-    slot, index); `label` names them in an error ("group 'g'"). A sequence holding a token outside
-    [0, V) (collected before the contract checked batches) is not replayed: its tokens are clipped
-    and its logits are 0 but -inf at the clipped token of each such position, so exactly those
-    tokens are OUT_OF_SUPPORT."""
-    length, vocab = protocol.sequence_length, sut.vocab_size
+    """(chunk, tokens int64[n, L], logits f32[n, L, V]) of every chunk of `samples` (sorted by batch,
+    slot, index), one `target_logits_along_batch` call per chunk, checked; `label` names the
+    sequences in an error ("group 'g'"). Sequences with a token outside [0, V) are `_clipped`."""
+    length, vocab = protocol.sequence_length, int(sut.vocab_size)
     tokens = samples["token"].to_numpy().reshape(-1, length)
-    prompts = samples["prompt"].to_numpy()[::length]
-    for r, (row, prompt) in enumerate(zip(tokens, prompts)):
-        outside = (row < 0) | (row >= vocab)
-        if outside.any():
-            clipped, logits = np.clip(row, 0, vocab - 1), np.zeros((length, vocab), dtype=np.float32)
-            logits[np.flatnonzero(outside), clipped[outside]] = -np.inf
-            yield r, clipped, logits
-            continue
-        yield r, row, replay(sut, prompt_ids[int(prompt)], row, f"target_logits_along ({label}, sequence {r})")
+    for chunk in chunks(samples, length, vocab):
+        rows = tokens[chunk.rows].copy()
+        logits = np.empty((len(rows), length, vocab), dtype=np.float32)
+        outside = ((rows < 0) | (rows >= vocab)).any(axis=1)
+        for r in np.flatnonzero(outside):
+            rows[r], logits[r] = _clipped(rows[r], vocab)
+        inside = np.flatnonzero(~outside)
+        if len(inside):
+            answer = sut.target_logits_along_batch(list(prompt_ids[chunk.prompt]), rows[inside])
+            logits[inside] = _checked(sut, "target_logits_along", label, answer, chunk.rows[inside], length)
+        yield chunk, rows, logits
 
 
 def source_groups(protocol: SequenceProtocol) -> set[str]:
@@ -187,6 +220,30 @@ def draft_replay(sut: SUT, protocol: SequenceProtocol, group: str, prompt: list[
     return check_logits_along(call, along, len(row), int(sut.vocab_size))
 
 
+def draft_replays(
+    sut: SUT, protocol: SequenceProtocol, group: str, prompt: list[int], rows: np.ndarray, seeds: np.ndarray
+) -> np.ndarray:
+    """The draft's logits f32[n, L, V] along sequences of one chunk (`draft_logits_along_batch`), checked."""
+    along = sut.draft_logits_along_batch(protocol.group(group), list(prompt), rows, np.asarray(seeds, dtype=np.int64))
+    return _checked(sut, "draft_logits_along", f"group {group!r}", along, np.arange(len(rows)), rows.shape[1], seeds)
+
+
+def _checked(sut: SUT, method: str, label: str, answer, numbers: np.ndarray, length: int, seeds=None) -> np.ndarray:
+    """A batched replay's answer, checked (`contract.check_logits_rows`). An error names the
+    sequence (`numbers`: its index in the group, or its seed) and the method the adapter
+    implements: `method` itself when it keeps SUT's per-row default of `method`_batch."""
+    adapter = type(getattr(sut, "_sut", sut))  # a GuardedSUT's adapter
+    batched = getattr(adapter, f"{method}_batch", None) is not getattr(SUT, f"{method}_batch")
+    name = f"{method}_batch" if batched else method
+
+    def row_call(r: int) -> str:
+        which = f"seed {int(seeds[r])}" if seeds is not None else f"sequence {int(numbers[r])}"
+        return f"{name} ({label}, {which})"
+
+    whole = f"{name} ({label}, {len(numbers)} sequences)"
+    return check_logits_rows(whole, row_call, answer, len(numbers), length, int(sut.vocab_size))
+
+
 def build_group(
     sut: SUT,
     protocol: SequenceProtocol,
@@ -196,18 +253,22 @@ def build_group(
     group: str = "",
     with_sources: bool = False,
 ) -> pd.DataFrame:
-    """The parts of every token of one group's main batches (samples sorted by batch, slot, index);
-    `with_sources`: SOURCE_COLUMNS too, from one `draft_logits_along` call per sequence."""
+    """The parts of every token of one group's main batches (samples sorted by batch, slot, index),
+    one replay call per chunk (`chunks`); `with_sources`: SOURCE_COLUMNS too, from the draft's
+    replay of the same chunk. Every part is a function of its own row of logits, so the parts do
+    not depend on how sequences are chunked."""
     parts = {name: [] for name in PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ())}
     length = protocol.sequence_length
-    seeds, prompts = samples["seed"].to_numpy()[::length], samples["prompt"].to_numpy()[::length]
+    seeds = samples["seed"].to_numpy()[::length]
     sources = samples["source"].to_numpy().reshape(-1, length)
-    for r, row, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
+    for chunk, rows, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
+        vocab = logits.shape[-1]
         draft = None
         if with_sources:
-            prompt = prompt_ids[int(prompts[r])]
-            draft = (draft_replay(sut, protocol, group, prompt, row, int(seeds[r])), sources[r])
-        for name, values in sequence_parts(logits, row, protocol, semantics, draft).items():
+            along = draft_replays(sut, protocol, group, prompt_ids[chunk.prompt], rows, seeds[chunk.rows])
+            draft = (along.reshape(-1, vocab), sources[chunk.rows].reshape(-1))
+        flat = sequence_parts(logits.reshape(-1, vocab), rows.reshape(-1), protocol, semantics, draft)
+        for name, values in flat.items():
             parts[name].append(values)
     table = samples[["batch", "slot", "index"]].copy()
     for name, values in parts.items():
@@ -225,18 +286,13 @@ def build_companions(
 ) -> pd.DataFrame:
     """The `status` of every companion token (companions sorted by batch, slot, index): companion
     slot B + j uses `companions[j mod C]` of its group."""
-    spec, batch_size = protocol.group(group), protocol.batch_size
-    slots = companions["slot"].to_numpy()[:: protocol.sequence_length]
-    status = [
-        companion_status(
-            logits,
-            row,
-            spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)],
-            protocol.support_tolerance,
-            semantics,
-        )
-        for r, row, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions")
-    ]
+    spec, batch_size, length = protocol.group(group), protocol.batch_size, protocol.sequence_length
+    slots = companions["slot"].to_numpy()[::length]
+    status = []
+    for chunk, rows, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions"):
+        for r, row, along in zip(chunk.rows, rows, logits):
+            sampling = spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)]
+            status.append(companion_status(along, row, sampling, protocol.support_tolerance, semantics))
     table = companions[["batch", "slot", "index"]].copy()
     table["status"] = np.concatenate(status) if status else np.zeros(0, dtype=np.int8)
     return table
