@@ -39,6 +39,8 @@ from specval import bundle as bundles
 from specval import lifecycle, signing
 from specval import protocol as protocols
 from specval.bundle import BundleError
+from specval.distribution.decision import DETERMINISTIC_KINDS
+from specval.distribution.effects import SIZES_KEY
 from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
 from specval.performance.protocol import PERFORMANCE_KIND
@@ -133,11 +135,24 @@ class Result:
 
     def explain(self) -> str:
         """Several lines for a test failure or a log: the verdict, every criterion that kept the run
-        from PASS with its reason and MDE, and the bundle's path."""
+        from PASS with its reason (its size, when the summary records sizes) and, where it tells what
+        the criterion could have missed, its MDE; and the bundle's path."""
         marker = "EXPLORATORY " if self.exploratory else ""
         lines = [f"{self.protocol} ({self.profile or 'default'}): {marker}{self.verdict}: {self.reason}"]
-        lines += [f"  {c.line()}" + (f" [MDE {c.mde:.4g}]" if c.mde is not None else "") for c in self.failing]
+        lines += [f"  {c.line()}{self._mde_note(c)}" for c in self.failing]
         return "\n".join(lines + [f"bundle: {self.bundle}"])
+
+    def _mde_note(self, criterion: Criterion) -> str:
+        """The `[MDE x]` note after a criterion's line, where the MDE tells what it could have missed: never
+        for a deterministic failure (a sample out of support, a quadrature or validity check: proof
+        of a bug, whatever the MDE), nor for a FAIL whose reason already gives its size beside the MDE
+        (a summary with sized rows)."""
+        row = (self.summary.get("tests") or {}).get(criterion.name) or {}
+        if criterion.mde is None or row.get("out_of_support") or row.get("kind") in DETERMINISTIC_KINDS:
+            return ""
+        if criterion.verdict == "FAIL" and SIZES_KEY in self.summary:
+            return ""
+        return f" [MDE {criterion.mde:.4g}]"
 
     @classmethod
     def from_summary(cls, bundle: Path, summary: Mapping[str, Any]) -> Result:

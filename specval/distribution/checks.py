@@ -19,6 +19,7 @@ import numpy as np
 
 from specval.distribution.criteria import applicable_groups
 from specval.distribution.decision import FAIL, PASS
+from specval.distribution.effects import EFFECT_KEY
 from specval.distribution.reference import Reference
 from specval.distribution.strata import GroupData, prefix_groups
 from specval.protocol import Protocol, TestSpec
@@ -128,9 +129,30 @@ def _swept_quadrature(test: TestSpec, pairs: list) -> tuple[dict, str, str, floa
     )
 
 
+def _quadrature_effect(checked: Mapping[str, dict], pairs: list) -> dict | None:
+    """The worst case of a swept quadrature: a failing one first, then the largest error; with the
+    token where its swept law is farthest from the exact law (`effects.describe` words it)."""
+    by_name = {pair["name"]: pair for pair in pairs}
+    order = sorted(checked, key=lambda n: (checked[n]["passed"], -checked[n].get("max_abs_error", np.inf)))
+    if not order:
+        return None
+    case, worst = order[0], checked[order[0]]
+    if "max_abs_error" not in worst:
+        return {"case": case, "token": worst["first_token"]}
+    pair = by_name[case]
+    p, q = np.asarray(pair["p"], dtype=np.float64), np.asarray(pair["q"], dtype=np.float64)
+    exact, _ = exact_law(p, q)
+    token = int(np.argmax(np.abs(np.asarray(pair["law"], dtype=np.float64) - exact)))
+    limit = worst["resolution"] + worst["allowance"]
+    return {"case": case, "max_abs_error": worst["max_abs_error"], "limit": limit, "token": token}
+
+
 def quadrature_criterion(test: TestSpec, name: str, pairs: list) -> dict:
+    """The quadrature row of one case list (`name`): its verdict, the per-pair errors and, for the
+    swept rule, its `effect` (the worst case and token; none for the earlier cell rule)."""
     is_legacy = all("grid_size" not in pair and pair.get("kind") != STOP_POINT for pair in pairs)
     checked, verdict, reason, statistic = (_legacy_quadrature if is_legacy else _swept_quadrature)(test, pairs)
+    effect = None if is_legacy else _quadrature_effect(checked, pairs)
     return {
         "kind": test.kind,
         "role": test.role,
@@ -147,6 +169,7 @@ def quadrature_criterion(test: TestSpec, name: str, pairs: list) -> dict:
         "planned_n": None,
         "effective_n": None,
         "pairs": checked,
+        EFFECT_KEY: effect,
         "verdict": verdict,
         "reason": reason,
     }

@@ -20,6 +20,7 @@ import numpy as np
 
 from specval.distribution import looks
 from specval.distribution.decision import FAIL, INCONCLUSIVE
+from specval.distribution.effects import EFFECT_KEY, gof_effect, homogeneity_effect
 from specval.distribution.strata import StrataSource
 from specval.protocol import ROLES, Protocol, TestSpec
 from specval.stats import montecarlo, power
@@ -132,9 +133,10 @@ def _gof(
 ) -> dict:
     out_of_support = sum(outside for *_, outside in parts)
     result = None
+    strata = [(key, counts, supports(prefix).probs) for key, prefix, counts, _ in parts]
     if any(counts.sum() for _, _, counts, _ in parts):
         result = stratified_gof(
-            [(key, counts, supports(prefix).probs) for key, prefix, counts, _ in parts],
+            strata,
             stratum_min=protocol.stratum_min,
             min_expected=protocol.min_expected,
             level=level,
@@ -142,7 +144,9 @@ def _gof(
         )
     covered = int(result.n) if result else 0
     coverage = _coverage(len(parts), result.num_strata if result else 0, total, covered)
-    return _criterion(protocol, test, group, None, result, out_of_support, total, coverage, with_mde)
+    row = _criterion(protocol, test, group, None, result, out_of_support, total, coverage, with_mde)
+    effect = gof_effect(strata, result, protocol.stratum_min, protocol.min_expected, test.by_path) if with_mde else None
+    return {**row, EFFECT_KEY: effect}
 
 
 def _homogeneity(
@@ -173,7 +177,9 @@ def _homogeneity(
     covered = int(sum(a.sum() + b.sum() for a, b in shared))
     strata_total = len(set(by_key_b) | {key for key, *_ in parts_a})
     coverage = _coverage(strata_total, len(shared), sum(totals), covered)
-    return _criterion(protocol, test, group, test.baseline, result, 0, totals[0], coverage, with_mde)
+    row = _criterion(protocol, test, group, test.baseline, result, 0, totals[0], coverage, with_mde)
+    effect = homogeneity_effect(both, result, protocol.stratum_min, protocol.min_expected) if with_mde else None
+    return {**row, EFFECT_KEY: effect}
 
 
 def _stratum_row(row: dict, by_path: bool) -> dict:
@@ -281,7 +287,8 @@ def statistical_tests(
     `source` gives a group's strata at a position; `totals[g]` its tested rows; `seed_keys[g]` a
     string naming its seed range, which seeds the criterion's Monte Carlo draws together with the
     protocol hash and the criterion's name (so two stages, or two replicates, draw independently).
-    `with_mde=False` leaves the MDEs out (calibration, where only verdicts count). `stream`: the
+    `with_mde=False` leaves the MDEs and the observed effects (`effects`) out (calibration, where
+    only verdicts count). `stream`: the
     Monte Carlo stream of the draws (`montecarlo.STREAMS`; a bundle's own when it is recomputed).
     """
     tests, sizes, digest = {}, family_sizes(protocol), protocol.hash

@@ -20,7 +20,7 @@ import pandas as pd
 
 from specval import bundle as bundles
 from specval import seeds
-from specval.distribution import collect, looks
+from specval.distribution import collect, effects, looks
 from specval.distribution.decision import FAIL, confirm, confirms, gating_failures, needs_second_stage
 from specval.distribution.reference import Reference
 from specval.distribution.verdict import evaluate
@@ -65,6 +65,15 @@ def recorded_stream(path: Path) -> str:
     )
 
 
+def recorded_sizes(path: Path) -> bool:
+    """Whether the bundle's summary rows carry their sizes (`effects.SIZES_KEY`): True for a new
+    analysis (no summary yet), False for a summary made before sizes were recorded."""
+    if not (path / bundles.SUMMARY_FILE).is_file():
+        return True
+    summary = bundles.read_json(path / bundles.SUMMARY_FILE)
+    return not isinstance(summary, dict) or effects.SIZES_KEY in summary
+
+
 def recompute(
     path: Path,
     protocol: Protocol,
@@ -95,8 +104,10 @@ def recompute(
 
 def with_plan(path: Path, summary: dict, stream: str) -> dict:
     """The summary with what run.json records (registration, semantics) and its Monte Carlo stream,
-    as plain JSON values."""
+    its rows sized as the bundle's version has them (`effects.finish`), as plain JSON values (a copy:
+    `summary` is left as it was)."""
     plan = bundles.RunPlan.from_dict(bundles.read_json(path / bundles.RUN_FILE))
+    summary = effects.finish(json.loads(json.dumps(summary)), recorded_sizes(path))
     summary["registration"] = plan.registration_block()
     if plan.semantics:  # bundles made before semantics were recorded keep their summary as it was
         summary["semantics"] = dict(plan.semantics)

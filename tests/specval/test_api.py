@@ -84,6 +84,13 @@ def test_sut_argument_replaces_the_protocols_adapter_and_failing_names_what_fail
     text = result.explain()
     assert text.splitlines()[0].startswith("fake_t2 (ci): EXPLORATORY FAIL")
     assert f"bundle: {result.bundle}" in text and "quadrature.adversarial" in text
+    quadrature = next(line for line in text.splitlines() if "quadrature.adversarial:" in line)
+    assert "|swept law - exact law| = " in quadrature and " at token " in quadrature and "[MDE" not in quadrature
+    lines = [line for line in text.splitlines()[1:] if "_gof." in line or "_homogeneity." in line]
+    sized = [line for line in lines if line.split()[0] == "FAIL"]
+    assert sized, text
+    assert all("observed TV" in line and "worst stratum" in line and "[MDE" not in line for line in sized), text
+    assert specval.verify(result.bundle).ok  # the sized rows recompute as stored
     assert (result.bundle / "report.md").read_text().startswith("# fake_t2: EXPLORATORY FAIL\n")
     sessions = (result.bundle / "sessions.json").read_text()
     assert "specval.run" in sessions and "sut=tests.fixtures.fake_sut:BuggyFakeSUT" in sessions
