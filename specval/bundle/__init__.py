@@ -52,11 +52,12 @@ Modules, one noun each, in layers (each imports only those above it in this list
     sums      the sha256 of a file and SHA256SUMS (write, read, check)
     plan      run.json's RunPlan, the bundle formats, the protocol copies (`load_plan_protocol`)
     facts     what a bundle records of its making: code, packages, device, command line
+    samples   the bounds of the sample chunks, checked from their parquet footers (`check_sample_bounds`)
     chain     the chained chunk records of each stage: genesis, heads, chunk writes and checks
     sessions  sessions.json's records and the bundle lock the working process holds
     resume    whether a bundle may be resumed or completed (`check_resumable`, `check_completable`)
     compare   `diff` of a stored JSON value and its recomputation
-    verify    `verify_bundle` and its checks, the notes of `specval verify`, `check_pinned`
+    verify    `verify_bundle` and its checks, the notes of `specval verify`, `check_pinned`, `check_profile`
 
 This module is the package's public surface: callers use `from specval import bundle as bundles`
 and `bundles.NAME` for the names of `__all__`; the modules of the package import each other
@@ -129,6 +130,9 @@ from specval.bundle.resume import (
     check_resumable,
     recorded_verdict,
 )
+from specval.bundle.samples import (
+    check_sample_bounds,
+)
 from specval.bundle.sessions import (
     VERDICT_FILES_KEY,
     begin_session,
@@ -146,8 +150,10 @@ from specval.bundle.verify import (
     check_all_chunks,
     check_listed_entries,
     check_pinned,
+    check_profile,
     code_note,
     format_note,
+    ran_profile,
     verify_bundle,
 )
 
@@ -185,7 +191,9 @@ __all__ = [
     "check_completable",
     "check_listed_entries",
     "check_pinned",
+    "check_profile",
     "check_resumable",
+    "check_sample_bounds",
     "check_sums",
     "chunk_heads",
     "code_note",
@@ -205,6 +213,7 @@ __all__ = [
     "read_chunk_index",
     "read_json",
     "read_sessions",
+    "ran_profile",
     "read_typed",
     "record_hash",
     "recorded_verdict",

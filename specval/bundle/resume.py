@@ -5,9 +5,11 @@ Guarantees:
   (`recorded_verdict`: summary.json, the manifest or a report present, or a session that ended
   with a verdict), one of another format, one whose chunk records do not chain or whose written
   chunks differ from their records, one that holds anything but regular files and the layout's
-  directories, or one that another process holds (naming the holder).
+  directories, one whose sample chunks break a bound of `specval.bundle.samples` (read from their
+  footers, nothing decoded), or one that another process holds (naming the holder).
 - `check_completable` refuses to complete anything but an unsealed, unsigned bundle of this
-  format whose run recorded its verdict, with complete chunk records that chain and a summary.json
+  format whose run recorded its verdict, with complete chunk records that chain, sample chunks
+  within the bounds of `specval.bundle.samples`, and a summary.json
   that every finished session agrees with, on files (`verdict_files`) unchanged since.
 - Both refuse with one BundleError line naming the bundle; after a refusal this process holds no
   lock of it, after a success it holds the lock until the seal.
@@ -36,6 +38,7 @@ from specval.bundle.files import (
     read_typed,
 )
 from specval.bundle.plan import BUNDLE_FORMAT, RunPlan
+from specval.bundle.samples import check_sample_bounds
 from specval.bundle.sessions import (
     FINISHED_OUTCOMES,
     VERDICT_FILES_KEY,
@@ -87,6 +90,15 @@ def _refuse_reopen(path: Path) -> None:
         raise BundleError(
             f"{path}: refusing to resume, its written samples do not match their recorded hashes: {'; '.join(problems)}"
         )
+    _refuse_over_bounds(path, "refusing to resume")
+
+
+def _refuse_over_bounds(path: Path, doing: str) -> None:
+    """BundleError naming the chunk, the bound and what it declares, when the written samples
+    break a bound of `specval.bundle.samples` (checked from their footers: nothing is decoded)."""
+    broken = check_sample_bounds(path)
+    if broken:
+        raise BundleError(f"{path}: {doing}: {broken[0]}")
 
 
 def recorded_verdict(path: Path) -> bool:
@@ -118,6 +130,7 @@ def _refuse_completion(path: Path) -> None:
     problems = [p for stage in _stages(path) for p in check_chunks(stage, complete=True)]
     if problems:
         raise BundleError(f"{path}: {never}, its samples do not match their chained records: {'; '.join(problems)}")
+    _refuse_over_bounds(path, never)
     sessions = read_sessions(path)
     if not os.path.lexists(path / SUMMARY_FILE):
         finished = _finished_session(path)

@@ -14,6 +14,10 @@ Guarantees:
   re-rendering.
 - A bundle whose run.json records a format before the chained one while its chunk records chain
   or its manifest names their heads is reported: the format cannot be lowered to skip a check.
+- Sample chunks over the bounds of `specval.bundle.samples` (rows from run.json's planned seeds,
+  cells, bytes) are reported from their parquet footers before any sample is decoded, and then
+  nothing is recomputed.
+- `check_profile` reports a bundle whose run.json records another profile than the pinned one.
 - A check that cannot read what it checks reports that as a difference; it never raises.
 """
 
@@ -49,6 +53,7 @@ from specval.bundle.files import (
     regular_file,
 )
 from specval.bundle.plan import CHAINED_FORMAT, VERIFIABLE_FORMATS, RunPlan
+from specval.bundle.samples import check_sample_bounds
 from specval.bundle.sessions import read_sessions
 from specval.bundle.sums import check_sums, read_sums
 
@@ -221,7 +226,9 @@ def verify_bundle(
     """Every difference between the bundle and its seals (SHA256SUMS, layout, chunks.json), its
     sessions, the summary `recompute(path)` derives from its raw files, and the reports
     `render(path)` makes. A bundle holding anything but regular files and directories of
-    SHA256SUMS gets those entries and the checksums only: nothing else is read. A bundle of another
+    SHA256SUMS gets those entries and the checksums only: nothing else is read. A bundle whose
+    sample chunks break a bound of `specval.bundle.samples` gets that line and no recomputation:
+    no sample is decoded. A bundle of another
     format gets one line naming its format plus the checks every format promised (checksums,
     recomputed summary), not a line per missing record."""
     entries = _run_check(check_listed_entries, path)
@@ -231,6 +238,9 @@ def verify_bundle(
     problems = check_sums(path) + old_format
     if not old_format:
         problems += [p for check in (check_layout, check_sessions, check_all_chunks) for p in _run_check(check, path)]
+    bounds = _run_check(check_sample_bounds, path)
+    if bounds:
+        return problems + bounds  # no sample is decoded: nothing is recomputed or re-rendered
     problems += _recheck_summary(path, recompute)
     return problems + ([] if old_format else check_rendered(path, render))
 
@@ -255,3 +265,18 @@ def check_pinned(path: Path, protocol_hash: str) -> list[str]:
             f"{' (exploratory)' if plan.exploratory else ''}: the pinned protocol must run frozen"
         )
     return problems
+
+
+def check_profile(path: Path, profile: str) -> list[str]:
+    """Why the bundle did not run the profile `profile` (empty: it did): run.json, sealed and
+    signed with the bundle, records the profile the run resolved."""
+    try:
+        found = ran_profile(path)
+    except READ_ERRORS as err:
+        return [f"cannot check the pinned profile: {err}"]
+    return [] if found == profile else [f"{RUN_FILE}: ran profile {found!r}, not the pinned {profile!r}"]
+
+
+def ran_profile(path: Path) -> str | None:
+    """The profile run.json records (None: the protocol's defaults); BundleError or a read error."""
+    return RunPlan.from_dict(read_typed(path / RUN_FILE, dict)).profile
