@@ -44,30 +44,38 @@ from specval.suite import is_suite_directory as suite_directory
 )
 @click.option("--protocol-hash", default=None, help="Fail unless BUNDLE ran the frozen protocol of this hash.")
 @click.option(
+    "--profile", default=None, help="Fail unless BUNDLE ran this profile of its protocol (run.json's `profile`)."
+)
+@click.option(
     "--sut-digest",
     default=None,
     callback=lambda ctx, param, value: _digest_option(value),
     help="Fail unless BUNDLE's system under test has this SHA-256 digest (manifest.json's "
     "sut_identity.digest, on the report's first screen); a suite: every member.",
 )
-def verify(bundle, key_file, protocol_file, protocol_hash, sut_digest) -> None:
+def verify(bundle, key_file, protocol_file, protocol_hash, profile, sut_digest) -> None:
     """Re-hash every file of BUNDLE and recompute every verdict from its raw samples (a performance
     bundle: the ratios, the interval and the verdict from its recorded timings); check its
     signature (against --key, else the key it embeds) and, with --protocol or --protocol-hash,
     that it ran exactly that frozen protocol (`specval.api.verify`, the same checks); with
     --sut-digest, that it tested the system under test of that digest (a bundle that records none
-    fails). Exit 0 verifies, 1 differs, 2 bad input."""
+    fails); with --profile, that it ran that profile. With --key the signature is checked first:
+    a bundle it does not cover fails before any other file is parsed. Sample chunks over the
+    bounds of `specval.bundle.samples` fail from their footers, before any sample is decoded.
+    Exit 0 verifies, 1 differs, 2 bad input."""
     from specval import api
 
     if protocol_file is not None and protocol_hash is not None:
         raise click.UsageError("give --protocol or --protocol-hash, not both")
     if suite_directory(bundle):
-        if protocol_file is not None or protocol_hash is not None:
+        if protocol_file is not None or protocol_hash is not None or profile is not None:
             raise click.UsageError(
-                "--protocol and --protocol-hash pin one bundle's protocol; a suite records "
+                "--protocol, --protocol-hash and --profile pin one bundle's protocol; a suite records "
                 "each member's hash, checked against its bundle"
             )
         _verify_suite(bundle, public_key_of(key_file), sut_digest)
+    if key_file is not None:
+        _signature_first(bundle, public_key_of(key_file), protocol_file, protocol_hash)
     try:
         found = api.verify(bundle, key=key_file, protocol=protocol_file, protocol_hash=protocol_hash)
     except (signing.SigningError, protocols.ProtocolError, bundles.BundleError) as err:
@@ -79,13 +87,53 @@ def verify(bundle, key_file, protocol_file, protocol_hash, sut_digest) -> None:
     if not found.ok:
         click.echo(f"FAIL: {bundle} does not verify ({len(found.differences)} difference(s))")
         sys.exit(EXIT_FAIL)
-    sut_problem = _sut_problems(bundle, sut_digest)
-    if sut_problem:
-        click.echo(f"FAIL: {bundle}: {sut_problem[0]}")
+    pin_problem = _sut_problems(bundle, sut_digest) + (bundles.check_profile(bundle, profile) if profile else [])
+    if pin_problem:
+        click.echo(f"FAIL: {bundle}: {pin_problem[0]}")
         sys.exit(EXIT_FAIL)
-    pinned_line = f"; ran the pinned frozen protocol {found.pinned[:12]}" if found.pinned else ""
+    pinned_line = _pinned_line(bundle, found.pinned, profile)
     sut_line = f"; tested the pinned system under test {sut_digest}" if sut_digest else ""
     click.echo(f"OK: {bundle} verifies (checksums and recomputed verdicts match{pinned_line}{sut_line})")
+
+
+def _signature_first(bundle: Path, key, protocol_file: Path | None, protocol_hash: str | None) -> None:
+    """Exit 1 (printing the signature line, each problem and FAIL) unless BUNDLE's signature
+    holds under `key` over every file: checked before any other file of the bundle is parsed, so
+    a file changed after signing (a huge parquet, a hostile JSON) is never read beyond its hash.
+    Reads the envelope and sessions.json (both bounded JSON) and hashes every regular file. Bad
+    input is told first (exit 2): a pinned protocol that cannot be pinned, a directory that is no
+    bundle."""
+    from specval import api
+
+    try:
+        api.pinned_hash(protocol_file, protocol_hash)
+    except (protocols.ProtocolError, ValueError) as err:
+        input_error(err)
+    if not (bundle / bundles.RUN_FILE).is_file():
+        input_error(bundles.BundleError(f"{bundle}: not a bundle ({bundles.RUN_FILE} missing)"))
+    check = signing.check_signature(bundle, key)
+    if not check.problems:
+        return
+    click.echo(check.line)
+    for problem in check.problems:
+        click.echo(f"DIFFERS {problem}")
+    click.echo(f"FAIL: {bundle} does not verify (the signature does not cover it; nothing else was read)")
+    sys.exit(EXIT_FAIL)
+
+
+def _pinned_line(bundle: Path, pinned: str | None, profile: str | None) -> str:
+    """The OK line's words on what was pinned: the frozen protocol with the profile it ran, and a
+    pinned profile."""
+    if not pinned and not profile:
+        return ""
+    try:
+        ran = bundles.ran_profile(bundle)
+    except (bundles.BundleError, *bundles.READ_ERRORS):
+        ran = None  # verify has read run.json already: not reached for a bundle that verified
+    shown = f"profile {ran!r}" if ran else "its default profile"
+    if not pinned:
+        return f"; ran the pinned {shown}"
+    return f"; ran the pinned frozen protocol {pinned[:12]}, {'the pinned ' if profile else ''}{shown}"
 
 
 def _digest_option(value: str | None) -> str | None:
@@ -136,13 +184,17 @@ def _verify_suite(directory: Path, key, sut_digest: str | None = None) -> None:
 @click.command()
 @click.argument("bundle", type=click.Path(file_okay=False, exists=True, path_type=Path))
 def report(bundle) -> None:
-    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact).
-    Exit 0 rendered, 2 a bundle that changed or cannot be rendered, 5 the operating system refused
+    """Re-render report.md and report.html of BUNDLE and re-seal it (other files must be intact,
+    sample chunks within the bounds of `specval.bundle.samples`). Exit 0 rendered, 2 a bundle that
+    changed, is over a bound or cannot be rendered, 5 the operating system refused
     a write (a read-only bundle, a full disk)."""
     kind = bundle_kind_of(bundle)  # the same finish() contract for every kind
     problems = [p for p in bundles.check_sums(bundle) if p.split(":")[0] not in bundles.REPORT_FILES]
     if problems:
         input_error(ValueError(f"{bundle} has changed files, refusing to re-seal: {'; '.join(problems)}"))
+    over = bundles.check_sample_bounds(bundle)  # from the footers: no sample is decoded
+    if over:
+        input_error(ValueError(f"{bundle}: refusing to render: {over[0]}"))
     try:
         kind.finish(bundle)
     except OSError as err:  # a read-only bundle, a full disk: the environment's, as documented

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from specval import bundle as bundles
 from specval import signing
-from specval.bundle import files
+from specval.bundle import files, samples
 from specval.bundle.verify import check_format
 from specval.cli import main
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
@@ -135,7 +135,8 @@ def test_deeply_nested_json_fails_verify_in_one_line(copy, keys, name):
     (copy / name).write_text(DEEP)
     bundles.write_sums(copy)
     _fails_verify(_cli("verify", copy), name, f"nested deeper than {files.MAX_JSON_DEPTH} levels")
-    _fails_verify(_cli("verify", copy, "--key", keys["team.pub"]), name, "nested deeper than")
+    # with --key the signature is checked first: the changed file is never parsed
+    _fails_verify(_cli("verify", copy, "--key", keys["team.pub"]), f"{name}: changed after signing")
 
 
 def test_a_deeply_nested_signature_or_payload_fails_verify_in_one_line(copy, keys):
@@ -229,3 +230,85 @@ def test_kept_bundles_of_formats_2_and_3_bear_out_their_format():
     if not old:
         pytest.skip("no kept bundle of format 2 or 3")
     assert {str(p): check_format(p) for p in old} == {str(p): [] for p in old}
+
+
+# ---------------------------------------------------------------- bounded samples, signature first
+
+
+def _huge_chunk(bundle: Path) -> str:
+    """Replace the first sample chunk by a parquet of one int8 column one row over the bundle's
+    row bound (a run of zeros: a few KB on disk, 16 M rows declared); its name."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = samples.planned_seeds(bundle) * samples.MAX_ROWS_PER_SEED + 1
+    name = samples.sample_files(bundle)[0]
+    (bundle / name).unlink()
+    pq.write_table(pa.table({"seed": np.zeros(rows, dtype=np.int8)}), bundle / name)
+    return name
+
+
+def _no_decode(monkeypatch) -> None:
+    """Any decode of sample data fails the test: the bound must refuse from the footers."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a sample chunk was decoded")
+
+    monkeypatch.setattr(pq, "read_table", refuse)
+    monkeypatch.setattr(pd, "read_parquet", refuse)
+
+
+def test_a_chunk_over_the_row_bound_fails_verify_from_its_footer(unsigned, monkeypatch):
+    name = _huge_chunk(unsigned)
+    _no_decode(monkeypatch)
+    line = _fails_verify(_cli("verify", unsigned), name, "rows", "over the bound of", "nothing was decoded")
+    assert f"{samples.planned_seeds(unsigned)} planned seeds x {samples.MAX_ROWS_PER_SEED}" in line, line
+
+
+def test_a_chunk_that_is_not_parquet_fails_verify_in_one_line(unsigned):
+    name = samples.sample_files(unsigned)[0]
+    (unsigned / name).write_bytes(b"PAR1 not a parquet file")
+    _fails_verify(_cli("verify", unsigned), name, "not a readable parquet file")
+
+
+def test_verify_key_checks_the_signature_before_reading_any_sample(copy, keys, monkeypatch):
+    name = _huge_chunk(copy)
+    _no_decode(monkeypatch)
+    monkeypatch.setattr(samples, "chunk_size", lambda file: pytest.fail("a footer was read before the signature"))
+    result = _cli("verify", copy, "--key", keys["team.pub"])
+    _fails_verify(result, f"{name}: changed after signing")
+    assert "nothing else was read" in result.output.splitlines()[-1], result.output
+
+
+def test_resume_refuses_samples_over_a_bound_in_one_line(tmp_path, monkeypatch):
+    bundle = killed_bundle(tmp_path)
+    monkeypatch.setattr(samples, "MAX_ROWS_PER_SEED", 0)  # every written chunk is now over the bound
+    result = CliRunner().invoke(main, ["run", "--resume", str(bundle), "--quiet"])
+    _no_traceback(result)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "refusing to resume" in line and "over the bound of 0" in line, line
+
+
+def test_report_refuses_samples_over_a_bound_in_one_line(unsigned, monkeypatch):
+    monkeypatch.setattr(samples, "MAX_SAMPLE_CELLS", 1)
+    result = _cli("report", unsigned)
+    _no_traceback(result)
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert "refusing to render" in line and "cells (rows x columns), over the bound of 1" in line, line
+
+
+# ---------------------------------------------------------------- pinned profile
+
+
+def test_verify_profile_pins_the_profile_the_bundle_ran(unsigned):
+    result = _cli("verify", unsigned, "--profile", "ci")
+    assert result.exit_code == 0 and "ran the pinned profile 'ci'" in result.output, result.output
+    result = _cli("verify", unsigned, "--profile", "full")
+    _no_traceback(result)
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1].endswith("run.json: ran profile 'ci', not the pinned 'full'"), result.output
