@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import platform
 from dataclasses import dataclass, replace
 from typing import Any
@@ -71,6 +72,10 @@ from specval.identity import SutIdentity, package_identity
 from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import CROSSING_KEEP, TIES_KEEP, TOP_K_THEN_TOP_P, FilterSemantics
 from specval.sut import DRAFT_FILTERED, SUT, Capabilities, SampleBatch, SUTError
+
+for _package in ("torch", "transformers"):  # the extra's packages, imported lazily below: an absent one
+    if importlib.util.find_spec(_package) is None:  # is refused at load, one line (sut._refuse_missing_extra)
+        raise ModuleNotFoundError(f"No module named {_package!r}", name=_package)
 
 MODEL_NAMES = ("smollm2",)
 DTYPES = ("float32", "bfloat16")

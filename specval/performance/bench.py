@@ -36,6 +36,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -56,13 +57,32 @@ from specval.performance.report import render_files
 from specval.performance.summary import COLUMNS, PAIR, ScheduledRun, schedule, seed_start, summarise
 from specval.preflight import ADAPTER_FAULTS, GuardedSUT, SUTRaised, check_writable_dir, sut_raised
 from specval.protocol import GroupSpec, ProtocolError, check_registered
+from specval.sut import ADAPTER_EXTRAS
 
 TIMINGS_FILE = f"{bundles.SAMPLES_DIR}/timings.csv"
 SEED_GROUP = "pairs"  # run.json's one range: the request seeds of every pair (both arms)
+ENGINE_ADAPTER = "specval.adapters.engine"  # the bundled engine's adapter module (its extra: ADAPTER_EXTRAS)
 clock_ns = time.perf_counter_ns  # the clock of every timed run (module-level, so a test can plant one)
 
 
 # ---------------------------------------------------------------- engines
+
+
+def engine_adapter(protocol: PerformanceProtocol) -> ModuleType:
+    """The bundled engine's adapter module, or ProtocolError (an input error: exit 2, before any
+    bundle) with the install line when a package of its extra (torch, triton) is not installed."""
+    try:
+        from specval.adapters import engine as adapter
+    except ModuleNotFoundError as err:
+        package = (err.name or "specval").split(".")[0]
+        if package == "specval":
+            raise
+        extra = ADAPTER_EXTRAS[ENGINE_ADAPTER]
+        raise ProtocolError(
+            f"{protocol.name}: its arms run the bundled engine, which needs {package}, which is not "
+            f'installed: pip install "specval[{extra}]"'
+        ) from err
+    return adapter
 
 
 def engine_config(protocol: PerformanceProtocol, key: str):
@@ -95,8 +115,7 @@ def build_engines(protocol: PerformanceProtocol) -> dict:
     checked first (ProtocolError); anything the engine raises while building is SUTRaised."""
     if not protocol.on_engine:
         return build_adapter_arms(protocol)
-    from specval.adapters import engine as adapter
-
+    adapter = engine_adapter(protocol)
     configs = {key: engine_config(protocol, key) for key in ARM_KEYS}
     llms: dict = {}
     try:

@@ -173,3 +173,35 @@ def test_devices_on_a_cuda_protocol_without_torch_is_refused_with_the_install_li
     done = _python(CLI, "run", str(protocol), "--devices", "2", "--output", "out", "--quiet", cwd=tmp_path)
     _one_line_refusal(done, "torch is not installed", INSTALL_LINE)
     assert not (tmp_path / "out" / "ledger.json").exists()
+
+
+PERFORMANCE = ROOT / "protocols" / "performance"
+
+
+@pytest.mark.parametrize(
+    ("command", "protocol", "needles"),
+    [
+        (
+            "bench",
+            PERFORMANCE / "perf_async_vs_serial_graphs_c1.yaml",
+            ("its arms run the bundled engine, which needs torch", INSTALL_LINE),
+        ),
+        (
+            "bench",
+            PERFORMANCE / "perf_transformers_assisted_vs_plain.yaml",
+            ("sut.adapter: 'transformers' needs torch", 'pip install "specval[transformers]"'),
+        ),
+        (
+            "run",
+            ROOT / "protocols" / "t2_transformers.yaml",
+            ("sut.adapter: 'transformers' needs torch", 'pip install "specval[transformers]"'),
+        ),
+    ],
+    ids=["bench-engine", "bench-transformers", "run-transformers"],
+)
+def test_a_torch_adapter_without_torch_is_refused_with_its_extra(tmp_path, command, protocol, needles):
+    """A performance protocol on the bundled engine, and the transformers adapter (whose torch imports
+    are lazy), without torch: exit 2 before any bundle or seed, one line naming the extra."""
+    done = _python(CLI, command, str(protocol), "--output", "out", "--quiet", cwd=tmp_path)
+    _one_line_refusal(done, *needles)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
