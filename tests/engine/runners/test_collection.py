@@ -256,6 +256,23 @@ def test_engine_sut_batched_collection_equals_engine_collection():
     np.testing.assert_array_equal(counts, counts_through(full, 2, 3))
 
 
+def test_engine_sut_mixed_batches_equal_across_collections():
+    """`EngineSUT.sample_mixed` (a sequence protocol's companions) gives the same tokens and
+    sources through `collection: batched` as through the default path."""
+    from specval.adapters.engine import EngineSUT
+    from specval.protocol import GroupSpec, SamplingSpec, SutSpec
+
+    samplings = [SamplingSpec(**MIXED[r % len(MIXED)]) for r in range(len(SEEDS))]
+    group = GroupSpec(name="async", mode="async", draft_loops=1)
+    batches = []
+    for kind in ("engine", "batched"):
+        sut = EngineSUT(SutSpec(adapter="engine", model="looped", options=(("collection", kind),)), 3)
+        batches.append(sut.sample_mixed(group, PROMPT, samplings, np.array(SEEDS), MAX_TOKENS, MAX_TOKENS))
+        sut.close()
+    for name in ("tokens", "sources"):
+        np.testing.assert_array_equal(getattr(batches[1], name), getattr(batches[0], name))
+
+
 # ---------------------------------------------------------------- long sequences, provenance, K up to 8
 
 LONG_TOKENS = 64
