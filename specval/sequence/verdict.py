@@ -39,8 +39,12 @@ neighbours FAILs them, and its re-run (a batch without companions) must reproduc
 
 Pairs: "adjacent" = slots 2i and 2i + 1 of one batch; "cross" = slot s of batches b and b + P (P
 prompts; b in the first P batches of each block of 2P, so pairs are disjoint). Each p-valued
-criterion is an exact-size test (exact discrete law or sequential Monte Carlo null); Holm within
-each role keeps the family-wise false-fail rate <= alpha; the run verdict is the distribution kind's
+criterion is an exact discrete law or a sequential Monte Carlo null; pit_pooled, serial and the
+independence criteria are exact-size, while pit_position, pit_path, pit_source and accepts condition
+on bucket sizes (tested drafts) that depend on earlier tokens, so their size is measured, not proved
+(docs/harness.md section 9, "Exactness, stated"; `benchmarks/sequence_calibration.py` calibrates the
+whole family). Holm within each role keeps the family-wise false-fail rate <= alpha given valid
+p-values, under any dependence between them; the run verdict is the distribution kind's
 (`specval.distribution.decision.run_verdict`): PASS iff every control and primary criterion passes.
 The randomized PITs' uniforms V and the Monte Carlo nulls come from `criterion_rng` streams keyed
 by the protocol hash, the group, the criterion and the group's first seed; every Monte Carlo

@@ -11,8 +11,12 @@ conditional law given the ACTUAL prefix x_<i. Its randomized probability integra
 sampler U_1, U_2, ... of one sequence are i.i.d. U(0, 1) EXACTLY (the sequential randomized PIT, a
 discrete Rosenblatt transform), whatever the prefixes; so are the U of a subsequence picked by a
 predictable rule (a bucket of a sequence-index range, or of the round position j_i in 1..K+1,
-which depends on the past only). Monte Carlo nulls are therefore exact and cheap: i.i.d. uniforms
-with the same bucket sizes or sequence lengths.
+which depends on the past only). Monte Carlo nulls are therefore cheap: i.i.d. uniforms with the
+same bucket sizes or sequence lengths. They are exact where those sizes are fixed in advance (one
+bucket, fixed lengths); where the realised bucket sizes depend on earlier U (a speculative sampler's
+round positions follow its accepts, which follow its tokens) the null conditions on sizes that are
+not independent of the U, and the size is measured instead (docs/harness.md section 9,
+"Exactness, stated").
 
 Vocabulary order. `order="rank"` (the default) sorts the vocabulary by DESCENDING reference
 probability, ties by ascending token id. Then U near 0 means "a likely token", U near 1 "an unlikely
@@ -52,7 +56,8 @@ n0 draws with no exceedance spends 1 / (n0 + 1) of the level on that state, so f
 t it needs n0 >= 1 / t - 1 draws (B / 30), and the spent mass raises every other state's p-value:
 keeping the rejection of k <= 29 exceedances at B draws (decision power 0.9996 at an exact p of
 t / 2, which the MDEs assume) leaves ~t**2 / 30 to spend, far below 1 / (n0 + 1) for any useful n0.
-A faster FAIL by stopping needs a change of the pre-registered decision rule and of the MDEs.
+A faster FAIL by stopping needs a change of the pre-registered decision rule and of the MDEs: the
+sequence kind's criteria version 2 made it (`montecarlo.EARLY_REJECTION`, the level split in two).
 """
 
 from __future__ import annotations
@@ -263,7 +268,9 @@ def pit_uniformity(
     Holm first step); `rng` the criterion's Monte Carlo stream; `rule` the Monte Carlo rule
     (`montecarlo.RULES`).
     Guarantee: P(p <= a) <= a under H0 for every a, given the bucket sizes (multinomial(n_g,
-    uniform) per bucket simulated exactly, sequential Monte Carlo p-value); deterministic in `rng`.
+    uniform) per bucket simulated exactly, sequential Monte Carlo p-value), when the sizes are
+    independent of the U (fixed in advance, or one bucket); labels whose realised sizes depend on
+    earlier U satisfy the assumption only approximately (module docstring); deterministic in `rng`.
     Scaling: O(N + draws * N) (stream version 2: ~N / 17.6 words per draw; version 1: N words);
     draws ~ 30 (1 + ln(1 / (30 level))) ... ceil(30 / level).
     """
