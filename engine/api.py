@@ -445,13 +445,14 @@ class LLM:
     def _depth_along(self, prompt: list[int], rows: np.ndarray, depth: int) -> torch.Tensor:
         """float32[B, L, V] on the CPU: the readout after `depth` predicting every token of every row."""
         model, device = self.engine.model, self.engine.device
-        count, length = rows.shape
-        ids = np.concatenate([np.tile(np.asarray(prompt, dtype=np.int64), (count, 1)), rows[:, :-1]], axis=1)
-        batch = torch.as_tensor(ids, device=device)
         with torch.inference_mode():
-            if hasattr(model, "depth_logits_batch"):
-                logits = model.depth_logits_batch(batch, depth)
-            elif depth == model.num_depths:
+            if hasattr(model, "depth_logits_batch"):  # the prompt once, then every row's tokens
+                prompt_ids = torch.as_tensor(np.asarray(prompt, dtype=np.int64), device=device)
+                logits = model.depth_logits_batch(prompt_ids, torch.as_tensor(rows[:, :-1], device=device), depth)
+                return logits.float().cpu()
+            ids = np.concatenate([np.tile(np.asarray(prompt, dtype=np.int64), (len(rows), 1)), rows[:, :-1]], axis=1)
+            batch = torch.as_tensor(ids, device=device)
+            if depth == model.num_depths:
                 logits = torch.stack([model.target_logits(row) for row in batch])
             else:
                 logits = torch.stack([model.replay(row, depth).logits[-1] for row in batch])

@@ -77,3 +77,21 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), is_causal=True
     )
     return out.transpose(1, 2)
+
+
+def prefixed_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix_key: torch.Tensor, prefix_value: torch.Tensor
+) -> torch.Tensor:
+    """Causal attention of [batch, T, heads, head] rows that all continue one shared prefix of P
+    positions (prefix keys / values [1, P, heads, head]): query i (position P + i) sees the whole
+    prefix and its own row's keys 0..i, exactly the keys `causal_attention` of prefix + row sees."""
+    batch, length = query.shape[:2]
+    width = prefix_key.shape[1]
+    keys = torch.cat([prefix_key.expand(batch, -1, -1, -1), key], dim=1)
+    values = torch.cat([prefix_value.expand(batch, -1, -1, -1), value], dim=1)
+    own = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    visible = torch.cat([torch.ones(length, width, dtype=torch.bool, device=query.device), own], dim=1)
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible
+    )
+    return out.transpose(1, 2)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.attention import causal_attention, paged_attention
+from engine.models.attention import causal_attention, paged_attention, prefixed_attention
 from engine.models.base import AttentionMetadata, PagedKV, ReplayResult
 
 
@@ -145,19 +145,29 @@ class LoopedModel(nn.Module):
         return self.readout(hidden[0])
 
     @torch.no_grad()
-    def depth_logits_batch(self, token_ids: torch.Tensor, depth: int) -> torch.Tensor:
-        """float32[B, T, V]: the readout after `depth` loops at every position of every row of
-        int64[B, T] (each row its own causal sequence): row b equals `replay(token_ids[b],
-        depth).logits[-1]`, the same operations on a batch, up to the summation order a batched
-        matmul may choose (the harness's batched replays, `LLM.target_logits_along_batch`)."""
+    def depth_logits_batch(self, prompt_ids: torch.Tensor, token_ids: torch.Tensor, depth: int) -> torch.Tensor:
+        """float32[B, T + 1, V]: the readout after `depth` loops predicting every token after one
+        shared prompt int64[P] (P >= 1): row b's first entry predicts the first token after the
+        prompt, entry i + 1 the token after prompt + token_ids[b, :i + 1] (int64[B, T], T >= 0).
+        Row b equals `replay(prompt + token_ids[b], depth).logits[-1][P - 1:]`, the same operations,
+        up to the summation order of batched matmuls: the prompt runs once (its keys and values at
+        every loop and layer kept) and every row's tokens attend to it and to their own past
+        (`prefixed_attention`), so the prompt's work is done once, not once per row (the harness's
+        batched replays, `LLM.target_logits_along_batch`)."""
         self._check_depth(depth)
-        positions = torch.arange(token_ids.shape[-1], device=token_ids.device)
-        hidden = self.embed(token_ids)
+        prompt = self.embed(prompt_ids).unsqueeze(0)
+        rows = self.embed(token_ids)
+        width = prompt_ids.shape[0]
+        prompt_positions = torch.arange(width, device=prompt_ids.device)
+        row_positions = torch.arange(width, width + token_ids.shape[-1], device=prompt_ids.device)
         for _ in range(depth):
             for layer in self.layers:
-                q, k, v = layer.qkv_heads(hidden, positions)
-                hidden = layer.finish(hidden, causal_attention(q, k, v))
-        return self.readout(hidden)
+                q, k, v = layer.qkv_heads(prompt, prompt_positions)
+                attended = prefixed_attention(*layer.qkv_heads(rows, row_positions), k, v)
+                prompt = layer.finish(prompt, causal_attention(q, k, v))
+                rows = layer.finish(rows, attended)
+        first = self.readout(prompt[:, -1:]).expand(token_ids.shape[0], -1, -1)
+        return torch.cat([first, self.readout(rows)], dim=1)
 
     def _check_depth(self, depth: int) -> None:
         if not 1 <= depth <= self.num_depths:

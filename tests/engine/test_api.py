@@ -286,6 +286,9 @@ def test_batched_replays_name_bad_input(rows, match):
     with pytest.raises(ValueError, match=match):
         llm.draft_logits_along_batch(ALONG_PROMPT, rows, np.zeros(len(rows), dtype=np.int64))
     assert llm.target_logits_along_batch(ALONG_PROMPT, np.ones((2, 20), dtype=np.int64)).shape == (2, 20, 64)
+    one = llm.target_logits_along_batch(ALONG_PROMPT, np.full((2, 1), 3))  # only the prompt's own readout
+    alone = llm.target_logits_along(ALONG_PROMPT, [3])
+    torch.testing.assert_close(one[1], alone, rtol=0, atol=looped_atol(llm.engine.model, alone, len(ALONG_PROMPT) + 1))
 
 
 def test_batched_replays_of_a_model_without_a_batch_pass_run_row_by_row(monkeypatch):
