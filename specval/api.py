@@ -410,13 +410,21 @@ def verify(
     integrity since signing, not whose key it is) and an unsigned one verifies with the line
     "unsigned: internal consistency only". `protocol` (a protocol file, frozen in the lock beside
     it) or `protocol_hash` (a SHA-256 in hex): a difference unless the bundle ran exactly that
-    frozen protocol. Bad input raises before the bundle is read, in this order:
+    frozen protocol. With `key`, the signature is checked first (the envelope, sessions.json and
+    every file's hash): a bundle it does not cover returns those differences alone, and no other
+    file is parsed (as `specval verify --key`). Bad input raises before the bundle is read, in this order:
     signing.SigningError for a key file that is not an ed25519 public key, ValueError for both
     `protocol` and `protocol_hash`, ProtocolError for a protocol that cannot be pinned,
     BundleError unless `bundle` is a bundle."""
     path = Path(bundle)
     public_key = None if key is None else signing.load_public_key(Path(key))
     pinned = pinned_hash(protocol, protocol_hash)
+    if not (path / bundles.RUN_FILE).is_file():
+        raise bundles.BundleError(f"{path}: not a bundle ({bundles.RUN_FILE} missing)")
+    if public_key is not None:  # signature first: a bundle it does not cover is not parsed any further
+        signature = signing.check_signature(path, public_key)
+        if signature.problems:
+            return Verification(path, tuple(signature.problems), None, signature.line, pinned, ())
     differences = bundle_kind(path).verify(path)
     signature = signing.check_signature(path, public_key)
     differences += [*signature.problems, *(bundles.check_pinned(path, pinned) if pinned else [])]

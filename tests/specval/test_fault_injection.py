@@ -283,6 +283,18 @@ def test_verify_key_checks_the_signature_before_reading_any_sample(copy, keys, m
     assert "nothing else was read" in result.output.splitlines()[-1], result.output
 
 
+def test_the_api_verify_with_a_key_checks_the_signature_before_reading_any_sample(copy, keys, monkeypatch):
+    """`specval.verify(bundle, key=...)` (the Python API) refuses as the CLI does: the signature
+    first, no footer or sample read, the signature's difference alone."""
+    from specval import api
+
+    name = _huge_chunk(copy)
+    _no_decode(monkeypatch)
+    monkeypatch.setattr(samples, "chunk_size", lambda file: pytest.fail("a footer was read before the signature"))
+    found = api.verify(copy, key=keys["team.pub"])
+    assert not found.ok and any(f"{name}: changed after signing" in d for d in found.differences), found
+
+
 def test_resume_refuses_samples_over_a_bound_in_one_line(tmp_path, monkeypatch):
     bundle = killed_bundle(tmp_path)
     monkeypatch.setattr(samples, "MAX_ROWS_PER_SEED", 0)  # every written chunk is now over the bound
