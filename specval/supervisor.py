@@ -32,18 +32,27 @@ verify` recomputes the verdict from the raw samples.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from specval import channel
-from specval.exits import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, EXIT_PASS, EXIT_SUT, PASS_VERDICT, resume_command
+from specval.exits import (
+    EXIT_ENVIRONMENT,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_PASS,
+    EXIT_SUT,
+    PASS_VERDICT,
+    resume_command,
+)
 
 SUPERVISED_COMMANDS = frozenset({"run", "bench", "check-adapter", "mutate", "calibrate"})  # they run adapter code
 SEALING_COMMANDS = frozenset({"run", "bench"})  # their 0 stands on sealed PASS bundles
@@ -51,6 +60,8 @@ HELP_FLAGS = frozenset({"-h", "--help"})  # help runs no adapter: not supervised
 RANK_ENV, LEADER_RANK = "RANK", "0"  # torchrun's rank variable (specval.distribution.sharding) and rank 0
 SEAL_CLOCK_SLACK_S = 2.0  # a file's mtime may lag time.time() by a clock tick of the file system
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TIMEOUT_ENV = "SPECVAL_TIMEOUT_S"  # the longest a supervised command may run, in seconds (unset: no limit)
+STOP_GRACE_S = 30.0  # after a timeout's SIGTERM, the worker's time to stop as an interrupted run before SIGKILL
 # The worker's first statement: take this process's sys.path[0] and argv[0] (as `-c` has neither),
 # then run the command line as `specval` does.
 WORKER_BOOT = (
@@ -110,6 +121,10 @@ def supervise(argv: list[str]) -> int:
     the module doc), after printing its one line, if any, on stderr."""
     command = command_of(argv[1:]) or ""
     started = time.time()
+    try:
+        timeout = stated_timeout(os.environ)
+    except ValueError as err:
+        return _say(Decision(EXIT_INPUT, f"error: {err}"))
     with tempfile.TemporaryDirectory(prefix="specval-channel-", ignore_cleanup_errors=True) as name:
         root = Path(name)
         try:
@@ -118,9 +133,61 @@ def supervise(argv: list[str]) -> int:
             return _say(Decision(EXIT_ENVIRONMENT, f"error: environment: cannot start the worker ({err})"))
         forwarder = _Forwarder(worker)
         with forwarder.installed():
-            status = worker.wait()
+            status, hung = _wait(worker, timeout, lambda: channel.last_call(root))
         outcome = read_outcome(root, worker.pid, status, forwarder.interrupted)
+    if hung is not None:
+        return _say(_timed_out(command, outcome, timeout, hung))
     return _say(decide(command, outcome, started))
+
+
+def stated_timeout(environ: Mapping[str, str]) -> float | None:
+    """The seconds TIMEOUT_ENV allows a supervised command (None: unset or empty); ValueError naming
+    the variable and the value unless it is a finite number > 0."""
+    raw = environ.get(TIMEOUT_ENV, "")
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is invalid: expected a number of seconds > 0")
+    return seconds
+
+
+@dataclass(frozen=True)
+class Hung:
+    """A worker stopped at the stated timeout: the adapter call it was in or had made last then."""
+
+    call: channel.Call | None
+
+
+def _wait(
+    worker: subprocess.Popen, timeout: float | None, last_call: Callable[[], channel.Call | None]
+) -> tuple[int, Hung | None]:
+    """(the worker's status, Hung if it ran past `timeout`, else None). Past it, the worker gets
+    SIGTERM (it stops as an interrupted run: the bundle kept, resumable) and, if still running
+    STOP_GRACE_S later (a hang that no signal handler reaches), SIGKILL."""
+    try:
+        return worker.wait(timeout=timeout), None
+    except subprocess.TimeoutExpired:
+        hung = Hung(last_call())  # before the stop, whose own calls (close) would hide it
+        with contextlib.suppress(ProcessLookupError):
+            worker.send_signal(signal.SIGTERM)
+    try:
+        return worker.wait(timeout=STOP_GRACE_S), hung
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        return worker.wait(), hung
+
+
+def _timed_out(command: str, outcome: Outcome, timeout: float | None, hung: Hung) -> Decision:
+    """Exit 3 for a worker stopped at the stated timeout, whatever it reported while stopping."""
+    return Decision(
+        EXIT_SUT,
+        f"error: {command}: the worker did not finish within {timeout:g} s ({TIMEOUT_ENV}) and was stopped "
+        f"({_call_text(hung.call)}){_where(command, outcome)}",
+    )
 
 
 def _say(decision: Decision) -> int:

@@ -26,6 +26,7 @@ from tests.fixtures.small_bundles import SMALL
 REPO = Path(__file__).resolve().parents[2]
 DYING = "tests.fixtures.dying_suts"
 TIMEOUT_S = 300  # generous: each run is seconds on a loaded 2-core CPU
+HANG_TIMEOUT_S = 8  # seconds: past the worker's start and probe, well before the hanging call's end
 FIRST_COLLECTION_CALL = 3  # the probe makes one sample call per group (2), the run's first batch is the 3rd
 
 
@@ -113,6 +114,35 @@ def test_an_adapter_ending_the_worker_in_sample_is_exit_3_and_the_bundle_resumes
     resumed = _specval(tmp_path, "run", "--resume", bundle, "--quiet")  # the fault is switched off by the env
     assert resumed.returncode == 0 and "PASS: " in resumed.stdout, resumed.stdout + resumed.stderr
     assert (bundle / bundles.SUMS_FILE).is_file()
+
+
+def test_a_hang_past_the_stated_timeout_is_exit_3_and_the_bundle_resumes(tmp_path):
+    """A `sample` call that never returns, under SPECVAL_TIMEOUT_S: the worker is stopped (SIGTERM:
+    it ends as an interrupted run, which alone would be 130) and the command exits 3 naming the
+    timeout and the call; the kept bundle resumes to PASS."""
+    done = _run(
+        tmp_path,
+        f"{DYING}:DyingSUT",
+        DYING_SUT_AT="sample",
+        DYING_SUT_CALL=str(FIRST_COLLECTION_CALL + 1),
+        DYING_SUT_HOW="hang",
+        SPECVAL_TIMEOUT_S=str(HANG_TIMEOUT_S),
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    name = _announced(done)
+    line = _last_line(done)
+    assert line.startswith(f"error: run: the worker did not finish within {HANG_TIMEOUT_S} s (SPECVAL_TIMEOUT_S)"), line
+    assert "last adapter call: sample" in line and line.endswith(f"resume with: specval run --resume {name}"), line
+    resumed = _specval(tmp_path, "run", "--resume", tmp_path / name, "--quiet")
+    assert resumed.returncode == 0 and "PASS: " in resumed.stdout, resumed.stdout + resumed.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf"])
+def test_a_bad_timeout_is_an_input_error_naming_the_variable(tmp_path, value):
+    done = _run(tmp_path, "tests.fixtures.fake_sut:FakeSUT", SPECVAL_TIMEOUT_S=value)
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line == f"error: SPECVAL_TIMEOUT_S={value!r} is invalid: expected a number of seconds > 0", line
 
 
 def test_an_atexit_os_exit_0_keeps_the_verdicts_code(tmp_path):
