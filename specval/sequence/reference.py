@@ -45,6 +45,7 @@ from specval import bundle as bundles
 from specval.distribution.reference import transform
 from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
+from specval.sequence import workers
 from specval.sequence.contract import check_logits_along, check_logits_rows
 from specval.sequence.protocol import SOURCE_KIND, SequenceProtocol
 from specval.stats.sequence import pit_parts
@@ -256,23 +257,27 @@ def build_group(
     """The parts of every token of one group's main batches (samples sorted by batch, slot, index),
     one replay call per chunk (`chunks`); `with_sources`: SOURCE_COLUMNS too, from the draft's
     replay of the same chunk. Every part is a function of its own row of logits, so the parts do
-    not depend on how sequences are chunked."""
-    parts = {name: [] for name in PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ())}
+    not depend on how sequences are chunked, nor on the threads that compute them
+    (`workers.pipelined`: each chunk's parts overlap the next chunk's replay)."""
     length = protocol.sequence_length
     seeds = samples["seed"].to_numpy()[::length]
     sources = samples["source"].to_numpy().reshape(-1, length)
-    for chunk, rows, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
-        vocab = logits.shape[-1]
-        draft = None
-        if with_sources:
-            along = draft_replays(sut, protocol, group, prompt_ids[chunk.prompt], rows, seeds[chunk.rows])
-            draft = (along.reshape(-1, vocab), sources[chunk.rows].reshape(-1))
-        flat = sequence_parts(logits.reshape(-1, vocab), rows.reshape(-1), protocol, semantics, draft)
-        for name, values in flat.items():
-            parts[name].append(values)
+
+    def jobs():
+        for chunk, rows, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
+            vocab = logits.shape[-1]
+            draft = None
+            if with_sources:
+                along = draft_replays(sut, protocol, group, prompt_ids[chunk.prompt], rows, seeds[chunk.rows])
+                draft = (along.reshape(-1, vocab), sources[chunk.rows].reshape(-1))
+            yield functools.partial(
+                sequence_parts, logits.reshape(-1, vocab), rows.reshape(-1), protocol, semantics, draft
+            )
+
+    parts = workers.pipelined(jobs(), workers.count())
     table = samples[["batch", "slot", "index"]].copy()
-    for name, values in parts.items():
-        table[name] = np.concatenate(values)
+    for name in PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ()):
+        table[name] = np.concatenate([flat[name] for flat in parts]) if parts else np.zeros(0)
     return table
 
 
@@ -285,17 +290,48 @@ def build_companions(
     semantics: FilterSemantics,
 ) -> pd.DataFrame:
     """The `status` of every companion token (companions sorted by batch, slot, index): companion
-    slot B + j uses `companions[j mod C]` of its group."""
-    spec, batch_size, length = protocol.group(group), protocol.batch_size, protocol.sequence_length
-    slots = companions["slot"].to_numpy()[::length]
-    status = []
-    for chunk, rows, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions"):
-        for r, row, along in zip(chunk.rows, rows, logits):
-            sampling = spec.companions[(int(slots[r]) - batch_size) % len(spec.companions)]
-            status.append(companion_status(along, row, sampling, protocol.support_tolerance, semantics))
+    slot B + j uses `companions[j mod C]` of its group. Each chunk's rows are taken a sampling at
+    a time (`chunk_companion_status`), on the parts' threads (`workers.pipelined`)."""
+    spec, length = protocol.group(group), protocol.sequence_length
+    which = (companions["slot"].to_numpy()[::length] - protocol.batch_size) % len(spec.companions)
+
+    def jobs():
+        for chunk, rows, logits in _replays(sut, protocol, prompt_ids, companions, f"group {group!r} companions"):
+            yield functools.partial(
+                chunk_companion_status, logits, rows, which[chunk.rows], spec.companions, protocol, semantics
+            )
+
+    status = [out["status"] for out in workers.pipelined(jobs(), workers.count())]
     table = companions[["batch", "slot", "index"]].copy()
     table["status"] = np.concatenate(status) if status else np.zeros(0, dtype=np.int8)
     return table
+
+
+def chunk_companion_status(
+    logits: np.ndarray,
+    rows: np.ndarray,
+    which: np.ndarray,
+    samplings: tuple[SamplingSpec, ...],
+    protocol: SequenceProtocol,
+    semantics: FilterSemantics,
+) -> dict[str, np.ndarray]:
+    """{"status": int8[n * L]} of one chunk's companions: logits f32[n, L, V], tokens int64[n, L],
+    `which[r]` the index into `samplings` of row r's sampling. `companion_status` is a function of
+    each position's own row, so taking the rows of one sampling together changes no value."""
+    count, length, vocab = logits.shape
+    out = np.empty((count, length), dtype=np.int8)
+    for j, sampling in enumerate(samplings):
+        picked = np.flatnonzero(which == j)
+        if picked.size:
+            status = companion_status(
+                logits[picked].reshape(-1, vocab),
+                rows[picked].reshape(-1),
+                sampling,
+                protocol.support_tolerance,
+                semantics,
+            )
+            out[picked] = status.reshape(picked.size, length)
+    return {"status": out.reshape(-1)}
 
 
 def build(

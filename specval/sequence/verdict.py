@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from specval.distribution.decision import FAIL, INCONCLUSIVE, PASS, decide
-from specval.sequence import reference
+from specval.sequence import reference, workers
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats import independence, sequence, sequence_power
 from specval.stats.montecarlo import BESAG_CLIFFORD, CURRENT_STREAM, EARLY_REJECTION, criterion_rng, decision_level
@@ -574,6 +574,7 @@ def evaluate(
         raise ValueError(f"unknown sequence criteria version {rules!r}; this specval knows {list(RULES)}")
     sizes, tests = family_sizes(protocol), {}
     contexts: dict[str, Context] = {}
+    p_valued: dict[str, tuple[str, str, str, Context]] = {}
     for name, role, group in planned_criteria(protocol):
         kind = name.split(".")[0]
         if kind == "support":
@@ -587,10 +588,23 @@ def evaluate(
                 protocol, group, data[group], role, sizes, seed_ranges[group], stream, rules
             )
             contexts[f"{group}/{role}"] = ctx
-            statistic, p_value, n, mde, label, details = P_VALUED_FUNCTIONS[kind](ctx)
-            tests[name] = _row(kind, role, group, statistic, p_value, n, mde, label, details)
+            tests[name], p_valued[name] = {}, (kind, role, group, ctx)  # filled below, in this order
+    tests.update(_p_valued_rows(p_valued))
     families, verdict, reason = decide(tests, protocol)
     return {"tests": tests, "families": families, "verdict": verdict, "reason": reason}
+
+
+def _p_valued_rows(planned: dict[str, tuple[str, str, str, Context]]) -> dict[str, dict]:
+    """The row of every p-valued criterion (name -> (kind, role, group, context)), computed on
+    `workers.count()` threads: each criterion draws from its own streams (`Context.rng`) and reads
+    its context only, so the rows are those of one thread."""
+    names = list(planned)
+
+    def job(name: str) -> Callable[[], dict]:
+        kind, role, group, ctx = planned[name]
+        return lambda: _row(kind, role, group, *P_VALUED_FUNCTIONS[kind](ctx))
+
+    return dict(zip(names, workers.pipelined((job(name) for name in names), workers.count())))
 
 
 def _context(

@@ -13,8 +13,9 @@ import pytest
 
 from specval.preflight import GuardedSUT, SUTRaised
 from specval.protocol import SutSpec
+from specval.protocol.sections import SamplingSpec
 from specval.semantics import DEFAULT_SEMANTICS
-from specval.sequence import reference
+from specval.sequence import reference, workers
 from specval.sequence.protocol import load_sequence_protocol, resolve
 from tests.fixtures.chain_sut import VOCAB, ChainSUT
 from tests.fixtures.sequence_protocol import write_sequence_protocol
@@ -68,6 +69,39 @@ def test_parts_do_not_depend_on_the_chunking(monkeypatch, setting):
     single = reference.build_group(sut, protocol, prompt_ids, samples, DEFAULT_SEMANTICS, "sync", True)
     pd.testing.assert_frame_equal(whole, single)
     assert set(reference.SOURCE_COLUMNS) <= set(whole.columns) and len(whole) == SEQUENCES * LENGTH
+
+
+def test_parts_do_not_depend_on_the_threads(monkeypatch, setting):
+    protocol, sut, prompt_ids, samples = setting
+    monkeypatch.setattr(reference, "REPLAY_VALUES", 1)  # one row a chunk: 16 jobs
+    monkeypatch.setattr(workers, "count", lambda: 1)
+    serial = reference.build_group(sut, protocol, prompt_ids, samples, DEFAULT_SEMANTICS, "sync", True)
+    monkeypatch.setattr(workers, "count", lambda: 3)  # 6 jobs queued at most: the queue fills
+    threaded = reference.build_group(sut, protocol, prompt_ids, samples, DEFAULT_SEMANTICS, "sync", True)
+    pd.testing.assert_frame_equal(serial, threaded)
+
+
+def test_companion_status_by_sampling_equals_the_per_row_status(setting):
+    protocol, *_ = setting
+    rng = np.random.default_rng(7)
+    count, vocab = 9, 16
+    logits = rng.normal(size=(count, LENGTH, vocab)).astype(np.float32)
+    logits[1, 3, 5] = logits[1, 3].max() + 1e-7  # a near tie: BOUNDARY for a greedy row taking another token
+    rows = rng.integers(0, vocab, size=(count, LENGTH))
+    rows[1, 3] = int(np.argsort(logits[1, 3])[-2])
+    samplings = (SamplingSpec(temperature=0.0), SamplingSpec(temperature=0.6, top_k=5))
+    which = np.arange(count) % 2
+    together = reference.chunk_companion_status(logits, rows, which, samplings, protocol, DEFAULT_SEMANTICS)["status"]
+    single = np.concatenate(
+        [
+            reference.companion_status(
+                logits[r], rows[r], samplings[which[r]], protocol.support_tolerance, DEFAULT_SEMANTICS
+            )
+            for r in range(count)
+        ]
+    )
+    np.testing.assert_array_equal(together, single)
+    assert {reference.IN_SUPPORT, reference.OUT_OF_SUPPORT} <= set(single.tolist())
 
 
 class BatchedChain(ChainSUT):
