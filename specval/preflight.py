@@ -74,6 +74,12 @@ class GuardedSUT:
     def __init__(self, sut: SUT):
         self._sut = sut
 
+    @property
+    def adapter_class(self) -> type:
+        """The wrapped adapter's class (reading it calls no adapter code): what an error message
+        names, e.g. whether the adapter implements an optional method itself."""
+        return type(self._sut)
+
     def __getattr__(self, name: str) -> Any:
         try:
             with channel.adapter_call(name):
@@ -132,17 +138,6 @@ def check_writable_dir(path: Path, what: str) -> None:
             os.unlink(name)
         except OSError as err:
             raise ProtocolError(f"{what} {path}: not writable ({err.strerror or err})") from err
-
-
-def check_writable_file(path: Path, what: str) -> None:
-    """ProtocolError unless `path` can be created or replaced (the file itself is not written)."""
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise ProtocolError(f"{what} {path}: is a directory")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ProtocolError(f"{what} {path}: not writable")
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ProtocolError(f"{what} {path}: directory {parent} does not exist or is not writable")
 
 
 # ---------------------------------------------------------------- capabilities

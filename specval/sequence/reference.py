@@ -21,6 +21,13 @@ probability that a draft at that position is accepted (`beta`). `source_lower` /
 the rank-order PIT parts under that law; a token the law cannot emit (mass 0: a correction where p
 <= q, an accepted token outside min(p, q)) gets lower 1 and mass 0, its PIT at the top of the unit.
 
+A group under a `drafts` test (its samples hold the drafted token of every accepted or correction
+token, `specval.sequence.collect.DRAFT_COLUMN`) also gets the draft's place in q_i (`DRAFT_COLUMNS`):
+`draft_lower` / `draft_mass`, the rank-order PIT parts of the drafted token under q_i, the law it was
+drawn from whatever happened to it (position i of a round is reached before its draft is drawn, and
+accepting or correcting there depends on the draft only after it is drawn); lower 1 and mass 0 for a
+draft q_i cannot emit, lower 0 and mass 0 where no draft stood (a bonus or plain token).
+
 A group with companions (`specval.sequence.collect`) also gets `samples/<group>-companions.parquet`:
 the `status` of every companion token under the companion's own sampling (a greedy companion's
 token is IN_SUPPORT iff its logit is the row's maximum, BOUNDARY iff within `support_tolerance` of
@@ -43,11 +50,13 @@ import pandas as pd
 
 from specval import bundle as bundles
 from specval.distribution.reference import transform
+from specval.preflight import GuardedSUT
 from specval.protocol.sections import SamplingSpec
 from specval.semantics import FilterSemantics
 from specval.sequence import workers
+from specval.sequence.collect import DRAFT_COLUMN
 from specval.sequence.contract import check_logits_along, check_logits_rows
-from specval.sequence.protocol import SOURCE_KIND, SequenceProtocol
+from specval.sequence.protocol import DRAFT_KINDS, SequenceProtocol
 from specval.stats.sequence import pit_parts
 from specval.sut import SUT
 
@@ -56,6 +65,7 @@ IN_SUPPORT, BOUNDARY, OUT_OF_SUPPORT = 0, 1, 2
 COMPANIONS_SUFFIX = "-companions.parquet"
 PART_COLUMNS = ("mass", "lower_rank", "lower_index", "self_match", "status")
 SOURCE_COLUMNS = ("source_mass", "source_lower", "beta")  # groups under a source test only
+DRAFT_COLUMNS = ("draft_mass", "draft_lower")  # groups under a drafts test only
 ACCEPTED, CORRECTION = "accepted", "correction"  # the sources whose law involves q
 REPLAY_VALUES = 1 << 25  # logits one batched replay call answers at most (128 MiB of float32)
 
@@ -120,21 +130,33 @@ def source_parts(
     return {"source_mass": mass, "source_lower": lower, "beta": beta}
 
 
+def draft_parts(draft_probs: np.ndarray, drafts: np.ndarray) -> dict[str, np.ndarray]:
+    """DRAFT_COLUMNS of one sequence: q f64[L, V], the drafted tokens int64[L] (< 0: no draft there)
+    (module docstring). Deterministic in its inputs."""
+    lower, mass = np.zeros(len(drafts)), np.zeros(len(drafts))
+    drafted = drafts >= 0
+    if drafted.any():
+        lower[drafted], mass[drafted] = pit_parts(draft_probs[drafted], drafts[drafted], "rank")
+    return {"draft_mass": mass, "draft_lower": lower}
+
+
 def sequence_parts(
     logits: np.ndarray,
     tokens: np.ndarray,
     protocol: SequenceProtocol,
     semantics: FilterSemantics,
-    draft: tuple[np.ndarray, np.ndarray] | None = None,
+    draft: tuple[np.ndarray, ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """The reference parts (PART_COLUMNS) of one sequence's tokens int64[L] from its logits f32[L, V];
-    with `draft` = (the draft's logits f32[L, V], the tokens' sources str[L]) SOURCE_COLUMNS too."""
+    with `draft` = (the draft's logits f32[L, V], the tokens' sources str[L]) SOURCE_COLUMNS too, and
+    with a third entry, the drafted tokens int64[L] (-1: none), DRAFT_COLUMNS."""
     probs = transform(logits, protocol.sampling, semantics)
-    extra = (
-        {}
-        if draft is None
-        else source_parts(probs, transform(draft[0], protocol.sampling, semantics), tokens, draft[1])
-    )
+    extra = {}
+    if draft is not None:
+        draft_probs = transform(draft[0], protocol.sampling, semantics)
+        extra = source_parts(probs, draft_probs, tokens, draft[1])
+        if len(draft) > 2:
+            extra |= draft_parts(draft_probs, draft[2])
     lower_rank, mass = pit_parts(probs, tokens, "rank")
     lower_index, _ = pit_parts(probs, tokens, "index")
     return {
@@ -210,8 +232,9 @@ def _replays(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], 
 
 
 def source_groups(protocol: SequenceProtocol) -> set[str]:
-    """The groups a `source` test applies to (their reference holds SOURCE_COLUMNS)."""
-    return {g for t in protocol.tests if t.kind == SOURCE_KIND for g in protocol.groups_of(t)}
+    """The groups a `source` or `drafts` test applies to: the draft's q is replayed for them (their
+    reference holds SOURCE_COLUMNS, and DRAFT_COLUMNS where the samples hold drafts)."""
+    return {g for t in protocol.tests if t.kind in DRAFT_KINDS for g in protocol.groups_of(t)}
 
 
 def draft_replay(sut: SUT, protocol: SequenceProtocol, group: str, prompt: list[int], row: np.ndarray, seed: int):
@@ -233,7 +256,7 @@ def _checked(sut: SUT, method: str, label: str, answer, numbers: np.ndarray, len
     """A batched replay's answer, checked (`contract.check_logits_rows`). An error names the
     sequence (`numbers`: its index in the group, or its seed) and the method the adapter
     implements: `method` itself when it keeps SUT's per-row default of `method`_batch."""
-    adapter = type(getattr(sut, "_sut", sut))  # a GuardedSUT's adapter
+    adapter = sut.adapter_class if isinstance(sut, GuardedSUT) else type(sut)
     batched = getattr(adapter, f"{method}_batch", None) is not getattr(SUT, f"{method}_batch")
     name = f"{method}_batch" if batched else method
 
@@ -262,6 +285,7 @@ def build_group(
     length = protocol.sequence_length
     seeds = samples["seed"].to_numpy()[::length]
     sources = samples["source"].to_numpy().reshape(-1, length)
+    drafted = samples[DRAFT_COLUMN].to_numpy().reshape(-1, length) if DRAFT_COLUMN in samples else None
 
     def jobs():
         for chunk, rows, logits in _replays(sut, protocol, prompt_ids, samples, f"group {group!r}"):
@@ -270,13 +294,15 @@ def build_group(
             if with_sources:
                 along = draft_replays(sut, protocol, group, prompt_ids[chunk.prompt], rows, seeds[chunk.rows])
                 draft = (along.reshape(-1, vocab), sources[chunk.rows].reshape(-1))
+                draft += () if drafted is None else (drafted[chunk.rows].reshape(-1),)
             yield functools.partial(
                 sequence_parts, logits.reshape(-1, vocab), rows.reshape(-1), protocol, semantics, draft
             )
 
     parts = workers.pipelined(jobs(), workers.count())
     table = samples[["batch", "slot", "index"]].copy()
-    for name in PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ()):
+    columns = PART_COLUMNS + (SOURCE_COLUMNS if with_sources else ())
+    for name in columns + (DRAFT_COLUMNS if with_sources and drafted is not None else ()):
         table[name] = np.concatenate([flat[name] for flat in parts]) if parts else np.zeros(0)
     return table
 
