@@ -128,6 +128,7 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
 def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
     """Print the plan of a sequence protocol and return True; False for a protocol of another kind."""
     from specval.kinds import read_protocol_file
+    from specval.sequence.looks import plan_lines
     from specval.sequence.plan import protocol_plan
     from specval.sequence.protocol import SEQUENCE_KIND, resolve
 
@@ -139,6 +140,8 @@ def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
         f"{protocol.name} ({protocol.profile or 'default'}): {protocol.sequences_per_group} sequences of "
         f"{protocol.sequence_length} tokens per group, alpha {protocol.alpha:g}, power {protocol.power:g}"
     )
+    for line in plan_lines(protocol):
+        click.echo(line)
     for row in protocol_plan(protocol):
         mde = f">= {row.mde:.4g}" if row.mde is not None else ""
         click.echo(

@@ -139,11 +139,16 @@ def walk(
 def block(protocol: Protocol, alpha: float, walked: Walked) -> dict:
     """The summary's `sequential` entry of one stage: the rule, the boundary, where it stopped."""
     spent = boundary(protocol, alpha)
-    sizes = look_sizes(protocol.samples_per_group, spent.fractions)
+    return entry(RULE, spent, look_sizes(protocol.samples_per_group, spent.fractions), walked)
+
+
+def entry(rule: str, spent: Boundary, sizes: Sequence[int], walked: Walked) -> dict:
+    """A `sequential` entry of any kind: `rule`, the boundary `spent` with the samples per group at
+    each look (`sizes`), where the walk stopped and one record per look it evaluated."""
     return {
-        "rule": RULE,
+        "rule": rule,
         "spending": spent.spending,
-        "alpha": alpha,
+        "alpha": spent.alpha,
         "looks": list(spent.fractions),
         "levels": list(spent.levels),
         "samples_per_group": list(sizes),

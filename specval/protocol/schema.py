@@ -253,7 +253,9 @@ def _parse_confirmation(raw: Any, file: str) -> ConfirmationSpec:
     return ConfirmationSpec(stages=stages, alpha_stage2=alpha_stage2)
 
 
-def _parse_sequential(raw: Any, file: str) -> SequentialSpec | None:
+def parse_sequential(raw: Any, file: str) -> SequentialSpec | None:
+    """The `sequential` block of a protocol of any kind that takes looks (None when absent):
+    ProtocolError naming `sequential.looks` or `sequential.spending`, the value and the file."""
     if raw is None:
         return None
     raw = read_mapping(raw, file, "sequential")
@@ -323,7 +325,7 @@ def parse_protocol(raw: Any, file: str = "<protocol>") -> Protocol:
         chunk_size=read_int(raw.get("chunk_size", 1000), file, "chunk_size", minimum=1),
         batch_size=read_int(raw.get("batch_size", 1000), file, "batch_size", minimum=1),
         confirmation=_parse_confirmation(raw.get("confirmation", {}), file),
-        sequential=_parse_sequential(raw.get("sequential"), file),
+        sequential=parse_sequential(raw.get("sequential"), file),
         profiles=parse_profiles(raw.get("profiles", {}), file),
     )
     if not protocol.min_expected > 0.0:

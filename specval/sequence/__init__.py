@@ -5,6 +5,7 @@ collect     whole sequences per batch (parquet chunks) and the reproducibility r
 reference   per-token PIT parts from the SUT's target logits along each sequence
 verdict     PIT uniformity (pooled, by round position, by round path), serial dependence,
             cross-request independence, reproducibility; Holm per role
+looks       sequential looks: batches collected and decided look by look, alpha spent over them
 report      report.md / report.html
 runner      run, resume, verify, finish
 """

@@ -4,10 +4,12 @@ Layout (`specval.sequence.protocol`): group g's seeds [start, start + N) run in 
 requests; batch b holds seeds start + bB .. start + (b + 1)B - 1 in slots 0..B-1, after prompt
 b mod P. Each batch is one `sample` call, written as `samples/<group>-b<b>.parquet` in long form
 (one row per committed token: batch, slot, seed, prompt, index, token, source, companion) through
-`bundle.write_chunk`, so a killed run resumes at the first missing batch. A group with companions
-runs each batch as one `sample_mixed` call of 2B requests: the tested ones in slots 0..B-1, then
-one companion per tested request (`companion` True; `specval.sequence.protocol` gives their
-sampling and seeds).
+`bundle.write_chunk`, so a killed run resumes at the first missing batch. Batches are collected
+group after group; a protocol with looks collects segment by segment (`plan_batches`: every
+group's batches of look k before any batch of look k + 1). A group with companions runs each
+batch as one `sample_mixed` call of 2B requests: the tested ones in slots 0..B-1, then one
+companion per tested request (`companion` True; `specval.sequence.protocol` gives their sampling
+and seeds).
 
 The re-run (`samples/<group>-rerun.parquet`) samples the first `RERUN_SEEDS` seeds of batch 0 again,
 in reverse order, as a batch of their own (without companions): every seed sits in another slot,
@@ -62,15 +64,20 @@ class Batch:
 
 
 def plan_batches(protocol: SequenceProtocol, ranges: Sequence[SeedRange]) -> list[Batch]:
-    """Every batch of every group in collection order, each group's re-run after its batches."""
-    out = []
-    for seed_range in ranges:
-        size = protocol.batch_size
-        for b in range(protocol.num_batches):
-            seeds = tuple(range(seed_range.start + b * size, seed_range.start + (b + 1) * size))
-            out.append(Batch(seed_range.group, b, seeds, b % len(protocol.prompts)))
-        first = range(seed_range.start, seed_range.start + min(RERUN_SEEDS, size))
-        out.append(Batch(seed_range.group, -1, tuple(reversed(first)), 0))
+    """Every batch of every group in collection order: look segment by look segment (batches
+    [b_{k-1}, b_k) of `protocol.look_batches`; one segment without looks), within a segment group by
+    group, each group's re-run after its first segment. So a look's batches of every group are
+    collected before any batch of a later look, and a protocol without looks collects each group's
+    batches, then its re-run, one group after another."""
+    out, size, bounds = [], protocol.batch_size, protocol.look_batches
+    for segment, (low, high) in enumerate(zip((0, *bounds), bounds)):
+        for seed_range in ranges:
+            for b in range(low, high):
+                seeds = tuple(range(seed_range.start + b * size, seed_range.start + (b + 1) * size))
+                out.append(Batch(seed_range.group, b, seeds, b % len(protocol.prompts)))
+            if segment == 0:
+                first = range(seed_range.start, seed_range.start + min(RERUN_SEEDS, size))
+                out.append(Batch(seed_range.group, -1, tuple(reversed(first)), 0))
     return out
 
 
@@ -123,11 +130,14 @@ def collect(
     ranges: Sequence[SeedRange],
     bundle: Path,
     progress: bool = True,
+    upto: int | None = None,
 ) -> int:
-    """Sample every batch not yet on disk; returns the sequences drawn now."""
+    """Sample every batch not yet on disk (`upto`: only batches below that index, and the re-runs:
+    a look's); returns the sequences drawn now."""
     out = bundle / SAMPLES_DIR
     out.mkdir(parents=True, exist_ok=True)
-    todo = [b for b in plan_batches(protocol, ranges) if not (out / b.file_name).exists()]
+    below = protocol.num_batches if upto is None else upto
+    todo = [b for b in plan_batches(protocol, ranges) if b.index < below and not (out / b.file_name).exists()]
     drawn = 0
     with tqdm(
         total=sum(len(b.seeds) for b in todo),
@@ -150,18 +160,36 @@ def _tested(table: pd.DataFrame) -> pd.Series:
     return ~table["companion"] if "companion" in table else pd.Series(True, index=table.index)
 
 
+def batch_files(bundle: Path, group: str) -> list[Path]:
+    """The group's batch files on disk (the re-run's excluded), in batch order."""
+    return sorted((bundle / SAMPLES_DIR).glob(f"{group}-b*.parquet"))
+
+
+def _files_of(bundle: Path, protocol: SequenceProtocol, group: str, batches: range | None) -> list[Path]:
+    """The files of `batches` (None: every planned batch, and no other batch file on disk)."""
+    if batches is None:
+        files = batch_files(bundle, group)
+        if len(files) != protocol.num_batches:
+            raise ValueError(f"samples of group {group!r}: {len(files)} batch files, expected {protocol.num_batches}")
+        return files
+    files = [bundle / SAMPLES_DIR / Batch(group, b, (), 0).file_name for b in batches]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"samples of group {group!r}: batch file {missing[0]} is missing ({len(missing)} in all)")
+    return files
+
+
 def load_tables(
-    bundle: Path, protocol: SequenceProtocol, group: str
+    bundle: Path, protocol: SequenceProtocol, group: str, batches: range | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(main batches, companions, re-run) of one group, each sorted by (batch, slot, index);
-    ValueError when a batch is missing or holds other than the planned tokens."""
-    files = sorted((bundle / SAMPLES_DIR).glob(f"{group}-b*.parquet"))
-    if len(files) != protocol.num_batches:
-        raise ValueError(f"samples of group {group!r}: {len(files)} batch files, expected {protocol.num_batches}")
+    `batches`: only those (a look's), else every planned batch. ValueError when a batch is missing
+    or holds other than the planned tokens."""
+    files = _files_of(bundle, protocol, group, batches)
     table = pa.concat_tables([pq.read_table(f) for f in files]).to_pandas()
     tested = _tested(table)
     main, companions = table[tested], table[~tested]
-    expected = protocol.sequences_per_group * protocol.sequence_length
+    expected = len(files) * protocol.batch_size * protocol.sequence_length
     has_companions = bool(protocol.group(group).companions)
     if len(main) != expected or len(companions) != (expected if has_companions else 0):
         raise ValueError(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specval.sequence import verdict
+from specval.sequence import looks, verdict
 from specval.sequence.protocol import SequenceProtocol
 from specval.stats import montecarlo, sequence_power
 from specval.stats.power import NOTHING_DETECTABLE
@@ -126,13 +126,14 @@ def source_rows(protocol: SequenceProtocol, group: str, role: str, family_size: 
 
 def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
     """One row per p-valued criterion, in the order the run evaluates them; pit_position's followed by
-    one row per round position of its group (`position_rows`)."""
+    one row per round position of its group (`position_rows`). With looks, every row is at the last
+    look's level (`looks.final_alpha`), the one a PASS is decided at, on every planned sequence."""
     sizes, rows = verdict.family_sizes(protocol), []
     for name, role, group in verdict.planned_criteria(protocol):
         kind = name.split(".")[0]
         if kind not in verdict.P_VALUED_FUNCTIONS:
             continue
-        level = protocol.alpha / max(sizes.get(role, 1), 1)
+        level = looks.final_alpha(protocol) / max(sizes.get(role, 1), 1)
         n, mde, label = _mde(protocol, kind, level)
         rows.append(
             PlanRow(

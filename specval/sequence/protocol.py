@@ -17,6 +17,10 @@ in slot r. Pairs for the independence tests are (a) adjacent slots 2i, 2i + 1 of
 request in slots B..2B-1, companion j with sampling `companions[j mod C]` and seed
 COMPANION_SEED_BIT | (its tested partner's seed), a seed outside every claimed range.
 
+Sequential looks (`sequential: {looks, spending}`, the distribution kind's schema): look k decides
+on the first ceil(t_k x N / B) whole batches of every group (`look_batches`), at its share of alpha;
+`specval.sequence.looks` collects and decides them. Absent, the protocol hashes as before the key.
+
 Guarantees (as for the other kinds): unknown keys and bad values raise ProtocolError naming the
 file, the key and the value; `hash` is the canonical sha256 of the parsed file; profiles do not
 change it (`resolve`).
@@ -40,7 +44,7 @@ from specval.protocol.readers import (
     read_str,
     read_unit,
 )
-from specval.protocol.schema import GATING_ROLES, ROLES
+from specval.protocol.schema import GATING_ROLES, MIN_ALPHA, ROLES, SequentialSpec, parse_sequential
 from specval.protocol.sections import (
     MIN_TEMPERATURE,
     GroupSpec,
@@ -53,6 +57,7 @@ from specval.protocol.sections import (
 )
 from specval.protocol.sections import resolve as resolve_profile
 from specval.protocol.strict_yaml import read_yaml
+from specval.stats.sequential import look_sizes, spend
 from specval.sut import DRAFT_OVERRIDES as DRAFTS
 from specval.sut import OWN_DRAFT
 
@@ -114,6 +119,7 @@ class SequenceProtocol:
     alpha: float = 0.01
     power: float = 0.8
     support_tolerance: float = DEFAULT_SUPPORT_TOLERANCE
+    sequential: SequentialSpec | None = None  # pre-registered looks (`specval.sequence.looks`)
     profiles: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     profile: str | None = field(default=None, compare=False)
     file_hash: str | None = field(default=None, compare=False, repr=False)
@@ -126,6 +132,15 @@ class SequenceProtocol:
     @property
     def num_batches(self) -> int:
         return self.sequences_per_group // self.batch_size
+
+    @property
+    def look_batches(self) -> tuple[int, ...]:
+        """Batches per group at each look: ceil(t_k x num_batches) for the `sequential` looks t_k
+        (whole batches), or (num_batches,) without looks. ValueError when two looks would hold the
+        same number of batches."""
+        if self.sequential is None:
+            return (self.num_batches,)
+        return look_sizes(self.num_batches, self.sequential.looks)
 
     def max_tokens(self, group: GroupSpec) -> int:
         """Tokens each request generates: the tested ones plus K of headroom for a speculative
@@ -143,9 +158,11 @@ class SequenceProtocol:
         return tuple(g.name for g in self.groups if g.is_speculative or test.kind != SOURCE_KIND)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain form; a group's `companions` only when it has some, so protocols without them hash
-        as before the key existed."""
+        """Plain form; a group's `companions` only when it has some and `sequential` only when the
+        protocol has looks, so protocols without them hash as before the keys existed."""
         out = plain_form(self)
+        if self.sequential is None:
+            out.pop("sequential")
         for group, spec in zip(out["groups"], self.groups):
             group.pop("companions")
             if spec.companions:
@@ -262,6 +279,37 @@ def check_layout(protocol: SequenceProtocol, file: str) -> None:
         )
 
 
+def check_looks(protocol: SequenceProtocol, file: str) -> None:
+    """The looks of one resolved profile: every look holds more whole batches than the one before,
+    the first at least 2 per prompt (so that adjacent and cross pairs exist at every look, as
+    `check_layout` asks of the whole run), and no look's level falls below MIN_ALPHA (the Monte
+    Carlo draws a level needs are bounded)."""
+    if protocol.sequential is None:
+        return
+    where, looks = f"profile {protocol.profile}: " if protocol.profile else "", list(protocol.sequential.looks)
+    try:
+        first = protocol.look_batches[0]
+    except ValueError as err:
+        fail(file, "sequential.looks", f"{where}{protocol.num_batches} batches per group are too few ({err})", looks)
+    if first < 2 * len(protocol.prompts):
+        fail(
+            file,
+            "sequential.looks",
+            f"{where}the first look holds {first} of {protocol.num_batches} batches per group; every look "
+            f"needs at least 2 batches per prompt ({2 * len(protocol.prompts)})",
+            looks,
+        )
+    smallest = min(spend(protocol.alpha, looks, protocol.sequential.spending).levels)
+    if smallest < MIN_ALPHA:
+        fail(
+            file,
+            "sequential.spending",
+            f"spends alpha = {protocol.alpha:g} down to a look level of {smallest:.3g}, below {MIN_ALPHA:g} "
+            "(the Monte Carlo draws a level needs are bounded)",
+            protocol.sequential.spending,
+        )
+
+
 def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProtocol:
     """Parse a YAML mapping with `kind: sequence`; ProtocolError naming file, key and value. Every
     profile is resolved and its layout checked here, so a bad profile fails `specval validate`."""
@@ -289,6 +337,7 @@ def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProto
         support_tolerance=read_float(
             raw.get("support_tolerance", DEFAULT_SUPPORT_TOLERANCE), file, "support_tolerance"
         ),
+        sequential=parse_sequential(raw.get("sequential"), file),
         profiles=parse_profiles(raw.get("profiles", {}), file, PROFILE_KEYS),
     )
     if protocol.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
@@ -297,6 +346,7 @@ def parse_sequence_protocol(raw: Any, file: str = "<protocol>") -> SequenceProto
         fail(file, "support_tolerance", "must be >= 0", raw.get("support_tolerance"))
     for profile in (None, *dict(protocol.profiles)):
         check_layout(resolve(protocol, profile), file)
+        check_looks(resolve(protocol, profile), file)
     return protocol
 
 

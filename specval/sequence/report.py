@@ -20,6 +20,7 @@ GROUP_HEADER = [
     "acceptance rate",
     "tokens by round position",
 ]
+LOOK_HEADER = ["look", "fraction", "batches per group", "sequences per group", "level", "verdict", "failing gating"]
 SCOPE = (
     "Every committed token is tested against the target's law given its actual prefix (randomized PIT), "
     "bucketed by round position 1..K+1 (the bonus is K+1) and by quarter of the sequence; serial "
@@ -66,6 +67,35 @@ def group_rows(summary: dict) -> list[list[str]]:
     ]
 
 
+def look_rows(summary: dict) -> list[list[str]]:
+    """One row per look the run evaluated (empty for a protocol without looks)."""
+    block = summary.get("sequential")
+    if not block:
+        return []
+    batch_size = summary["protocol"]["batch_size"]
+    return [
+        [
+            str(r["look"]),
+            fmt(r["fraction"]),
+            str(r["samples_per_group"] // batch_size),
+            str(r["samples_per_group"]),
+            fmt(r["level"], 3),
+            r["verdict"],
+            ", ".join(r["failing"]) or "-",
+        ]
+        for r in block["records"]
+    ]
+
+
+def _looks_note(block: dict) -> str:
+    looks = ", ".join(f"{fmt(f)} ({n})" for f, n in zip(block["looks"], block["samples_per_group"]))
+    levels = ", ".join(fmt(v, 3) for v in block["levels"])
+    return (
+        f"Rule (pre-registered): {block['rule']}. {block['spending']} spending of alpha {block['alpha']} over "
+        f"{block['num_looks']} looks at {looks} sequences per group, levels {levels}."
+    )
+
+
 def _facts(summary: dict, manifest: dict) -> list[str]:
     proto = summary["protocol"]
     families = ", ".join(f"{role}: m = {size}" for role, size in sorted(proto["family_sizes"].items()))
@@ -77,10 +107,14 @@ def _facts(summary: dict, manifest: dict) -> list[str]:
 
 
 def _sections(summary: dict, manifest: dict) -> list[Section]:
-    return [
+    sections = [
         Section("Criteria", CRITERION_HEADER, criterion_rows(summary), (SCOPE,)),
         Section("Groups", GROUP_HEADER, group_rows(summary)),
     ]
+    if summary.get("sequential"):
+        note = _looks_note(summary["sequential"])
+        sections.append(Section("Sequential looks", LOOK_HEADER, look_rows(summary), (note,)))
+    return sections
 
 
 NOT_COVERED = (

@@ -33,7 +33,7 @@ from specval.distribution.runner import check_resumed_semantics
 from specval.execution import EnvironmentFailed, RunInterrupted, guard_bundle
 from specval.preflight import GuardedSUT, SUTRaised, check_capabilities, check_writable_dir, open_guarded
 from specval.protocol import ProtocolError, check_registered
-from specval.sequence import collect, reference, verdict
+from specval.sequence import collect, looks, reference, verdict
 from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, parse_sequence_protocol, resolve
 from specval.sequence.report import render, render_files
 from specval.stats import montecarlo
@@ -140,13 +140,17 @@ def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: lis
     return drawn
 
 
-def group_data(path: Path, protocol: SequenceProtocol) -> dict[str, verdict.GroupSequences]:
+def group_data(
+    path: Path, protocol: SequenceProtocol, look: looks.Look | None = None
+) -> dict[str, verdict.GroupSequences]:
+    """Every group's sequences and reference parts: all of them, or the batches `look` sees."""
+    seen = None if look is None else range(looks.batches(protocol, look))
     out = {}
     for group in protocol.groups:
-        main, _, rerun = collect.load_tables(path, protocol, group.name)
-        companions = reference.load(path, group.name, reference.COMPANIONS_SUFFIX) if group.companions else None
+        main, _, rerun = collect.load_tables(path, protocol, group.name, seen)
+        companions = looks.load_parts(path, group.name, look, companions=True) if group.companions else None
         out[group.name] = verdict.group_sequences(
-            main, rerun, reference.load(path, group.name), protocol.sequence_length, companions
+            main, rerun, looks.load_parts(path, group.name, look), protocol.sequence_length, companions
         )
     return out
 
@@ -177,11 +181,37 @@ def summarise(
     ranges: list,
     stream: str = montecarlo.CURRENT_STREAM,
     rules: int = verdict.CURRENT_RULES,
+    advance: Callable[[looks.Look], None] | None = None,
 ) -> dict:
     """The summary computed from the bundle's samples and reference parts alone, its randomized PITs
     and Monte Carlo nulls drawn from `stream` (recorded as `monte_carlo_stream`), by the criteria's
-    `rules` (recorded as `criteria_version` from the second on: a bundle without it is of the first)."""
-    data = group_data(path, protocol)
+    `rules` (recorded as `criteria_version` from the second on: a bundle without it is of the first).
+    A protocol with looks is decided look by look (`specval.sequence.looks`): `advance(look)` brings
+    the look's batches and parts on disk first (the run's collects them; by default they must be
+    there, as verify reads them), and the summary is the stopping look's, with `sequential`."""
+    if protocol.sequential is None:
+        return _summary(path, protocol, ranges, group_data(path, protocol), stream, rules)
+
+    def evaluate(look: looks.Look) -> dict:
+        data = group_data(path, protocol, look)
+        return _summary(path, looks.look_protocol(protocol, look), ranges, data, stream, rules)
+
+    walked = looks.walk(protocol, advance or (lambda look: None), evaluate)
+    looks.check_collected(path, protocol, walked)
+    summary = looks.finish(protocol, walked)
+    summary["protocol"] = {**summary["protocol"], "alpha": protocol.alpha}
+    return json.loads(json.dumps(summary))
+
+
+def _summary(
+    path: Path,
+    protocol: SequenceProtocol,
+    ranges: list,
+    data: dict[str, verdict.GroupSequences],
+    stream: str,
+    rules: int,
+) -> dict:
+    """`summarise` of a fixed-size protocol (or of one look's), from its groups' `data`."""
     seed_ranges = {r.group: (r.start, r.stop) for r in ranges}
     decided = verdict.evaluate(protocol, data, seed_ranges, stream, rules)
     version = {} if rules == verdict.FIRST_RULES else {RULES_KEY: rules}
@@ -302,7 +332,9 @@ def _decide(
     sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
 ) -> tuple[dict, int, float, dict]:
     """Collect, replay, close the adapter, then decide and write summary.json: (summary, sequences
-    drawn, seconds collecting, device facts)."""
+    drawn, seconds collecting, device facts). A protocol with looks: `_decide_looks`."""
+    if protocol.sequential is not None:
+        return _decide_looks(sut, protocol, ranges, path, progress)
     try:
         t0 = time.perf_counter()
         drawn = _collect_and_replay(sut, protocol, ranges, path, progress)
@@ -315,6 +347,34 @@ def _decide(
     summary = summarise(path, protocol, ranges)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
     return summary, drawn, collect_s, device
+
+
+def _decide_looks(
+    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
+) -> tuple[dict, int, float, dict]:
+    """`_decide` look by look: before each look is evaluated, its batches of every group are
+    collected and replayed (`collect.collect` up to the look, `looks.extend_reference`); the walk
+    stops at the first look that FAILs. The adapter is closed after the walk."""
+    spent = {"drawn": 0, "seconds": 0.0}
+    try:
+        prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
+        semantics = capabilities_of(sut).semantics
+
+        def advance(look: looks.Look) -> None:
+            start = time.perf_counter()
+            upto = looks.batches(protocol, look)
+            spent["drawn"] += collect.collect(sut, protocol, prompt_ids, ranges, path, progress, upto)
+            looks.extend_reference(sut, protocol, prompt_ids, path, look, semantics)
+            spent["seconds"] += time.perf_counter() - start
+
+        summary = summarise(path, protocol, ranges, advance=advance)
+        device = {**bundles.device_facts(), "sut": sut.describe()}
+    except BaseException:
+        _close_quietly(sut)
+        raise
+    sut.close()
+    bundles.write_json(path / bundles.SUMMARY_FILE, summary)
+    return summary, spent["drawn"], spent["seconds"], device
 
 
 @contextlib.contextmanager

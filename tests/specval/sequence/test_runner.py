@@ -14,17 +14,9 @@ import pytest
 from specval.protocol import ProtocolError
 from specval.sequence import runner, verdict
 from specval.stats import montecarlo
-from tests.fixtures.sequence_protocol import write_sequence_protocol
+from tests.fixtures.sequence_protocol import ONE_GROUP, write_sequence_protocol
 
-SMALL = {
-    "groups": [{"name": "sync", "mode": "sync"}],
-    "tests": [
-        {"kind": "pit", "role": "primary"},
-        {"kind": "independence", "role": "primary"},
-        {"kind": "reproducibility", "role": "control"},
-        {"kind": "source", "role": "primary"},
-    ],
-}
+SMALL = ONE_GROUP
 
 
 @pytest.fixture(scope="module")

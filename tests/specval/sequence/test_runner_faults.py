@@ -28,21 +28,11 @@ from specval.cli import main
 from specval.protocol import ProtocolError
 from specval.sequence import collect, reference, runner
 from tests.fixtures import chain_faults
-from tests.fixtures.chain_faults import ADAPTER, OTHER_SEMANTICS, Fault, declare, heal, plant
+from tests.fixtures.chain_faults import OTHER_SEMANTICS, TINY, Fault, declare, heal, plant
 from tests.fixtures.chain_sut import VOCAB, ChainSUT
 from tests.fixtures.sequence_protocol import write_sequence_protocol
 
 ROOT = Path(__file__).resolve().parents[3]
-TINY = {
-    "prompts": ["alpha"],
-    "groups": [{"name": "sync", "mode": "sync"}],
-    "tests": [{"kind": "pit", "role": "primary"}, {"kind": "reproducibility", "role": "control"}],
-    "sequences_per_group": 16,
-    "batch_size": 4,
-    "sequence_length": 16,
-    "profiles": {},
-    "sut": {"adapter": ADAPTER},
-}
 MIXED = {"groups": [{"name": "mixed", "mode": "sync", "companions": [{"temperature": 0}]}]}
 NOISY = {"groups": [{"name": "sync", "mode": "sync", "draft": "noisy"}]}
 
