@@ -17,11 +17,22 @@ then per criterion kind and per criterion the raw rejections at the family's fir
 Holm FAILs.
 
     nice -n 10 python -m benchmarks.sequence_calibration --replicates 2000 --workers 2 --output calib.jsonl
+
+With looks (`--looks 0.5,1.0 [--spending pocock]`, or a protocol that has them) each replicate is
+walked as a run walks it (`sequence_null.evaluate_replicate`: look k evaluates every group's first
+b_k batches at its share of alpha, stopping at the first FAIL); `--sequences N` sets the sequences
+per group (a smoke profile of 4 batches per group is too small for a look at half of it). The table
+then gives the family FAIL count with its interval, the FAILs by look, and per criterion the
+replicates in which it FAILed at the look that stopped the run (p-values of looks at other levels
+are not pooled).
+
+    nice -n 10 python -m benchmarks.sequence_calibration --looks 0.5,1.0 --sequences 400 --output looks.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -29,9 +40,12 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from specval.protocol import ProtocolError
+from specval.protocol.schema import SequentialSpec
 from specval.sequence import verdict
-from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, resolve
+from specval.sequence.protocol import SequenceProtocol, check_layout, check_looks, load_sequence_protocol, resolve
 from specval.stats.rates import rate_ci
+from specval.stats.sequential import POCOCK, SPENDINGS
 from tests.fixtures import sequence_null
 
 DEFAULT_PROTOCOL = "protocols/seq_fp32.yaml"
@@ -41,22 +55,47 @@ PROGRESS_EVERY = 100
 RUN = "__run__"
 
 
-def _protocol(path: str, profile: str | None) -> SequenceProtocol:
-    return resolve(load_sequence_protocol(path), profile)
+@dataclasses.dataclass(frozen=True)
+class Design:
+    """What one calibration evaluates: the protocol file and profile, and what the options change
+    (`looks`: fractions, empty for the protocol's own; `sequences`: None for the profile's)."""
+
+    path: str
+    profile: str | None
+    looks: tuple[float, ...] = ()
+    spending: str = POCOCK
+    sequences: int | None = None
+
+    def protocol(self) -> SequenceProtocol:
+        """The resolved protocol with the options applied, its layout and looks checked as a
+        protocol file's are (ProtocolError naming the key and the value)."""
+        protocol = resolve(load_sequence_protocol(self.path), self.profile)
+        if self.sequences is not None:
+            protocol = dataclasses.replace(protocol, sequences_per_group=self.sequences, file_hash=protocol.hash)
+        if self.looks:
+            protocol = dataclasses.replace(
+                protocol, sequential=SequentialSpec(self.looks, self.spending), file_hash=protocol.hash
+            )
+        check_layout(protocol, self.path)
+        check_looks(protocol, self.path)
+        return protocol
 
 
-def replicate(job: tuple[str, str | None, int]) -> dict:
-    """{criterion: p-value or None, ...} of one null replicate, the Holm verdicts under "verdicts"
-    and the run verdict under RUN."""
-    path, profile, index = job
+def replicate(job: tuple[Design, int]) -> dict:
+    """{criterion: p-value or None, ...} of one null replicate (with looks: of the look it stopped
+    at), the Holm verdicts under "verdicts", the run verdict under RUN and, with looks, the look it
+    stopped at under "stopped_at_look"."""
+    design, index = job
     with sequence_null.mdes_not_printed():
-        decided = sequence_null.evaluate_replicate(_protocol(path, profile), index, CHAIN_SEED)
+        decided = sequence_null.evaluate_replicate(design.protocol(), index, CHAIN_SEED)
     tests = decided["tests"]
+    looked = {"stopped_at_look": decided["sequential"]["stopped_at_look"]} if "sequential" in decided else {}
     return {
         "replicate": index,
         "p": {name: t["p_value"] for name, t in tests.items() if t["p_value"] is not None},
         "verdicts": {name: t["verdict"] for name, t in tests.items()},
         RUN: decided["verdict"],
+        **looked,
     }
 
 
@@ -66,7 +105,10 @@ def _line(label: str, hits: int, total: int) -> str:
 
 
 def report(protocol: SequenceProtocol, results: list[dict], seconds: float) -> Iterable[str]:
-    """The table of the module docstring."""
+    """The table of the module docstring (`looks_report` for a protocol with looks)."""
+    if protocol.sequential is not None:
+        yield from looks_report(protocol, results, seconds)
+        return
     sizes, total = verdict.family_sizes(protocol), len(results)
     first_step = {role: protocol.alpha / m for role, m in sizes.items()}
     roles = {name: role for name, role, _ in verdict.planned_criteria(protocol)}
@@ -93,9 +135,35 @@ def report(protocol: SequenceProtocol, results: list[dict], seconds: float) -> I
         yield f"{label} | {checks} | {step} | " + _line("", at_alpha, checks).strip() + f" | {holm}"
 
 
+def looks_report(protocol: SequenceProtocol, results: list[dict], seconds: float) -> Iterable[str]:
+    """The family FAIL count and its interval next to alpha, the FAILs by look, and per p-valued
+    criterion kind and criterion the replicates it FAILed at the look that stopped the run."""
+    sizes, total, spec = verdict.family_sizes(protocol), len(results), protocol.sequential
+    fails = [r for r in results if r[RUN] == verdict.FAIL]
+    yield (
+        f"{protocol.name} ({protocol.profile}): {len(protocol.groups)} groups x {protocol.sequences_per_group} "
+        f"sequences x {protocol.sequence_length} tokens, K = {protocol.num_speculative_tokens}; families {sizes}; "
+        f"{spec.spending} looks at {list(spec.looks)} = batches {list(protocol.look_batches)} per group"
+    )
+    timing = f" in {seconds:.0f} s" if seconds else ""
+    yield f"replicates {total}{timing}: {_line('family FAIL', len(fails), total)} vs alpha {protocol.alpha}"
+    by_look = [sum(r["stopped_at_look"] == k for r in fails) for k in range(1, len(spec.looks) + 1)]
+    yield "FAILs by look: " + ", ".join(f"look {k} {n}" for k, n in enumerate(by_look, start=1))
+    yield ""
+    yield "criterion | replicates | Holm FAIL at the stopping look"
+    names = sorted(results[0]["p"])
+    kinds = sorted({name.split(".")[0] for name in names})
+    for label, members in [(f"{k} (all groups)", [n for n in names if n.split(".")[0] == k]) for k in kinds] + [
+        (n, [n]) for n in names
+    ]:
+        holm = sum(r["verdicts"][n] == verdict.FAIL for r in results for n in members)
+        yield f"{label} | {total * len(members)} | {holm}"
+
+
 def run(args: argparse.Namespace) -> float:
     """Evaluate replicates --first .. --first + --replicates - 1, appending each to --output; seconds."""
-    jobs = [(args.protocol, args.profile, i) for i in range(args.first, args.first + args.replicates)]
+    design = _design(args)
+    jobs = [(design, i) for i in range(args.first, args.first + args.replicates)]
     start, done = time.perf_counter(), 0
     with ProcessPoolExecutor(args.workers) as pool, args.output.open("a") as sink:
         for result in pool.map(replicate, jobs, chunksize=2):
@@ -116,13 +184,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--output", type=Path, required=True, help="JSON lines, one replicate each (appended)")
     parser.add_argument("--report-only", action="store_true", help="print the table of --output, run nothing")
+    parser.add_argument("--looks", default="", help="fractions of the looks, e.g. 0.5,1.0 (default: the protocol's)")
+    parser.add_argument("--spending", default=POCOCK, choices=SPENDINGS)
+    parser.add_argument("--sequences", type=int, default=None, help="sequences per group (default: the profile's)")
     args = parser.parse_args()
+    try:
+        _design(args).protocol()
+    except (ProtocolError, ValueError) as err:
+        raise SystemExit(f"sequence_calibration: {err}") from None
     seconds = 0.0 if args.report_only else run(args)
     results = [json.loads(line) for line in args.output.read_text().splitlines() if line.strip()]
     if len({r["replicate"] for r in results}) != len(results):
         raise SystemExit(f"{args.output}: a replicate appears twice (continue with --first past the last one)")
-    for line in report(_protocol(args.protocol, args.profile), results, seconds):
+    for line in report(_design(args).protocol(), results, seconds):
         print(line)
+
+
+def _design(args: argparse.Namespace) -> Design:
+    looks = tuple(float(f) for f in args.looks.split(",")) if args.looks else ()
+    return Design(args.protocol, args.profile, looks, args.spending, args.sequences)
 
 
 if __name__ == "__main__":

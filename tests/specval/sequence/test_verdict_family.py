@@ -4,6 +4,8 @@ run's false-FAIL rate at or below alpha, on the null model of `tests/fixtures/se
 The shipped family's own calibration (seq_fp32 smoke, 50 criteria over 7 groups, 2,000 replicates)
 is `python -m benchmarks.sequence_calibration` (docs/validation.md, "A/A calibration of the
 sequence kind"); this test is its small version, sized to run in well under a minute on one core.
+With looks (`specval.sequence.looks`) the calibration is `--protocol protocols/seq_fp32_looks.yaml`;
+its small version walks a small family look by look.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from specval.protocol.schema import SequentialSpec
 from specval.sequence import reference, verdict
 from specval.sequence.protocol import load_sequence_protocol, resolve
+from specval.stats.sequential import POCOCK
 from tests.fixtures import sequence_null
 
 REPO = Path(__file__).resolve().parents[3]
@@ -58,6 +62,50 @@ def test_the_family_false_fail_rate_stays_at_or_below_alpha_on_the_null_model():
     bound = int(stats.binom.isf(FALSE_FAIL, REPLICATES, FAMILY_ALPHA))
     assert bound == 29
     assert fails <= bound, f"{fails} of {REPLICATES} null replicates FAILed at alpha {FAMILY_ALPHA}"
+
+
+LOOKS_REPLICATES = 30
+LOOKS_GROUP = "async"  # one speculative group keeps every test kind: its family is 11 criteria
+
+
+def _small_family_with_looks():
+    """seq_fp32's tests on group async alone (the independence test re-aimed at it), 32 sequences of
+    16 tokens in 8 batches of 4 (two prompts), looks at half and all of them (Pocock: FAMILY_ALPHA / 2
+    each), one Holm family of 11 p-valued criteria."""
+    shipped = resolve(load_sequence_protocol(REPO / "protocols" / "seq_fp32.yaml"), "smoke")
+    return dataclasses.replace(
+        shipped,
+        groups=tuple(g for g in shipped.groups if g.name == LOOKS_GROUP),
+        tests=tuple(dataclasses.replace(t, groups=()) for t in shipped.tests),
+        sequences_per_group=32,
+        batch_size=4,
+        sequence_length=16,
+        alpha=FAMILY_ALPHA,
+        sequential=SequentialSpec((0.5, 1.0), POCOCK),
+    )
+
+
+def test_the_family_with_looks_keeps_its_false_fail_rate_at_or_below_alpha_on_the_null_model():
+    # 30 replicates from the null model, each walked look by look as a run walks it (look 1 on every
+    # group's first 4 batches, look 2 on all 8, each at FAMILY_ALPHA / 2; stop at the first FAIL) with
+    # fresh stream keys. Under valid looks each replicate FAILs with probability <= 0.3, independently,
+    # so the count exceeds the binomial 1 - 1e-3 quantile (17 of 30) with probability <= 1e-3: the
+    # false-fail rate of this test. It can fail: a walk whose true rate is 0.6 passes it with
+    # probability 0.42, at 0.7 with 0.08. Observed when written: 5 of 30 (3 at look 1); over 40
+    # replicates 5, against 8 with every look at the full 0.3 (spending dropped) and 6 without looks.
+    # test_looks.py checks the spent levels themselves, deterministically.
+    protocol = _small_family_with_looks()
+    assert verdict.family_sizes(protocol) == {"primary": 11} and protocol.look_batches == (4, 8)
+    with sequence_null.mdes_not_printed():
+        results = [sequence_null.evaluate_replicate(protocol, index, SEED) for index in range(LOOKS_REPLICATES)]
+    for r in results:  # the walk: one record per look taken, a PASS only at the last look
+        looked = r["sequential"]
+        assert len(looked["records"]) == looked["stopped_at_look"]
+        assert r["verdict"] == verdict.FAIL or looked["stopped_at_look"] == 2
+    fails = sum(r["verdict"] == verdict.FAIL for r in results)
+    bound = int(stats.binom.isf(FALSE_FAIL, LOOKS_REPLICATES, FAMILY_ALPHA))
+    assert bound == 17
+    assert fails <= bound, f"{fails} of {LOOKS_REPLICATES} null replicates FAILed with looks at alpha {FAMILY_ALPHA}"
 
 
 @pytest.mark.parametrize("group", GROUPS)
