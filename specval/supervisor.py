@@ -24,6 +24,9 @@ atexit hook, a signal, a crash of the interpreter):
 - SIGTERM (and SIGINT sent to this process alone) is passed on to the worker, which stops as an
   interrupted run does (130). A Ctrl-C at a terminal reaches the worker directly (one process
   group), so it is not sent a second time.
+- With TIMEOUT_ENV set, a worker still running that long after the start gets SIGTERM and, if it
+  is still running the grace later (GRACE_ENV, default STOP_GRACE_S), SIGKILL: exit 3, one line
+  naming the timeout, the last adapter call and whether the worker had to be killed.
 The channel is the worker's word; the seal check is what makes a 0 more than that word. Adapter
 code that forges a sealed PASS bundle on purpose is outside what a status can show: `specval
 verify` recomputes the verdict from the raw samples.
@@ -61,7 +64,9 @@ RANK_ENV, LEADER_RANK = "RANK", "0"  # torchrun's rank variable (specval.distrib
 SEAL_CLOCK_SLACK_S = 2.0  # a file's mtime may lag time.time() by a clock tick of the file system
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 TIMEOUT_ENV = "SPECVAL_TIMEOUT_S"  # the longest a supervised command may run, in seconds (unset: no limit)
+TICK_S = 0.05  # how often `wait_worker` calls its `tick` while the worker runs
 STOP_GRACE_S = 30.0  # after a timeout's SIGTERM, the worker's time to stop as an interrupted run before SIGKILL
+GRACE_ENV = "SPECVAL_STOP_GRACE_S"  # overrides STOP_GRACE_S, in seconds (unset: STOP_GRACE_S)
 # The worker's first statement: take this process's sys.path[0] and argv[0] (as `-c` has neither),
 # then run the command line as `specval` does.
 WORKER_BOOT = (
@@ -122,7 +127,7 @@ def supervise(argv: list[str]) -> int:
     command = command_of(argv[1:]) or ""
     started = time.time()
     try:
-        timeout = stated_timeout(os.environ)
+        timeout, grace = stated_timeout(os.environ), stated_grace(os.environ)
     except ValueError as err:
         return _say(Decision(EXIT_INPUT, f"error: {err}"))
     with tempfile.TemporaryDirectory(prefix="specval-channel-", ignore_cleanup_errors=True) as name:
@@ -133,17 +138,28 @@ def supervise(argv: list[str]) -> int:
             return _say(Decision(EXIT_ENVIRONMENT, f"error: environment: cannot start the worker ({err})"))
         forwarder = _Forwarder(worker)
         with forwarder.installed():
-            status, hung = _wait(worker, timeout, lambda: channel.last_call(root))
+            status, hung = wait_worker(worker, timeout, grace, lambda: channel.last_call(root))
         outcome = read_outcome(root, worker.pid, status, forwarder.interrupted)
     if hung is not None:
-        return _say(_timed_out(command, outcome, timeout, hung))
+        return _say(_timed_out(command, outcome, hung))
     return _say(decide(command, outcome, started))
 
 
 def stated_timeout(environ: Mapping[str, str]) -> float | None:
     """The seconds TIMEOUT_ENV allows a supervised command (None: unset or empty); ValueError naming
     the variable and the value unless it is a finite number > 0."""
-    raw = environ.get(TIMEOUT_ENV, "")
+    return _stated_seconds(environ, TIMEOUT_ENV)
+
+
+def stated_grace(environ: Mapping[str, str]) -> float:
+    """The seconds a worker stopped at the timeout has between SIGTERM and SIGKILL: GRACE_ENV, else
+    STOP_GRACE_S; ValueError naming the variable and the value unless it is a finite number > 0."""
+    grace = _stated_seconds(environ, GRACE_ENV)
+    return STOP_GRACE_S if grace is None else grace
+
+
+def _stated_seconds(environ: Mapping[str, str], name: str) -> float | None:
+    raw = environ.get(name, "")
     if not raw:
         return None
     try:
@@ -151,42 +167,67 @@ def stated_timeout(environ: Mapping[str, str]) -> float | None:
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"{TIMEOUT_ENV}={raw!r} is invalid: expected a number of seconds > 0")
+        raise ValueError(f"{name}={raw!r} is invalid: expected a number of seconds > 0")
     return seconds
 
 
 @dataclass(frozen=True)
 class Hung:
-    """A worker stopped at the stated timeout: the adapter call it was in or had made last then."""
+    """A worker stopped at the stated timeout: the adapter call it was in or had made last then,
+    whether SIGKILL ended it (it outlived the grace after SIGTERM), and the timeout and grace."""
 
     call: channel.Call | None
+    killed: bool
+    timeout: float
+    grace: float
+
+    def text(self) -> str:
+        """How it was stopped, e.g. "did not finish within 600 s (SPECVAL_TIMEOUT_S) and was stopped"."""
+        how = (
+            f"was killed (SIGKILL: still running {self.grace:g} s after SIGTERM, {GRACE_ENV})"
+            if self.killed
+            else "was stopped"
+        )
+        return f"did not finish within {self.timeout:g} s ({TIMEOUT_ENV}) and {how}"
 
 
-def _wait(
-    worker: subprocess.Popen, timeout: float | None, last_call: Callable[[], channel.Call | None]
+def wait_worker(
+    worker: subprocess.Popen,
+    timeout: float | None,
+    grace: float,
+    last_call: Callable[[], channel.Call | None],
+    tick: Callable[[], None] | None = None,
 ) -> tuple[int, Hung | None]:
     """(the worker's status, Hung if it ran past `timeout`, else None). Past it, the worker gets
     SIGTERM (it stops as an interrupted run: the bundle kept, resumable) and, if still running
-    STOP_GRACE_S later (a hang that no signal handler reaches), SIGKILL."""
+    `grace` seconds later (a hang that no signal handler reaches), SIGKILL. `tick`, if given, is
+    called every TICK_S while the worker runs (what the Python API's worker watches)."""
+    deadline = math.inf if timeout is None else time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        step = min(left, TICK_S) if tick is not None else (None if timeout is None else left)
+        try:
+            return worker.wait(timeout=None if step is None else max(step, 0.0)), None
+        except subprocess.TimeoutExpired:
+            if tick is not None:
+                tick()
+            if time.monotonic() >= deadline:
+                break
+    call = last_call()  # before the stop, whose own calls (close) would hide it
+    with contextlib.suppress(ProcessLookupError):
+        worker.send_signal(signal.SIGTERM)
     try:
-        return worker.wait(timeout=timeout), None
-    except subprocess.TimeoutExpired:
-        hung = Hung(last_call())  # before the stop, whose own calls (close) would hide it
-        with contextlib.suppress(ProcessLookupError):
-            worker.send_signal(signal.SIGTERM)
-    try:
-        return worker.wait(timeout=STOP_GRACE_S), hung
+        return worker.wait(timeout=grace), Hung(call, False, float(timeout or 0), grace)
     except subprocess.TimeoutExpired:
         worker.kill()
-        return worker.wait(), hung
+        return worker.wait(), Hung(call, True, float(timeout or 0), grace)
 
 
-def _timed_out(command: str, outcome: Outcome, timeout: float | None, hung: Hung) -> Decision:
+def _timed_out(command: str, outcome: Outcome, hung: Hung) -> Decision:
     """Exit 3 for a worker stopped at the stated timeout, whatever it reported while stopping."""
     return Decision(
         EXIT_SUT,
-        f"error: {command}: the worker did not finish within {timeout:g} s ({TIMEOUT_ENV}) and was stopped "
-        f"({_call_text(hung.call)}){_where(command, outcome)}",
+        f"error: {command}: the worker {hung.text()} ({call_text(hung.call)}){_where(command, outcome)}",
     )
 
 
@@ -206,7 +247,7 @@ class _Forwarder:
 
     def handle(self, signum: int, frame: object) -> None:  # noqa: ARG002 - signal handler signature
         self.interrupted = True
-        if signum == signal.SIGINT and _terminal_foreground():
+        if signum == signal.SIGINT and terminal_foreground():
             return  # Ctrl-C: the terminal sent it to the whole process group, the worker included
         with contextlib.suppress(ProcessLookupError):
             self.worker.send_signal(signum)
@@ -224,7 +265,7 @@ class _Forwarder:
                 signal.signal(signum, handler)
 
 
-def _terminal_foreground() -> bool:
+def terminal_foreground() -> bool:
     """Whether this process is in the foreground process group of a terminal it is attached to."""
     for fd in (0, 1, 2):
         with contextlib.suppress(OSError):
@@ -260,7 +301,7 @@ def decide(command: str, outcome: Outcome, started: float) -> Decision:
         return Decision(
             EXIT_SUT,
             f"error: {command}: the worker {describe_status(outcome.status)} without reporting an outcome "
-            f"({_call_text(outcome.call)}){_where(command, outcome)}",
+            f"({call_text(outcome.call)}){_where(command, outcome)}",
         )
     if outcome.reported == EXIT_PASS:
         problem = _unproven_pass(command, outcome, started)
@@ -268,7 +309,7 @@ def decide(command: str, outcome: Outcome, started: float) -> Decision:
             return Decision(
                 EXIT_SUT,
                 f"error: {command}: the worker reported exit 0, but {problem}; exit 3, not PASS "
-                f"({_call_text(outcome.call)}){_where(command, outcome)}",
+                f"({call_text(outcome.call)}){_where(command, outcome)}",
             )
     return Decision(outcome.reported, _changed_status(outcome))
 
@@ -284,7 +325,8 @@ def describe_status(status: int) -> str:
     return f"was killed by {name} ({signal.strsignal(-status) or name})"
 
 
-def _call_text(call: channel.Call | None) -> str:
+def call_text(call: channel.Call | None) -> str:
+    """The adapter call a worker was in or made last, in words (what its one line names)."""
     if call is None:
         return "no adapter call was recorded"
     rank = f", rank {call.rank}" if call.rank is not None else ""
@@ -328,6 +370,18 @@ def _unproven_pass(command: str, outcome: Outcome, started: float) -> str | None
 def seal_problem(path: Path, started: float) -> str | None:
     """Why the bundle at `path` is not a PASS sealed since `started` (None: it is one): SHA256SUMS
     present, written since, listing summary.json with its present hash, whose verdict is PASS."""
+
+    summary, problem = sealed_summary(path, started)
+    if summary is None:
+        return problem
+    verdict = summary.get("verdict") if isinstance(summary, dict) else None
+    return None if verdict == PASS_VERDICT else f"the sealed verdict of the bundle {path} is {verdict!r}"
+
+
+def sealed_summary(path: Path, started: float) -> tuple[dict | None, str | None]:
+    """(summary.json of the bundle at `path`, None) when SHA256SUMS is present, written since
+    `started` (time.time()) and lists summary.json with its present hash, whatever its verdict;
+    else (None, why not)."""
     from specval import bundle as bundles
     from specval.bundle.sums import read_sums
 
@@ -335,12 +389,11 @@ def seal_problem(path: Path, started: float) -> str | None:
     summary = path / bundles.SUMMARY_FILE
     try:
         if not sums.is_file():
-            return f"the bundle {path} is not sealed (no {bundles.SUMS_FILE})"
+            return None, f"the bundle {path} is not sealed (no {bundles.SUMS_FILE})"
         if sums.stat().st_mtime < started - SEAL_CLOCK_SLACK_S:
-            return f"the bundle {path} was sealed before this command started"
+            return None, f"the bundle {path} was sealed before this command started"
         if read_sums(path).get(bundles.SUMMARY_FILE) != bundles.sha256_file(summary):
-            return f"the {bundles.SUMMARY_FILE} of the bundle {path} is not the one its {bundles.SUMS_FILE} seals"
-        verdict = bundles.read_json(summary).get("verdict")
+            return None, f"the {bundles.SUMMARY_FILE} of the bundle {path} is not the one its {bundles.SUMS_FILE} seals"
+        return bundles.read_json(summary), None
     except (bundles.BundleError, *bundles.READ_ERRORS) as err:
-        return f"the bundle {path} cannot be read ({err})"
-    return None if verdict == PASS_VERDICT else f"the sealed verdict of the bundle {path} is {verdict!r}"
+        return None, f"the bundle {path} cannot be read ({err})"

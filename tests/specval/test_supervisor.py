@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 DYING = "tests.fixtures.dying_suts"
 TIMEOUT_S = 300  # generous: each run is seconds on a loaded 2-core CPU
 HANG_TIMEOUT_S = 8  # seconds: past the worker's start and probe, well before the hanging call's end
+KILL_GRACE_S = 2  # seconds between the timeout's SIGTERM and SIGKILL when SPECVAL_STOP_GRACE_S sets it
 FIRST_COLLECTION_CALL = 3  # the probe makes one sample call per group (2), the run's first batch is the 3rd
 
 
@@ -116,18 +117,25 @@ def test_an_adapter_ending_the_worker_in_sample_is_exit_3_and_the_bundle_resumes
     assert (bundle / bundles.SUMS_FILE).is_file()
 
 
-def test_a_hang_past_the_stated_timeout_is_exit_3_and_the_bundle_resumes(tmp_path):
-    """A `sample` call that never returns, under SPECVAL_TIMEOUT_S: the worker is stopped (SIGTERM:
-    it ends as an interrupted run, which alone would be 130) and the command exits 3 naming the
-    timeout and the call; the kept bundle resumes to PASS."""
-    done = _run(
+def _hang_in_sample(tmp_path: Path, how: str, **env: str) -> subprocess.CompletedProcess:
+    """A run whose first collection `sample` call never returns (DYING_SUT_HOW `how`: hang or
+    deaf), under SPECVAL_TIMEOUT_S = HANG_TIMEOUT_S."""
+    return _run(
         tmp_path,
         f"{DYING}:DyingSUT",
         DYING_SUT_AT="sample",
         DYING_SUT_CALL=str(FIRST_COLLECTION_CALL + 1),
-        DYING_SUT_HOW="hang",
+        DYING_SUT_HOW=how,
         SPECVAL_TIMEOUT_S=str(HANG_TIMEOUT_S),
+        **env,
     )
+
+
+def test_a_hang_past_the_stated_timeout_is_exit_3_and_the_bundle_resumes(tmp_path):
+    """A `sample` call that never returns, under SPECVAL_TIMEOUT_S: the worker is stopped (SIGTERM:
+    it ends as an interrupted run, which alone would be 130) and the command exits 3 naming the
+    timeout and the call; the kept bundle resumes to PASS."""
+    done = _hang_in_sample(tmp_path, "hang")
     assert done.returncode == 3, done.stdout + done.stderr
     name = _announced(done)
     line = _last_line(done)
@@ -137,12 +145,32 @@ def test_a_hang_past_the_stated_timeout_is_exit_3_and_the_bundle_resumes(tmp_pat
     assert resumed.returncode == 0 and "PASS: " in resumed.stdout, resumed.stdout + resumed.stderr
 
 
+def test_a_worker_deaf_to_sigterm_is_killed_after_the_grace_and_exits_3(tmp_path):
+    """The hang of the test above, but the adapter ignores SIGTERM first: only the SIGKILL that
+    follows the grace (SPECVAL_STOP_GRACE_S, 30 s unless set) ends the worker. The command exits 3
+    naming the timeout, the kill and the call, no sooner than timeout + grace, and the bundle stays
+    kept and unsealed."""
+    started = time.monotonic()
+    done = _hang_in_sample(tmp_path, "deaf", SPECVAL_STOP_GRACE_S=str(KILL_GRACE_S))
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3, done.stdout + done.stderr
+    name = _announced(done)
+    line = _last_line(done)
+    assert line.startswith(
+        f"error: run: the worker did not finish within {HANG_TIMEOUT_S} s (SPECVAL_TIMEOUT_S) and was killed "
+        f"(SIGKILL: still running {KILL_GRACE_S} s after SIGTERM, SPECVAL_STOP_GRACE_S)"
+    ), line
+    assert "(last adapter call: sample, running)" in line and line.endswith(f"resume with: specval run --resume {name}")
+    assert elapsed >= HANG_TIMEOUT_S + KILL_GRACE_S and not (tmp_path / name / bundles.SUMS_FILE).exists()
+
+
+@pytest.mark.parametrize("variable", ["SPECVAL_TIMEOUT_S", "SPECVAL_STOP_GRACE_S"])
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf"])
-def test_a_bad_timeout_is_an_input_error_naming_the_variable(tmp_path, value):
-    done = _run(tmp_path, "tests.fixtures.fake_sut:FakeSUT", SPECVAL_TIMEOUT_S=value)
+def test_a_bad_timeout_or_grace_is_an_input_error_naming_the_variable(tmp_path, variable, value):
+    done = _run(tmp_path, "tests.fixtures.fake_sut:FakeSUT", **{variable: value})
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line == f"error: SPECVAL_TIMEOUT_S={value!r} is invalid: expected a number of seconds > 0", line
+    assert line == f"error: {variable}={value!r} is invalid: expected a number of seconds > 0", line
 
 
 def test_an_atexit_os_exit_0_keeps_the_verdicts_code(tmp_path):
