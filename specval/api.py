@@ -13,9 +13,10 @@ behind `run` and `resume`, so the API and the command give the same bundles and 
 
 Guarantees (those of `specval run`, docs/harness.md section 1):
 - Refused before any seed is claimed, nothing written: a protocol that does not parse or is not
-  frozen as written (unless `exploratory`), overlapping seeds, an unwritable output root, a group
-  or capability the adapter lacks (one of `INPUT_ERRORS`: the CLI's exit 2); an adapter that
-  raises or breaks its contract in the probe (`SUTRaised`: exit 3).
+  frozen as written (unless `exploratory`), one over the Monte Carlo budget (specval.budget: a
+  criterion planning more null draws than MC_DRAW_BUDGET), overlapping seeds, an unwritable
+  output root, a group or capability the adapter lacks (one of `INPUT_ERRORS`: the CLI's exit 2);
+  an adapter that raises or breaks its contract in the probe (`SUTRaised`: exit 3).
 - Once the bundle exists: an exception of the adapter is `RunFailed` (the bundle is kept,
   unsealed, for `resume`), an interrupt `RunInterrupted`.
 - At any point, the operating system or the output root refusing the harness (disk full, file size
@@ -35,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specval import budget, lifecycle, signing
 from specval import bundle as bundles
-from specval import lifecycle, signing
 from specval import protocol as protocols
 from specval.bundle import BundleError
 from specval.distribution.decision import DETERMINISTIC_KINDS
@@ -376,6 +377,9 @@ def run_protocol_file(
     options = dict(resume=resume, seed_offset=seed_offset, sut_factory=sut_factory, **extra)
     if kind.name == PERFORMANCE_KIND:
         options = {}
+    parsed = None if source is None else source.load()
+    if parsed is not None:  # a new run: refused over the Monte Carlo budget before its runner reads the ledger
+        budget.check_profile(parsed, profile, protocol_file or source.path)
     if resume is not None and bundles.recorded_verdict(resume):  # finish what a fault left: never collect
         path, summary = resume, lifecycle.complete(resume, kind.recompute, kind.finish, command, announce)
     else:
@@ -387,7 +391,7 @@ def run_protocol_file(
             progress=progress,
             announce=announce,
             command=command,
-            parsed=None if source is None else source.load(),
+            parsed=parsed,
             **options,
         )
     if junit is not None:

@@ -19,13 +19,18 @@ from specval.cli.common import EXIT_FAIL, input_error, load
 @click.argument("protocol_files", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def validate(protocol_files) -> None:
     """Parse each protocol (all profiles) and print its canonical hash and frozen state; exit 1 if
-    any protocol changed since it was frozen, 2 if any does not parse."""
+    any protocol changed since it was frozen, 2 if any does not parse or is over the Monte Carlo
+    budget at a profile (specval.budget)."""
+    from specval import budget
+
     changed = []
     for path in protocol_files:
         try:
             protocol = load(path)
             for name, _ in protocol.profiles:
                 protocols.resolve(protocol, name)
+            for name in (None, *(name for name, _ in protocol.profiles)):
+                budget.check_profile(protocol, name, path)
             state = protocols.registration(protocol, path)
         except protocols.ProtocolError as err:
             input_error(err)
@@ -127,6 +132,7 @@ def plan(tv, num_samples, bins, alpha, power, protocol_file, profile, vocab_size
 
 def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
     """Print the plan of a sequence protocol and return True; False for a protocol of another kind."""
+    from specval import budget
     from specval.kinds import read_protocol_file
     from specval.sequence.looks import plan_lines
     from specval.sequence.plan import protocol_plan
@@ -142,6 +148,7 @@ def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
     )
     for line in plan_lines(protocol):
         click.echo(line)
+    click.echo(budget.planned_cost(protocol).line())
     for row in protocol_plan(protocol):
         mde = f">= {row.mde:.4g}" if row.mde is not None else ""
         click.echo(
@@ -152,6 +159,7 @@ def _print_sequence_plan(protocol_file: Path, profile: str | None) -> bool:
 
 
 def _print_protocol_plan(protocol, rows) -> None:
+    from specval import budget
     from specval.distribution import looks
 
     stages = "two-stage confirmation" if protocol.confirmation.is_two_stage else "one stage"
@@ -165,6 +173,7 @@ def _print_protocol_plan(protocol, rows) -> None:
         f"{protocol.name} ({protocol.profile or 'default'}): {protocol.samples_per_group} samples per group, "
         f"alpha {protocol.alpha:g}, power {protocol.power:g}, {stages}"
     )
+    click.echo(budget.planned_cost(protocol).line())
     for row in rows:
         levels = ", ".join(f"{level:.3g}" for level in row.levels)
         click.echo(

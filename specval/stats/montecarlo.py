@@ -119,6 +119,13 @@ def decision_level(level: float, rule: str = BESAG_CLIFFORD) -> float:
     return level - early_look(level)[0] if _check_rule(rule) == EARLY_REJECTION else level
 
 
+def max_draws(level: float, rule: str = BESAG_CLIFFORD) -> int:
+    """The most null statistics `sequential_pvalue` draws for a criterion tested at `level` under
+    `rule`: its cap num_draws(decision_level(level, rule)), drawn by a rejected or borderline
+    criterion (the early look comes within it). What a run's Monte Carlo budget counts."""
+    return num_draws(decision_level(level, rule))
+
+
 def rejected_early(result: McPValue) -> bool:
     """Whether `result` is an early rejection of the early rule (stopped with no exceedance)."""
     return result.stopped_early and result.exceedances == 0
