@@ -11,6 +11,13 @@
 `specval run` and `specval run --resume` are thin layers over `run_protocol_file`, the function
 behind `run` and `resume`, so the API and the command give the same bundles and verdicts.
 
+`run` and `resume` are supervised as `specval run` is: the adapter is imported, built and called in
+a worker process (specval.worker: a fresh Python for an adapter with an importable name, a forked
+child for one without), and the call returns only a bundle whose seal (SHA256SUMS, written by this
+call) covers its summary.json. An adapter that ends the worker (`os._exit` with any status, a
+signal, a crash) or hangs past SPECVAL_TIMEOUT_S raises `WorkerDied` (a `SUTRaised`: the CLI's
+exit 3) naming what happened and the kept bundle; never a Result, never a PASS.
+
 Guarantees (those of `specval run`, docs/harness.md section 1):
 - Refused before any seed is claimed, nothing written: a protocol that does not parse or is not
   frozen as written (unless `exploratory`), one over the Monte Carlo budget (specval.budget: a
@@ -19,30 +26,35 @@ Guarantees (those of `specval run`, docs/harness.md section 1):
   an adapter that raises or breaks its contract in the probe (`SUTRaised`: exit 3).
 - Once the bundle exists: an exception of the adapter is `RunFailed` (the bundle is kept,
   unsealed, for `resume`), an interrupt `RunInterrupted`.
+- At any point, a worker that ended without an answer the disk bears out: `WorkerDied`.
 - At any point, the operating system or the output root refusing the harness (disk full, file size
   limit, permissions, an unreadable seed ledger) is one of `ENVIRONMENT_ERRORS` (exit 5).
 - Otherwise the bundle is sealed and the `Result` holds the verdict of its summary.json, the same
   that `Result.from_bundle` reads back and `verify` recomputes.
-No signal handler is installed and nothing is printed unless `progress` is set (a library call).
+No signal handler is installed in the caller's process and nothing is printed unless `progress` is
+set (a library call); the worker prints what a run prints (the progress bar) on the caller's stdout
+and stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specval import budget, lifecycle, signing
+from specval import budget, lifecycle, signing, worker
 from specval import bundle as bundles
 from specval import protocol as protocols
 from specval.bundle import BundleError
 from specval.distribution.decision import DETERMINISTIC_KINDS
 from specval.distribution.effects import SIZES_KEY
-from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted
+from specval.execution import EnvironmentFailed, RunFailed, RunInterrupted, WorkerDied
 from specval.kinds import DISTRIBUTION_KIND, KINDS, Kind, ProtocolFile, bundle_kind, read_protocol_file
 from specval.performance.protocol import PERFORMANCE_KIND
 from specval.preflight import SUTRaised
@@ -289,32 +301,33 @@ def run(
     written under `output` (with the seed ledger), as `specval run PROTOCOL --profile P --output O`.
 
     `sut`: the adapter to test instead of the one the protocol names (see `sut_factory`); the
-    bundle's manifest records the adapter that ran (`SUT.describe()`). A performance protocol
-    times the bundled engine and takes no `sut` or `seed_offset` (ValueError).
+    bundle's manifest records the adapter that ran (`SUT.describe()`). A name, or a class or
+    function importable as `module:qualname`, runs in a fresh Python; any other callable (a lambda,
+    a closure, a class defined in a function) in a worker forked from this process, which cannot
+    use a CUDA context this process holds (specval.worker); without fork it is a TypeError. A
+    performance protocol times the bundled engine and takes no `sut` or `seed_offset` (ValueError).
     `junit`: also write JUnit XML there (checked writable before any seed is claimed).
-    `announce(bundle)`: called once the bundle exists, before any sample is drawn.
-    Raises as the module docstring says; returns only with a sealed bundle."""
+    `announce(bundle)`: called in this process once the bundle exists, before any sample is drawn.
+    Raises as the module docstring says; returns only with a bundle sealed by this call."""
     source = read_protocol_file(Path(protocol))
-    factory = sut_factory(sut)
     if source.kind.name == PERFORMANCE_KIND and (sut is not None or seed_offset is not None):
         raise ValueError(
             f"{protocol}: a performance protocol times the bundled engine; it takes no "
             f"{'sut' if sut is not None else 'seed_offset'}"
         )
+    budget.check_profile(source.load(), profile, protocol)  # here too: this refusal needs no worker
     command = [API_COMMAND, str(protocol), f"profile={profile}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
-    return run_protocol_file(
-        source,
-        Path(protocol),
-        profile,
-        Path(output),
+    request = worker.Request(
+        str(output),
+        tuple(command),
+        protocol=str(protocol),
+        profile=profile,
         exploratory=exploratory,
         seed_offset=seed_offset,
-        junit=junit,
+        junit=None if junit is None else str(junit),
         progress=progress,
-        announce=announce,
-        sut_factory=factory,
-        command=command,
     )
+    return _supervised(request, sut, announce)
 
 
 def resume(
@@ -326,27 +339,103 @@ def resume(
     announce: Callable[[Path], None] | None = None,
 ) -> Result:
     """Continue a killed, interrupted or failed run in its own bundle (`specval run --resume`),
-    with the protocol, profile, seed ranges and registration recorded in it. A bundle whose run
-    recorded its verdict before an environment fault is only completed (report, manifest, seal:
-    `lifecycle.complete`), without the system under test, and only if its verdict recomputes
-    from its raw samples unchanged."""
+    with the protocol, profile, seed ranges and registration recorded in it, in a worker process
+    as `run` does. A bundle whose run recorded its verdict before an environment fault is only
+    completed (report, manifest, seal: `lifecycle.complete`), without the system under test, and
+    only if its verdict recomputes from its raw samples unchanged."""
     path = Path(bundle)
     kind = bundle_kind(path)
     if not kind.resumable:
         raise BundleError(f"{path}: a {kind.name} bundle is not resumable; start a new run")
     command = [API_COMMAND, f"resume={path}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
+    junit_file = None if junit is None else str(junit)
+    request = worker.Request(str(path.parent), tuple(command), resume=str(path), junit=junit_file, progress=progress)
+    return _supervised(request, sut, announce)
+
+
+def _supervised(request: worker.Request, sut: SutArg, announce: Callable[[Path], None] | None) -> Result:
+    """The Result of `request`, run in a worker (specval.worker), or here when this process is
+    itself a supervised worker (its supervisor stands for the call)."""
+    if worker.supervised():
+        return _run_request(request, sut_factory(sut), announce)
+    name, factory = _worker_sut(sut)
+    request = dataclasses.replace(
+        request,
+        sut=name,
+        sut_object=name is not None and not isinstance(sut, str),
+        announce=announce is not None,
+        sys_path=tuple(sys.path),
+    )
+    forked = None
+    if factory is not None:
+
+        def forked(root: Path) -> None:  # in the forked child: the object itself, no import
+            worker.answer_call(root, request.announce, lambda told: _run_request(request, factory, told).bundle)
+
+    path, summary = worker.delegate(request, announce, forked)
+    return Result.from_summary(path, summary)
+
+
+def _worker_sut(sut: SutArg) -> tuple[str | None, SutFactory | None]:
+    """(the name the worker imports the adapter by, None), or (None, the factory a forked worker
+    calls) for an object without an importable name; (None, None): the protocol's own adapter.
+    A name is not loaded here (the worker's SUTError names it); TypeError for a bad object, or for
+    one without a name where this platform cannot fork."""
+    if sut is None or isinstance(sut, str):
+        return sut, None
+    factory = sut_factory(sut)
+    name = worker.importable_name(sut)
+    if name is None and not worker.CAN_FORK:
+        raise TypeError(f"sut: {sut!r} has no importable name (module:qualname) and this platform cannot fork")
+    return name, None if name is not None else factory
+
+
+def serve(directory: str) -> None:
+    """The fresh worker's side of `run` and `resume` (specval.worker.BOOT): run the request in the
+    channel directory and write the answer. Not part of the semver'd API."""
+    root = Path(directory)
+    request = worker.read_request(root)
+
+    def call(told: Callable[[Path], None]) -> Path:
+        named = worker.import_object(request.sut) if request.sut and request.sut_object else request.sut
+        return _run_request(request, sut_factory(named), told).bundle
+
+    worker.answer_call(root, request.announce, call)
+
+
+def _run_request(
+    request: worker.Request, factory: SutFactory | None, announce: Callable[[Path], None] | None
+) -> Result:
+    """`request` run in this process (`run_protocol_file`)."""
+    junit = request.junit
+    if request.resume is not None:
+        path = Path(request.resume)
+        return run_protocol_file(
+            None,
+            None,
+            None,
+            path.parent,
+            resume=path,
+            junit=junit,
+            progress=request.progress,
+            announce=announce,
+            sut_factory=factory,
+            command=list(request.command),
+            kind=bundle_kind(path),
+        )
+    protocol = Path(str(request.protocol))
     return run_protocol_file(
-        None,
-        None,
-        None,
-        path.parent,
-        resume=path,
+        read_protocol_file(protocol),
+        protocol,
+        request.profile,
+        Path(request.output),
+        exploratory=request.exploratory,
+        seed_offset=request.seed_offset,
         junit=junit,
-        progress=progress,
+        progress=request.progress,
         announce=announce,
-        sut_factory=sut_factory(sut),
-        command=command,
-        kind=kind,
+        sut_factory=factory,
+        command=list(request.command),
     )
 
 
@@ -367,7 +456,8 @@ def run_protocol_file(
     kind: Kind | None = None,
     **extra: Any,
 ) -> Result:
-    """The run behind `run`, `resume` and `specval run`: `source` is `protocol_file` as read once
+    """The run behind `run`, `resume` and `specval run`, in THIS process (the adapter shares it: the
+    supervised workers of the CLI and of `run` call it): `source` is `protocol_file` as read once
     (None with `resume`, whose bundle names its kind: `kind`); `extra` goes to the kind's runner
     (`shards` of a multi-rank run). Not itself part of the semver'd API."""
     if junit is not None:
@@ -484,6 +574,7 @@ __all__ = [
     "SUTRaised",
     "SeedOverlapError",
     "Verification",
+    "WorkerDied",
     "criteria_of",
     "pinned_hash",
     "resume",

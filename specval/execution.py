@@ -73,6 +73,20 @@ class EnvironmentFailed(Exception):
         self.path, self.cause = path, cause
 
 
+class WorkerDied(SUTRaised):
+    """The worker process of a Python API run (specval.worker) ended without an outcome that the
+    bundle on disk bears out: it exited (`os._exit`, `sys.exit` outside the adapter's calls), was
+    killed by a signal or crashed, or was stopped at the stated timeout. A SUTRaised, so it is what
+    the CLI's exit 3 is: `str(err)` is the one line naming what happened, `call` the adapter call it
+    was in or made last, `path` the bundle kept for `specval.resume` (None: none was announced) and
+    `status` the worker's exit status (negative: the signal that killed it)."""
+
+    def __init__(self, line: str, call: str, path: Path | None, status: int):
+        super().__init__(call, line)
+        self.args = (line,)
+        self.path, self.status = path, status
+
+
 class RunInterrupted(Exception):
     """SIGINT or SIGTERM arrived while the bundle `path` was open (None: before it existed)."""
 
@@ -170,6 +184,7 @@ __all__ = [
     "EnvironmentFailed",
     "RunFailed",
     "RunInterrupted",
+    "WorkerDied",
     "append_log",
     "describe_os_error",
     "guard_bundle",

@@ -13,11 +13,14 @@ with `pytest -p specval.pytest_plugin`. Two ways to use it (docs/harness.md sect
 Guarantees: the test fails unless the run's verdict is PASS, with a message naming the verdict,
 every gating criterion that did not PASS (reason and MDE) and the bundle's path (`Result.explain`);
 a refused protocol, an adapter that raises or an environment fault (disk full, an unreadable seed
-ledger) fails it with one line (no harness traceback). A relative protocol path is read from the
-test file's folder. The bundle path and verdict are recorded as the test's user properties (pytest's
-JUnit XML shows them). Bundles and their seed ledger go to `--specval-output` (ini `specval_output`;
-default: a folder of pytest's session temp dir); `--specval-profile P` overrides every profile (e.g.
-`ci` in CI).
+ledger) fails it with one line (no harness traceback). The adapter runs in a worker process
+(`specval.run`, specval.worker), never in pytest's: an adapter that ends it (`os._exit` with any
+status, a signal, a crash) or hangs past SPECVAL_TIMEOUT_S fails the test with one line naming
+what happened and the kept bundle, and the session goes on; only a bundle sealed by the run
+passes it. A relative protocol path is read from the test file's folder. The bundle path and
+verdict are recorded as the test's user properties (pytest's JUnit XML shows them). Bundles and
+their seed ledger go to `--specval-output` (ini `specval_output`; default: a folder of pytest's
+session temp dir); `--specval-profile P` overrides every profile (e.g. `ci` in CI).
 """
 
 from __future__ import annotations
@@ -141,7 +144,9 @@ def _attempt(path: Path, profile: str | None, output: Path, options: dict):
 
     try:
         return specval.run(path, profile=profile, output=output, **options), None
-    except (*specval.INPUT_ERRORS, specval.SUTRaised) as err:
+    except specval.WorkerDied as err:  # before SUTRaised, which it is: it may come after seeds were claimed
+        return None, f"specval: {err}"
+    except (*specval.INPUT_ERRORS, specval.SUTRaised, ValueError, TypeError) as err:  # a bad argument too
         return None, f"specval refused the run before any seed was claimed: {err}"  # err names the file
     except specval.RunFailed as err:
         return None, f"specval: {err}; traceback in {err.log}; bundle {err.path} kept (specval.resume)"

@@ -4,7 +4,8 @@ only) PASSes and verifies, and what needs torch is refused with one line naming 
 
 Each check runs in a fresh interpreter whose imports of torch and triton are blocked by a meta-path
 finder installed before specval is imported (BLOCKER): it raises ModuleNotFoundError as an absent
-package does, so the harness sees exactly what a light install shows it. The installed light
+package does, so the harness sees exactly what a light install shows it (the API run's worker
+process too, through a sitecustomize module). The installed light
 wheel itself is measured by hand (CHANGELOG.md, "Unreleased").
 """
 
@@ -120,6 +121,9 @@ print(json.dumps({{
 }}))
 """
     )
+    # specval.run's worker is a fresh Python: the same blocker reaches it as sitecustomize, which
+    # every interpreter with the example's folder on PYTHONPATH imports at start
+    (example / "sitecustomize.py").write_text(BLOCKER)
     done = _python(script, cwd=example, extra_path=example)
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
