@@ -2,8 +2,9 @@
 
 A protocol file's top-level `kind` selects its kind (none: a distribution protocol). Each kind
 names how its file is parsed (`parse`, from the YAML read once) and the module whose
-`verify(bundle)`, `finish(bundle)` and `_recompute_bundle(bundle)` handle its bundles and whose
-`run_function` runs it (imported on first use, so reading this table imports no run module). A
+`verify(bundle)`, `finish(bundle)` and `_recompute_bundle(bundle)` handle its bundles, whose
+`run_function` runs it, and the report module whose `render_files(bundle, signer)` renders them
+(imported on first use, so reading this table imports no run module). A
 bundle's kind is that of the protocol.json it recorded.
 
 Guarantee: an unknown or missing `kind` reads as the distribution kind, whose parser then
@@ -38,6 +39,7 @@ class Kind:
     module_name: str  # has verify(bundle), finish(bundle), _recompute_bundle(bundle) and `run_function`
     run_function: str  # the module's function that runs a protocol file of this kind
     resumable: bool = True  # `specval run --resume` continues its bundles
+    report_module: str = ""  # has render_files(bundle, signer=None); "": its runs make no report
 
     def module(self) -> ModuleType:
         return importlib.import_module(self.module_name)
@@ -52,6 +54,11 @@ class Kind:
         """Re-render the bundle's report and re-seal it."""
         self.module().finish(bundle)
 
+    def render(self, bundle: Path, signer: str | None = None) -> dict[str, bytes]:
+        """The bundle's report files, rendered from its files; `signer`: the key id of the
+        signature about to be written (`specval.report.signer`), None: the envelope's, if any."""
+        return importlib.import_module(self.report_module).render_files(bundle, signer=signer)
+
     def recompute(self, bundle: Path) -> dict:
         """The bundle's summary recomputed from its raw files alone (what verify compares with
         summary.json; a resume that completes a bundle checks the same)."""
@@ -59,11 +66,26 @@ class Kind:
 
 
 KINDS = {
-    DISTRIBUTION_KIND: Kind(DISTRIBUTION_KIND, parse_protocol, "specval.distribution.runner", "run"),
-    QUALITY_KIND: Kind(QUALITY_KIND, parse_quality_protocol, "specval.quality.runner", "run"),
-    SEQUENCE_KIND: Kind(SEQUENCE_KIND, parse_sequence_protocol, "specval.sequence.runner", "run"),
+    DISTRIBUTION_KIND: Kind(
+        DISTRIBUTION_KIND, parse_protocol, "specval.distribution.runner", "run", report_module="specval.report"
+    ),
+    QUALITY_KIND: Kind(
+        QUALITY_KIND, parse_quality_protocol, "specval.quality.runner", "run", report_module="specval.quality.report"
+    ),
+    SEQUENCE_KIND: Kind(
+        SEQUENCE_KIND,
+        parse_sequence_protocol,
+        "specval.sequence.runner",
+        "run",
+        report_module="specval.sequence.report",
+    ),
     PERFORMANCE_KIND: Kind(
-        PERFORMANCE_KIND, parse_performance_file, "specval.performance.bench", "bench", resumable=False
+        PERFORMANCE_KIND,
+        parse_performance_file,
+        "specval.performance.bench",
+        "bench",
+        resumable=False,
+        report_module="specval.performance.report",
     ),
     # a list of member protocols, each run into its own bundle; the CLI runs it (specval.suite)
     SUITE_KIND: Kind(SUITE_KIND, parse_suite, "specval.suite", "run", resumable=False),

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from specval import bundle as bundles
-from specval import channel, execution, seeds, signing
+from specval import channel, execution, lifecycle, seeds, signing
 from specval import protocol as protocols
 from specval.kinds import (
     DISTRIBUTION_KIND,
@@ -228,16 +228,27 @@ def public_key_of(key_file: Path | None):
 
 
 def sign_sealed(bundle: Path, signer) -> None:
-    """Sign the sealed BUNDLE with `signer` (None: nothing to do). One line if it cannot be: exit 5
-    when the operating system refused the write (disk full, permissions), 2 when the bundle is not
-    sealed and intact; either way it stays sealed and unsigned."""
+    """Sign the sealed BUNDLE with `signer` (None: nothing to do): its report re-rendered naming
+    the signer's key id (`specval.report.signer`), the bundle re-sealed, then the signature
+    written over every file, the report included. One line if it cannot be: exit 5 when the
+    operating system refused a write (disk full, permissions), 2 when the bundle is not sealed and
+    intact; either way it is unsigned, and `specval sign` (which re-renders the report) signs it."""
     if signer is None:
         return
     unsigned = f"the bundle {bundle} is sealed and unsigned; sign it with: specval sign {bundle} --key KEY"
     try:
+        _name_signer(bundle, signing.key_id(signer.public_key()))
         key = signing.sign_bundle(bundle, signer)
     except OSError as err:
         fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; {unsigned}")
     except bundles.SHAPE_ERRORS as err:  # SigningError and BundleError are ValueErrors
         input_error(f"{bundle}: cannot sign ({err}); {unsigned}")
     click.echo(f"signed: {bundle / signing.SIGNATURE_FILE} (key {key})")
+
+
+def _name_signer(bundle: Path, key: str) -> None:
+    """Re-render BUNDLE's report from its files naming the signer of key id `key` (a bundle made
+    before identities names none: its report re-renders as sealed), and re-seal it: the signature
+    written next covers a report that names its own key."""
+    bundles.write_files(bundle, bundle_kind(bundle).render(bundle, key))
+    lifecycle.seal(bundle)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specval.report import Section, summary_files
 from specval.report.markdown import fmt
+from specval.report.scope import profile_setting
 
 RATIO_HEADER = ["pairs", "median ratio b / a", "interval", "order statistics", "exact coverage", "threshold", "verdict"]
 PAIR_HEADER = ["pair", "order", "a", "b", "ratio b / a"]
@@ -112,6 +113,37 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
     ]
 
 
-def render_files(path: Path) -> dict[str, bytes]:
-    """report.md and report.html of the bench bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, _facts, _sections)
+NOT_COVERED = (
+    "a PASS does not cover: other workloads (concurrency, prompts, output lengths, sampling), other "
+    "models, dtypes, devices or machines, engine settings other than the two arms', the mean or the "
+    "tail of the timings (the median ratio is tested), absolute speed (the ratio is relative to arm "
+    "a), and whether either arm's output is right (distribution and sequence protocols test that)"
+)
+
+
+def arm_text(key: str, arm: dict) -> str:
+    """One arm as the scope names it: key, name, mode and the settings the arms table lists."""
+    settings = [arm["mode"]]
+    settings += [f"draft loops {arm['draft_loops']}"] if arm.get("draft_loops") is not None else []
+    settings += ["eager"] if arm.get("enforce_eager") else []
+    settings += [f"{arm['rounds_in_flight']} rounds in flight"] if arm.get("rounds_in_flight") is not None else []
+    return f"{key} = {arm['name']} ({', '.join(settings)})"
+
+
+def tested_text(summary: dict, protocol: dict) -> str:
+    """What a bench tested: the two arms, the adapter, model and device, the workload and the pairs."""
+    proto, arms = summary["protocol"], summary["arms"]
+    adapter = (profile_setting(protocol, proto["profile"], "sut") or {}).get("adapter")
+    return (
+        f"tested: arm {arm_text('b', arms['b'])} against arm {arm_text('a', arms['a'])} (sampling and "
+        f"counts in the Arms table), through adapter {adapter}, model {proto['model']} {proto['dtype']} "
+        f"on {proto['device']}, K = {proto['num_speculative_tokens']}; workload {proto['concurrency']} "
+        f"concurrent request(s) x {proto['max_tokens']} tokens over {proto['num_prompts']} prompt(s); "
+        f"{proto['pairs']} ABBA pairs after {proto['warmup_rounds']} warm-up round(s) per arm"
+    )
+
+
+def render_files(path: Path, signer: str | None = None) -> dict[str, bytes]:
+    """report.md and report.html of the bench bundle at `path`, from its files alone
+    (deterministic; `signer`: as `specval.report.render_files`)."""
+    return summary_files(path, _facts, _sections, NOT_COVERED, tested_text, signer)

@@ -7,6 +7,7 @@ from pathlib import Path
 from specval import bundle as bundles
 from specval.report import Section, summary_files
 from specval.report.markdown import fmt, group_cells, tests_by_role
+from specval.report.scope import group_text, profile_setting, sampling_text
 
 COMPARISON_HEADER = [
     "comparison",
@@ -84,9 +85,34 @@ def _sections(summary: dict, manifest: dict) -> list[Section]:
     ]
 
 
-def render_files(path: Path) -> dict[str, bytes]:
-    """report.md and report.html of the quality bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, _facts, _sections)
+NOT_COVERED = (
+    "a PASS does not cover: other tasks, prompt formats or sampling parameters, answers beyond the "
+    "token limit, an accuracy drop smaller than the margin (non-inferiority: a group up to the "
+    "margin worse still passes), changes of the output distribution that leave the metric unchanged "
+    "(distribution and sequence protocols test those), and other engine settings"
+)
+
+
+def tested_text(summary: dict, protocol: dict) -> str:
+    """What a quality run tested: task and metric, items and seeds, sampling, K, the token limit,
+    the groups and the baseline each is compared with."""
+    proto = summary["protocol"]
+    sampling = profile_setting(protocol, proto["profile"], "sampling") or {}
+    groups = ", ".join(group_text(name, g) for name, g in sorted(summary["groups"].items()))
+    return (
+        f"tested: task {proto['task']} ({proto['prompt_format']} prompt, metric {proto['metric']}), "
+        f"{proto['num_items']} items x {proto['seeds_per_item']} seeds = "
+        f"{proto['num_items'] * proto['seeds_per_item']} paired requests per group; sampling "
+        f"{sampling_text(sampling)}; K = {profile_setting(protocol, proto['profile'], 'num_speculative_tokens')}; "
+        f"at most {proto['max_tokens']} tokens per answer; groups {groups}, compared with the "
+        f"baseline {proto['baseline']} at non-inferiority margin {proto['margin']}"
+    )
+
+
+def render_files(path: Path, signer: str | None = None) -> dict[str, bytes]:
+    """report.md and report.html of the quality bundle at `path`, from its files alone
+    (deterministic; `signer`: as `specval.report.render_files`)."""
+    return summary_files(path, _facts, _sections, NOT_COVERED, tested_text, signer)
 
 
 def render(path: Path) -> None:

@@ -28,6 +28,7 @@ from specval.report.markdown import (
     verdict_text,
 )
 from specval.report.scope import distribution_scope, summary_scope
+from specval.report.signer import signer_lines
 from specval.seeds import SeedRange
 
 
@@ -93,27 +94,29 @@ def render_files(
     path: Path,
     pngs: dict[str, bytes] | None = None,
     render_figures: Callable[[Path, dict, pd.DataFrame], dict[str, bytes]] = figures,
+    signer: str | None = None,
 ) -> dict[str, bytes]:
     """report.md and report.html of the bundle at `path`, rendered from its files alone.
     Deterministic: the same bundle gives the same bytes (no clock, no PNG timestamp or software
     tag, sorted iteration), on any machine with the same matplotlib build. `pngs`: the bundle's
     `figures`, when the caller already rendered them (a run, from the samples it holds in memory);
-    else `render_figures` (`figures`, or a `FigurePool`'s) renders them."""
+    else `render_figures` (`figures`, or a `FigurePool`'s) renders them. `signer`: the key id of
+    the signature about to be written (`specval.report.signer`); None: the envelope's, if any."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
     if pngs is None:
         pngs = render_figures(path, summary, bundle_samples(path, manifest, summary))
     protocol = bundles.read_typed(path / bundles.PROTOCOL_JSON, dict) if has_identity(manifest) else None
-    scope = distribution_scope(summary, manifest, protocol)
+    scope = [*distribution_scope(summary, manifest, protocol), *signer_lines(path, manifest, signer)]
     return {
         "report.md": render_markdown(summary, manifest, pngs, scope).encode(),
         "report.html": render_html(summary, manifest, pngs, scope).encode(),
     }
 
 
-def render(path: Path, pngs: dict[str, bytes] | None = None) -> None:
-    """(Re-)write report.md and report.html of the bundle at `path` (`pngs`: as `render_files`)."""
-    bundles.write_files(path, render_files(path, pngs))
+def render(path: Path, pngs: dict[str, bytes] | None = None, signer: str | None = None) -> None:
+    """(Re-)write report.md and report.html of the bundle at `path` (`pngs`, `signer`: as `render_files`)."""
+    bundles.write_files(path, render_files(path, pngs, signer=signer))
 
 
 @dataclass(frozen=True)
@@ -126,25 +129,48 @@ class Section:
     notes: tuple[str, ...] = ()
 
 
+def _first_screen(
+    path: Path,
+    summary: dict,
+    manifest: dict,
+    not_covered: str | None,
+    tested: Callable[[dict, dict], str] | None,
+    signer: str | None,
+) -> list[str]:
+    """A summary report's lines above its protocol hash: the system under test's identity, the
+    scope (`scope.summary_scope`) and the signer; empty for a bundle made before identities."""
+    if not has_identity(manifest):
+        return []
+    protocol = bundles.read_typed(path / bundles.PROTOCOL_JSON, dict) if tested else None
+    return [
+        identity_text(manifest),
+        *summary_scope(summary, manifest, not_covered, tested(summary, protocol) if tested else None),
+        *signer_lines(path, manifest, signer),
+    ]
+
+
 def summary_files(
     path: Path,
     facts: Callable[[dict, dict], list[str]],
     sections: Callable[[dict, dict], list[Section]],
     not_covered: str | None = None,
+    tested: Callable[[dict, dict], str] | None = None,
+    signer: str | None = None,
 ) -> dict[str, bytes]:
-    """report.md and report.html of a bundle whose report is rendered from summary.json and
-    manifest.json alone (quality, sequence and performance bundles): "name: verdict", the reason,
-    a list of the system under test's identity (bundles that record it), the protocol's hash and
-    profile, `facts(summary, manifest)`, the run's provenance and wall time, then
-    `sections(summary, manifest)` and the sessions, the same content in both files. Deterministic,
-    as `render_files`. A bundle that records the system under test's identity lists it first, then
-    frozen or exploratory and `not_covered` (what the kind's PASS does not cover: `scope.summary_scope`)."""
+    """report.md and report.html of a bundle whose report is rendered from its summary.json and
+    manifest.json (and protocol.json, for `tested`) (quality, sequence and performance bundles):
+    "name: verdict", the reason, a list of the system under test's identity (bundles that record
+    it), the protocol's hash and profile, `facts(summary, manifest)`, the run's provenance and
+    wall time, then `sections(summary, manifest)` and the sessions, the same content in both
+    files. Deterministic, as `render_files`. A bundle that records the system under test's
+    identity lists it first, then its first screen's scope (`scope.summary_scope`: frozen or
+    exploratory, `tested(summary, protocol)`, what was tested, and `not_covered`, what the kind's
+    PASS does not cover) and its signer (`signer`: as `render_files`)."""
     summary = bundles.read_json(path / bundles.SUMMARY_FILE)
     manifest = bundles.read_json(path / bundles.MANIFEST_FILE)
-    proto, identity = summary["protocol"], identity_text(manifest)
+    proto = summary["protocol"]
+    first = _first_screen(path, summary, manifest, not_covered, tested, signer)
     listed = [
-        *([identity] if identity else []),
-        *summary_scope(summary, manifest, not_covered),
         f"protocol hash {proto['hash']} (profile: {proto['profile']})",
         *facts(summary, manifest),
         f"{provenance(manifest)}; wall {fmt(manifest.get('wall_s'), 3)} s",
@@ -152,7 +178,7 @@ def summary_files(
     parts = [*sections(summary, manifest), Section("Sessions", SESSION_HEADER, session_rows(manifest))]
     name, verdict, reason = proto["name"], summary["verdict"], summary["reason"]
     shown = verdict_text(summary)
-    lines = [f"# {name}: {shown}", "", reason, ""] + [f"- {fact}" for fact in listed]
+    lines = [f"# {name}: {shown}", "", reason, ""] + [f"- {fact}" for fact in [*first, *listed]]
     for part in parts:
         lines += ["", f"## {part.title}", "", md_table(part.header, part.rows, table_cell(manifest))]
         lines += [line for note in part.notes for line in ("", note)]
@@ -163,5 +189,5 @@ def summary_files(
     )
     return {
         "report.md": ("\n".join(lines) + "\n").encode(),
-        "report.html": page(name, verdict, reason, listed, body, shown).encode(),
+        "report.html": page(name, verdict, reason, listed, body, shown, first).encode(),
     }

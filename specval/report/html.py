@@ -37,15 +37,25 @@ def heading(name: str, verdict: str, shown: str) -> str:
     return f"<h1>{html.escape(name)}: <span class='{verdict}'>{html.escape(shown)}</span></h1>"
 
 
-def page(name: str, verdict: str, reason: str, facts: list[str], body: str, shown: str | None = None) -> str:
-    """A self-contained page: "name: verdict" (the verdict as `shown` when given), the reason, the
-    facts as a list, then `body` (HTML)."""
+def page(
+    name: str,
+    verdict: str,
+    reason: str,
+    facts: list[str],
+    body: str,
+    shown: str | None = None,
+    first: list[str] | None = None,
+) -> str:
+    """A self-contained page: "name: verdict" (the verdict as `shown` when given), the reason,
+    `first` (the system under test's identity in bold, then the scope and signer lines as a list,
+    as the distribution report shows them; none: nothing), the facts as a list, then `body` (HTML)."""
     title = html.escape(name)
     items = "".join(f"<li>{html.escape(fact)}</li>" for fact in facts)
+    lead = f"<p><b>{html.escape(first[0])}</b></p>{_scope(first[1:])}" if first else ""
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
         f"</head><body>{heading(name, verdict, shown or verdict)}"
-        f"<p>{html.escape(reason)}</p><ul>{items}</ul>{body}</body></html>\n"
+        f"<p>{html.escape(reason)}</p>{lead}<ul>{items}</ul>{body}</body></html>\n"
     )
 
 

@@ -25,7 +25,7 @@ def registration_text(summary: dict) -> str:
     return FROZEN_TEXT if state == "frozen" else f"registration: {state or 'not recorded'}"
 
 
-def _setting(protocol: dict, profile: Any, key: str) -> Any:
+def profile_setting(protocol: dict, profile: Any, key: str) -> Any:
     """`key` of the written protocol with its profile applied (protocol.json keeps the profiles apart)."""
     overrides = (protocol.get("profiles") or {}).get(profile) or {}
     return overrides.get(key, protocol.get(key))
@@ -36,16 +36,25 @@ def sampling_text(sampling: dict) -> str:
     return ", ".join(f"{name} {value}" for name, value in sorted(sampling.items())) or "defaults"
 
 
+OWN_DRAFT = "own"  # a sequence group's default draft: the engine's own
+
+
 def group_text(name: str, group: dict) -> str:
-    loops = f", draft loops {group['draft_loops']}" if group.get("draft_loops") is not None else ""
-    return f"{name} ({group['mode']}{loops})"
+    """A group of a summary as the tested line names it: its mode, and its draft loops, another
+    draft than the engine's own and the companions it shares batches with, where set."""
+    settings = [group["mode"]]
+    settings += [f"draft loops {group['draft_loops']}"] if group.get("draft_loops") is not None else []
+    settings += [f"draft {group['draft']}"] if group.get("draft", OWN_DRAFT) != OWN_DRAFT else []
+    companions = "; ".join(sampling_text(c) for c in group.get("companions") or [])
+    settings += [f"in batches with companions {companions}"] if companions else []
+    return f"{name} ({', '.join(settings)})"
 
 
 def tested_text(summary: dict, protocol: dict) -> str:
     """What a distribution run tested: prompt, sampling, K, positions, groups and their sizes, batches."""
     proto = summary["protocol"]
     groups = ", ".join(group_text(name, g) for name, g in sorted(summary["groups"].items()))
-    batch = _setting(protocol, proto.get("profile"), "batch_size")
+    batch = profile_setting(protocol, proto.get("profile"), "batch_size")
     return (
         f"tested: prompt {protocol.get('prompt')!r}; sampling {sampling_text(protocol.get('sampling') or {})}; "
         f"K = {protocol.get('num_speculative_tokens')}; token positions 1..{proto['positions']} of each "
@@ -71,9 +80,12 @@ def distribution_scope(summary: dict, manifest: dict, protocol: dict | None) -> 
     return [registration_text(summary), tested_text(summary, protocol), not_covered_text(summary)]
 
 
-def summary_scope(summary: dict, manifest: dict, not_covered: str | None = None) -> list[str]:
+def summary_scope(
+    summary: dict, manifest: dict, not_covered: str | None = None, tested: str | None = None
+) -> list[str]:
     """The scope lines of a summary report (sequence, quality, performance): frozen or exploratory
-    and, when the kind gives one, what its PASS does not cover (empty before identities)."""
+    and, when the kind gives them, what the run tested and what its PASS does not cover (empty
+    before identities)."""
     if not has_identity(manifest):
         return []
-    return [registration_text(summary), *([not_covered] if not_covered else [])]
+    return [registration_text(summary), *(line for line in (tested, not_covered) if line)]

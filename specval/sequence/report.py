@@ -7,6 +7,7 @@ from pathlib import Path
 from specval import bundle as bundles
 from specval.report import Section, summary_files
 from specval.report.markdown import fmt, tests_by_role
+from specval.report.scope import group_text, profile_setting, sampling_text
 
 CRITERION_HEADER = ["criterion", "role", "n", "statistic", "p", "Holm p", "MDE", "MDE scale", "verdict", "reason"]
 GROUP_HEADER = [
@@ -124,9 +125,31 @@ NOT_COVERED = (
 )
 
 
-def render_files(path: Path) -> dict[str, bytes]:
-    """report.md and report.html of the sequence bundle at `path`, from its files alone (deterministic)."""
-    return summary_files(path, _facts, _sections, NOT_COVERED)
+PROMPT_CHARS = 40  # a prompt longer than this is cut in the tested line (the protocol holds it whole)
+
+
+def _prompt(text: str) -> str:
+    return repr(text if len(text) <= PROMPT_CHARS else text[:PROMPT_CHARS] + "...")
+
+
+def tested_text(summary: dict, protocol: dict) -> str:
+    """What a sequence run tested: prompts, sampling, K, whole sequences, groups and their sizes."""
+    proto = summary["protocol"]
+    sampling = profile_setting(protocol, proto["profile"], "sampling") or {}
+    groups = ", ".join(group_text(name, g) for name, g in sorted(summary["groups"].items()))
+    sizes = sorted({g["sequences"] for g in summary["groups"].values()})
+    return (
+        f"tested: whole sequences of {proto['sequence_length']} tokens from {len(proto['prompts'])} prompt(s) "
+        f"({', '.join(_prompt(p) for p in proto['prompts'])}); sampling {sampling_text(sampling)}; K = "
+        f"{proto['num_speculative_tokens']}; groups {groups}; {' / '.join(map(str, sizes))} sequences per "
+        f"group, in batches of {proto['batch_size']}"
+    )
+
+
+def render_files(path: Path, signer: str | None = None) -> dict[str, bytes]:
+    """report.md and report.html of the sequence bundle at `path`, from its files alone
+    (deterministic; `signer`: as `specval.report.render_files`)."""
+    return summary_files(path, _facts, _sections, NOT_COVERED, tested_text, signer)
 
 
 def render(path: Path) -> None:

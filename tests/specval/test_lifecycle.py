@@ -147,7 +147,8 @@ def _unsigned_line(result, code: int, path: Path) -> None:
 
 def test_a_fault_writing_the_signature_exits_5_and_specval_sign_finishes(tmp_path, monkeypatch, keys):
     """`run --sign` (disk full) and `specval sign` (permission denied): exit 5, one line, the
-    sealed bundle intact; `specval sign` then signs it."""
+    sealed bundle intact but for its report, which names the signer whose signature is missing;
+    `specval sign` then signs it."""
     with monkeypatch.context() as patch:
         _fail_writing(patch, signing.SIGNATURE_FILE)
         result = _run(tmp_path, "--sign", keys)
@@ -157,7 +158,11 @@ def test_a_fault_writing_the_signature_exits_5_and_specval_sign_finishes(tmp_pat
     with monkeypatch.context() as patch:
         _fail_writing(patch, signing.SIGNATURE_FILE, errno.EACCES)
         _unsigned_line(_cli("sign", path, "--key", keys), errno.EACCES, path)
-    assert _cli("verify", path).exit_code == 0  # sealed, intact
+    unsigned = _cli("verify", path)  # sealed; only the report says more than the bundle holds
+    assert unsigned.exit_code == 1 and [line for line in unsigned.output.splitlines() if "DIFFERS" in line] == [
+        "DIFFERS report.html: differs from its re-rendering from the bundle",
+        "DIFFERS report.md: differs from its re-rendering from the bundle",
+    ], unsigned.output
     assert _cli("sign", path, "--key", keys).exit_code == 0
     assert _cli("verify", path, "--key", f"{keys}.pub").exit_code == 0
 

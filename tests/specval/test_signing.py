@@ -6,6 +6,7 @@ the fake SUT's fixed run, no statistic asserted."""
 from __future__ import annotations
 
 import base64
+import html
 import json
 import shutil
 import stat
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from specval import bundle as bundles
 from specval import signing
 from specval.cli import main
+from specval.report import signer
 from tests.fixtures.fake_protocol import fake_protocol_dict, write_protocol
 from tests.fixtures.small_bundles import SMALL
 
@@ -78,6 +80,18 @@ def test_a_signed_bundle_verifies_under_its_key_and_names_it(signed, keys):
     assert pinned.exit_code == 0 and f"signed by key {team} (the --key given)" in pinned.output, pinned.output
     embedded = signing.check_signature(signed)
     assert embedded.problems == () and embedded.line.startswith(f"signed by key {team} (the key embedded in the bundle")
+    for name in ("report.md", "report.html"):  # the first screen names the key, before the criteria
+        text = html.unescape((signed / name).read_text())
+        assert text.index(signer.signed_text(team)) < text.index("Criteria"), name
+
+
+def test_a_signature_swapped_for_another_keys_leaves_a_report_naming_the_first(copy, keys):
+    """Signed again without re-rendering (the bare library call): the signature holds, but the
+    report still names the team's key, and verify's re-rendering from the new envelope differs."""
+    signing.sign_bundle(copy, signing.load_private_key(keys["forger"]))
+    assert signing.check_signature(copy).problems == ()
+    result = _cli("verify", copy)
+    assert result.exit_code == 1 and "DIFFERS report.md: differs from its re-rendering" in result.output
 
 
 def test_the_envelope_is_dsse_over_an_in_toto_statement_of_every_file(signed, keys):
@@ -155,20 +169,40 @@ def test_a_tampered_signature_does_not_verify(copy, keys):
 
 def test_an_unsigned_bundle_says_so_and_fails_under_a_key(copy, keys):
     (copy / signing.SIGNATURE_FILE).unlink()
+    removed = _cli("verify", copy)  # the report still names the signer: its re-rendering says unsigned
+    assert removed.exit_code == 1 and "DIFFERS report.md: differs from its re-rendering" in removed.output
+    assert _cli("report", copy).exit_code == 0  # re-rendered as unsigned, re-sealed
     plain = _cli("verify", copy)
     assert plain.exit_code == 0 and "unsigned: internal consistency only" in plain.output
+    assert signer.UNSIGNED_TEXT in (copy / "report.md").read_text()
     team = signing.load_public_key(keys["team.pub"])
     assert signing.check_signature(copy, team).problems == (
         "signature.dsse.json is missing: --key needs a signed bundle",
     )
-    signing.sign_bundle(copy, signing.load_private_key(keys["team"]))  # a sealed bundle is signed afterwards
+    assert _cli("sign", copy, "--key", keys["team"]).exit_code == 0  # a sealed bundle is signed afterwards
     assert signing.check_signature(copy, team).problems == ()
+    assert _cli("verify", copy, "--key", keys["team.pub"]).exit_code == 0
+    assert signer.signed_text(_key_id(keys, "team")) in (copy / "report.md").read_text()
 
 
 def test_sign_refuses_a_bundle_that_does_not_verify(copy, keys):
-    (copy / "report.md").write_text("# edited\n")
+    manifest = bundles.read_json(copy / bundles.MANIFEST_FILE)
+    bundles.write_json(copy / bundles.MANIFEST_FILE, {**manifest, "command": ["edited"]})
     result = _cli("sign", copy, "--key", keys["team"])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "refusing to sign" in result.output
+    assert "manifest.json: sha256 differs" in result.output
+
+
+def test_sign_re_renders_an_edited_report_from_the_bundle(copy, keys):
+    """The report is the one file `specval sign` rewrites (as `specval report` does): an edit to
+    it is replaced by the rendering from the bundle's other files, naming the new signer."""
+    rendered = (copy / "report.md").read_bytes()
+    (copy / "report.md").write_text("# edited\n")
+    assert _cli("sign", copy, "--key", keys["forger"]).exit_code == 0
+    forger = _key_id(keys, "forger")
+    expected = rendered.replace(_key_id(keys, "team").encode(), forger.encode())
+    assert (copy / "report.md").read_bytes() == expected
+    assert signing.check_signature(copy).problems == () and _cli("verify", copy).exit_code == 0
 
 
 def test_a_bad_key_is_refused_before_anything_is_claimed(tmp_path, keys):
@@ -214,6 +248,7 @@ def test_running_and_verifying_unsigned_bundles_never_imports_cryptography(copy)
     import sys
 
     (copy / signing.SIGNATURE_FILE).unlink()
+    assert _cli("report", copy).exit_code == 0  # the report re-rendered as unsigned
     code = (
         "import sys; from click.testing import CliRunner; "
         "import specval.cli, specval.api, specval.sequence.runner, specval.distribution.runner; "

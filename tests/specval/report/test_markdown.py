@@ -106,7 +106,8 @@ UNESCAPED_PIPE = re.compile(r"(?<!\\)\|")
 def _sequence_report(tmp_path: Path, manifest_extra: dict) -> str:
     from specval.sequence.report import render_files
 
-    (tmp_path / "summary.json").write_bytes((SEQUENCE_KEPT / "summary.json").read_bytes())
+    for name in ("summary.json", "protocol.json"):
+        (tmp_path / name).write_bytes((SEQUENCE_KEPT / name).read_bytes())
     manifest = json.loads((SEQUENCE_KEPT / "manifest.json").read_text())
     (tmp_path / "manifest.json").write_text(json.dumps({**manifest, **manifest_extra}))
     return render_files(tmp_path)["report.md"].decode()
