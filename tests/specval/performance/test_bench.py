@@ -23,36 +23,11 @@ from specval.protocol import ProtocolError, registration
 from specval.stats.median import MedianInterval, median_interval
 from tests.fixtures.forge import reseal
 from tests.fixtures.perf_protocols import invoke as _bench
-from tests.fixtures.perf_protocols import write
+from tests.fixtures.perf_protocols import protocol_dict, write
 
 REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "protocols" / "performance"
 REGISTRATION = {"state": "frozen", "exploratory": False}
-
-
-def protocol_dict(**changes) -> dict:
-    raw = {
-        "kind": "performance",
-        "name": "perf_tiny",
-        "device": "cpu",
-        "sut": {"adapter": "engine", "model": "looped", "dtype": "float32"},
-        "prompts": ["Return a new list."],
-        "concurrency": 1,
-        "max_tokens": 2,
-        "sampling": {"temperature": 1.0, "top_k": 20},
-        "num_speculative_tokens": 3,
-        "a": {"name": "sync", "mode": "sync"},
-        "b": {"name": "async", "mode": "async"},
-        "statistic": "throughput",
-        "hypothesis": "noninferiority",
-        "margin": 0.05,
-        "confidence": 0.95,
-        "pairs": 6,
-        "warmup_rounds": 1,
-        "profiles": {"ci": {"pairs": 7}},
-    }
-    raw.update(changes)
-    return raw
 
 
 # ---------------------------------------------------------------- protocol

@@ -20,37 +20,14 @@ import yaml
 from click.testing import CliRunner
 
 from specval import bundle as bundles
-from specval.adapters.engine import Completion
 from specval.cli import main
 from specval.protocol import ProtocolError, freeze
 from specval.quality import runner as quality
 from specval.quality.protocol import load_quality_protocol
 from specval.stats.mcnemar import newcombe_paired_ci
-from specval.tasks.arith import evaluate
+from tests.fixtures.quality_sut import ScriptedSUT, protocol_dict
 
-BASE_ACCURACY = 0.5
 PROTOCOLS = Path(__file__).resolve().parents[3] / "protocols"
-QUESTION = re.compile(r"What is ([0-9 +-]+)\?\nA:$")
-
-
-def protocol_dict(num_items: int, regression: float = 0.0, margin: float = 0.1) -> dict:
-    return {
-        "kind": "quality",
-        "name": "quality_fake",
-        "sut": {"adapter": "engine", "options": {"regression": regression}},
-        "task": {"name": "arith", "metric": "exact", "options": {"seed": 0}},
-        "sampling": {"temperature": 0.7, "top_p": 0.95},
-        "num_speculative_tokens": 2,
-        "max_tokens": 4,
-        "groups": [{"name": "nospec", "mode": "nospec"}, {"name": "sync", "mode": "sync", "draft_loops": 1}],
-        "baseline": "nospec",
-        "num_items": num_items,
-        "seeds_per_item": 2,
-        "margin": margin,
-        "alpha": 0.05,
-        "batch_size": 50,
-        "profiles": {"smoke": {"num_items": 3, "seeds_per_item": 1}},
-    }
 
 
 def write(tmp_path, raw: dict, name: str = "quality_fake.yaml"):
@@ -59,34 +36,6 @@ def write(tmp_path, raw: dict, name: str = "quality_fake.yaml"):
     path.write_text(yaml.safe_dump(raw))
     freeze(path, load_quality_protocol)
     return path
-
-
-class ScriptedSUT:
-    """Answers right or wrong as a function of (seed, group); `regression` from sut.options."""
-
-    def __init__(self, spec, num_speculative_tokens):
-        self.regression = dict(spec.options).get("regression", 0.0)
-
-    def check_groups(self, groups):
-        pass
-
-    def render_chat(self, messages):
-        raise AssertionError("plain prompts only")
-
-    def complete(self, group, prompts, sampling, seeds, max_tokens, progress=None):
-        out = []
-        for prompt, seed in zip(prompts, seeds):
-            answer = evaluate(QUESTION.search(prompt).group(1))
-            draws = np.random.default_rng([int(seed), 7]).random(2)
-            right = draws[0] < BASE_ACCURACY and not (group.is_speculative and draws[1] < self.regression)
-            out.append(Completion(f" {answer if right else answer + 1}\n\n", 3, 2, 1, "length"))
-        return out
-
-    def describe(self):
-        return {"adapter": "ScriptedSUT"}
-
-    def close(self):
-        pass
 
 
 def run(tmp_path, raw, profile=None):
