@@ -10,7 +10,9 @@ A SUT adapter is one small class implementing `SUT`. The harness imports an engi
 
 Token sources are reported with the codes of `SOURCES`: "plain" (no speculation), "accepted"
 (an accepted draft token), "correction" (drawn from max(p - q, 0) after a rejection), "bonus"
-(drawn from p after every draft was accepted).
+(drawn from p after every draft was accepted). An adapter may also report the drafted token each
+accepted or correction token stands at (`SampleBatch.drafts`, the rejected draft at a correction),
+which a sequence protocol's `drafts` test reads.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from specval.protocol import GroupSpec, SamplingSpec, SutSpec
 from specval.semantics import DEFAULT_SEMANTICS, FilterSemantics
 
 SOURCES = ("plain", "accepted", "correction", "bonus")
+NO_DRAFT = -1  # SampleBatch.drafts at a token that stands at no draft (a bonus or plain token)
 ENTRY_POINT_GROUP = "specval.sut"
 DEFAULT_ADAPTER = "engine"
 # Adapters shipped with specval, by entry point name -> "module:Class" (pyproject.toml registers the same
@@ -144,6 +147,10 @@ class SampleBatch:
     num_rounds: np.ndarray  # int64[N] speculative rounds (0 for nospec)
     num_draft_tokens: np.ndarray  # int64[N] draft tokens proposed
     num_accepted_tokens: np.ndarray  # int64[N] draft tokens accepted
+    # optional int64[N, n]: the drafted token x_j that each "accepted" token (equal to it) and each
+    # "correction" token (the rejected draft) stands at; NO_DRAFT at a bonus or plain token. None:
+    # the adapter does not report drafts (a sequence protocol's `drafts` test needs them)
+    drafts: np.ndarray | None = None
 
     def validate(self, num_seeds: int, num_tokens: int) -> None:
         if self.tokens.shape != (num_seeds, num_tokens) or self.sources.shape != (num_seeds, num_tokens):

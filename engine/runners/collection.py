@@ -82,6 +82,9 @@ class CollectedBatch:
     round_position: np.ndarray | None = None  # int64[B, T] j in 1..K+1 within its round
     slots: np.ndarray | None = None  # int64[B] row of each request in the device batch
     batch_index: int = 0  # which batch of this collector (0-based)
+    # int64[B, T] the draft x_j that round position j tested, at every "accepted" token (equal to
+    # it) and "correction" token (the rejected draft); PLACEHOLDER_TOKEN at a bonus or plain token
+    drafts: np.ndarray | None = None
 
     def source_names(self) -> np.ndarray:
         """object[B, T] the sources as engine.request.SOURCES strings."""
@@ -102,6 +105,7 @@ class BatchState:
     sources: torch.Tensor  # int64[B, same]
     round_index: torch.Tensor  # int64[B, same] round that emitted each token (0-based)
     round_position: torch.Tensor  # int64[B, same] its position j (1-based) in that round
+    drafts: torch.Tensor  # int64[B, same] the draft each token's position tested (CollectedBatch.drafts)
     counts: torch.Tensor  # int64[3, B] rounds, drafts, accepted
     rows: SamplingRows  # per-row params and seeds (num_committed is set per round)
     plan: RoundPlan | None  # speculative modes: K drafts per row, cut back per round
@@ -282,6 +286,7 @@ class BatchCollector:
             zeros(size, width),
             zeros(size, width),
             zeros(size, width),
+            zeros(size, width),
             zeros(3, size),
             rows,
             plan,
@@ -303,6 +308,7 @@ class BatchCollector:
         state.sources.zero_()
         state.round_index.zero_()
         state.round_position.zero_()
+        state.drafts.fill_(PLACEHOLDER_TOKEN)
         state.counts.zero_()
         padded = per_row + [per_row[0]] * (size - count)
         rows = state.rows
@@ -347,12 +353,12 @@ class BatchCollector:
         rows = replace(state.rows, num_committed=state.starts + 1)
         if self.is_plain:
             tokens, accepted, error = self._plain_round(frame, rows)
-            emitted = (~error).to(torch.int64)
+            emitted, drafted = (~error).to(torch.int64), None
         else:
-            result = self.runner.round(frame, replace(state.plan, draft_limit=limit), rows)
+            result, drafted = self.runner.round_with_drafts(frame, replace(state.plan, draft_limit=limit), rows)
             tokens, accepted, error = result.tokens, result.num_accepted, result.error != 0
             emitted = result.num_emitted
-        self._record(state, live, tokens, accepted, emitted, limit)
+        self._record(state, live, tokens, accepted, emitted, limit, drafted)
         last = tokens.gather(1, (emitted - 1).clamp(min=0)[:, None])[:, 0]
         moves = live & (emitted > 0)
         state.inputs.copy_(torch.where(moves, last, state.inputs))
@@ -361,8 +367,10 @@ class BatchCollector:
         state.error.logical_or_(live & error)
         state.done.logical_or_(state.error | (state.generated >= state.stop_after))
 
-    def _record(self, state: BatchState, live, tokens, accepted, emitted, limit) -> None:
-        """Write each live row's emitted tokens and sources at its next columns; count the round."""
+    def _record(self, state: BatchState, live, tokens, accepted, emitted, limit, drafted) -> None:
+        """Write each live row's emitted tokens, sources and drafts at its next columns (`drafted`:
+        the round's drafts int64[B, K], None for nospec, whose rows keep PLACEHOLDER_TOKEN); count
+        the round."""
         columns = torch.arange(tokens.shape[1], device=self.device)[None, :]
         writes = live[:, None] & (columns < emitted[:, None])
         dump = state.tokens.shape[1] - 1
@@ -376,6 +384,8 @@ class BatchCollector:
         state.sources.scatter_(1, index, source)
         state.round_index.scatter_(1, index, state.counts[0][:, None].expand_as(index))
         state.round_position.scatter_(1, index, (columns + 1).expand_as(index))
+        if drafted is not None:
+            state.drafts.scatter_(1, index, _tested_drafts(drafted, limit, tokens.shape[1]))
         drafts = 0 if self.is_plain else limit
         state.counts.add_(torch.stack([live.to(torch.int64), live * drafts, live * accepted]))
 
@@ -401,13 +411,14 @@ class BatchCollector:
     def _read(self, state: BatchState, count: int) -> CollectedBatch:
         """The batch's one host read (copies: the state is reused by the next batch)."""
         width = state.stop_after
-        tokens, sources, rounds, positions, counts, error = (
+        tokens, sources, rounds, positions, drafts, counts, error = (
             t.cpu().numpy().copy()
             for t in (
                 state.tokens[:count, :width],
                 state.sources[:count, :width],
                 state.round_index[:count, :width],
                 state.round_position[:count, :width],
+                state.drafts[:count, :width],
                 state.counts[:, :count],
                 state.error[:count],
             )
@@ -424,4 +435,14 @@ class BatchCollector:
             round_position=positions,
             slots=np.arange(count, dtype=np.int64),
             batch_index=self._num_batches - 1,
+            drafts=drafts,
         )
+
+
+def _tested_drafts(drafted: torch.Tensor, limit: torch.Tensor, width: int) -> torch.Tensor:
+    """int64[B, width]: column c holds the draft x_{c+1} when round position c + 1 tested one (c <
+    the row's draft limit K_r: an accepted token or the correction after a rejection there), else
+    PLACEHOLDER_TOKEN (the bonus after K_r accepts). `drafted` int64[B, K], `width` = K + 1."""
+    columns = torch.arange(width, device=drafted.device)[None, :]
+    padded = torch.cat([drafted, drafted.new_full((drafted.shape[0], width - drafted.shape[1]), PLACEHOLDER_TOKEN)], 1)
+    return torch.where(columns < limit[:, None], padded, PLACEHOLDER_TOKEN)

@@ -126,10 +126,18 @@ class SpeculativeRunner(ModelRunner):
 
     def round(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows) -> AcceptResult:
         """draft -> verify -> accept, all on the device; `rows.num_committed` keys the uniforms."""
+        return self.round_with_drafts(frame, plan, rows)[0]
+
+    def round_with_drafts(
+        self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows
+    ) -> tuple[AcceptResult, torch.Tensor]:
+        """`round`, and the drafts the accept step was given: int64[R, max(K, 1)], x_j at column
+        j - 1 (the tokens `draft` sampled; columns at or past a request's K_r, or past its
+        `plan.draft_limit`, were not tested and are not part of the round)."""
         uniforms = self.uniforms(rows, 2 * self.num_speculative_tokens + 1)
         drafts = self.draft(frame, plan, rows, uniforms)
         target_probs = self.verify(frame, plan, rows, drafts)
-        return self.accept(plan, rows, drafts, target_probs, uniforms)
+        return self.accept(plan, rows, drafts, target_probs, uniforms), drafts.tokens
 
     def draft(self, frame: RoundFrame, plan: RoundPlan, rows: SamplingRows, uniforms: torch.Tensor) -> Drafts:
         num_rows, count = sum(plan.num_drafts), plan.num_requests

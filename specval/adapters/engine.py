@@ -200,7 +200,9 @@ class EngineSUT(SUT):
         """`sample` (or `sample_mixed`: one sampling per row) through the engine's batched collection
         (`collection: batched`): columns come back as arrays, no per-request objects. Batches are
         padded to the largest batch seen so far, so the last, shorter batch of a chunk replays the
-        same captured round (on CUDA to the planned batch size from the first: `plan_batches`)."""
+        same captured round (on CUDA to the planned batch size from the first: `plan_batches`).
+        Only this path reports `SampleBatch.drafts` (the rounds' drafted tokens); `LLM.generate`
+        (`collection: engine`) returns none."""
         from engine.runners.collection import BatchCollector
 
         key = (group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
@@ -227,6 +229,7 @@ class EngineSUT(SUT):
             num_rounds=out.num_rounds,
             num_draft_tokens=out.num_draft_tokens,
             num_accepted_tokens=out.num_accepted_tokens,
+            drafts=None if out.drafts is None else out.drafts[:, :num_tokens],
         )
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:

@@ -15,6 +15,7 @@ from engine import LLM, EngineConfig, ModelConfig, SamplingParams
 from engine.api import Engine
 from engine.runners import collection
 from engine.runners.collection import BatchCollector
+from engine.sampling import PLACEHOLDER_TOKEN
 
 MODEL = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, num_layers=1, num_loops=3, intermediate_size=64, seed=3)
 PROMPT = [5, 9, 17, 2, 33, 40, 1, 8, 12, 60, 7, 3, 22, 19, 11, 4, 50]  # 17 tokens: two KV blocks
@@ -153,13 +154,35 @@ def test_stopping_after_n_tokens_gives_the_full_runs_first_n_and_the_rounds_that
     n, k = 2, 0 if name == "nospec" else collector.k
     assert n + k <= MAX_TOKENS  # the headroom counts_through relies on
     stopped = collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=n)
-    for column in ("tokens", "sources", "round_index", "round_position"):
+    for column in ("tokens", "sources", "round_index", "round_position", "drafts"):
         np.testing.assert_array_equal(getattr(stopped, column), getattr(full, column)[:, :n])
     counts = np.stack([stopped.num_rounds, stopped.num_draft_tokens, stopped.num_accepted_tokens], axis=1)
     np.testing.assert_array_equal(counts, counts_through(full, n, k))
     assert stopped.num_rounds.sum() < full.num_rounds.sum()  # rows stopped sooner
     with pytest.raises(ValueError, match="stop_after=6"):
         collector.collect(PROMPT, params, seeds, MAX_TOKENS, stop_after=MAX_TOKENS + 1)
+
+
+@pytest.mark.parametrize("name", ["nospec", "sync_d1", "async_d1"])
+def test_the_drafts_stand_at_accepted_and_corrected_tokens_only(name):
+    """`CollectedBatch.drafts`: the token itself where a draft was accepted; where it was rejected,
+    the rejected draft, a token id that is never the correction drawn after it (a draft x is
+    rejected only where p(x) < q(x), where max(p - q, 0) has no mass); PLACEHOLDER_TOKEN at a bonus
+    or plain token, the last rounds' cut-back bonus included. A row's drafts do not depend on its
+    batch: split batches with padding rows give the same ones."""
+    collector = BatchCollector(make_llm(name).engine)
+    params = SamplingParams(**RANDOM, max_tokens=12, ignore_eos=True)
+    seeds = list(range(40))
+    out = collector.collect(PROMPT, params, seeds, 12)
+    names, drafts = out.source_names(), out.drafts
+    accepted, correction = names == "accepted", names == "correction"
+    np.testing.assert_array_equal(drafts[accepted], out.tokens[accepted])
+    assert (drafts[correction] >= 0).all() and (drafts[correction] < MODEL.vocab_size).all()
+    assert (drafts[correction] != out.tokens[correction]).all()
+    assert (drafts[~(accepted | correction)] == PLACEHOLDER_TOKEN).all()
+    assert correction.sum() > 20 or name == "nospec"  # rejected drafts are reported
+    parts = [collector.collect(PROMPT, params, half, 12, batch_size=len(seeds) + 3) for half in (seeds[:9], seeds[9:])]
+    np.testing.assert_array_equal(np.concatenate([part.drafts for part in parts]), drafts)
 
 
 def test_a_batch_reuses_the_device_block_ids_only_when_they_are_the_same():

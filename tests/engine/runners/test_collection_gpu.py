@@ -29,7 +29,8 @@ MODES = [
 
 
 def columns(out):
-    return out.tokens, out.sources, np.stack([out.num_rounds, out.num_draft_tokens, out.num_accepted_tokens])
+    counts = np.stack([out.num_rounds, out.num_draft_tokens, out.num_accepted_tokens])
+    return out.tokens, out.sources, counts, out.drafts
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m['mode']}-{m.get('draft_loops', 0)}")
@@ -56,6 +57,8 @@ def test_captured_collection_equals_eager_and_generate(mode):
     np.testing.assert_array_equal(graphs[0], eager[0])
     np.testing.assert_array_equal(graphs[0], np.concatenate([halves[0][0], halves[1][0]]))
     np.testing.assert_array_equal(graphs[2], eager[2])
+    np.testing.assert_array_equal(graphs[3], eager[3])  # the drafts, written inside the captured round
+    np.testing.assert_array_equal(graphs[3], np.concatenate([halves[0][3], halves[1][3]]))
     np.testing.assert_array_equal(graphs[0], engine_tokens)
     np.testing.assert_array_equal(graphs[2], engine_counts)
 
@@ -78,6 +81,7 @@ def test_llama_rounds_are_captured_and_equal_eager(mode):
     eager = columns(BatchCollector(llm.engine, capture=False).collect(prompt, params, SEEDS, MAX_TOKENS))
     np.testing.assert_array_equal(graphs[0], eager[0])
     np.testing.assert_array_equal(graphs[2], eager[2])
+    np.testing.assert_array_equal(graphs[3], eager[3])
 
 
 def test_planned_batches_run_the_probe_as_the_planned_rows_with_its_tokens():
