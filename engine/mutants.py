@@ -225,6 +225,16 @@ def _draft_filtered_ratio_raw(logits, rows, backend):
     return probabilities(logits, rows, backend), _temperature_only(logits, rows, backend)
 
 
+def _untempered(logits, rows, backend):
+    """q of the raw draft logits: softmax at temperature 1, no top-k / top-p (greedy rows keep theirs)."""
+    raw = torch.softmax(logits.float(), dim=1)
+    return torch.where(rows.is_greedy.unsqueeze(1), probabilities(logits, rows, backend), raw)
+
+
+def _draft_raw_ratio_filtered(logits, rows, backend):
+    return _untempered(logits, rows, backend), probabilities(logits, rows, backend)
+
+
 def _temperature_twice(logits, rows, backend):
     safe = torch.where(rows.is_greedy, 1.0, rows.temperature)
     return probabilities(logits / safe.unsqueeze(1).to(logits.dtype), rows, backend)
@@ -405,6 +415,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "ratio and the residual use the unfiltered q",
         "t1",
         ops=_with(draft_probabilities=_draft_filtered_ratio_raw),
+    ),
+    Mutant(
+        "draft_raw_ratio_filtered",
+        "drafts are sampled from the raw draft logits (softmax at temperature 1, no top-k/top-p) "
+        "while the accept ratio and the residual use the processed q: the engine accepts against a "
+        "q it did not sample from (dishonest proposals, as transformers #47932 and DeepSpec #31 "
+        "shipped)",
+        "t1 when T != 1 or top-k/top-p truncates; every drafted token (pit_draft)",
+        ops=_with(draft_probabilities=_draft_raw_ratio_filtered),
     ),
     Mutant(
         "target_unfiltered",

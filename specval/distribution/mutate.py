@@ -120,12 +120,14 @@ def t1_law(
     hot = np.eye(q.size)[int(np.argmax(q))]
     with np.errstate(divide="ignore", invalid="ignore"):
         inverted = np.where(p > 0, np.minimum(1.0, q / p), 1.0)
+        kept_if_q_zero = np.where(q > 0, np.minimum(1.0, p / q), (p > 0).astype(np.float64))  # u q < p at q = 0
     laws = {
         "residual_from_p": lambda: _spec_law(p, q, q, residual=p),
         "residual_unnormalised": lambda: _spec_law(p, q, q, unnormalised=True),
         "residual_abs": lambda: _spec_law(p, q, q, residual=np.abs(p - q)),
         "ratio_inverted": lambda: _spec_law(p, q, q, accept=inverted),
         "draft_filtered_ratio_raw": lambda: _spec_law(p, q, q_raw),
+        "draft_raw_ratio_filtered": lambda: _spec_law(p, _softmax(draft_logits), q, accept=kept_if_q_zero),
         "target_unfiltered": lambda: _spec_law(p_raw, q, q),
         "argmax_draft": lambda: _spec_law(p, hot, q),
         "temperature_twice": lambda: transform(target_logits / t, sampling, semantics),

@@ -357,3 +357,22 @@ def test_sequence_mutants_act_the_same_through_the_async_engine(name):
     ]
     outputs = _llm("async", name).generate([SEQ_PROMPT] * len(params), params)
     np.testing.assert_array_equal(np.array([o.token_ids for o in outputs]), _collect(mutant=name, seeds=seeds).tokens)
+
+
+@pytest.mark.parametrize("mutant", [None, "draft_raw_ratio_filtered"])
+def test_raw_drafts_fall_outside_the_processed_q_the_accept_uses(mutant):
+    """Deterministic. The collected drafts replayed against the draft's processed q (temperature 0.8,
+    top-k 20, top-p 0.9 of the draft logits along the committed prefix): the correct engine's every
+    draft lies in its support; under `draft_raw_ratio_filtered` (drawn from the raw softmax) drafts
+    outside it occur, though each of them was tested against that q."""
+    sampling = SamplingSpec(temperature=0.8, top_k=20, top_p=0.9)
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=SEQ_TOKENS, ignore_eos=True)
+    llm = _llm("sync", mutant)
+    batch = BatchCollector(llm.engine).collect(SEQ_PROMPT, params, SEQ_SEEDS, SEQ_TOKENS)
+    outside = 0
+    for row, drafts, seed in zip(batch.tokens, batch.drafts, SEQ_SEEDS):
+        drafted = np.flatnonzero(drafts >= 0)
+        logits = llm.draft_logits_along(SEQ_PROMPT, row.tolist(), seed).double().numpy()[drafted]
+        q = transform(logits, sampling)
+        outside += int((q[np.arange(len(drafted)), drafts[drafted]] == 0).sum())
+    assert (outside > 0) == (mutant is not None), outside
