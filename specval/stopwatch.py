@@ -27,6 +27,10 @@ class Stopwatch:
         finally:
             self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
 
+    def add(self, name: str, seconds: float) -> None:
+        """Add `seconds` measured elsewhere to `name` (e.g. a span less the steps timed within it)."""
+        self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
     def seconds(self) -> dict[str, float]:
         """A copy of the seconds per step, in first-timed order."""
         return dict(self._seconds)

@@ -37,10 +37,12 @@ from specval.sequence import collect, looks, reference, verdict
 from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, parse_sequence_protocol, resolve
 from specval.sequence.report import render, render_files
 from specval.stats import montecarlo
+from specval.stopwatch import Stopwatch
 from specval.sut import SutFactory, capabilities_of, open_sut
 
 MC_STREAM_KEY = "monte_carlo_stream"  # summary.json: the stream of the PIT uniforms and Monte Carlo nulls
 RULES_KEY = "criteria_version"  # summary.json: the criteria's rules (`verdict.RULES`); absent: the first
+COLLECT_STEP, REFERENCE_STEP, ANALYSIS_STEP = "collect", "reference", "analysis"  # the manifest's `<step>_s`
 
 
 def load_bundle_protocol(path: Path) -> tuple[SequenceProtocol, list[seeds.SeedRange]]:
@@ -124,9 +126,20 @@ def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:
     return [int(i) for i in array]
 
 
-def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool) -> int:
+def _collect_and_replay(
+    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool, watch: Stopwatch
+) -> int:
+    """Collect every missing batch, then replay every group that lacks its reference parts; the
+    seconds go to `watch`'s COLLECT_STEP and REFERENCE_STEP."""
     prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
-    drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+    with watch.step(COLLECT_STEP):
+        drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+    with watch.step(REFERENCE_STEP):
+        _replay_groups(sut, protocol, prompt_ids, path)
+    return drawn
+
+
+def _replay_groups(sut: GuardedSUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], path: Path) -> None:
     tables = {g.name: collect.load_tables(path, protocol, g.name) for g in protocol.groups}
     reference.build(
         sut,
@@ -137,7 +150,6 @@ def _collect_and_replay(sut: GuardedSUT, protocol: SequenceProtocol, ranges: lis
         capabilities_of(sut).semantics,
         {g.name: tables[g.name][1] for g in protocol.groups if g.companions},
     )
-    return drawn
 
 
 def group_data(
@@ -309,17 +321,11 @@ def run(
             _close_quietly(sut)
             raise
         with guard_bundle(path, session):
-            summary, drawn, collect_s, device = _decide(sut, protocol, ranges, path, progress)
+            summary, drawn, watch, device = _decide(sut, protocol, ranges, path, progress)
         with _after_verdict(path):
             bundles.end_session(path, session, drawn, summary["verdict"])
-            lifecycle.write_manifest(
-                path,
-                protocol,
-                ranges,
-                device,
-                lifecycle.run_timing(started, clock, collect_s, drawn * protocol.sequence_length),
-                command,
-            )
+            timing = _timing(started, clock, watch, drawn, protocol)
+            lifecycle.write_manifest(path, protocol, ranges, device, timing, command)
             finish(path)
     except BaseException:
         if path is not None:
@@ -328,53 +334,66 @@ def run(
     return path, summary
 
 
+def _timing(started: str, clock: float, watch: Stopwatch, drawn: int, protocol: SequenceProtocol) -> dict:
+    """The manifest's timing: `collect_s` the adapter's sampling calls and their chunk files
+    (`samples_per_s` tokens a second of it), `reference_s` the replays and reference parts,
+    `analysis_s` every criterion (look by look with looks, less the collection and replays between
+    the looks), beside the run's `wall_s`."""
+    seconds = watch.seconds()
+    timing = lifecycle.run_timing(started, clock, seconds.get(COLLECT_STEP, 0.0), drawn * protocol.sequence_length)
+    return timing | {f"{step}_s": seconds.get(step, 0.0) for step in (REFERENCE_STEP, ANALYSIS_STEP)}
+
+
 def _decide(
     sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
-) -> tuple[dict, int, float, dict]:
+) -> tuple[dict, int, Stopwatch, dict]:
     """Collect, replay, close the adapter, then decide and write summary.json: (summary, sequences
-    drawn, seconds collecting, device facts). A protocol with looks: `_decide_looks`."""
+    drawn, the seconds of each step, device facts). A protocol with looks: `_decide_looks`."""
     if protocol.sequential is not None:
         return _decide_looks(sut, protocol, ranges, path, progress)
+    watch = Stopwatch()
     try:
-        t0 = time.perf_counter()
-        drawn = _collect_and_replay(sut, protocol, ranges, path, progress)
-        collect_s = time.perf_counter() - t0
+        drawn = _collect_and_replay(sut, protocol, ranges, path, progress, watch)
         device = {**bundles.device_facts(), "sut": sut.describe()}
     except BaseException:
         _close_quietly(sut)
         raise
     sut.close()
-    summary = summarise(path, protocol, ranges)
+    with watch.step(ANALYSIS_STEP):
+        summary = summarise(path, protocol, ranges)
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    return summary, drawn, collect_s, device
+    return summary, drawn, watch, device
 
 
 def _decide_looks(
     sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
-) -> tuple[dict, int, float, dict]:
+) -> tuple[dict, int, Stopwatch, dict]:
     """`_decide` look by look: before each look is evaluated, its batches of every group are
     collected and replayed (`collect.collect` up to the look, `looks.extend_reference`); the walk
     stops at the first look that FAILs. The adapter is closed after the walk."""
-    spent = {"drawn": 0, "seconds": 0.0}
+    watch, drawn = Stopwatch(), {"sequences": 0}
     try:
         prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
         semantics = capabilities_of(sut).semantics
 
         def advance(look: looks.Look) -> None:
-            start = time.perf_counter()
             upto = looks.batches(protocol, look)
-            spent["drawn"] += collect.collect(sut, protocol, prompt_ids, ranges, path, progress, upto)
-            looks.extend_reference(sut, protocol, prompt_ids, path, look, semantics)
-            spent["seconds"] += time.perf_counter() - start
+            with watch.step(COLLECT_STEP):
+                drawn["sequences"] += collect.collect(sut, protocol, prompt_ids, ranges, path, progress, upto)
+            with watch.step(REFERENCE_STEP):
+                looks.extend_reference(sut, protocol, prompt_ids, path, look, semantics)
 
+        start = time.perf_counter()
         summary = summarise(path, protocol, ranges, advance=advance)
+        between = sum(watch.seconds().values())  # the looks' collection and replays, within the walk
+        watch.add(ANALYSIS_STEP, time.perf_counter() - start - between)
         device = {**bundles.device_facts(), "sut": sut.describe()}
     except BaseException:
         _close_quietly(sut)
         raise
     sut.close()
     bundles.write_json(path / bundles.SUMMARY_FILE, summary)
-    return summary, spent["drawn"], spent["seconds"], device
+    return summary, drawn["sequences"], watch, device
 
 
 @contextlib.contextmanager

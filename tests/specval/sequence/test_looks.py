@@ -25,7 +25,12 @@ from specval.sequence import collect, looks, runner
 from specval.sequence.protocol import load_sequence_protocol, parse_sequence_protocol
 from tests.fixtures import chain_faults
 from tests.fixtures.chain_faults import Fault, declare, heal, plant
-from tests.fixtures.sequence_protocol import ONE_GROUP, sequence_protocol_dict, write_sequence_protocol
+from tests.fixtures.sequence_protocol import (
+    ONE_GROUP,
+    assert_timing_split,
+    sequence_protocol_dict,
+    write_sequence_protocol,
+)
 
 LOOKS = {"looks": [0.5, 1.0]}
 # One speculative group, every test kind: 80 sequences of 16 tokens in 8 batches of 10 (two prompts),
@@ -155,6 +160,7 @@ def test_a_correct_run_passes_at_the_last_look_and_records_every_look(correct_ru
     assert summary["groups"]["sync"]["sequences"] == 80
     assert "## Sequential looks" in (path / "report.md").read_text()
     assert runner.verify(path) == []
+    assert_timing_split(path)  # the looks' collection and replays are not counted as analysis
 
 
 def test_the_plan_prints_the_looks_and_their_levels(correct_run):

@@ -14,7 +14,7 @@ import pytest
 from specval.protocol import ProtocolError
 from specval.sequence import runner, verdict
 from specval.stats import montecarlo
-from tests.fixtures.sequence_protocol import ONE_GROUP, write_sequence_protocol
+from tests.fixtures.sequence_protocol import ONE_GROUP, assert_timing_split, write_sequence_protocol
 
 SMALL = ONE_GROUP
 
@@ -47,6 +47,10 @@ def test_correct_sampler_passes_every_criterion_and_verifies(correct_run):
     assert summary["tests"]["companions.mixed"]["verdict"] == "PASS"
     assert summary["tests"]["companions.mixed"]["effective_n"] == 160 * 32  # one companion per tested request
     assert runner.verify(path) == []
+
+
+def test_the_manifest_times_collection_replays_and_criteria_apart(correct_run):
+    assert_timing_split(correct_run[0])
 
 
 def test_the_plan_prints_the_mdes_the_run_reaches(correct_run):
