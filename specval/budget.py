@@ -47,6 +47,7 @@ SEQUENCE_MC = {
     "pit_position": 1,
     "pit_path": 1,
     "pit_source": 1,
+    "pit_draft": 1,
     "serial": 1,
     "association_adjacent": 2,
     "association_cross": 2,

@@ -9,7 +9,8 @@ group after group; a protocol with looks collects segment by segment (`plan_batc
 group's batches of look k before any batch of look k + 1). A group with companions runs each
 batch as one `sample_mixed` call of 2B requests: the tested ones in slots 0..B-1, then one
 companion per tested request (`companion` True; `specval.sequence.protocol` gives their sampling
-and seeds).
+and seeds). A group under a `drafts` test also stores the drafted token of every token (`draft`:
+`SampleBatch.drafts`, checked by `contract.check_drafts`); other groups' tables have no such column.
 
 The re-run (`samples/<group>-rerun.parquet`) samples the first `RERUN_SEEDS` seeds of batch 0 again,
 in reverse order, as a batch of their own (without companions): every seed sits in another slot,
@@ -19,6 +20,7 @@ request, whatever the batch) its tokens equal the first run's, bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,15 +33,18 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from specval import bundle as bundles
+from specval.preflight import SUTRaised
+from specval.protocol import ProtocolError
 from specval.seeds import SeedRange
 from specval.sequence.contract import check_batch
-from specval.sequence.protocol import COMPANION_SEED_BIT, SequenceProtocol
+from specval.sequence.protocol import COMPANION_SEED_BIT, DRAFTS_KIND, SequenceProtocol
 from specval.sut import SUT, SampleBatch
 
 SAMPLES_DIR = bundles.SAMPLES_DIR
 RERUN_SEEDS = 8  # seeds of batch 0 sampled again in another arrangement
 RERUN = "rerun"
 COLUMNS = ("batch", "slot", "seed", "prompt", "index", "token", "source", "companion")
+DRAFT_COLUMN = "draft"  # groups under a `drafts` test: SampleBatch.drafts (older bundles have none)
 
 
 @dataclass(frozen=True)
@@ -81,12 +86,13 @@ def plan_batches(protocol: SequenceProtocol, ranges: Sequence[SeedRange]) -> lis
     return out
 
 
-def frame(batch: Batch, result: SampleBatch, seeds: np.ndarray | None = None) -> pd.DataFrame:
+def frame(batch: Batch, result: SampleBatch, seeds: np.ndarray | None = None, drafts: bool = False) -> pd.DataFrame:
     """The long-form table of one batch's tokens (`seeds`: every row's seed, companions included;
-    default the batch's own seeds). Rows past the batch's own seeds are companions."""
+    default the batch's own seeds). Rows past the batch's own seeds are companions. `drafts`: with
+    the DRAFT_COLUMN of `result.drafts` last."""
     rows, length = result.tokens.shape
     seeds = np.asarray(batch.seeds if seeds is None else seeds, dtype=np.int64)
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "batch": np.full(rows * length, batch.index, dtype=np.int64),
             "slot": np.repeat(np.arange(rows, dtype=np.int64), length),
@@ -98,6 +104,29 @@ def frame(batch: Batch, result: SampleBatch, seeds: np.ndarray | None = None) ->
             "companion": np.repeat(np.arange(rows) >= len(batch.seeds), length),
         }
     )
+    if drafts:
+        table[DRAFT_COLUMN] = np.asarray(result.drafts).reshape(-1).astype(np.int64)
+    return table
+
+
+def draft_groups(protocol: SequenceProtocol) -> set[str]:
+    """The groups a `drafts` test applies to: their batches must report `SampleBatch.drafts`."""
+    return {g for t in protocol.tests if t.kind == DRAFTS_KIND for g in protocol.groups_of(t)}
+
+
+def _require_drafts(protocol: SequenceProtocol, batch: Batch, result: SampleBatch, method: str) -> None:
+    """A batch of a group under a `drafts` test without drafts: ProtocolError (exit 2) at the probe,
+    before any seed is claimed (the adapter cannot serve the test), SUTRaised (exit 3) later."""
+    if result.drafts is not None:
+        return
+    if batch.probe:
+        index = next(i for i, t in enumerate(protocol.tests) if t.kind == DRAFTS_KIND)
+        raise ProtocolError(
+            f"protocol {protocol.name!r}: tests[{index}].kind: {DRAFTS_KIND!r} needs the drafted tokens "
+            f"(SampleBatch.drafts), which adapter {protocol.sut.adapter!r} did not report in its probe "
+            f"batch of group {batch.group!r} (the bundled engine reports them with collection: batched)"
+        )
+    raise SUTRaised(batch.call(method), "returned no drafts (SampleBatch.drafts is None), which a drafts test reads")
 
 
 def companion_seeds(seeds: Sequence[int]) -> np.ndarray:
@@ -113,14 +142,22 @@ def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int
     seeds = np.asarray(batch.seeds, dtype=np.int64)
     length, max_tokens, vocab = protocol.sequence_length, protocol.max_tokens(group), int(sut.vocab_size)
     if not group.companions or batch.index < 0:
+        method = "sample"
         result = sut.sample(group, prompt_ids[batch.prompt], protocol.sampling, seeds, length, max_tokens)
-        return frame(batch, check_batch(batch.call("sample"), result, len(seeds), length, vocab))
-    seeds = np.concatenate([seeds, companion_seeds(seeds)])
-    samplings = [protocol.sampling] * len(batch.seeds) + [
-        group.companions[j % len(group.companions)] for j in range(len(batch.seeds))
-    ]
-    result = sut.sample_mixed(group, prompt_ids[batch.prompt], samplings, seeds, length, max_tokens)
-    return frame(batch, check_batch(batch.call("sample_mixed"), result, len(seeds), length, vocab), seeds)
+    else:
+        method = "sample_mixed"
+        seeds = np.concatenate([seeds, companion_seeds(seeds)])
+        samplings = [protocol.sampling] * len(batch.seeds) + [
+            group.companions[j % len(group.companions)] for j in range(len(batch.seeds))
+        ]
+        result = sut.sample_mixed(group, prompt_ids[batch.prompt], samplings, seeds, length, max_tokens)
+    drafts = batch.group in draft_groups(protocol)
+    if drafts and isinstance(result, SampleBatch):
+        _require_drafts(protocol, batch, result, method)
+    elif isinstance(result, SampleBatch) and result.drafts is not None:
+        result = dataclasses.replace(result, drafts=None)  # checked and kept only where a test reads them
+    result = check_batch(batch.call(method), result, len(seeds), length, vocab)
+    return frame(batch, result, seeds, drafts)
 
 
 def collect(

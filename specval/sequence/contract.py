@@ -9,6 +9,9 @@ seen, never a traceback and never a verdict:
   `num_rounds`, `num_draft_tokens`, `num_accepted_tokens` are [rows]; tokens and counts have an
   integer dtype; every token lies in [0, vocab_size) (a token outside it cannot be replayed, so
   no criterion could judge it); every source is one of `specval.sut.SOURCES`;
+- `drafts`, where the batch reports them (a group under a `drafts` test must: `check_drafts`), is
+  int[rows, sequence_length]: at an "accepted" token the token itself, at a "correction" token a
+  token id in [0, vocab_size) (the rejected draft), at a bonus or plain token `NO_DRAFT` (-1);
 - `target_logits_along` returns float[sequence_length, vocab_size] with no NaN and no +inf, and
   at least one finite logit per row (-inf masks a token; a row of them is no law).
 """
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from specval.preflight import SUTRaised
-from specval.sut import SOURCES, SampleBatch
+from specval.sut import NO_DRAFT, SOURCES, SampleBatch
 
 COUNT_FIELDS = ("num_rounds", "num_draft_tokens", "num_accepted_tokens")
 
@@ -59,7 +62,29 @@ def check_batch(call: str, batch: Any, rows: int, length: int, vocab: int) -> Sa
             f"sources holds {int(unknown.sum())} unknown value(s), first at "
             f"{_first_bad(unknown, sources)}; expected one of {SOURCES}",
         )
+    if batch.drafts is not None:
+        check_drafts(call, batch.drafts, tokens, sources.astype(str), vocab)
     return batch
+
+
+def check_drafts(call: str, drafts: Any, tokens: np.ndarray, sources: np.ndarray, vocab: int) -> None:
+    """SUTRaised(`call`, ...) unless `drafts` holds, where `sources` (str[rows, length]) say
+    "accepted", the token itself, where they say "correction", a token id in [0, vocab), and
+    NO_DRAFT elsewhere (module docstring); `tokens` int[rows, length]."""
+    array = np.asarray(drafts)
+    if array.shape != tokens.shape or not np.issubdtype(array.dtype, np.integer):
+        raise SUTRaised(call, f"drafts has {array.dtype}{list(array.shape)}, expected int{list(tokens.shape)}")
+    accepted, correction = sources == "accepted", sources == "correction"
+    breaches = (
+        (accepted & (array != tokens), "differ from the accepted token there"),
+        (correction & ((array < 0) | (array >= vocab)), f"lie outside [0, {vocab}) at a correction"),
+        (~(accepted | correction) & (array != NO_DRAFT), f"are not {NO_DRAFT} at a bonus or plain token"),
+    )
+    for mask, what in breaches:
+        if mask.any():
+            raise SUTRaised(
+                call, f"drafts holds {int(mask.sum())} draft(s) that {what}, first at {_first_bad(mask, array)}"
+            )
 
 
 def check_logits_along(call: str, logits: Any, length: int, vocab: int) -> np.ndarray:

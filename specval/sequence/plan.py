@@ -8,8 +8,10 @@ round position j of a speculative group, `pit_position.<g> @ position j`, the MD
 to position j (in any one quarter of the sequence, or all of them) at the bucket size the planning
 model gives: every draft accepted with probability PLAN_ACCEPTANCE, independently
 (`sequence_power.position_shares`). Real acceptance varies; a run prints every bucket's own MDE
-(`bucket_mde` in summary.json). MDEs are computed at the Besag-Clifford part's level of the
-early-rejection rule (`montecarlo.decision_level`), as the run decides. The equal-rate and
+(`bucket_mde` in summary.json). pit_draft's rows are its buckets, the drafts at each draft
+position j (`pit_draft.<g> @ draft j`), at the planning model's number of drafts there. MDEs are
+computed at the Besag-Clifford part's level of the early-rejection rule
+(`montecarlo.decision_level`), as the run decides. The equal-rate and
 identical-sequence MDEs need the target's law of t1 and of whole sequences: the run prints them; the
 plan says so.
 """
@@ -41,6 +43,8 @@ def _num_buckets(protocol: SequenceProtocol, kind: str) -> int:
     k = protocol.num_speculative_tokens
     if kind == "pit_source":
         return 2 * k + 1  # (accepted, j), (correction, j) for j = 1..K, and the bonus
+    if kind == "pit_draft":
+        return k  # draft positions 1..K
     return (k + 1) * (verdict.QUARTERS if kind == "pit_position" else k + 2)
 
 
@@ -53,6 +57,13 @@ def _mde(protocol: SequenceProtocol, kind: str, criterion_level: float) -> tuple
             tokens,
             sequence_power.pit_uniformity_mde(tokens, [level], power=protocol.power),
             verdict.POOLED_LABEL,
+        )
+    if kind == "pit_draft":
+        drafts = sum(planned_drafts(protocol))
+        return (
+            drafts // k,
+            sequence_power.bucket_mde(drafts // k, [level], num_buckets=k, power=protocol.power),
+            f"{verdict.BUCKET_LABEL}, of the drafts under q (acceptance {PLAN_ACCEPTANCE:g} assumed)",
         )
     if kind in ("pit_position", "pit_path", "pit_source"):
         buckets = _num_buckets(protocol, kind)
@@ -124,6 +135,27 @@ def source_rows(protocol: SequenceProtocol, group: str, role: str, family_size: 
     return rows
 
 
+def planned_drafts(protocol: SequenceProtocol) -> list[int]:
+    """Drafts per draft position j = 1..K of one group under the planning model: a round reaches j
+    w.p. a^(j-1) and emits sum_{i<=K} a^i tokens on average."""
+    k, a = protocol.num_speculative_tokens, PLAN_ACCEPTANCE
+    rounds = protocol.sequences_per_group * protocol.sequence_length / sum(a**i for i in range(k + 1))
+    return [int(rounds * a ** (j - 1)) for j in range(1, k + 1)]
+
+
+def draft_rows(protocol: SequenceProtocol, group: str, role: str, family_size: int, level: float) -> list[PlanRow]:
+    """pit_draft's MDE per draft position j: a bug in the drafts of position j alone, judged at the
+    planned number of drafts there (`planned_drafts`)."""
+    k, decided = protocol.num_speculative_tokens, montecarlo.decision_level(level, montecarlo.EARLY_REJECTION)
+    rows = []
+    for position, n in enumerate(planned_drafts(protocol), start=1):
+        mde = sequence_power.bucket_mde(n, [decided], num_buckets=k, power=protocol.power)
+        label = f"binned PIT TV of the drafts at position {position} under q (acceptance {PLAN_ACCEPTANCE:g} assumed)"
+        mde_or_none = None if mde == NOTHING_DETECTABLE else mde
+        rows.append(PlanRow(f"pit_draft.{group} @ draft {position}", role, family_size, level, n, mde_or_none, label))
+    return rows
+
+
 def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
     """One row per p-valued criterion, in the order the run evaluates them; pit_position's followed by
     one row per round position of its group (`position_rows`). With looks, every row is at the last
@@ -150,4 +182,6 @@ def protocol_plan(protocol: SequenceProtocol) -> list[PlanRow]:
             rows += position_rows(protocol, group, role, sizes.get(role, 1), level)
         if kind == "pit_source":
             rows += source_rows(protocol, group, role, sizes.get(role, 1), level)
+        if kind == "pit_draft":
+            rows += draft_rows(protocol, group, role, sizes.get(role, 1), level)
     return rows

@@ -62,8 +62,10 @@ from specval.sut import DRAFT_OVERRIDES as DRAFTS
 from specval.sut import OWN_DRAFT
 
 SEQUENCE_KIND = "sequence"
-TEST_KINDS = ("pit", "serial", "independence", "reproducibility", "source")
+TEST_KINDS = ("pit", "serial", "independence", "reproducibility", "source", "drafts")
 SOURCE_KIND = "source"  # white box: each token against its source's law (needs `SUT.draft_logits_along`)
+DRAFTS_KIND = "drafts"  # white box: the drafted tokens against q (needs `SampleBatch.drafts` too)
+DRAFT_KINDS = (SOURCE_KIND, DRAFTS_KIND)  # test kinds that read the draft's q: speculative groups only
 DETERMINISTIC_KINDS = ("reproducibility",)
 MAX_SPECULATIVE_TOKENS = 8  # K: round positions 1..K+1 are tested as buckets
 MAX_SEQUENCE_LENGTH = 1024
@@ -152,10 +154,10 @@ class SequenceProtocol:
 
     def groups_of(self, test: SequenceTest) -> tuple[str, ...]:
         """The groups a test applies to: those it lists, else every group (every speculative one for
-        a `source` test: a nospec group has no draft, so no source to condition on)."""
+        a `source` or `drafts` test: a nospec group has no draft, so no source to condition on)."""
         if test.groups:
             return test.groups
-        return tuple(g.name for g in self.groups if g.is_speculative or test.kind != SOURCE_KIND)
+        return tuple(g.name for g in self.groups if g.is_speculative or test.kind not in DRAFT_KINDS)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain form; a group's `companions` only when it has some and `sequential` only when the
@@ -226,8 +228,8 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[SequenceGroup, ..
         groups=tuple(read_str(n, file, f"{where}.groups", names) for n in listed),
     )
     plain = [g.name for g in groups if g.name in test.groups and not g.is_speculative]
-    if test.kind == SOURCE_KIND and plain:
-        fail(file, f"{where}.groups", "a source test needs speculative groups (nospec has no sources)", plain[0])
+    if test.kind in DRAFT_KINDS and plain:
+        fail(file, f"{where}.groups", f"a {test.kind} test needs speculative groups (nospec has no drafts)", plain[0])
     return test
 
 

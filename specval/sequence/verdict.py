@@ -32,6 +32,10 @@ what it sees:
   position); sees a bug in one source at one position, undiluted by the other sources.
 - `accepts.<g>` (source): accepted drafts per draft position against Poisson-binomial(beta), beta
   = sum min(p, q); sees an accept rule that accepts too often or too seldom.
+- `pit_draft.<g>` (drafts, speculative groups whose adapter reports its drafts): the drafted token
+  at every accepted or correction token, rejected drafts included, its randomized PIT under q,
+  max-type over draft positions 1..K; sees drafts sampled from another q than the one the accept
+  and the residual use (raw vs processed logits, another precision), at the drafts themselves.
 
 A group with companions shares every batch with requests of other sampling parameters (greedy among
 them); its tested requests go through every criterion above, so a law that changes with the
@@ -86,6 +90,7 @@ P_VALUED = {
     "serial": ("serial",),
     "independence": ("equal_t1_adjacent", "equal_t1_cross", "association_adjacent", "association_cross", "identical"),
     "source": ("pit_source", "accepts"),
+    "drafts": ("pit_draft",),
 }
 SOURCE_CODES = {"accepted": 0, "correction": 1, "bonus": 2, "plain": 3}  # pit_source's bucket: source x position
 DETERMINISTIC = {"reproducibility": ("reproducible",)}
@@ -125,7 +130,7 @@ def group_sequences(
         slot=samples["slot"].to_numpy()[::length],
         parts={
             name: parts[name].to_numpy().reshape(shape)
-            for name in reference.PART_COLUMNS + reference.SOURCE_COLUMNS
+            for name in reference.PART_COLUMNS + reference.SOURCE_COLUMNS + reference.DRAFT_COLUMNS
             if name in parts.columns
         },
         rerun_tokens=rerun["token"].to_numpy().reshape(shape)[rerun_order],
@@ -465,6 +470,28 @@ def pit_source(ctx: Context) -> tuple:
     return result[:5] + (result[5] | {"impossible_tokens": impossible},)
 
 
+DRAFTED = ("accepted", "correction")  # the sources that stand at a draft (the bonus and plain do not)
+
+
+def pit_draft(ctx: Context) -> tuple:
+    """The drafted token x_j at every token that stands at one (accepted: the token itself;
+    correction: the rejected draft), its randomized PIT under q_j (`draft_lower`, `draft_mass`),
+    max-type over draft positions j = 1..K. Position j of a round is reached, and its draft drawn,
+    before anything depends on x_j, so x_j ~ q_j given everything before it and each U is U(0, 1)
+    given the past, whether the draft was then accepted or not; which tokens stand at a draft is
+    predictable (the round position), so the selected U are i.i.d. U(0, 1) in sequence order. The
+    number of drafts in each bucket depends on earlier acceptances, which depend on earlier drafts,
+    as pit_source's bucket sizes do, so the size is measured, not proved (docs/harness.md section
+    9, "Exactness, stated"). A draft q cannot emit has its PIT at the top of the unit and is counted
+    (`impossible_drafts`)."""
+    parts, drafted = ctx.data.parts, np.isin(ctx.data.sources, DRAFTED)
+    v = ctx.rng("draft-uniforms").random(ctx.data.tokens.size).reshape(ctx.data.tokens.shape)
+    u = np.minimum(parts["draft_lower"] + v * parts["draft_mass"], sequence.TOP_OF_UNIT)
+    result = _pit(ctx, "pit_draft", u[drafted], ctx.position[drafted])
+    impossible = int((parts["draft_mass"][drafted] <= 0).sum())
+    return result[:5] + (result[5] | {"impossible_drafts": impossible},)
+
+
 @dataclass(frozen=True)
 class DraftPosition:
     """The accepts test at one draft position: `accepted` drafts of those tested there, `expected`
@@ -535,6 +562,7 @@ P_VALUED_FUNCTIONS = {
     "identical": identical,
     "pit_source": pit_source,
     "accepts": accepts,
+    "pit_draft": pit_draft,
 }
 
 
