@@ -102,7 +102,10 @@ def probe(sut: GuardedSUT, protocol: SequenceProtocol, protocol_file: Path) -> N
     white_box = reference.source_groups(protocol)
     for group in protocol.groups:
         batch = collect.Batch(group.name, 0, seeds.PROBE_SEEDS, 0, probe=True)
-        table = collect.sample_batch(sut, short, prompt_ids, batch)
+        try:
+            table = collect.sample_batch(sut, short, prompt_ids, batch)
+        except ProtocolError as err:  # the adapter cannot serve a test the protocol asks for
+            raise ProtocolError(f"{protocol_file}: {err}") from err
         first = table["token"].to_numpy()[: short.sequence_length]
         reference.replay(sut, prompt_ids[0], first, f"target_logits_along (probe, group {group.name!r})")
         if group.name in white_box:  # the source test's call, on the same sequence

@@ -292,5 +292,6 @@ def test_an_adapter_that_reports_no_drafts_is_refused_before_any_seed(tmp_path):
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and "tests[0].kind: 'drafts' needs the drafted tokens" in lines[0], result.output
+    assert str(_engine_file(tmp_path)) in lines[0]  # the file, beside the key and the value
     assert "collection: batched" in lines[0] and "Traceback" not in result.output
     assert not (tmp_path / "out" / "ledger.json").exists()
