@@ -42,11 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from specval.bundle.facts import git_state
+from specval.version import __version__
 
 DIGEST_PATTERN = re.compile(r"^[0-9a-f]{64}$")  # a SHA-256 in lowercase hex
 SKIPPED_DIRECTORY = "__pycache__"  # compiled bytecode: what the interpreter wrote, not the source
 IDENTITY_KEY = "sut_identity"  # manifest.json's key
 UNRECORDED_KEY = "unrecorded"  # the record's key when no identity could be taken: the reason
+HARNESS_PACKAGE = "specval"  # this package: `harness_identity` names its own code
+COMPARED_KEYS = ("name", "version", "digest")  # what `same_code` compares (not where the files sit)
+SHORT_DIGEST = 12  # hex digits of a digest in `brief_record`'s line (48 bits: a chance match is negligible)
 
 
 class IdentityError(ValueError):
@@ -160,6 +164,31 @@ def package_identity(package: str, name: str | None = None) -> SutIdentity:
         **git_state(root if root.is_dir() else root.parent, only_here=True),
         covers=f"{kind} {package}: {count} file(s)",
     )
+
+
+def harness_identity() -> SutIdentity:
+    """specval as this process imports it: name "specval", `specval.version.__version__` and
+    `tree_digest` of the package's files; no git state (a copy of a checkout keeps stale git
+    metadata; the digest alone says which files run). Two processes with the same digest import
+    byte-identical specval source, wherever it sits (installed, a checkout, a copy on PYTHONPATH)."""
+    digest, count = tree_digest(package_root(HARNESS_PACKAGE))
+    return SutIdentity(HARNESS_PACKAGE, __version__, digest, covers=f"package {HARNESS_PACKAGE}: {count} file(s)")
+
+
+def same_code(record: dict[str, Any], reference: dict[str, Any]) -> bool:
+    """Whether two identity records (`SutIdentity.to_dict()`, `identity_of`) name the same code:
+    equal name, version and digest (`COMPARED_KEYS`). Two unrecorded records (no digest) compare
+    equal: there is nothing to tell them apart; an unrecorded one never equals a recorded one."""
+    return all(record.get(key) == reference.get(key) for key in COMPARED_KEYS)
+
+
+def brief_record(record: dict[str, Any]) -> str:
+    """An identity record in a few words for a one-line error: `name version (digest <12 hex>)`,
+    or `not recorded (reason)`."""
+    if not isinstance(record.get("digest"), str):
+        return f"not recorded ({record.get(UNRECORDED_KEY)})"
+    version = f" {record['version']}" if record.get("version") else ""
+    return f"{record.get('name')}{version} (digest {record['digest'][:SHORT_DIGEST]})"
 
 
 def identity_of(adapter: type) -> dict[str, Any]:

@@ -17,11 +17,15 @@ from specval import lifecycle
 from specval.identity import (
     IdentityError,
     SutIdentity,
+    brief_record,
     describe_record,
+    harness_identity,
     identity_of,
     package_identity,
     pinned_digest_problem,
+    same_code,
     tree_digest,
+    unrecorded,
 )
 from specval.sut import SUT
 
@@ -191,3 +195,27 @@ def test_a_module_adapter_is_covered_by_its_one_file(tmp_path, monkeypatch):
     found = _adapter_in("toy_single_module").identity()
     assert found.covers == "module toy_single_module: 1 file(s)"
     assert found.digest == _documented_digest(tmp_path, ["toy_single_module.py"])
+
+
+def test_the_harness_identity_is_the_digest_of_specvals_own_files():
+    import specval
+
+    mine = harness_identity()
+    assert (mine.name, mine.version) == ("specval", specval.__version__)
+    assert mine.digest == tree_digest(Path(specval.__file__).parent)[0] and mine.commit is None
+
+
+def test_same_code_compares_name_version_and_digest_only():
+    record = SutIdentity("toy", "1.0", "a" * 64, commit="c1", dirty=False, covers="package toy: 2 file(s)").to_dict()
+    elsewhere = {**record, "commit": None, "dirty": None, "covers": "package toy: 2 file(s) (a copy)"}
+    assert same_code(elsewhere, record)  # where the files sit does not matter, only what they are
+    for key, value in (("name", "toy2"), ("version", "1.1"), ("digest", "b" * 64)):
+        assert not same_code({**record, key: value}, record), key
+    assert not same_code(unrecorded("identity() raised"), record)
+    assert same_code(unrecorded("one reason"), unrecorded("another"))  # nothing to tell them apart
+
+
+def test_a_brief_record_shows_the_name_version_and_the_digests_head():
+    assert brief_record(SutIdentity("toy", "1.0", "ab" * 32).to_dict()) == "toy 1.0 (digest abababababab)"
+    assert brief_record(SutIdentity("toy", None, "ab" * 32).to_dict()) == "toy (digest abababababab)"
+    assert brief_record(unrecorded("no adapter")) == "not recorded (no adapter)"
