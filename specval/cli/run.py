@@ -4,6 +4,7 @@ suite, a performance run, a launch of several ranks, or a run in this process.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from specval.cli.common import (
     signer_of,
 )
 from specval.cli.performance import run_bench
-from specval.cli.ranks import forwarded_args, run_sharded
+from specval.cli.ranks import LeaderPath, check_leader_paths, forwarded_args, run_sharded
 from specval.cli.runner import run_here
 from specval.cli.suite import run_suite
 from specval.kinds import SUITE_KIND
@@ -43,7 +44,7 @@ from specval.performance.protocol import PERFORMANCE_KIND
 @click.option(
     "--resume",
     default=None,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    type=LeaderPath(file_okay=False, exists=True, path_type=Path),
     help="Continue a killed or failed run in this unsealed bundle (its protocol and seeds are reused).",
 )
 @click.option(
@@ -72,7 +73,7 @@ from specval.performance.protocol import PERFORMANCE_KIND
     "--sign",
     "sign_key",
     default=None,
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    type=LeaderPath(dir_okay=False, exists=True, path_type=Path),
     help="Sign the sealed bundle with this ed25519 private key (PEM, as `specval keygen` writes).",
 )
 @click.pass_context
@@ -84,13 +85,42 @@ def run(
     Exit status: 0 PASS, 1 FAIL, 2 input or usage error (nothing claimed), 3 the system under test
     raised or exited (the bundle is kept for --resume; the traceback is in a log file), 4
     INCONCLUSIVE, 5 environment error (disk full, file too large, permissions: the bundle is kept for
-    --resume), 130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), rank 0
-    runs the protocol and the other ranks collect their share of its chunks (specval.distribution.sharding)."""
+    --resume), 130 interrupted (the bundle is kept for --resume). Started by torchrun (WORLD_SIZE > 1), on
+    one host or several, every rank joins the group first; rank 0 alone reads the files and runs the
+    protocol, and the other ranks collect their share of its chunks (specval.distribution.sharding)."""
     from specval.distribution import sharding
 
     check_run_flags(ctx, protocol_file, resume, exploratory, confirmatory)
-    signer = signer_of(sign_key)  # a bad key is refused before anything is claimed
     shards = sharding.from_environment(dict(os.environ))
+    lead = functools.partial(_run, ctx, shards, **ctx.params)
+    if shards is None:
+        return lead()
+    return run_sharded(shards, protocol_file or resume / bundles.PROTOCOL_YAML, lead)
+
+
+def _run(
+    ctx,
+    shards,
+    *,
+    protocol_file,
+    profile,
+    output,
+    resume,
+    exploratory,
+    confirmatory,
+    seed_offset,
+    junit,
+    quiet,
+    devices,
+    sign_key,
+) -> None:
+    """`run` in this process (rank 0 of a multi-rank run: `shards`, the group already joined):
+    everything that reads a file of the run."""
+    from specval.distribution import sharding
+
+    if shards is not None:
+        check_leader_paths(ctx)
+    signer = signer_of(sign_key)  # a bad key is refused before anything is claimed
     source, read_file = protocol_file or resume / bundles.PROTOCOL_YAML, None
     if devices > 1 or shards is not None:
         read_file = read(source)  # the bundle's copy for --resume
@@ -110,6 +140,4 @@ def run(
     if devices > 1:
         sys.exit(sharding.launch(devices, forwarded_args(ctx)))
     run_args = (given, protocol_file, profile, output, resume, exploratory, seed_offset, junit, quiet, signer)
-    if shards is None:
-        return run_here(*run_args)
-    return run_sharded(shards, source, run_args)
+    return run_here(*run_args, shards=shards)

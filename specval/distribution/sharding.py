@@ -1,14 +1,32 @@
-"""Sharding: one run spread over the processes that torchrun starts, joined through torch.distributed.
+"""Sharding: one run spread over the processes that torchrun starts, on one host or several,
+joined through torch.distributed.
 
 `torchrun --nproc-per-node N -m specval run PROTOCOL ...` starts N copies of one command (and
-`specval run --devices N ...` launches exactly that through `torch.distributed.run`); each copy
-reads RANK, WORLD_SIZE and LOCAL_RANK from its environment. Roles:
+`specval run --devices N ...` launches exactly that through `torch.distributed.run`); with
+`--nnodes M --node-rank R --rdzv-backend static|c10d --rdzv-endpoint HOST:PORT` on each of M hosts,
+the copies of every host join one group, with no file shared between the hosts. Each copy reads
+RANK, WORLD_SIZE and LOCAL_RANK from its environment. Rank 0 must run on the host that holds the
+protocol (or the bundle) and the output folder: torchrun's static rendezvous puts it on the host
+of --node-rank 0; its c10d rendezvous ignores --node-rank and puts it on the host whose address
+(--local-addr, else its name) sorts first. A rank 0 that lacks the file refuses the run (exit 2,
+every rank dismissed with 2). Roles:
 
-- rank 0 is the run: it prepares, probes its adapter, claims the seed ranges in the ledger, creates
-  the bundle, writes every chunk file, analyses, reports and seals, as a one-process run does.
-- every other rank serves: it waits for rank 0's commands, `Open` (build and probe your adapter,
-  before any seed is claimed), `Collect` (sample these chunks) or `Dismiss` (exit with this code),
-  and sends its samples (or its failure) to rank 0.
+- rank 0 is the run: it alone reads the protocol file (or the bundle of --resume), the seed ledger
+  and the output folder; it prepares, probes its adapter, claims the seed ranges in the ledger,
+  creates the bundle, writes every chunk file, analyses, reports and seals, as a one-process run
+  does.
+- every other rank serves: it reads no file of the run (its host needs neither the protocol nor
+  the output folder), waits for rank 0's commands, `Open` (check your adapter against rank 0's,
+  build and probe it, before any seed is claimed), `Collect` (sample these chunks) or `Dismiss`
+  (exit with this code), and sends its samples (or its failure) to rank 0.
+
+The exchange, in order: every rank joins (`join`: the backend comes from its own host, not from
+the protocol); `greet`: rank 0 sends its specval's name, version and digest
+(`identity.harness_identity`) as plain strings, which any specval can read, and every rank
+answers whether its own differ; `Open` carries the protocol as rank 0 parsed it (its hash
+included: the other ranks never parse a file) and rank 0's adapter identity
+(`lifecycle.sut_identity`, what the manifest records), which each rank compares with its own before
+it builds its adapter; then `Collect`s carry the chunk plan.
 
 How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0 lists the chunks
 still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
@@ -23,21 +41,32 @@ Guarantees:
   for a batch depends on its seeds alone, not on the process or on which of identical devices runs
   it (the engine's counter-based RNG, the fake SUT): each chunk is made by `collect.collect_chunk`
   (so split into the same batches) and written by `collect.collect`, as in one process.
+- A rank whose specval or adapter code differs from rank 0's (name, version or digest,
+  `identity.same_code`), or whose host lacks the GPU of a CUDA protocol, ends the run before any
+  seed is claimed: rank 0 raises `RankRefused` naming the lowest such rank and the difference
+  (exit 2), and dismisses every rank with 2. A differing specval is found before any specval
+  object crosses between the ranks.
 - An adapter that cannot be built or fails the probe on any rank ends the run before any seed is
   claimed (exit 3, as a failed probe of one process). An exception on any rank while it collects
   ends the round for all: rank 0 raises `SUTRaised` naming the rank, the run exits 3 with the
   traceback in the bundle's error.log and the bundle unsealed and resumable; every other rank is
-  dismissed with the same exit code. Rank 0 dismisses the other ranks with its own exit code
-  whatever ends it (0, 1, 2, 3, 130), so no rank waits for a command that never comes.
-- A rank that disappears (killed) makes the next collective fail; rank 0 then ends as interrupted
-  (exit 130, bundle kept for --resume). Every collective carries the group timeout GROUP_TIMEOUT,
-  so a rank stuck inside the SUT ends the run after that time rather than never.
-- Only processes on one host are supported (every rank reads the protocol and bundle files).
+  dismissed with the same exit code. Rank 0 joins before it reads anything and dismisses the other
+  ranks with its own exit code whatever ends it (0, 1, 2, 3, 130; a refused protocol too), so no
+  rank waits for a command that never comes.
+- A rank that disappears (killed, its host gone) makes the next collective fail; rank 0 then ends
+  as interrupted (exit 130, bundle kept for --resume with any number of ranks). Every collective
+  carries the group timeout GROUP_TIMEOUT, so a rank stuck inside the SUT, or a host that vanished
+  without closing its connections (power, network), ends the run after that time rather than
+  never.
 
-Backend: gloo for a CPU protocol; `cpu:gloo,cuda:nccl` for a CUDA one, each rank on
-cuda:LOCAL_RANK (`place` rewrites the protocol's device per rank; its hash is unchanged). Samples
+Backend: chosen by each rank from its own host, before any protocol is known: `cpu:gloo,cuda:nccl`
+where CUDA is available, gloo otherwise (`host_backend`). Both register gloo for the CPU under the
+same store prefix, so hosts that differ still join one group; NCCL is initialised lazily (at a
+first CUDA collective, which the run never makes), so a host without CUDA never needs it. Samples
 are host arrays once collected (the engine reads each batch back once), so they travel as pickled
-frames, and torch's object collectives take the CPU backend of a group that has one.
+frames, and torch's object collectives take the CPU backend (gloo) of every such group. A CUDA
+protocol runs each rank on cuda:LOCAL_RANK (`place` rewrites the protocol's device per rank; its
+hash is unchanged; `use_device` makes it the current device before the adapter is built).
 
 torch is imported only inside the functions that use it: the harness installs without it
 (`pip install specval`), and a multi-process run without torch is an input error (exit 2) whose
@@ -61,6 +90,8 @@ import pandas as pd
 
 from specval.distribution.collect import Chunk, Keep, collect_chunk
 from specval.execution import EXIT_INPUT, EXIT_INTERRUPTED
+from specval.identity import brief_record, harness_identity, same_code
+from specval.lifecycle import sut_identity
 from specval.preflight import SUTRaised, open_guarded, probe
 from specval.protocol import Protocol, ProtocolError, load_protocol
 from specval.sut import SUT, SUTError, SutFactory, open_sut
@@ -68,6 +99,8 @@ from specval.sut import SUT, SUTError, SutFactory, open_sut
 LEADER = 0  # the rank that claims seeds and writes the bundle
 GROUP_TIMEOUT = dt.timedelta(minutes=60)  # longest wait of one collective (a chunk, or rank 0's analysis)
 CUDA_PREFIX = "cuda"
+CPU_BACKEND = "gloo"  # a host without CUDA
+CUDA_BACKENDS = "cpu:gloo,cuda:nccl"  # a host with CUDA: gloo for the CPU (object collectives), NCCL lazily
 INSTALL_TORCH = 'pip install "specval[engine]"'  # the extra that brings torch (and torch.distributed)
 
 
@@ -86,9 +119,12 @@ class ShardGroup:
 
 @dataclass(frozen=True)
 class Open:
-    """Rank 0's first command: build your adapter for `protocol` (placed on your device) and probe it."""
+    """Rank 0's first command: check that your adapter's identity is `identity` (rank 0's, an
+    `identity_of` record), then build your adapter for `protocol` (placed on your device) and probe
+    it."""
 
     protocol: Protocol
+    identity: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -121,6 +157,21 @@ class Failure:
         return SUTRaised(f"{self.call} on rank {self.rank}", self.message, self.details)
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """What a rank sends at `Open` instead of building its adapter: its adapter differs from rank 0's,
+    or its host lacks the protocol's device (`line` names the rank and the difference)."""
+
+    rank: int
+    line: str
+
+
+class RankRefused(Exception):
+    """A rank's specval or adapter differs from rank 0's, or its host lacks the protocol's device:
+    the run ends before any seed is claimed, exit 2 (the hosts' installations disagree with the
+    command), with the one line it carries."""
+
+
 class TorchMissing(RuntimeError):
     """torch is not installed: a multi-process run cannot join its processes. A RuntimeError, as a
     group that cannot be joined is (the run exits 2 with one line, nothing claimed)."""
@@ -145,8 +196,9 @@ def from_environment(environ: dict[str, str]) -> ShardGroup | None:
 
 
 def protocol_device(protocol_file: Path) -> str:
-    """The `sut.device` of a protocol file, read by every rank before the group exists (it picks
-    the backend); "cpu" when the file does not parse (rank 0 then reports the error and dismisses)."""
+    """The `sut.device` of a protocol file, read by rank 0 alone once the group exists (`use_device`
+    before its adapter is built); "cpu" when the file does not parse (rank 0 then reports the error
+    and dismisses)."""
     try:
         return load_protocol(protocol_file).sut.device
     except (ProtocolError, OSError):
@@ -172,18 +224,38 @@ def _distributed() -> Any:
     return dist
 
 
-def join(group: ShardGroup, device: str) -> None:
-    """Initialise the default process group from torchrun's environment (env://); TorchMissing
-    without torch."""
+def join(group: ShardGroup) -> None:
+    """Initialise the default process group from torchrun's environment (env://) with this host's
+    backend (`host_backend`), before any file is read; TorchMissing without torch."""
     require_torch()
-    import torch
     import torch.distributed as dist
 
-    backend = "gloo"
-    if device.startswith(CUDA_PREFIX):
-        torch.cuda.set_device(group.local_rank)  # captured graphs and Triton launch on the current device
-        backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, rank=group.rank, world_size=group.size, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(host_backend(), rank=group.rank, world_size=group.size, timeout=GROUP_TIMEOUT)
+
+
+def host_backend() -> str:
+    """The backend of this host's ranks: CUDA_BACKENDS where torch sees CUDA, else CPU_BACKEND. Both
+    serve a CPU and a CUDA protocol alike (the run's collectives move CPU objects through gloo)."""
+    import torch
+
+    return CUDA_BACKENDS if torch.cuda.is_available() else CPU_BACKEND
+
+
+def use_device(device: str, group: ShardGroup) -> None:
+    """For a protocol on `device` CUDA: make cuda:LOCAL_RANK this process's current device (captured
+    graphs and Triton launch on the current device); nothing for the CPU. RankRefused naming the
+    rank when this host has no such GPU (or torch without CUDA)."""
+    if not device.startswith(CUDA_PREFIX):
+        return
+    import torch
+
+    found = torch.cuda.device_count()  # 0 without CUDA (a CPU build of torch, no driver)
+    if group.local_rank >= found:
+        raise RankRefused(
+            f"rank {group.rank}: the protocol runs on {device} and this host has {found} GPU(s), "
+            f"no {CUDA_PREFIX}:{group.local_rank}"
+        )
+    torch.cuda.set_device(group.local_rank)
 
 
 def leave() -> None:
@@ -225,6 +297,38 @@ def _gather(value: Any, group: ShardGroup) -> list[Any] | None:
     out = [None] * group.size if group.is_leader else None
     _collective(lambda: dist.gather_object(value, out, dst=LEADER))
     return out
+
+
+# ---------------------------------------------------------------- the same code on every rank
+
+
+def greet(group: ShardGroup) -> str | None:
+    """Every rank, right after `join`: rank 0 sends its specval's `harness_identity` (a dict of
+    strings: readable whatever specval a rank runs) and every other rank answers with the line of
+    its difference, or None. Rank 0 raises RankRefused naming the lowest differing rank; another
+    rank returns its own line (None: the same specval) and waits for rank 0's commands, as every
+    rank does (rank 0 dismisses them all with exit 2)."""
+    theirs = _broadcast(harness_identity().to_dict() if group.is_leader else None)
+    line = None if group.is_leader else _difference(group.rank, "", harness_identity().to_dict(), theirs)
+    answers = _gather(line, group)
+    if group.is_leader:
+        _refuse(answers)
+    return line
+
+
+def _difference(rank: int, subject: str, mine: dict[str, Any], leaders: dict[str, Any]) -> str | None:
+    """The line of a rank whose code (the identity record `mine`) differs from rank 0's, else None:
+    `rank R: <subject>specval 0.9.1 (digest ab12cd34ef56) differs from rank 0's specval 0.9.2 (...)`."""
+    if same_code(mine, leaders):
+        return None
+    return f"rank {rank}: {subject}{brief_record(mine)} differs from rank 0's {brief_record(leaders)}"
+
+
+def _refuse(answers: list[Any]) -> None:
+    """RankRefused with the lowest rank's line among `answers` (a line or a Refusal), if any."""
+    lines = [a.line if isinstance(a, Refusal) else a for a in answers if isinstance(a, (str, Refusal))]
+    if lines:
+        raise RankRefused(lines[0])
 
 
 # ---------------------------------------------------------------- one round of chunks
@@ -312,17 +416,22 @@ def _keep_all(keep: Keep, results: list[Any]) -> None:
 
 def open_ranks(group: ShardGroup, protocol: Protocol) -> None:
     """Rank 0, once its own adapter passed the preflight and before any seed is claimed: every other
-    rank builds its adapter on its own device and probes it (`preflight.probe`); the lowest failed
-    rank's exception is raised as SUTRaised (exit 3, nothing claimed)."""
-    _broadcast(Open(protocol))
-    failures = [r for r in _gather(None, group) if isinstance(r, Failure)]
+    rank checks that its adapter's identity is rank 0's, then builds its adapter on its own device
+    and probes it (`preflight.probe`). The lowest refusing rank (a different adapter, no such GPU)
+    is raised as RankRefused (exit 2), else the lowest failed rank's exception as SUTRaised (exit
+    3); nothing is claimed either way."""
+    _broadcast(Open(protocol, sut_identity(protocol.sut.adapter)))
+    answers = _gather(None, group)
+    _refuse(answers)
+    failures = [r for r in answers if isinstance(r, Failure)]
     if failures:
         raise failures[0].raised()
 
 
 def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
-    """The loop of a rank other than 0: build and probe its adapter at `Open`, collect its share of
-    each `Collect`, until `Dismiss`; returns the exit code rank 0 sent."""
+    """The loop of a rank other than 0 (after `greet`): at `Open`, compare its adapter's identity
+    with rank 0's and build and probe it; collect its share of each `Collect`, until `Dismiss`;
+    returns the exit code rank 0 sent."""
     sut = None
     try:
         while True:
@@ -331,8 +440,8 @@ def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
                 return command.code
             protocol = place(command.protocol, group)
             if isinstance(command, Open):
-                sut, failure = _open(protocol, sut_factory, group.rank)
-                _gather(failure, group)
+                sut, answer = _open(protocol, command.identity, sut_factory, group)
+                _gather(answer, group)
             else:
                 _serve_collect(group, sut, protocol, command)
     finally:
@@ -340,8 +449,19 @@ def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
             sut.close()
 
 
-def _open(protocol: Protocol, sut_factory: SutFactory | None, rank: int) -> tuple[Any, Failure | None]:
-    """This rank's adapter, built and probed; or None and the failure."""
+def _open(
+    protocol: Protocol, leaders: dict[str, Any], sut_factory: SutFactory | None, group: ShardGroup
+) -> tuple[Any, Failure | Refusal | None]:
+    """This rank's adapter, checked against rank 0's identity `leaders`, on its device, built and
+    probed; or None and the refusal (nothing built) or the failure."""
+    rank = group.rank
+    line = _difference(rank, f"adapter {protocol.sut.adapter}: ", sut_identity(protocol.sut.adapter), leaders)
+    if line is not None:
+        return None, Refusal(rank, line)
+    try:
+        use_device(protocol.sut.device, group)
+    except RankRefused as err:
+        return None, Refusal(rank, str(err))
     try:
         sut = open_guarded(sut_factory or open_sut, protocol)
     except SUTRaised as err:
