@@ -42,6 +42,7 @@ from specval.sut import OWN_DRAFT, SOURCES, SUT, SampleBatch, SUTError, capabili
 
 PROBE_ROWS = 2  # rows of the accept_single probe
 IMPORT_CALL = "the adapter's import or constructor"  # the call named while `open_guarded` builds the adapter
+BOOLEAN_CAPABILITIES = ("accept_single", "mixed_sampling", "group_options")  # declared True or False
 PASS_THROUGH = ("check_groups",)  # calls whose SUTError is a refusal of the configuration (exit 2)
 # what adapter code may raise that is its own failure (exit 3): any Exception, and SystemExit (an
 # adapter calling sys.exit must not end specval with the adapter's status); KeyboardInterrupt is the user's
@@ -179,6 +180,7 @@ def needs(protocol: Protocol) -> list[Need]:
     mutant = dict(protocol.sut.options).get("mutant")
     if mutant is not None:
         out.append(Need("mutants", str(mutant), ("sut", "options", "mutant")))
+    out += group_option_needs(protocol.groups)
     out += [
         Need("accept_single", "quadrature", ("tests", i, "kind"))
         for i, t in enumerate(getattr(protocol, "tests", ()))
@@ -187,8 +189,20 @@ def needs(protocol: Protocol) -> list[Need]:
     return out
 
 
+def group_option_needs(groups: Any) -> list[Need]:
+    """What groups that override adapter options ask: `group_options`, and each mutant they name."""
+    out = []
+    for i, group in enumerate(groups):
+        options = dict(getattr(group, "options", ()))
+        if options:
+            out.append(Need("group_options", "options", ("groups", i, "options")))
+        if options.get("mutant") is not None:
+            out.append(Need("mutants", str(options["mutant"]), ("groups", i, "options", "mutant")))
+    return out
+
+
 def _has(capabilities, need: Need) -> bool:
-    if need.capability in ("accept_single", "mixed_sampling"):
+    if need.capability in BOOLEAN_CAPABILITIES:
         return bool(getattr(capabilities, need.capability, False))
     if need.capability == "semantics":
         field, _, value = need.value.partition("=")
@@ -200,7 +214,7 @@ def _has(capabilities, need: Need) -> bool:
 
 def _declared(capabilities, need: Need) -> Any:
     """What the adapter declares for the capability `need` asks about (for the error message)."""
-    if need.capability in ("accept_single", "mixed_sampling"):
+    if need.capability in BOOLEAN_CAPABILITIES:
         return "False"
     if need.capability == "semantics":
         field = need.value.partition("=")[0]

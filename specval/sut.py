@@ -97,6 +97,10 @@ class Capabilities:
       "temperature" (the target at a higher temperature). The committed law must not change.
     - `mixed_sampling`: True iff the adapter implements `SUT.sample_mixed` (one call, each request
       with its own sampling parameters, greedy included); sequence groups with `companions` need it.
+    - `group_options`: True iff the adapter runs each group with its own options
+      (`SutSpec.options_for(group)`: `sut.options` with the group's `options` merged over them),
+      e.g. one engine per distinct set; a protocol whose groups set `options` needs it, so an
+      adapter that cannot honour them refuses it (exit 2) instead of ignoring them.
     """
 
     modes: tuple[str, ...] = MODES
@@ -107,6 +111,7 @@ class Capabilities:
     semantics: FilterSemantics = DEFAULT_SEMANTICS
     draft_overrides: tuple[str, ...] = ()
     mixed_sampling: bool = False
+    group_options: bool = False
 
     def __post_init__(self) -> None:
         for name, values, allowed in (
@@ -286,7 +291,8 @@ class SUT(abc.ABC):
         raise SUTError(f"{type(self).__name__} does not provide accept_single")
 
     def check_groups(self, groups: tuple[GroupSpec, ...]) -> None:
-        """Raise SUTError naming the group if any group's mode or depth is unsupported."""
+        """Raise SUTError naming the group if any group's mode or depth is unsupported (or, for an
+        adapter declaring `Capabilities.group_options`, any option of `spec.options_for(group)`)."""
         return None  # an optional hook: the default accepts every group
 
     def plan_batches(self, largest: int) -> None:

@@ -206,10 +206,7 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], 
     elif baseline is not None:
         fail(file, f"{where}.baseline", "only homogeneity tests take a baseline", baseline)
     if kind != "gof":
-        for name in listed:
-            group = next(g for g in groups if g.name == name)
-            if not group.is_speculative or name == baseline:
-                fail(file, f"{where}.groups", f"{kind} applies to speculative groups other than the baseline", name)
+        _check_compared(kind, listed, groups, baseline, file, where)
     tol = read_float(raw.get("tol", 1e-9), file, f"{where}.tol")
     if not tol > 0.0:
         fail(file, f"{where}.tol", "must be > 0", raw.get("tol"))
@@ -219,6 +216,28 @@ def _parse_test(raw: Any, file: str, where: str, groups: tuple[GroupSpec, ...], 
     return TestSpec(
         kind=kind, role=role, position=position, groups=tuple(listed), baseline=baseline, tol=tol, by_path=by_path
     )
+
+
+def _check_compared(
+    kind: str, listed: list[Any], groups: tuple[GroupSpec, ...], baseline: str | None, file: str, where: str
+) -> None:
+    """ProtocolError unless every group a quadrature or homogeneity test lists is speculative (or,
+    for homogeneity, an option cell of its baseline: `_option_cell`) and is not the baseline."""
+    by_name = {g.name: g for g in groups}
+    cells = ", or to a group that differs from the baseline only by options" if kind == "homogeneity" else ""
+    for name in listed:
+        group = by_name[name]
+        cell = baseline is not None and kind == "homogeneity" and _option_cell(group, by_name[baseline])
+        if not (group.is_speculative or cell) or name == baseline:
+            fail(file, f"{where}.groups", f"{kind} applies to speculative groups other than the baseline{cells}", name)
+
+
+def _option_cell(group: GroupSpec, baseline: GroupSpec) -> bool:
+    """True iff `group` runs the baseline's mode and draft depth under other adapter options (a
+    cell of the settings matrix: the same law is expected, so homogeneity between them is a test
+    of the settings, nospec groups included)."""
+    same_cell = (group.mode, group.draft_loops) == (baseline.mode, baseline.draft_loops)
+    return same_cell and group.options != baseline.options
 
 
 def _parse_tests(raw: Any, file: str, groups: tuple[GroupSpec, ...], positions: int) -> tuple[TestSpec, ...]:

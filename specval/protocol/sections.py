@@ -2,6 +2,10 @@
 dataclasses: the system under test (`sut`), the sampling parameters (`sampling`), the groups
 (`groups`) and the scale profiles (`profiles`, applied by `resolve`).
 
+A group may override adapter options (`groups[i].options`, merged over `sut.options` for that group
+only: `SutSpec.options_for`), so that one protocol runs the same checks across the settings a team
+serves with; `settings_covered` lists each group's effective options where any group overrides one.
+
 Guarantee: each parser returns frozen dataclasses or raises ProtocolError naming the file, the
 key and the value (`specval.protocol.readers`).
 """
@@ -34,6 +38,7 @@ NOSPEC_MODE = "nospec"
 MIN_TEMPERATURE = 1e-5
 GREEDY_TOP_K = 1  # keeps one token: greedy decoding, nothing to test
 PROFILE_KEYS = ("samples_per_group", "chunk_size", "batch_size")
+SETTINGS_KEY = "settings"  # manifest.json's record of `settings_covered`
 
 
 class Profiled(typing.Protocol):
@@ -65,6 +70,12 @@ class SutSpec:
     device: str = "cpu"
     options: tuple[tuple[str, Any], ...] = ()  # free-form (key, value) pairs passed to the adapter
 
+    def options_for(self, group: GroupSpec) -> tuple[tuple[str, Any], ...]:
+        """The adapter options `group` runs with: `options` with the group's own (`GroupSpec.options`)
+        merged over them, sorted by key. Equal to `options` for a group that overrides none."""
+        own = getattr(group, "options", ())  # a duck-typed group of an adapter's own tests may lack it
+        return tuple(sorted({**dict(self.options), **dict(own)}.items())) if own else self.options
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
@@ -87,11 +98,14 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One arm of the experiment: an engine mode and its draft depth."""
+    """One arm of the experiment: an engine mode, its draft depth and the adapter options it
+    overrides (`options`: (key, value) pairs sorted by key, merged over `sut.options` for this
+    group only; empty: none, and then absent from the canonical form, so the hash is unchanged)."""
 
     name: str
     mode: str
     draft_loops: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def is_speculative(self) -> bool:
@@ -155,7 +169,30 @@ def parse_group(raw: Any, file: str, where: str) -> GroupSpec:
         name=read_name(raw["name"], file, f"{where}.name"),
         mode=read_name(raw["mode"], file, f"{where}.mode"),
         draft_loops=read_draft_loops(raw, file, where),
+        options=read_group_options(raw, file, where),
     )
+
+
+def read_group_options(raw: Any, file: str, where: str) -> tuple[tuple[str, Any], ...]:
+    """`where.options` of a group: absent (none), or a non-empty mapping of option names
+    ([a-z][a-z0-9_]*) to values, as (key, value) pairs sorted by key. The adapter checks the keys
+    and values as it checks `sut.options` (an unknown key or a bad value is refused, exit 2)."""
+    if "options" not in raw:
+        return ()
+    options = read_mapping(raw["options"], file, f"{where}.options")
+    if not options:
+        fail(file, f"{where}.options", "expected a non-empty mapping (leave the key out to override nothing)", {})
+    for key in options:
+        read_name(key, file, f"{where}.options")
+    return tuple(sorted(options.items()))
+
+
+def settings_covered(protocol: Any) -> dict[str, dict[str, Any]]:
+    """Group name -> the adapter options it runs with (`SutSpec.options_for`), for a protocol where
+    some group overrides `sut.options`; empty otherwise (every group runs `sut.options` alone)."""
+    if not any(getattr(g, "options", ()) for g in protocol.groups):
+        return {}
+    return {g.name: dict(protocol.sut.options_for(g)) for g in protocol.groups}
 
 
 def parse_groups(

@@ -54,6 +54,7 @@ from specval.protocol.sections import (
     parse_profiles,
     parse_sampling,
     parse_sut,
+    read_group_options,
 )
 from specval.protocol.sections import resolve as resolve_profile
 from specval.protocol.strict_yaml import read_yaml
@@ -207,6 +208,7 @@ def _parse_group(raw: Any, file: str, where: str) -> SequenceGroup:
         name=read_name(raw["name"], file, f"{where}.name"),
         mode=read_name(raw["mode"], file, f"{where}.mode"),
         draft_loops=read_draft_loops(raw, file, where),
+        options=read_group_options(raw, file, where),
         draft=read_str(raw.get("draft", OWN_DRAFT), file, f"{where}.draft", DRAFTS),
         companions=_parse_companions(raw["companions"], file, f"{where}.companions") if "companions" in raw else (),
     )
