@@ -1,7 +1,10 @@
 """EngineSUT: the default SUT adapter, this project's own `engine` package.
 
-One `engine.LLM` is built per distinct (mode, draft_loops) of the protocol's groups and reused for
-every batch. Requests carry their own seed (`SamplingParams.seed`), `max_tokens` from
+One `engine.LLM` is built per distinct (mode, draft_loops, draft, options) of the protocol's groups
+and reused for every batch: a group's options are `sut.options` with its own `options` merged over
+them (`SutSpec.options_for`), so groups that differ only by options (a batch cap, the collection, the
+sampling backend) run on engines of their own (`Capabilities.group_options`). Requests carry their
+own seed (`SamplingParams.seed`), `max_tokens` from
 `Protocol.max_tokens(group)` and `ignore_eos=True`, so every request yields exactly that many
 tokens; the first `positions` of them are returned. All engines of one adapter share the first
 engine's model and tokenizer (one load of the weights).
@@ -21,6 +24,7 @@ entry point `engine` of the group `specval.sut`), never by an import statement.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -45,8 +49,14 @@ class Completion:
     finish_reason: str
 
 
+Options = tuple[tuple[str, Any], ...]  # adapter options as (key, value) pairs (`SutSpec.options`)
+EngineKey = tuple[str, int, str, str]  # (mode, draft depth, draft override, `options_key` of the options)
+NO_OPTIONS = "{}"  # `options_key(())`
+
+
 class EngineSUT(SUT):
-    """Adapter over `engine.LLM`; `sut.options` are passed to `EngineConfig` as keywords."""
+    """Adapter over `engine.LLM`; a group's options (`sut.options` with the group's own merged over
+    them) are passed to its `EngineConfig` as keywords."""
 
     capabilities = Capabilities(
         mutants=tuple(
@@ -54,14 +64,15 @@ class EngineSUT(SUT):
         ),
         draft_overrides=DRAFT_OVERRIDES[1:],
         mixed_sampling=True,
+        group_options=True,
     )
 
     prob_dtype = np.float32  # the engine's probabilities are float32
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
         super().__init__(spec, num_speculative_tokens)
-        self._llms: dict[tuple[str, int, str], Any] = {}
-        self._collectors: dict[tuple[str, int | None, str], Any] = {}  # collection: batched
+        self._llms: dict[EngineKey, Any] = {}
+        self._collectors: dict[EngineKey, Any] = {}  # collection: batched
         self._batch_size = 0
         self._compile_start = None
         if spec.device == "cuda":  # Triton compiles only there (the CPU interpreter compiles nothing)
@@ -69,12 +80,19 @@ class EngineSUT(SUT):
 
             self._compile_start = compile_clock.install()
 
-    def _llm(self, mode: str, draft_loops: int | None, draft: str = OWN_DRAFT):
-        """The engine of one (mode, draft depth, draft override), built on first use."""
-        import engine
+    def _key(self, mode: str, draft_loops: int | None, draft: str, options: Options) -> EngineKey:
+        """The key of one engine: (mode, draft depth, draft override, `options_key(options)`)."""
         from engine.config import DEFAULT_DRAFT_LOOPS
 
-        key = (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1), draft)
+        return (mode, draft_loops or DEFAULT_DRAFT_LOOPS.get(self.spec.model, 1), draft, options_key(options))
+
+    def _llm(self, mode: str, draft_loops: int | None, draft: str = OWN_DRAFT, options: Options | None = None):
+        """The engine of one (mode, draft depth, draft override, options), built on first use;
+        `options` None: `sut.options`."""
+        import engine
+
+        options = self.spec.options if options is None else options
+        key = self._key(mode, draft_loops, draft, options)
         if key not in self._llms:
             shared = next(iter(self._llms.values()), None)  # same model, dtype and device: load once
             override = {} if draft == OWN_DRAFT else {"draft_override": draft}
@@ -87,15 +105,21 @@ class EngineSUT(SUT):
                     draft_loops=key[1],
                     device=self.spec.device,
                     **override,
-                    **dict(self.spec.options),
+                    **dict(options),
                 )
                 self._llms[key] = engine.LLM(config, *((shared.engine.model, shared.tokenizer) if shared else ()))
             except (ValueError, TypeError, NotImplementedError) as err:
-                raise SUTError(f"engine refuses mode={mode!r} draft_loops={key[1]} draft={draft!r}: {err}") from err
+                where = f" options={key[3]}" if options != self.spec.options else ""
+                raise SUTError(
+                    f"engine refuses mode={mode!r} draft_loops={key[1]} draft={draft!r}{where}: {err}"
+                ) from err
         return self._llms[key]
 
+    def _group_key(self, group: GroupSpec) -> EngineKey:
+        return self._key(group.mode, group.draft_loops, _draft_of(group), self.spec.options_for(group))
+
     def _group_llm(self, group: GroupSpec):
-        return self._llm(group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
+        return self._llm(group.mode, group.draft_loops, _draft_of(group), self.spec.options_for(group))
 
     def _any_llm(self):
         return next(iter(self._llms.values())) if self._llms else self._llm("nospec", None)
@@ -205,7 +229,7 @@ class EngineSUT(SUT):
         (`collection: engine`) returns none."""
         from engine.runners.collection import BatchCollector
 
-        key = (group.mode, group.draft_loops, getattr(group, "draft", OWN_DRAFT))
+        key = self._group_key(group)
         if key not in self._collectors:
             self._collectors[key] = BatchCollector(llm.engine)
         self._batch_size = max(self._batch_size, len(seeds))
@@ -250,7 +274,7 @@ class EngineSUT(SUT):
     ) -> list[Completion]:
         """One completion per (prompt, seed): at most `max_tokens` tokens, stopped by EOS."""
         params = [request_params(sampling, max_tokens, seed=int(s)) for s in seeds]
-        llm = self._llm(group.mode, group.draft_loops)
+        llm = self._group_llm(group)
         outs = llm.generate(list(prompts), params, progress=progress)
         return [
             Completion(
@@ -295,7 +319,8 @@ class EngineSUT(SUT):
         self, draft_tokens: np.ndarray, draft_probs: np.ndarray, target_probs: np.ndarray, uniforms: np.ndarray
     ) -> np.ndarray:
         """The accept rule the runners use (`sut.options.mutant`'s, if named) on the protocol's device
-        and `sampling_backend` (default "auto": the Triton kernel on CUDA, torch on the CPU)."""
+        and `sampling_backend` (default "auto": the Triton kernel on CUDA, torch on the CPU). The
+        quadrature is not a group's: it runs `sut.options`, whatever a group's `options` override."""
         import torch
 
         from engine.mutants import sampling_ops
@@ -333,11 +358,18 @@ class EngineSUT(SUT):
             model=self.spec.model,
             dtype=self.spec.dtype,
             device=self.spec.device,
-            configs=[_config_label(*key) for key in self._llms],
+            configs=[self._label(key) for key in self._llms],
         )
         if self._collectors:  # collection: batched
-            facts["collection"] = {_config_label(*key): c.graph_status for key, c in self._collectors.items()}
+            facts["collection"] = {self._label(key): c.graph_status for key, c in self._collectors.items()}
         return facts
+
+    def _label(self, key: EngineKey) -> str:
+        """`_config_label` of an engine, naming its options where a group's override `sut.options`."""
+        mode, draft_loops, draft, options = key
+        return _config_label(
+            mode, draft_loops, draft, NO_OPTIONS if options == options_key(self.spec.options) else options
+        )
 
     def close(self) -> None:
         """Free the engines; kernel warm-ups not yet started are dropped (`plan_batches`)."""
@@ -357,10 +389,23 @@ class EngineSUT(SUT):
         return package_identity(package, name=package)
 
 
-def _config_label(mode: str, draft_loops: int | None, draft: str) -> str:
-    """ "mode/draft_loops=d[/draft=x]": one engine configuration in describe()."""
+def _config_label(mode: str, draft_loops: int | None, draft: str, options: str = NO_OPTIONS) -> str:
+    """ "mode/draft_loops=d[/draft=x][/options={...}]": one engine configuration in describe()
+    (`options`: an `options_key`, shown unless NO_OPTIONS)."""
     label = mode if draft_loops is None else f"{mode}/draft_loops={draft_loops}"
-    return label if draft == OWN_DRAFT else f"{label}/draft={draft}"
+    label = label if draft == OWN_DRAFT else f"{label}/draft={draft}"
+    return label if options == NO_OPTIONS else f"{label}/options={options}"
+
+
+def options_key(options: tuple[tuple[str, Any], ...]) -> str:
+    """A group's effective options as the key of its engine: canonical JSON (sorted keys), so any
+    value a protocol can write keys an engine, and equal option sets share one."""
+    return json.dumps(dict(options), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _draft_of(group: GroupSpec) -> str:
+    """The draft a group runs: a sequence group's `draft`, else the engine's own."""
+    return getattr(group, "draft", OWN_DRAFT)
 
 
 # ---------------------------------------------------------------- the engine for the bench

@@ -13,6 +13,9 @@ extra in a virtual environment of its own; docs/real-model.md, "vLLM").
   truncated SmolLM2 built by `vllm_model --draft-layers N`), or the target itself when `draft_loops`
   is absent (a self draft: lossless-checking workload, no speed-up). K = `num_speculative_tokens`.
   eagle3 is not offered: no trained head exists offline.
+- Engine settings (`enable_prefix_caching`, `max_num_seqs`: `vllm_options.ENGINE_KEYS`) come from
+  `sut.options` with a group's own `options` merged over them, so groups that differ only by these
+  run the same checks in each setting a team serves with (`Capabilities.group_options`).
 - One `LLM` per group, created on the group's first call and kept alive across chunks. vLLM's engine
   core and its worker run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, executor `uni`), so
   an error inside vLLM reaches the adapter with its traceback, and the patch below applies here.
@@ -79,7 +82,9 @@ from specval.adapters.vllm_options import (
     DRAFT_PROBABILISTIC,
     METHOD_NGRAM,
     VllmOptions,
+    check_group_keys,
     check_version,
+    group_where,
     installed_version,
     models_root,
     require_folder,
@@ -156,6 +161,7 @@ class VllmSUT(SUT):
         accept_single=False,
         draft_kind=DRAFT_GREEDY,
         semantics=FilterSemantics(top_k_ties=TIES_KEEP, top_p_crossing=CROSSING_KEEP, order=TOP_K_THEN_TOP_P),
+        group_options=True,
     )
 
     def __init__(self, spec: SutSpec, num_speculative_tokens: int):
@@ -174,6 +180,7 @@ class VllmSUT(SUT):
 
         self.target = require_folder(target_dir(models_root()), "sut.model 'smollm2'")
         self._engines: dict[str, Any] = {}
+        self._built: dict[str, dict[str, Any]] = {}  # group name -> the kwargs its LLM was built with
         self._reference = None
         self._drafts: dict[int, Any] = {}  # draft_loops -> transformers' model of the truncated draft
         self._tokenizer = None
@@ -192,6 +199,7 @@ class VllmSUT(SUT):
         for extra in sorted({name for name, _ in self.options.groups} - names):
             raise SUTError(f"sut.options.groups.{extra}: no speculative group of that name in the protocol")
         for group in groups:
+            self._group_options(group)  # raises naming the group, the key and the value
             if group.mode not in self.capabilities.modes:
                 raise SUTError(
                     f"group {group.name!r}: mode {group.mode!r} is not supported by the vllm adapter "
@@ -222,17 +230,27 @@ class VllmSUT(SUT):
         )
         return {**config, "model": str(folder), "draft_sample_method": method.draft_sample}
 
+    def _group_options(self, group: GroupSpec) -> VllmOptions:
+        """The options `group`'s `LLM` runs with: `sut.options` with the group's own merged over them
+        (only `ENGINE_KEYS` may be the group's own); SUTError naming the group's key and value."""
+        own = getattr(group, "options", ())
+        if not own:
+            return self.options
+        check_group_keys(group.name, own)
+        return VllmOptions.parse(self.spec.options_for(group), group_where(group.name))
+
     def engine_kwargs(self, group: GroupSpec) -> dict[str, Any]:
-        """The keyword arguments of `vllm.LLM` for `group`."""
+        """The keyword arguments of `vllm.LLM` for `group` (its engine settings: `_group_options`)."""
+        settings = self._group_options(group)
         kwargs = dict(
             model=str(self.target),
             dtype="float32",
             seed=0,
             max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=MAX_NUM_SEQS,
+            max_num_seqs=settings.max_num_seqs or MAX_NUM_SEQS,
             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
             enable_chunked_prefill=False,
-            enable_prefix_caching=False,
+            enable_prefix_caching=settings.enable_prefix_caching,
             enforce_eager=True,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             distributed_executor_backend="uni",
@@ -248,7 +266,9 @@ class VllmSUT(SUT):
             vllm = _import_vllm()
             os.environ.update(ENGINE_ENV)
             try:
-                self._engines[group.name] = vllm.LLM(**self.engine_kwargs(group))
+                kwargs = self.engine_kwargs(group)
+                self._engines[group.name] = vllm.LLM(**kwargs)
+                self._built[group.name] = kwargs
             except SUTError:
                 raise
             except Exception as err:
@@ -405,7 +425,15 @@ class VllmSUT(SUT):
             "num_speculative_tokens": self.num_speculative_tokens,
             "groups": groups,
             "engine": "in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, executor uni), chunked prefill off, enforce_eager",
+            "engine_settings": self._engine_settings(),
             "patched": self.patch or False,
+        }
+
+    def _engine_settings(self) -> dict[str, dict[str, Any]]:
+        """Group name -> the engine settings its `LLM` was built with, for every group built."""
+        return {
+            name: {key: llm_kwargs[key] for key in ("enable_prefix_caching", "max_num_seqs")}
+            for name, llm_kwargs in self._built.items()
         }
 
     @classmethod

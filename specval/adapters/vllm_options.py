@@ -10,6 +10,12 @@ Options (unknown keys are refused; every error names the key and the value):
   `method` is `ngram` or `draft_model`; `draft_sample` (draft_model only) is `greedy` (vLLM's
   default: drafts are the draft model's argmax) or `probabilistic` (drafts sampled at the request's
   temperature, with their probabilities handed to the rejection sampler).
+- Engine settings, in `sut.options` or per group (`groups[].options`, merged over `sut.options` for
+  that group's own `LLM`; `ENGINE_KEYS`): `enable_prefix_caching` (bool, default false: vLLM's
+  automatic prefix caching, so a call's requests after its first reuse the cached blocks of their
+  shared prompt) and `max_num_seqs` (integer >= 1, default the adapter's 256: requests one step
+  runs, so a call of more is admitted over several steps beside requests already decoding). The
+  other keys apply to the whole adapter and are refused in a group's options.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ METHODS = (METHOD_NGRAM, METHOD_DRAFT_MODEL)  # eagle3 needs a trained head; non
 DRAFT_GREEDY = "greedy"
 DRAFT_PROBABILISTIC = "probabilistic"
 DRAFT_SAMPLES = (DRAFT_GREEDY, DRAFT_PROBABILISTIC)
-OPTION_KEYS = ("patch_cpu_expand", "groups")
+ENGINE_KEYS = ("enable_prefix_caching", "max_num_seqs")  # the keys a group's own options may set
+OPTION_KEYS = ("patch_cpu_expand", "groups", *ENGINE_KEYS)
 GROUP_KEYS = ("method", "draft_sample")
 MODELS_ENV = "SPECVAL_VLLM_MODELS"  # root of the built model folders (default: models/vllm)
 DEFAULT_MODELS_ROOT = Path("models") / "vllm"
@@ -48,24 +55,52 @@ class GroupMethod:
 class VllmOptions:
     patch_cpu_expand: bool = False
     groups: tuple[tuple[str, GroupMethod], ...] = ()  # (group name, method), sorted by name
+    enable_prefix_caching: bool = False
+    max_num_seqs: int | None = None  # None: the adapter's default (`vllm.MAX_NUM_SEQS`)
 
     def method_of(self, group: str) -> GroupMethod | None:
         return dict(self.groups).get(group)
 
     @classmethod
-    def parse(cls, options: tuple[tuple[str, Any], ...]) -> VllmOptions:
+    def parse(cls, options: tuple[tuple[str, Any], ...], where: str = "sut.options") -> VllmOptions:
+        """The options of `where` (`sut.options`, or a group's effective options: `group_where`);
+        SUTError naming `where`, the key and the value."""
         values = dict(options)
         unknown = sorted(set(values) - set(OPTION_KEYS))
         if unknown:
-            raise SUTError(f"sut.options: unknown key(s) {unknown} for the vllm adapter; expected {list(OPTION_KEYS)}")
-        patch = values.get("patch_cpu_expand", False)
-        if not isinstance(patch, bool):
-            raise SUTError(f"sut.options.patch_cpu_expand: {patch!r} is not true or false")
+            raise SUTError(f"{where}: unknown key(s) {unknown} for the vllm adapter; expected {list(OPTION_KEYS)}")
+        for key in ("patch_cpu_expand", "enable_prefix_caching"):
+            if not isinstance(values.get(key, False), bool):
+                raise SUTError(f"{where}.{key}: {values[key]!r} is not true or false")
+        seqs = values.get("max_num_seqs")
+        if seqs is not None and (isinstance(seqs, bool) or not isinstance(seqs, int) or seqs < 1):
+            raise SUTError(f"{where}.max_num_seqs: {seqs!r} is not an integer >= 1")
         raw_groups = values.get("groups", {})
         if not isinstance(raw_groups, Mapping):
-            raise SUTError(f"sut.options.groups: {raw_groups!r} is not a mapping of group name -> method")
+            raise SUTError(f"{where}.groups: {raw_groups!r} is not a mapping of group name -> method")
         groups = tuple(sorted((str(name), _group_method(str(name), raw)) for name, raw in raw_groups.items()))
-        return cls(patch_cpu_expand=patch, groups=groups)
+        return cls(
+            patch_cpu_expand=values.get("patch_cpu_expand", False),
+            groups=groups,
+            enable_prefix_caching=values.get("enable_prefix_caching", False),
+            max_num_seqs=seqs,
+        )
+
+
+def group_where(name: str) -> str:
+    """How an error names the options of group `name` (its own merged over `sut.options`)."""
+    return f"groups.{name}.options"
+
+
+def check_group_keys(name: str, own: tuple[tuple[str, Any], ...]) -> None:
+    """SUTError unless group `name`'s own options set only `ENGINE_KEYS` (the rest configure the
+    whole adapter: one process, one patch, the methods of every group)."""
+    for key, value in own:
+        if key not in ENGINE_KEYS:
+            raise SUTError(
+                f"{group_where(name)}.{key}: {value!r} cannot be set per group (a group may set "
+                f"{list(ENGINE_KEYS)}); set it in sut.options"
+            )
 
 
 def _group_method(name: str, raw: Any) -> GroupMethod:

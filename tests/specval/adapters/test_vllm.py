@@ -101,6 +101,47 @@ def test_draft_model_folders(models):
     assert "speculative_config" not in sut.engine_kwargs(GroupSpec("nospec", "nospec"))
 
 
+SERVED = (("enable_prefix_caching", True), ("max_num_seqs", 8))
+
+
+def test_each_group_builds_its_llm_with_its_own_engine_settings(models):
+    """Group options reach only that group's `LLM` (one per group); the other groups keep
+    sut.options' settings, and the adapter declares the capability a protocol with them needs."""
+    sut = adapter.VllmSUT(_spec(max_num_seqs=64, groups={"d": {"method": "draft_model"}}), 2)
+    plain, served = GroupSpec("n", "nospec"), GroupSpec("d", "sync", options=SERVED)
+    sut.check_groups((plain, served))
+    settings = [(k["enable_prefix_caching"], k["max_num_seqs"]) for k in map(sut.engine_kwargs, (plain, served))]
+    assert settings == [(False, 64), (True, 8)] and adapter.VllmSUT.capabilities.group_options
+    assert adapter.VllmSUT(_spec(), 2).engine_kwargs(plain)["max_num_seqs"] == adapter.MAX_NUM_SEQS
+
+
+def test_check_groups_refuses_adapter_wide_keys_in_a_groups_options(models):
+    sut = adapter.VllmSUT(_spec(), 2)
+    with pytest.raises(SUTError, match=r"groups.n.options.patch_cpu_expand: True cannot be set per group"):
+        sut.check_groups((GroupSpec("n", "nospec", options=(("patch_cpu_expand", True),)),))
+    with pytest.raises(SUTError, match=r"groups.n.options.max_num_seqs: -1 is not an integer >= 1"):
+        sut.check_groups((GroupSpec("n", "nospec", options=(("max_num_seqs", -1),)),))
+
+
+def test_the_shipped_settings_protocol_runs_each_cell_in_its_setting(models, monkeypatch):
+    from specval.protocol import load_protocol
+
+    monkeypatch.setattr(adapter.VllmSUT, "_apply_patch", lambda self: "patched")  # no vLLM here
+    protocol = load_protocol(ROOT / "protocols" / "t2_vllm_settings.yaml")
+    sut = adapter.VllmSUT(protocol.sut, protocol.num_speculative_tokens)
+    sut.check_groups(protocol.groups)
+    cells = {
+        g.name: (kwargs["enable_prefix_caching"], kwargs["max_num_seqs"], "speculative_config" in kwargs)
+        for g, kwargs in ((g, sut.engine_kwargs(g)) for g in protocol.groups)
+    }
+    assert cells == {
+        "nospec": (False, adapter.MAX_NUM_SEQS, False),
+        "draft": (False, adapter.MAX_NUM_SEQS, True),
+        "nospec_served": (True, 8, False),
+        "draft_served": (True, 8, True),
+    }
+
+
 def test_describe_says_whether_the_sut_was_patched(models, monkeypatch):
     sut = adapter.VllmSUT(_spec(), 4)
     assert sut.describe()["patched"] is False

@@ -6,7 +6,9 @@ from specval.adapters.vllm_options import (
     DRAFT_PROBABILISTIC,
     GroupMethod,
     VllmOptions,
+    check_group_keys,
     check_version,
+    group_where,
     models_root,
     require_folder,
 )
@@ -62,3 +64,29 @@ def test_missing_folder_names_it_and_the_build_command(tmp_path):
         require_folder(tmp_path / "smollm2", "sut.model 'smollm2'")
     (tmp_path / "config.json").write_text("{}")
     assert require_folder(tmp_path, "x") == tmp_path
+
+
+def test_engine_settings_default_to_the_adapters_and_parse_where_given():
+    assert (VllmOptions().enable_prefix_caching, VllmOptions().max_num_seqs) == (False, None)
+    options = VllmOptions.parse((("enable_prefix_caching", True), ("max_num_seqs", 8)), group_where("served"))
+    assert (options.enable_prefix_caching, options.max_num_seqs) == (True, 8)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ((("enable_prefix_caching", "on"),), r"^groups.g.options.enable_prefix_caching: 'on' is not true or false$"),
+        ((("max_num_seqs", 0),), r"^groups.g.options.max_num_seqs: 0 is not an integer >= 1$"),
+        ((("max_num_seqs", True),), r"^groups.g.options.max_num_seqs: True is not an integer >= 1$"),
+    ],
+)
+def test_bad_engine_settings_name_the_group_the_key_and_the_value(options, match):
+    with pytest.raises(SUTError, match=match):
+        VllmOptions.parse(options, group_where("g"))
+
+
+@pytest.mark.parametrize("key", ["patch_cpu_expand", "groups", "typo"])
+def test_a_group_may_set_only_engine_settings(key):
+    check_group_keys("g", (("enable_prefix_caching", True), ("max_num_seqs", 4)))
+    with pytest.raises(SUTError, match=rf"^groups.g.options.{key}: 1 cannot be set per group .* in sut.options$"):
+        check_group_keys("g", ((key, 1),))
