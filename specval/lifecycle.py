@@ -31,6 +31,7 @@ from specval import bundle as bundles
 from specval import seeds
 from specval.identity import IDENTITY_KEY, identity_of, unrecorded
 from specval.protocol.registration import lock_path, read_lock
+from specval.protocol.sections import SETTINGS_KEY, settings_covered
 from specval.semantics import FilterSemantics
 from specval.sut import BUNDLED_ADAPTERS, ENTRY_POINT_GROUP, SUTError, load_adapter
 
@@ -261,7 +262,8 @@ def write_manifest(
     `adapter` the identity of the protocol's adapter code (`adapter_identity`); `sut_identity` the
     code the adapter tests (`sut_identity`; None when the protocol names no adapter); `seed_space` the
     space its first seed lies in (`seeds.space_of`: "confirmatory" or "exploratory"), where the
-    protocol has a seed_base."""
+    protocol has a seed_base; `settings` each group's adapter options (`settings_covered`: group
+    name -> `sut.options` with the group's own merged over them), only where a group overrides one."""
     sut = getattr(protocol, "sut", None)
     manifest = {
         "chunk_heads": bundles.chunk_heads(path),
@@ -282,6 +284,9 @@ def write_manifest(
     base = getattr(protocol, "seed_base", None)
     if isinstance(base, int) and ranges:
         manifest["seed_space"] = seeds.space_of(min(r.start for r in ranges), base)
+    settings = settings_covered(protocol) if sut is not None and hasattr(protocol, "groups") else {}
+    if settings:
+        manifest[SETTINGS_KEY] = settings
     bundles.write_json(path / bundles.MANIFEST_FILE, manifest)
 
 

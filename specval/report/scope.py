@@ -4,13 +4,15 @@ tested, and in plain words what its PASS does not cover.
 Guarantee: only bundles that record the system under test's identity (`markdown.has_identity`)
 get these lines; bundles made before it render byte for byte as they were sealed, so `specval
 verify` still re-renders them exactly. Every value shown comes from the bundle's files
-(summary.json, protocol.json), never from the code that renders.
+(summary.json, protocol.json, manifest.json), never from the code that renders.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from specval.protocol.sections import SETTINGS_KEY
 from specval.report.markdown import has_identity, is_exploratory
 
 FROZEN_TEXT = "frozen: the protocol's hash is registered in its frozen.lock, and the run drew confirmatory seeds"
@@ -77,7 +79,12 @@ def distribution_scope(summary: dict, manifest: dict, protocol: dict | None) -> 
     """The distribution report's scope lines (empty: a bundle made before identities, or no protocol)."""
     if protocol is None or not has_identity(manifest):
         return []
-    return [registration_text(summary), tested_text(summary, protocol), not_covered_text(summary)]
+    return [
+        registration_text(summary),
+        tested_text(summary, protocol),
+        *settings_lines(manifest),
+        not_covered_text(summary),
+    ]
 
 
 def summary_scope(
@@ -88,4 +95,31 @@ def summary_scope(
     before identities)."""
     if not has_identity(manifest):
         return []
-    return [registration_text(summary), *(line for line in (tested, not_covered) if line)]
+    return [registration_text(summary), *(line for line in (tested, *settings_lines(manifest), not_covered) if line)]
+
+
+def settings_lines(manifest: dict) -> list[str]:
+    """The settings a run covered, from manifest.json's `settings` (group -> the adapter options it
+    ran with: `specval.protocol.sections.settings_covered`): one line naming, for each set of
+    options, the groups that ran it, by the options that differ between groups, and the options
+    every group shares. Empty for a run whose groups override no option (and every older bundle)."""
+    settings = manifest.get(SETTINGS_KEY) or {}
+    if not settings:
+        return []
+    first = next(iter(settings.values()))
+    shared = {k: v for k, v in first.items() if all(k in o and o[k] == v for o in settings.values())}
+    cells: dict[str, list[str]] = {}
+    for name, options in sorted(settings.items()):
+        varying = {k: v for k, v in options.items() if k not in shared}
+        cells.setdefault(_options_text(varying) or "the adapter's defaults", []).append(name)
+    common = _options_text(shared)
+    return [
+        "settings covered (adapter options by group, the same checks in each): "
+        + "; ".join(f"{', '.join(names)}: {text}" for text, names in cells.items())
+        + (f"; every group also: {common}" if common else "")
+    ]
+
+
+def _options_text(options: dict) -> str:
+    """Adapter options as "key value, ..." (values as JSON), sorted by key."""
+    return ", ".join(f"{key} {json.dumps(value, sort_keys=True)}" for key, value in sorted(options.items()))
