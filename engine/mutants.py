@@ -17,8 +17,10 @@ Two registries: `MUTANTS` are the bugs today's protocols can see (the first toke
 prompt, one request at a time); `SEQUENCE_MUTANTS` (`needs` = NEEDS_SEQUENCE or NEEDS_PAIRS)
 act only late in a sequence, past round position 2, across requests of one batch, or in batches
 mixing greedy and random requests (`needs` = NEEDS_MIXED), so a
-harness lists them only once it has whole-sequence / paired-request protocols. `get` and
-`sampling_ops` know both; `ALL_MUTANTS` is their union.
+harness lists them only once it has whole-sequence / paired-request protocols. `SETTING_MUTANTS`
+(`needs` = NEEDS_SETTING) act only under an engine setting (a small token budget), so a protocol
+sees them only in a group whose options select that setting. `get` and `sampling_ops` know all
+three; `ALL_MUTANTS` is their union.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ NEEDS_PREFIX = "prefix"  # seen in the first tokens after one prompt (today's pr
 NEEDS_SEQUENCE = "sequence"  # seen only late in a sequence (every token / round position gated)
 NEEDS_PAIRS = "pairs"  # seen only jointly across requests of one batch (each request's law exact)
 NEEDS_MIXED = "mixed"  # seen only when one batch mixes greedy and random requests
+NEEDS_SETTING = "setting"  # seen only under an engine setting that a group's options select
 
 
 @dataclass(frozen=True)
@@ -348,6 +351,24 @@ def _greedy_step_draft_probabilities(logits, rows, backend):
     return q, q
 
 
+def _mixed_step(rows: SamplingRows) -> torch.Tensor:
+    """bool[1, 1]: the step holds requests in their first round (committed tokens = the prompt:
+    just admitted) beside requests in later rounds (on the device, no host read)."""
+    first = rows.num_committed == rows.num_prompt
+    return (first.any() & (~first).any()).reshape(1, 1)
+
+
+def _mixed_step_probabilities(logits, rows, backend):
+    """Temperature only (top-k and top-p dropped) in a mixed step; the engine's own otherwise."""
+    right = probabilities(logits, rows, backend)
+    return torch.where(_mixed_step(rows), _temperature_only(logits, rows, backend), right)
+
+
+def _mixed_step_draft_probabilities(logits, rows, backend):
+    q = _mixed_step_probabilities(logits, rows, backend)
+    return q, q
+
+
 def _with(**ops) -> SamplingOps:
     return dataclasses.replace(DEFAULT_OPS, **ops)
 
@@ -569,7 +590,25 @@ SEQUENCE_MUTANTS: tuple[Mutant, ...] = (
         needs=NEEDS_MIXED,
     ),
 )
-ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS
+SETTING_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "mixed_step_unfiltered",
+        "a step that admits requests beside others already decoding takes a fallback sampling path "
+        "that applies the temperature but drops top-k and top-p (every runner); a step of one kind is "
+        "exact (continuous-batching paths that sampled with a fallback sampler ignoring the request's "
+        "filters: waybarrios/vllm-mlx#404, paiml/aprender#2080)",
+        "every token of a step mixing admission and decoding: only when max_num_batched_tokens admits "
+        "a call's requests over several steps (never when one step admits them all)",
+        ops=_with(
+            probabilities=_mixed_step_probabilities,
+            verify_probabilities=_mixed_step_probabilities,
+            draft_probabilities=_mixed_step_draft_probabilities,
+            reads_prompt_length=True,
+        ),
+        needs=NEEDS_SETTING,
+    ),
+)
+ALL_MUTANTS = MUTANTS + SEQUENCE_MUTANTS + SETTING_MUTANTS
 MUTANT_NAMES = tuple(m.name for m in ALL_MUTANTS)
 WRONG_BONUS_ROW = "bonus_wrong_position"  # the wrong-bonus-row class is in MUTANTS already
 
