@@ -324,3 +324,55 @@ def test_verify_profile_pins_the_profile_the_bundle_ran(unsigned):
     _no_traceback(result)
     assert result.exit_code == 1, result.output
     assert result.output.splitlines()[-1].endswith("run.json: ran profile 'ci', not the pinned 'full'"), result.output
+
+
+# ---------------------------------------------------------------- bounded time and memory
+
+MEMORY_BOUND = 1 << 30  # bytes of resident memory a command may reach on a hostile bundle (issue 57)
+CPU_BOUND_S = 10.0  # CPU seconds (user + system) it may spend: CPU, not wall, so a loaded machine passes
+
+
+def _bounded(*args: object) -> tuple[int, str]:
+    """`python -m specval ARGS` in a child process: (exit status, output), after checking that the
+    child never held more than MEMORY_BOUND resident and spent at most CPU_BOUND_S of CPU (its own
+    rusage from wait4: the interpreter's start-up and imports included, a few seconds)."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "specval", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    assert "Traceback" not in output, output
+    assert usage.ru_maxrss * 1024 < MEMORY_BOUND, f"{usage.ru_maxrss} KiB resident: {args}"
+    assert usage.ru_utime + usage.ru_stime < CPU_BOUND_S, f"{usage.ru_utime + usage.ru_stime:.1f} s CPU: {args}"
+    return child.returncode, output
+
+
+def test_hostile_bundles_are_refused_within_the_time_and_memory_bounds(copy, unsigned, keys, tmp_path):
+    """The attacks of this module that could cost memory or time without bounds, each through the
+    real command line in a child process: a 16 M-row chunk (verify, verify --key), JSON nested
+    200,000 deep (verify, ls, --resume). Each ends with its documented exit code, no traceback,
+    under 1 GiB resident and 10 CPU seconds (the bounds of issue 57)."""
+    huge = _huge_chunk(copy)
+    code, output = _bounded("verify", copy)
+    assert code == 1 and huge in output and "over the bound of" in output, output
+    code, output = _bounded("verify", copy, "--key", keys["team.pub"])
+    assert code == 1 and f"{huge}: changed after signing" in output, output
+    (unsigned / bundles.SUMMARY_FILE).write_text(DEEP)
+    code, output = _bounded("ls", "--output", unsigned.parent)
+    assert code == 0 and ["CORRUPT", "sealed", str(unsigned)] in [line.split() for line in output.splitlines()], output
+    bundles.write_sums(unsigned)
+    code, output = _bounded("verify", unsigned)
+    assert code == 1 and "nested deeper than" in output, output
+    (tmp_path / "killed").mkdir()
+    killed = killed_bundle(tmp_path / "killed")
+    (killed / bundles.RUN_FILE).write_text(DEEP)
+    code, output = _bounded("run", "--resume", killed, "--quiet")
+    assert code == 2 and len(output.strip().splitlines()) == 1 and "nested deeper than" in output, output
