@@ -4,7 +4,8 @@
 # a 2-core CPU per LLM group (docs/real-model.md, "vLLM": install time and run figures).
 #   bash scripts/test_vllm.sh            set up .venv-vllm and models/vllm, the adapter's tests, then
 #                                        `specval run protocols/t2_vllm.yaml --profile smoke` and the same
-#                                        for protocols/seq_vllm.yaml (whole sequences)
+#                                        for protocols/seq_vllm.yaml (whole sequences) and
+#                                        protocols/t2_vllm_settings.yaml (two engine settings)
 #   bash scripts/test_vllm.sh --tests    the same without the smoke runs
 # Exit status: that of the first failing step, later steps skipped (a smoke run's: 0 PASS, 1 FAIL,
 # 3 vLLM raised, 4 INCONCLUSIVE).
@@ -47,4 +48,5 @@ fi
 if [ "$smoke" = 1 ]; then
   "$VENV/bin/specval" run protocols/t2_vllm.yaml --profile smoke
   "$VENV/bin/specval" run protocols/seq_vllm.yaml --profile smoke
+  "$VENV/bin/specval" run protocols/t2_vllm_settings.yaml --profile smoke
 fi
