@@ -119,3 +119,13 @@ def test_the_correct_engine_passes_both_budgets_and_the_evidence_lists_them(tmp_
     assert line in (bundle / "report.html").read_text()
     verified = CliRunner().invoke(main, ["verify", str(bundle)])
     assert verified.exit_code == 0, verified.output  # the settings line re-renders byte for byte
+
+
+def test_specval_mutate_states_no_single_exact_t1_law_for_a_setting_mutant():
+    """Its law at t1 depends on the group's token budget (exact in one, not in the other), so the
+    kill table leaves the exact TV out instead of printing the default setting's 0."""
+    from specval.distribution.mutate import plain_law, t1_law
+
+    protocol, logits = load_protocol(BUDGET), np.linspace(0.0, 3.0, 16)
+    assert plain_law(MUTANT, logits, protocol) is None and t1_law(MUTANT, logits, logits, protocol) is None
+    assert plain_law("temperature_twice", logits, protocol) is not None  # one law in every setting
