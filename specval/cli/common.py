@@ -21,7 +21,7 @@ from specval import protocol as protocols
 from specval.kinds import (
     DISTRIBUTION_KIND,
     KINDS,
-    OTHER_KINDS,
+    SEQUENCE_KIND,
     Kind,
     ProtocolFile,
     bundle_kind,
@@ -30,6 +30,7 @@ from specval.kinds import (
 
 EXIT_PASS, EXIT_FAIL, EXIT_INPUT = execution.EXIT_PASS, execution.EXIT_FAIL, execution.EXIT_INPUT
 EXIT_ENVIRONMENT = execution.EXIT_ENVIRONMENT
+SHARDED_KINDS = (DISTRIBUTION_KIND, SEQUENCE_KIND)  # the kinds a multi-process run shares (sharding)
 
 
 # ---------------------------------------------------------------- exits: one line, one status
@@ -184,8 +185,10 @@ def check_sharded(protocol_file: Path, kind: Kind, devices: int, shards) -> None
     made by every rank before any rank joins the group (exit 2)."""
     if devices > 1 and shards is not None:
         raise click.UsageError("--devices launches torchrun; inside a torchrun-started process drop it")
-    if kind.name in OTHER_KINDS:
-        raise click.UsageError(f"multi-process runs take distribution protocols only, not kind: {kind.name}")
+    if kind.name not in SHARDED_KINDS:
+        raise click.UsageError(
+            f"multi-process runs take {' and '.join(SHARDED_KINDS)} protocols only, not kind: {kind.name}"
+        )
     if devices > 1:
         _check_gpus(protocol_file, devices)
 

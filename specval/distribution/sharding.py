@@ -20,6 +20,14 @@ every rank dismissed with 2). Roles:
   build and probe it, before any seed is claimed), `Collect` (sample these chunks) or `Dismiss`
   (exit with this code), and sends its samples (or its failure) to rank 0.
 
+Both run kinds that collect through chunk files share this machinery: the distribution kind's
+chunks are `collect.Chunk`s made by `collect.collect_chunk`; the sequence kind's are its batches
+(`specval.sequence.collect.Batch`, one chunk file each) made by `sample_batch`. `Open` carries the
+kind's probe and `Collect` the kind's function that makes one chunk (each named by module and
+function, so a rank runs its own installed copy of rank 0's code), and a serving rank calls them
+as rank 0 does. The sequence kind shards its collection only: its reference replays and criteria
+run on rank 0 (`specval.sequence.runner`).
+
 The exchange, in order: every rank joins (`join`: the backend comes from its own host, not from
 the protocol); `greet`: rank 0 sends its specval's name, version and digest
 (`identity.harness_identity`) as plain strings, which any specval can read, and every rank
@@ -28,10 +36,11 @@ included: the other ranks never parse a file) and rank 0's adapter identity
 (`lifecycle.sut_identity`, what the manifest records), which each rank compares with its own before
 it builds its adapter; then `Collect`s carry the chunk plan.
 
-How the seeds are split: by chunk (`collect.Chunk`, the unit of sealing). Rank 0 lists the chunks
-still missing from the bundle (in `collect.plan_chunks` order, chunks already on disk skipped, so a
-resumed run shards only what is left, with any number of ranks), and chunk i of that list goes to
-rank i mod N. The chunks are taken in rounds of N: in each round every rank collects at most one
+How the seeds are split: by chunk (the unit of sealing: a `collect.Chunk`, or a sequence batch).
+Rank 0 lists the chunks still missing from the bundle (in `collect.plan_chunks` order, or
+`specval.sequence.collect.plan_batches` order up to the current look, chunks already on disk
+skipped, so a resumed run shards only what is left, with any number of ranks), and chunk i of that
+list goes to rank i mod N. The chunks are taken in rounds of N: in each round every rank collects at most one
 chunk, the chunks reach rank 0 through `gather_object`, and a broadcast tells every rank whether
 the run goes on (the collective error check after each chunk); rank 0 then writes the round's
 chunks in a writer thread while every rank collects the next round.
@@ -39,8 +48,10 @@ chunks in a writer thread while every rank collects the next round.
 Guarantees:
 - The samples equal those of a one-process run of the same seed ranges wherever the SUT's output
   for a batch depends on its seeds alone, not on the process or on which of identical devices runs
-  it (the engine's counter-based RNG, the fake SUT): each chunk is made by `collect.collect_chunk`
-  (so split into the same batches) and written by `collect.collect`, as in one process.
+  it (the engine's counter-based RNG, the fake SUT, the sequence tests' chain): each chunk is made
+  by the function that makes it in one process (`collect.collect_chunk`, so split into the same
+  batches; a sequence batch by `sample_batch`) and written by the kind's `collect`, as in one
+  process.
 - A rank whose specval or adapter code differs from rank 0's (name, version or digest,
   `identity.same_code`), or whose host lacks the GPU of a CUDA protocol, ends the run before any
   seed is claimed: rank 0 raises `RankRefused` naming the lowest such rank and the difference
@@ -88,12 +99,13 @@ from typing import Any
 
 import pandas as pd
 
-from specval.distribution.collect import Chunk, Keep, collect_chunk
+from specval.distribution.collect import Keep, collect_chunk
 from specval.execution import EXIT_INPUT, EXIT_INTERRUPTED
 from specval.identity import brief_record, harness_identity, same_code
 from specval.lifecycle import sut_identity
-from specval.preflight import SUTRaised, open_guarded, probe
-from specval.protocol import Protocol, ProtocolError, load_protocol
+from specval.preflight import SUTRaised, open_guarded
+from specval.preflight import probe as probe_distribution
+from specval.protocol import Protocol, ProtocolError, SutSpec, read_yaml
 from specval.sut import SUT, SUTError, SutFactory, open_sut
 
 LEADER = 0  # the rank that claims seeds and writes the bundle
@@ -102,6 +114,9 @@ CUDA_PREFIX = "cuda"
 CPU_BACKEND = "gloo"  # a host without CUDA
 CUDA_BACKENDS = "cpu:gloo,cuda:nccl"  # a host with CUDA: gloo for the CPU (object collectives), NCCL lazily
 INSTALL_TORCH = 'pip install "specval[engine]"'  # the extra that brings torch (and torch.distributed)
+
+Probe = Callable[[SUT, Any], None]  # a kind's probe of a built adapter: raises what is wrong with it
+Work = Callable[[SUT, Any, Any, Any], pd.DataFrame]  # makes one chunk: (sut, protocol, prompt ids, chunk)
 
 
 @dataclass(frozen=True)
@@ -121,19 +136,23 @@ class ShardGroup:
 class Open:
     """Rank 0's first command: check that your adapter's identity is `identity` (rank 0's, an
     `identity_of` record), then build your adapter for `protocol` (placed on your device) and probe
-    it."""
+    it with `probe` (the kind's: the distribution kind's by default)."""
 
-    protocol: Protocol
+    protocol: Any  # a distribution Protocol, or a SequenceProtocol
     identity: dict[str, Any]
+    probe: Probe = probe_distribution
 
 
 @dataclass(frozen=True)
 class Collect:
-    """Rank 0's command: collect your share (`Chunk`s i with i mod N == rank) of `chunks`."""
+    """Rank 0's command: collect your share (chunks i with i mod N == rank) of `chunks`, each with
+    `work(sut, protocol, prompt_ids, chunk)` (the kind's: `collect_chunk` of `Chunk`s by default,
+    `sample_batch` of the sequence kind's batches)."""
 
-    protocol: Protocol
-    prompt_ids: tuple[int, ...]
-    chunks: tuple[Chunk, ...]
+    protocol: Any  # a distribution Protocol, or a SequenceProtocol
+    prompt_ids: tuple[Any, ...]  # the prompt's ids (distribution), or every prompt's (sequence)
+    chunks: tuple[Any, ...]
+    work: Work = collect_chunk
 
 
 @dataclass(frozen=True)
@@ -196,13 +215,17 @@ def from_environment(environ: dict[str, str]) -> ShardGroup | None:
 
 
 def protocol_device(protocol_file: Path) -> str:
-    """The `sut.device` of a protocol file, read by rank 0 alone once the group exists (`use_device`
-    before its adapter is built); "cpu" when the file does not parse (rank 0 then reports the error
-    and dismisses)."""
+    """The `sut.device` of a protocol file of any kind, as written (the default, "cpu", when it
+    names none), read by rank 0 alone once the group exists (`use_device` before its adapter is
+    built); "cpu" when the file does not read as YAML (rank 0 then reports the error and
+    dismisses)."""
     try:
-        return load_protocol(protocol_file).sut.device
+        raw = read_yaml(protocol_file)
     except (ProtocolError, OSError):
-        return "cpu"
+        return SutSpec.device
+    sut = raw.get("sut") if isinstance(raw, dict) else None
+    device = sut.get("device") if isinstance(sut, dict) else None
+    return device if isinstance(device, str) else SutSpec.device
 
 
 def require_torch() -> None:
@@ -334,21 +357,21 @@ def _refuse(answers: list[Any]) -> None:
 # ---------------------------------------------------------------- one round of chunks
 
 
-def _share(chunks: tuple[Chunk, ...] | list[Chunk], first: int, rank: int) -> Chunk | None:
+def _share(chunks: tuple[Any, ...] | list[Any], first: int, rank: int) -> Any:
     """The chunk of `rank` in the round that starts at index `first` (None: the list ran out)."""
     index = first + rank
     return chunks[index] if index < len(chunks) else None
 
 
 def _attempt(
-    sut: Any, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None, rank: int
-) -> tuple[Chunk, pd.DataFrame] | Failure | None:
-    """A serving rank collects one chunk; an exception becomes a Failure, so that every rank
-    reaches the gather."""
+    sut: Any, command: Collect, prompt_ids: list[Any], chunk: Any, rank: int
+) -> tuple[Any, pd.DataFrame] | Failure | None:
+    """A serving rank collects one chunk of `command` (None: none this round); an exception
+    becomes a Failure, so that every rank reaches the gather."""
     if chunk is None:
         return None
     try:
-        return chunk, collect_chunk(sut, protocol, prompt_ids, chunk)
+        return chunk, command.work(sut, command.protocol, prompt_ids, chunk)
     except SUTRaised as err:
         return Failure(rank, err.call, err.message, err.details)
     except KeyboardInterrupt:
@@ -362,20 +385,22 @@ def _failure(rank: int, call: str, err: BaseException) -> Failure:
     return Failure(rank, call, f"{type(err).__name__}: {err}", details)
 
 
-def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk], Keep], None]:
-    """Rank 0's `collect.ChunkSampler`: the chunks shared by every rank, round by round. Rank 0
+def sampler(group: ShardGroup, work: Work = collect_chunk) -> Callable[[SUT, Any, Any, list[Any], Keep], None]:
+    """Rank 0's `collect.ChunkSampler` (with `work`: the sequence kind's `BatchSampler`): the chunks
+    shared by every rank, round by round, each made by `work` on the rank it falls to. Rank 0
     keeps (writes) a round's chunks in a writer thread while every rank collects the next round,
     so the writes do not serialise the ranks. A round's first failure (rank 0's own exception, else
     the lowest failed rank's as SUTRaised or KeyboardInterrupt, else the failed write of the round
     before) is raised once every rank knows that the run stops; a write that fails in the last
     round is raised once the other ranks are back waiting for a command."""
 
-    def sample(sut: SUT, protocol: Protocol, prompt_ids: list[int], chunks: list[Chunk], keep: Keep) -> None:
-        _broadcast(Collect(protocol, tuple(prompt_ids), tuple(chunks)))
+    def sample(sut: SUT, protocol: Any, prompt_ids: Any, chunks: list[Any], keep: Keep) -> None:
+        command = Collect(protocol, tuple(prompt_ids), tuple(chunks), work)
+        _broadcast(command)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specval-writer") as writer:
             written: Future | None = None
             for first in range(0, len(chunks), group.size):
-                results, error = _lead_round(group, sut, protocol, prompt_ids, _share(chunks, first, LEADER))
+                results, error = _lead_round(group, sut, command, _share(chunks, first, LEADER))
                 if error is None and written is not None:
                     error = written.exception()  # waits for the round before, written while this one ran
                 _broadcast(error is None)
@@ -388,14 +413,14 @@ def sampler(group: ShardGroup) -> Callable[[SUT, Protocol, list[int], list[Chunk
     return sample
 
 
-def _lead_round(
-    group: ShardGroup, sut: SUT, protocol: Protocol, prompt_ids: list[int], chunk: Chunk | None
-) -> tuple[list[Any], BaseException | None]:
-    """Rank 0's part of one round: collect its chunk and gather every rank's; returns the gathered
-    results and the round's failure (rank 0's own first, else the lowest failed rank's)."""
+def _lead_round(group: ShardGroup, sut: SUT, command: Collect, chunk: Any) -> tuple[list[Any], BaseException | None]:
+    """Rank 0's part of one round of `command`: collect its chunk and gather every rank's; returns
+    the gathered results and the round's failure (rank 0's own first, else the lowest failed
+    rank's)."""
     error: BaseException | None = None
     try:
-        mine = None if chunk is None else (chunk, collect_chunk(sut, protocol, prompt_ids, chunk))
+        prompt_ids = list(command.prompt_ids)
+        mine = None if chunk is None else (chunk, command.work(sut, command.protocol, prompt_ids, chunk))
     except BaseException as err:  # noqa: BLE001 - told to every rank, then raised
         mine, error = None, err
     results = _gather(mine, group)
@@ -414,13 +439,13 @@ def _keep_all(keep: Keep, results: list[Any]) -> None:
 # ---------------------------------------------------------------- the other ranks
 
 
-def open_ranks(group: ShardGroup, protocol: Protocol) -> None:
+def open_ranks(group: ShardGroup, protocol: Any, probe: Probe = probe_distribution) -> None:
     """Rank 0, once its own adapter passed the preflight and before any seed is claimed: every other
     rank checks that its adapter's identity is rank 0's, then builds its adapter on its own device
-    and probes it (`preflight.probe`). The lowest refusing rank (a different adapter, no such GPU)
-    is raised as RankRefused (exit 2), else the lowest failed rank's exception as SUTRaised (exit
-    3); nothing is claimed either way."""
-    _broadcast(Open(protocol, sut_identity(protocol.sut.adapter)))
+    and probes it with `probe` (the kind's; `preflight.probe` by default). The lowest refusing rank
+    (a different adapter, no such GPU) is raised as RankRefused (exit 2), else the lowest failed
+    rank's exception as SUTRaised (exit 3); nothing is claimed either way."""
+    _broadcast(Open(protocol, sut_identity(protocol.sut.adapter), probe))
     answers = _gather(None, group)
     _refuse(answers)
     failures = [r for r in answers if isinstance(r, Failure)]
@@ -440,22 +465,23 @@ def serve(group: ShardGroup, sut_factory: SutFactory | None = None) -> int:
                 return command.code
             protocol = place(command.protocol, group)
             if isinstance(command, Open):
-                sut, answer = _open(protocol, command.identity, sut_factory, group)
+                sut, answer = _open(protocol, command, sut_factory, group)
                 _gather(answer, group)
             else:
-                _serve_collect(group, sut, protocol, command)
+                _serve_collect(group, sut, dataclasses.replace(command, protocol=protocol))
     finally:
         if sut is not None:
             sut.close()
 
 
 def _open(
-    protocol: Protocol, leaders: dict[str, Any], sut_factory: SutFactory | None, group: ShardGroup
+    protocol: Any, command: Open, sut_factory: SutFactory | None, group: ShardGroup
 ) -> tuple[Any, Failure | Refusal | None]:
-    """This rank's adapter, checked against rank 0's identity `leaders`, on its device, built and
-    probed; or None and the refusal (nothing built) or the failure."""
+    """This rank's adapter, checked against rank 0's identity (`command.identity`), on its device,
+    built and probed with `command.probe`; or None and the refusal (nothing built) or the failure."""
     rank = group.rank
-    line = _difference(rank, f"adapter {protocol.sut.adapter}: ", sut_identity(protocol.sut.adapter), leaders)
+    mine = sut_identity(protocol.sut.adapter)
+    line = _difference(rank, f"adapter {protocol.sut.adapter}: ", mine, command.identity)
     if line is not None:
         return None, Refusal(rank, line)
     try:
@@ -469,18 +495,21 @@ def _open(
     except SUTError as err:
         return None, _failure(rank, "the adapter's constructor", err)
     try:
-        probe(sut, protocol)
+        command.probe(sut, protocol)
     except SUTRaised as err:
         sut.close()
         return None, Failure(rank, err.call, err.message, err.details)
+    except Exception as err:  # noqa: BLE001 - a probe's refusal on this rank ends the run before any claim
+        sut.close()
+        return None, _failure(rank, "the probe", err)
     return sut, None
 
 
-def _serve_collect(group: ShardGroup, sut: Any, protocol: Protocol, command: Collect) -> None:
-    """Take part in every round of one `Collect`."""
+def _serve_collect(group: ShardGroup, sut: Any, command: Collect) -> None:
+    """Take part in every round of one `Collect` (its protocol placed on this rank's device)."""
     prompt_ids = list(command.prompt_ids)
     for first in range(0, len(command.chunks), group.size):
-        _gather(_attempt(sut, protocol, prompt_ids, _share(command.chunks, first, group.rank), group.rank), group)
+        _gather(_attempt(sut, command, prompt_ids, _share(command.chunks, first, group.rank), group.rank), group)
         if not _broadcast():
             return
 

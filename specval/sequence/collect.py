@@ -16,13 +16,17 @@ The re-run (`samples/<group>-rerun.parquet`) samples the first `RERUN_SEEDS` see
 in reverse order, as a batch of their own (without companions): every seed sits in another slot,
 next to other neighbours, in a smaller batch. Under the adapter contract (`sample` is a pure function of the
 request, whatever the batch) its tokens equal the first run's, bit for bit.
+
+Who samples the missing batches is `collect`'s `sampler`: this process (`sample_here`), or the
+ranks of a multi-process run (`specval.distribution.sharding.sampler` with `sample_batch`), which
+hands every batch's table back to this process to be written; the files are the same either way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +164,27 @@ def sample_batch(sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int
     return frame(batch, result, seeds, drafts)
 
 
+Keep = Callable[[Batch, pd.DataFrame], None]  # writes one sampled batch
+BatchSampler = Callable[[SUT, SequenceProtocol, list[list[int]], list[Batch], Keep], None]
+
+
+def sample_here(
+    sut: SUT, protocol: SequenceProtocol, prompt_ids: list[list[int]], batches: list[Batch], keep: Keep
+) -> None:
+    """The one-process `BatchSampler`: sample each batch in order in this process and keep it."""
+    for batch in batches:
+        keep(batch, sample_batch(sut, protocol, prompt_ids, batch))
+
+
+def missing_batches(
+    protocol: SequenceProtocol, ranges: Sequence[SeedRange], bundle: Path, upto: int | None
+) -> list[Batch]:
+    """The batches of `plan_batches` not yet on disk, in plan order (`upto`: only batches below
+    that index, and the re-runs: a look's)."""
+    out, below = bundle / SAMPLES_DIR, protocol.num_batches if upto is None else upto
+    return [b for b in plan_batches(protocol, ranges) if b.index < below and not (out / b.file_name).exists()]
+
+
 def collect(
     sut: SUT,
     protocol: SequenceProtocol,
@@ -168,14 +193,15 @@ def collect(
     bundle: Path,
     progress: bool = True,
     upto: int | None = None,
+    sampler: BatchSampler | None = None,
 ) -> int:
-    """Sample every batch not yet on disk (`upto`: only batches below that index, and the re-runs:
-    a look's); returns the sequences drawn now."""
+    """Sample every batch not yet on disk (`missing_batches`, up to `upto`) and write each as its
+    chunk file; returns the sequences drawn now. `sampler` (default `sample_here`) samples the
+    missing batches, in any order, and hands each to the writer; `specval.distribution.sharding`
+    spreads them over the processes of a multi-rank run."""
     out = bundle / SAMPLES_DIR
     out.mkdir(parents=True, exist_ok=True)
-    below = protocol.num_batches if upto is None else upto
-    todo = [b for b in plan_batches(protocol, ranges) if b.index < below and not (out / b.file_name).exists()]
-    drawn = 0
+    todo = missing_batches(protocol, ranges, bundle, upto)
     with tqdm(
         total=sum(len(b.seeds) for b in todo),
         unit="sequence",
@@ -183,13 +209,14 @@ def collect(
         desc=protocol.name,
         dynamic_ncols=True,
     ) as bar:
-        for batch in todo:
-            table = sample_batch(sut, protocol, prompt_ids, batch)
+
+        def keep(batch: Batch, table: pd.DataFrame) -> None:
             bundles.write_chunk(bundle, out / batch.file_name, functools.partial(table.to_parquet, index=False))
-            drawn += len(batch.seeds)
             bar.set_postfix_str(batch.group)
             bar.update(len(batch.seeds))
-    return drawn
+
+        (sampler or sample_here)(sut, protocol, prompt_ids, todo, keep)
+    return sum(len(b.seeds) for b in todo)
 
 
 def _tested(table: pd.DataFrame) -> pd.Series:

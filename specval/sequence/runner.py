@@ -8,7 +8,11 @@ Refusals, failures and interrupts behave as in `specval.distribution.runner.run`
 before the protocol, its registration, the output directory, the adapter's capabilities
 (`draft_overrides` for groups that replace the draft, `mixed_sampling` for companions) and a probe
 of every adapter call the run makes (`probe`) are checked; a resume is refused when the adapter
-declares other filter semantics than the bundle recorded. Every batch and every replay is checked
+declares other filter semantics than the bundle recorded. A multi-rank run (`shards`,
+`specval.distribution.sharding`) shares the collection of the missing batches with the other ranks
+(each probes its own adapter before any seed is claimed; each batch is made by
+`collect.sample_batch` and written by this process, as in one process); the reference replays and
+the criteria run on rank 0 alone. Every batch and every replay is checked
 against the adapter contract (`specval.sequence.contract`); an adapter exception or breach is
 `SUTRaised` (the bundle is kept and `--resume` continues at the first missing batch or reference),
 up to and including summary.json (`execution.guard_bundle`). The bundle's lock is given up on every
@@ -20,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +34,7 @@ import numpy as np
 
 from specval import bundle as bundles
 from specval import lifecycle, seeds
+from specval.distribution import sharding
 from specval.distribution.runner import check_resumed_semantics
 from specval.execution import EnvironmentFailed, RunInterrupted, guard_bundle
 from specval.preflight import GuardedSUT, SUTRaised, check_capabilities, check_writable_dir, open_guarded
@@ -130,13 +136,19 @@ def _encoded(sut: GuardedSUT, text: str, vocab: int) -> list[int]:
 
 
 def _collect_and_replay(
-    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool, watch: Stopwatch
+    sut: GuardedSUT,
+    protocol: SequenceProtocol,
+    ranges: list,
+    path: Path,
+    progress: bool,
+    watch: Stopwatch,
+    sampler: collect.BatchSampler | None,
 ) -> int:
-    """Collect every missing batch, then replay every group that lacks its reference parts; the
-    seconds go to `watch`'s COLLECT_STEP and REFERENCE_STEP."""
+    """Collect every missing batch (through `sampler`: None, this process), then replay every group
+    that lacks its reference parts; the seconds go to `watch`'s COLLECT_STEP and REFERENCE_STEP."""
     prompt_ids = [_encoded(sut, text, int(sut.vocab_size)) for text in protocol.prompts]
     with watch.step(COLLECT_STEP):
-        drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress)
+        drawn = collect.collect(sut, protocol, prompt_ids, ranges, path, progress, sampler=sampler)
     with watch.step(REFERENCE_STEP):
         _replay_groups(sut, protocol, prompt_ids, path)
     return drawn
@@ -274,6 +286,7 @@ def run(
     command: list[str] | None = None,
     announce: Callable[[Path], None] | None = None,
     parsed: SequenceProtocol | None = None,
+    shards: sharding.ShardGroup | None = None,
 ) -> tuple[Path, dict]:
     """Run (or resume) a sequence protocol and write a sealed bundle; returns (bundle, summary).
 
@@ -285,7 +298,11 @@ def run(
     EnvironmentFailed, an interrupt RunInterrupted: the bundle is kept, unsealed, for `--resume`);
     after summary.json, an OSError is EnvironmentFailed and an interrupt RunInterrupted too (a resume
     completes the bundle, `lifecycle.complete`). Whichever way the run ends, this process gives up
-    the bundle's lock."""
+    the bundle's lock.
+
+    `shards`: this process is rank 0 of a multi-rank run: every other rank probes its adapter
+    before any seed is claimed and samples its share of the missing batches
+    (`sharding.sampler` of `collect.sample_batch`); the manifest records the number of ranks."""
     started, clock = dt.datetime.now(dt.timezone.utc).isoformat(), time.perf_counter()
     path = None if resume is None else Path(resume)
     if path is None:
@@ -297,10 +314,14 @@ def run(
     try:
         if path is not None:
             protocol, ranges = load_bundle_protocol(path)
+        protocol = protocol if shards is None else sharding.place(protocol, shards)
+        source = Path(protocol_file or path / bundles.PROTOCOL_YAML)
         check_writable_dir(Path(output if path is None else path), "--output" if path is None else "--resume")
-        sut = _open(protocol, Path(protocol_file or path / bundles.PROTOCOL_YAML), sut_factory)
+        sut = _open(protocol, source, sut_factory)
         try:
             semantics = capabilities_of(sut).semantics
+            if shards is not None:  # every rank's adapter probed before any seed is claimed
+                sharding.open_ranks(shards, protocol, functools.partial(probe, protocol_file=source))
             if path is None:
                 groups, size = [g.name for g in protocol.groups], protocol.sequences_per_group
                 path, ranges = lifecycle.start_bundle(
@@ -323,11 +344,14 @@ def run(
         except BaseException:
             _close_quietly(sut)
             raise
+        sampler = None if shards is None else sharding.sampler(shards, collect.sample_batch)
         with guard_bundle(path, session):
-            summary, drawn, watch, device = _decide(sut, protocol, ranges, path, progress)
+            summary, drawn, watch, device = _decide(sut, protocol, ranges, path, progress, sampler)
         with _after_verdict(path):
             bundles.end_session(path, session, drawn, summary["verdict"])
             timing = _timing(started, clock, watch, drawn, protocol)
+            if shards is not None:
+                timing["ranks"] = shards.size
             lifecycle.write_manifest(path, protocol, ranges, device, timing, command)
             finish(path)
     except BaseException:
@@ -348,15 +372,21 @@ def _timing(started: str, clock: float, watch: Stopwatch, drawn: int, protocol: 
 
 
 def _decide(
-    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
+    sut: GuardedSUT,
+    protocol: SequenceProtocol,
+    ranges: list,
+    path: Path,
+    progress: bool,
+    sampler: collect.BatchSampler | None = None,
 ) -> tuple[dict, int, Stopwatch, dict]:
-    """Collect, replay, close the adapter, then decide and write summary.json: (summary, sequences
-    drawn, the seconds of each step, device facts). A protocol with looks: `_decide_looks`."""
+    """Collect (through `sampler`: None, this process), replay, close the adapter, then decide and
+    write summary.json: (summary, sequences drawn, the seconds of each step, device facts). A
+    protocol with looks: `_decide_looks`."""
     if protocol.sequential is not None:
-        return _decide_looks(sut, protocol, ranges, path, progress)
+        return _decide_looks(sut, protocol, ranges, path, progress, sampler)
     watch = Stopwatch()
     try:
-        drawn = _collect_and_replay(sut, protocol, ranges, path, progress, watch)
+        drawn = _collect_and_replay(sut, protocol, ranges, path, progress, watch, sampler)
         device = {**bundles.device_facts(), "sut": sut.describe()}
     except BaseException:
         _close_quietly(sut)
@@ -369,7 +399,12 @@ def _decide(
 
 
 def _decide_looks(
-    sut: GuardedSUT, protocol: SequenceProtocol, ranges: list, path: Path, progress: bool
+    sut: GuardedSUT,
+    protocol: SequenceProtocol,
+    ranges: list,
+    path: Path,
+    progress: bool,
+    sampler: collect.BatchSampler | None = None,
 ) -> tuple[dict, int, Stopwatch, dict]:
     """`_decide` look by look: before each look is evaluated, its batches of every group are
     collected and replayed (`collect.collect` up to the look, `looks.extend_reference`); the walk
@@ -382,7 +417,7 @@ def _decide_looks(
         def advance(look: looks.Look) -> None:
             upto = looks.batches(protocol, look)
             with watch.step(COLLECT_STEP):
-                drawn["sequences"] += collect.collect(sut, protocol, prompt_ids, ranges, path, progress, upto)
+                drawn["sequences"] += collect.collect(sut, protocol, prompt_ids, ranges, path, progress, upto, sampler)
             with watch.step(REFERENCE_STEP):
                 looks.extend_reference(sut, protocol, prompt_ids, path, look, semantics)
 

@@ -170,7 +170,7 @@ def test_devices_inside_torchrun_is_a_usage_error_that_dismisses_every_rank(tmp_
 def test_other_protocol_kinds_are_refused_by_rank_0_after_joining(monkeypatch, shipped):
     group = _in_group(monkeypatch, 0, _Channel(gathered=[[None, None]]))
     result = CliRunner().invoke(main, ["run", str(REPO / "protocols" / shipped), "--quiet"])
-    assert result.exit_code == 2 and "multi-process runs take distribution protocols only" in result.output
+    assert result.exit_code == 2 and "multi-process runs take distribution and sequence protocols only" in result.output
     assert group.dismissed == [2]  # the other ranks joined first: rank 0 tells them its exit code
 
 
