@@ -357,14 +357,16 @@ def _bounded(*args: object) -> tuple[int, str]:
 
 def test_hostile_bundles_are_refused_within_the_time_and_memory_bounds(copy, unsigned, keys, tmp_path):
     """The attacks of this module that could cost memory or time without bounds, each through the
-    real command line in a child process: a 16 M-row chunk (verify, verify --key), JSON nested
-    200,000 deep (verify, ls, --resume). Each ends with its documented exit code, no traceback,
+    real command line in a child process: a 16 M-row chunk (verify, verify --key, report), JSON
+    nested 200,000 deep (verify, ls, --resume). Each ends with its documented exit code, no traceback,
     under 1 GiB resident and 10 CPU seconds (the bounds of issue 57)."""
     huge = _huge_chunk(copy)
     code, output = _bounded("verify", copy)
     assert code == 1 and huge in output and "over the bound of" in output, output
     code, output = _bounded("verify", copy, "--key", keys["team.pub"])
     assert code == 1 and f"{huge}: changed after signing" in output, output
+    code, output = _bounded("report", copy)
+    assert code == 2 and len(output.strip().splitlines()) == 1 and huge in output, output
     (unsigned / bundles.SUMMARY_FILE).write_text(DEEP)
     code, output = _bounded("ls", "--output", unsigned.parent)
     assert code == 0 and ["CORRUPT", "sealed", str(unsigned)] in [line.split() for line in output.splitlines()], output
