@@ -10,9 +10,11 @@ back in the order the jobs were given; the adapter is only ever called from the 
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TypeVar
 
 WORKERS_MAX = 8  # threads at most: the parts' memory grows with the chunks in flight
@@ -27,22 +29,54 @@ def count(cpus: int | None = None) -> int:
     return max(1, min(WORKERS_MAX, cpus))
 
 
+class _Pool:
+    """`workers` daemon threads running submitted jobs, each into its own Future."""
+
+    def __init__(self, workers: int) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._count = workers
+        for number in range(workers):
+            threading.Thread(target=self._serve, name=f"specval-sequence-{number}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            future, job = task
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while it waited
+            try:
+                future.set_result(job())
+            except BaseException as error:  # handed to the caller's thread, which raises it
+                future.set_exception(error)
+
+    def submit(self, job: Callable[[], T]) -> Future:
+        future: Future = Future()
+        self._tasks.put((future, job))
+        return future
+
+    def close(self) -> None:
+        """Every thread ends after the jobs queued before this call (none is waited for)."""
+        for _ in range(self._count):
+            self._tasks.put(None)
+
+
 def pipelined(jobs: Iterable[Callable[[], T]], workers: int) -> list[T]:
     """The results of `jobs` in order, each job run on a pool of `workers` threads as soon as the
     iterable yields it, so that what produces the next job (a replay, on the caller's thread)
-    overlaps the jobs before it. At most `workers` x QUEUED_PER_WORKER jobs wait at once. An error
-    in a job is raised here, after the jobs still queued are cancelled; the iterable is not
-    advanced further."""
+    overlaps the jobs before it. At most `workers` x QUEUED_PER_WORKER jobs wait at once. An error in
+    a job, or one raised on the caller's thread (KeyboardInterrupt included), is raised here at once:
+    the jobs still queued are cancelled, the running ones abandoned, the iterable not advanced."""
     out: list[T] = []
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="specval-sequence") as pool:
-        pending: deque[Future] = deque()
-        try:
-            for job in jobs:
-                pending.append(pool.submit(job))
-                while len(pending) > workers * QUEUED_PER_WORKER:
-                    out.append(pending.popleft().result())
-            out.extend(future.result() for future in pending)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    pool, pending = _Pool(workers), deque()
+    try:
+        for job in jobs:
+            pending.append(pool.submit(job))
+            while len(pending) > workers * QUEUED_PER_WORKER:
+                out.append(pending.popleft().result())
+        out.extend(future.result() for future in pending)
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        raise
+    finally:
+        pool.close()
     return out

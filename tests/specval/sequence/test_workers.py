@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,31 @@ def test_the_verdict_on_several_threads_is_the_one_thread_verdict(monkeypatch):
     assert list(threaded["tests"]) == list(single["tests"])  # the planned order
     assert json.dumps(threaded, sort_keys=False) == json.dumps(single, sort_keys=False)
     assert sum(row.get("p_value") is not None for row in single["tests"].values()) >= 10
+
+
+def test_an_interrupt_returns_without_waiting_for_the_running_jobs():
+    """A Ctrl-C on the caller's thread (here: the iterable raises KeyboardInterrupt) leaves at once:
+    the job still running (it waits on `release`, set only after the call returned) is abandoned on
+    its daemon thread, and the queued ones never run."""
+    release, started, ran = threading.Event(), threading.Event(), []
+    safety = threading.Timer(60.0, release.set)  # never needed unless pipelined waits for the job
+    safety.start()
+
+    def blocking():
+        started.set()
+        release.wait()
+        ran.append("blocking")
+
+    def jobs():
+        yield blocking
+        started.wait()
+        yield lambda: ran.append("queued")  # one worker, busy: this one waits in the queue
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            workers.pipelined(jobs(), 1)
+        assert not release.is_set() and ran == []  # returned while the job still ran
+    finally:
+        release.set()
+        safety.cancel()
