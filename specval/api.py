@@ -315,7 +315,7 @@ def run(
             f"{protocol}: a performance protocol times the bundled engine; it takes no "
             f"{'sut' if sut is not None else 'seed_offset'}"
         )
-    budget.check_profile(source.load(), profile, protocol)  # here too: this refusal needs no worker
+    budget.check_profile(source.load(), profile, Path(protocol))  # here too: this refusal needs no worker
     command = [API_COMMAND, str(protocol), f"profile={profile}"] + ([f"sut={_sut_name(sut)}"] if sut else [])
     request = worker.Request(
         str(output),
@@ -468,7 +468,7 @@ def run_protocol_file(
     if kind.name == PERFORMANCE_KIND:
         options = {}
     parsed = None if source is None else source.load()
-    if parsed is not None:  # a new run: refused over the Monte Carlo budget before its runner reads the ledger
+    if source is not None and parsed is not None:  # a new run: over the budget is refused before the ledger
         budget.check_profile(parsed, profile, protocol_file or source.path)
     if resume is not None and bundles.recorded_verdict(resume):  # finish what a fault left: never collect
         path, summary = resume, lifecycle.complete(resume, kind.recompute, kind.finish, command, announce)
