@@ -7,8 +7,9 @@
 #                                        for protocols/seq_vllm.yaml (whole sequences)
 #   bash scripts/test_vllm.sh --tests    the same without the smoke runs
 #   bash scripts/test_vllm.sh --settings also protocols/t2_vllm_settings.yaml's smoke (two engine
-#                                        settings, four LLMs: 842 s on 2 loaded cores, so not in CI,
-#                                        whose whole run must stay under 30 minutes)
+#                                        settings, four LLMs: 127 s on 2 idle cores, the LLMs'
+#                                        start included; kept out of CI, whose whole run
+#                                        must stay under 30 minutes)
 # Exit status: that of the first failing step, later steps skipped (a smoke run's: 0 PASS, 1 FAIL,
 # 3 vLLM raised, 4 INCONCLUSIVE).
 set -euo pipefail
