@@ -6,9 +6,10 @@ every adapter call by name (`adapter.sample`, `adapter.target_logits_along_batch
 guard's `preflight._guard_call`), `collect.sample_batch` (the call, its check and its frame), the
 chunk writes, the float64 reference parts, the companions' status, `runner.summarise` (loading the
 tables and every criterion) and within it `verdict.evaluate` per group. With --cprofile FILE the
-whole run is also profiled (cProfile; read with `python -m pstats FILE`).
+whole run is also profiled (cProfile; read with `python -m pstats FILE`); cProfile sees the main
+thread only, so --serial runs the parts and criteria there too (`workers.pipelined` inline).
 
-    python -m benchmarks.sequence_phases PROTOCOL --profile full --output OUTPUT [--cprofile FILE]
+    python -m benchmarks.sequence_phases PROTOCOL --profile full --output OUTPUT [--cprofile FILE] [--serial]
 
 Prints one table: phase, calls, seconds; then the run's verdict and process wall.
 """
@@ -23,7 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specval import preflight
-from specval.sequence import collect, reference, runner, verdict
+from specval.sequence import collect, reference, runner, verdict, workers
 
 SECONDS: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
@@ -75,14 +76,22 @@ def instrument() -> None:
     _timed(verdict, "evaluate", "criteria (verdict.evaluate)")
 
 
+def _inline(jobs, _workers):
+    """workers.pipelined on the caller's thread: the same results in the same order."""
+    return [job() for job in jobs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("protocol", type=Path)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--cprofile", type=Path, default=None)
+    parser.add_argument("--serial", action="store_true", help="parts and criteria on the main thread")
     args = parser.parse_args()
     instrument()
+    if args.serial:
+        workers.pipelined = _inline
     profiler = cProfile.Profile() if args.cprofile else None
     wall = time.perf_counter()
     if profiler:
