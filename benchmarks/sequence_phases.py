@@ -10,6 +10,10 @@ whole run is also profiled (cProfile; read with `python -m pstats FILE`); cProfi
 thread only, so --serial runs the parts and criteria there too (`workers.pipelined` inline).
 
     python -m benchmarks.sequence_phases PROTOCOL --profile full --output OUTPUT [--cprofile FILE] [--serial]
+        [--switch-interval SECONDS]
+
+--switch-interval sets `sys.setswitchinterval` (Python's default 0.005): how long a thread waiting
+for the GIL (the collection's, between device rounds) lets the holder run on.
 
 Prints one table: phase, calls, seconds; then the run's verdict and process wall.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -88,7 +93,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--cprofile", type=Path, default=None)
     parser.add_argument("--serial", action="store_true", help="parts and criteria on the main thread")
+    parser.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval")
     args = parser.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     instrument()
     if args.serial:
         workers.pipelined = _inline

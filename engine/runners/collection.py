@@ -214,7 +214,7 @@ class BatchCollector:
         self._prefill(prompt, per_row[0], tables)
         state, graph = self._state(size, num_blocks, *lengths)
         self._reset(state, tables, prompt, per_row, seeds, count)
-        self._loop(state, graph)
+        self._loop(state, graph, len(prompt))
         return self._read(state, count)
 
     def _prefill(self, prompt: list[int], params: SamplingParams, tables: torch.Tensor) -> None:
@@ -325,18 +325,29 @@ class BatchCollector:
         streams[random] = np.asarray(seeds, dtype=np.int64)[random]
         rows.seeds.copy_(to_device(streams, torch.int64, self.device))
 
-    def _loop(self, state: BatchState, graph) -> None:
+    def _loop(self, state: BatchState, graph, prompt_length: int) -> None:
         """Rounds until every row is done: at least ceil(S / (K + 1)), at most S, S = `stop_after`
         (each round emits >= 1 token per live row or ends it with an error); the host reads `done`
-        once per round only after the minimum."""
+        once per round only after the minimum. A captured round reads every block of the tables;
+        an uncaptured one only the blocks its positions can reach (`_round_blocks`)."""
         least = -(-state.stop_after // (self.k + 1))
         for number in range(1, state.stop_after + 1):
             if graph is not None:
                 graph.replay()
             else:
-                self.round(state)
+                self.round(state, self._round_blocks(state, prompt_length, number))
             if number >= least and bool(state.done.all()):
                 return
+
+    def _round_blocks(self, state: BatchState, prompt_length: int, number: int) -> int:
+        """Blocks per depth that round `number` (from 1) can touch: before it a row has emitted at
+        most (number - 1)(K + 1) tokens, so its input stands at position <= prompt_length - 1 +
+        (number - 1)(K + 1) and the round reads and writes at most K positions past it. A function
+        of the prompt and the round alone, never of the other rows, so a request's attention sees
+        the same keys whatever batch it is in (the torch path otherwise gathers every block of the
+        tables each round: most of a CPU run's time at 64 tokens)."""
+        last = prompt_length - 1 + (number - 1) * (self.k + 1) + self.k
+        return min(state.tables.shape[-1], last // self.runner.block_size + 1)
 
     def _capture(self, state: BatchState) -> torch.cuda.CUDAGraph:
         """Warm-ups run on the fresh state, every row done (padding): nothing changes."""
@@ -344,12 +355,14 @@ class BatchCollector:
             self._pool = torch.cuda.graph_pool_handle()
         return warm_and_capture(lambda: self.round(state), self._pool)[0]
 
-    def round(self, state: BatchState) -> None:
-        """One round for every row, in place; rows that are done keep their state."""
+    def round(self, state: BatchState, num_blocks: int | None = None) -> None:
+        """One round for every row, in place; rows that are done keep their state. `num_blocks`:
+        the blocks per depth the round reads (default: all of the tables, as a captured round does)."""
         remaining = state.max_tokens - state.generated
         live = ~state.done
         limit = torch.clamp(torch.minimum(remaining - 1, torch.full_like(remaining, self.k)), min=0)
-        frame = RoundFrame(state.inputs, state.starts, state.tables, state.tables.shape[-1])
+        blocks = state.tables.shape[-1] if num_blocks is None else num_blocks
+        frame = RoundFrame(state.inputs, state.starts, state.tables, blocks)
         rows = replace(state.rows, num_committed=state.starts + 1)
         if self.is_plain:
             tokens, accepted, error = self._plain_round(frame, rows)
