@@ -40,21 +40,24 @@ def _top_k_mask(logits: np.ndarray, top_k: int, ties: str, alive: np.ndarray) ->
     vocab = logits.shape[-1]
     if top_k <= 0 or top_k >= vocab:
         return alive.copy()
-    ranked = np.where(alive, logits, -np.inf)  # [N, V] dead tokens rank last
+    ranked = logits if alive.all() else np.where(alive, logits, -np.inf)  # [N, V] dead tokens rank last
     if ties == TIES_LOWEST_INDEX:
         keep = np.zeros_like(alive)
         order = np.argsort(-ranked, axis=-1, kind="stable")[:, :top_k]  # stable: lower id first among ties
         np.put_along_axis(keep, order, True, axis=-1)
         return keep & alive
-    kth = -np.partition(-ranked, top_k - 1, axis=-1)[..., top_k - 1 : top_k]  # [N, 1]
+    kth = np.partition(ranked, vocab - top_k, axis=-1)[..., vocab - top_k : vocab - top_k + 1]  # [N, 1] k-th largest
     return (ranked >= kth) & alive
 
 
 def _softmax(logits: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    masked = np.where(keep, logits, -np.inf)
-    shifted = masked - masked.max(axis=-1, keepdims=True)
-    weights = np.where(keep, np.exp(shifted), 0.0)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    """Softmax of each row over its kept tokens (every row keeps one at least); exactly 0 elsewhere,
+    since exp(-inf) = 0. In place on one array: memory passes are this function's whole cost."""
+    weights = np.where(keep, logits, -np.inf)
+    weights -= weights.max(axis=-1, keepdims=True)
+    np.exp(weights, out=weights)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
 
 
 def _top_p_mask(probs: np.ndarray, top_p: float, crossing: str) -> np.ndarray:
@@ -79,9 +82,9 @@ def _top_p_mask(probs: np.ndarray, top_p: float, crossing: str) -> np.ndarray:
 def transform(logits: np.ndarray, sampling: SamplingSpec, semantics: FilterSemantics = DEFAULT_SEMANTICS) -> np.ndarray:
     """Sampling distribution(s) in float64 for logits f[..., V] under `semantics`; returns f64[..., V]
     rows summing to 1."""
-    logits = np.asarray(logits, dtype=np.float64)
-    shape = logits.shape
-    rows = logits.reshape(-1, shape[-1]) / sampling.temperature  # [N, V]
+    shape = np.shape(logits)
+    rows = np.array(logits, dtype=np.float64).reshape(-1, shape[-1])  # [N, V], a copy
+    rows /= sampling.temperature
     alive = np.ones_like(rows, dtype=bool)
     top_k_first = semantics.order == TOP_K_THEN_TOP_P
     for step in ("top_k", "top_p") if top_k_first else ("top_p", "top_k"):

@@ -39,7 +39,7 @@ from specval.distribution.runner import check_resumed_semantics
 from specval.execution import EnvironmentFailed, RunInterrupted, guard_bundle
 from specval.preflight import GuardedSUT, SUTRaised, check_capabilities, check_writable_dir, open_guarded
 from specval.protocol import ProtocolError, check_registered
-from specval.sequence import collect, looks, reference, verdict
+from specval.sequence import collect, looks, reference, verdict, workers
 from specval.sequence.protocol import SequenceProtocol, load_sequence_protocol, parse_sequence_protocol, resolve
 from specval.sequence.report import render, render_files
 from specval.stats import montecarlo
@@ -345,7 +345,7 @@ def run(
             _close_quietly(sut)
             raise
         sampler = None if shards is None else sharding.sampler(shards, collect.sample_batch)
-        with guard_bundle(path, session):
+        with guard_bundle(path, session), workers.prompt_handoff():
             summary, drawn, watch, device = _decide(sut, protocol, ranges, path, progress, sampler)
         with _after_verdict(path):
             bundles.end_session(path, session, drawn, summary["verdict"])

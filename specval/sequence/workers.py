@@ -9,8 +9,10 @@ back in the order the jobs were given; the adapter is only ever called from the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -19,6 +21,12 @@ from typing import TypeVar
 
 WORKERS_MAX = 8  # threads at most: the parts' memory grows with the chunks in flight
 QUEUED_PER_WORKER = 2  # jobs waiting per worker: bounds the replayed logits held at once
+# Python's GIL switch interval while a run computes beside its adapter (Python's default: 5 ms). The
+# adapter's thread needs the GIL for a moment between device rounds; at 5 ms it waited behind the
+# workers' numpy code, round after round. seq_cuda --profile full on one H100
+# (`python -m benchmarks.sequence_phases ... --switch-interval`): collection 26.1 s at 5 ms, 8.8 s
+# at 0.2 ms; the whole run 87.9 -> 56.3 s.
+HANDOFF_INTERVAL_S = 2e-4
 
 T = TypeVar("T")
 
@@ -57,6 +65,19 @@ class _Pool:
         """Every thread ends after the jobs queued before this call (none is waited for)."""
         for _ in range(self._count):
             self._tasks.put(None)
+
+
+@contextlib.contextmanager
+def prompt_handoff(interval: float = HANDOFF_INTERVAL_S):
+    """For the block, a thread waiting for the GIL waits at most `interval` seconds for the holder
+    (`sys.setswitchinterval`; never raised above what it was). Results are unchanged: the interval
+    only moves the points where threads take turns. The previous interval is restored on exit."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def pipelined(jobs: Iterable[Callable[[], T]], workers: int) -> list[T]:

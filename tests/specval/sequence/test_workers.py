@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -87,3 +88,19 @@ def test_an_interrupt_returns_without_waiting_for_the_running_jobs():
     finally:
         release.set()
         safety.cancel()
+
+
+def test_the_handoff_lowers_the_switch_interval_for_its_block_and_restores_it():
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        with workers.prompt_handoff():
+            assert sys.getswitchinterval() == pytest.approx(workers.HANDOFF_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        sys.setswitchinterval(1e-5)  # never raised above what it was
+        with pytest.raises(RuntimeError), workers.prompt_handoff():
+            assert sys.getswitchinterval() == pytest.approx(1e-5)
+            raise RuntimeError("restored on the way out too")
+        assert sys.getswitchinterval() == pytest.approx(1e-5)
+    finally:
+        sys.setswitchinterval(before)
