@@ -168,7 +168,7 @@ def check_run_flags(ctx: click.Context, protocol_file, resume, exploratory, conf
 
 def check_suite_flags(ctx: click.Context) -> None:
     """`run` of a suite: refuse the options that apply to one bundle."""
-    for name in ("seed_offset", "devices"):
+    for name in ("seed_offset",):
         if given(ctx, name):
             raise click.UsageError(f"--{name.replace('_', '-')} does not apply to a suite (it applies to one bundle)")
 

@@ -67,6 +67,21 @@ def forwarded_args(ctx: click.Context) -> list[str]:
     return args
 
 
+def suite_options(ctx: click.Context, suite_file: Path) -> list[str]:
+    """`forwarded_args` of a suite's `run` less "run", the suite's file and --junit: the options each
+    member launched over ranks runs with (`specval.cli.suite.member_launch`)."""
+    args, options = forwarded_args(ctx)[1:], []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--junit":
+            skip = True
+        elif arg != str(suite_file):
+            options.append(arg)
+    return options
+
+
 def run_sharded(shards, source: Path, lead: Callable[[], None]) -> None:
     """Join the process group (its backend from this host) before anything is read; check that
     every rank runs rank 0's specval (`sharding.greet`); rank 0 then reads `source` (the protocol

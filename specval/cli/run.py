@@ -24,7 +24,7 @@ from specval.cli.common import (
     signer_of,
 )
 from specval.cli.performance import run_bench
-from specval.cli.ranks import LeaderPath, check_leader_paths, forwarded_args, run_sharded
+from specval.cli.ranks import LeaderPath, check_leader_paths, forwarded_args, run_sharded, suite_options
 from specval.cli.runner import run_here
 from specval.cli.suite import run_suite
 from specval.kinds import SUITE_KIND
@@ -124,7 +124,8 @@ def _run(
     source, read_file = protocol_file or resume / bundles.PROTOCOL_YAML, None
     if devices > 1 or shards is not None:
         read_file = read(source)  # the bundle's copy for --resume
-        check_sharded(source, kind_of(read_file), devices, shards)
+        if shards is not None or kind_of(read_file).name != SUITE_KIND:  # a suite checks its members
+            check_sharded(source, kind_of(read_file), devices, shards)
     if resume is not None and not bundle_kind_of(resume).resumable:
         input_error(
             f"{resume}: a performance bundle is not resumable (timings of two sessions are not "
@@ -133,7 +134,8 @@ def _run(
     given = None if protocol_file is None else (read_file or read(protocol_file))  # the file is read once
     if kind_of(given).name == SUITE_KIND:
         check_suite_flags(ctx)
-        run_suite(given, protocol_file, profile, output, exploratory, quiet, signer, junit)
+        options = suite_options(ctx, protocol_file) if devices > 1 else None
+        run_suite(given, protocol_file, profile, output, exploratory, quiet, signer, junit, options, devices)
     if kind_of(given).name == PERFORMANCE_KIND:
         check_performance_flags(ctx)
         run_bench(given, protocol_file, profile, output, exploratory, quiet, signer)

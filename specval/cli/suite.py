@@ -1,5 +1,7 @@
 """`specval run` of a suite: every member read and checked before any runs, then run in order
-(`specval.suite`), one line per member, the suite's verdict and record, and its exit status.
+(`specval.suite`), one line per member, the suite's verdict and record, and its exit status. With
+--devices N every distribution and sequence member runs over N torchrun ranks (`specval run MEMBER
+--devices N`, one launch after another); members of other kinds run in this process.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import click
 
 from specval import execution
 from specval import protocol as protocols
-from specval.cli.common import EXIT_ENVIRONMENT, EXIT_PASS, fail_with, input_error, read
+from specval.cli.common import EXIT_ENVIRONMENT, EXIT_PASS, SHARDED_KINDS, check_sharded, fail_with, input_error, read
 from specval.cli.runner import run_here
 from specval.kinds import RUN_KINDS, ProtocolFile
 
@@ -39,12 +41,23 @@ def _suite_members(
 
 
 def run_suite(
-    given: ProtocolFile, suite_file: Path, profile, output: Path, exploratory: bool, quiet: bool, signer, junit=None
+    given: ProtocolFile,
+    suite_file: Path,
+    profile,
+    output: Path,
+    exploratory: bool,
+    quiet: bool,
+    signer,
+    junit=None,
+    launch_args: list[str] | None = None,
+    devices: int = 1,
 ) -> None:
     """Run every member of the suite `given` in order (`specval.suite`), print one line per member
     and the suite's verdict, write the suite record and, with `junit`, one JUnit file holding a
     <testsuite> per member run (its folders created; checked writable before any member runs);
-    exit with the most severe member status."""
+    exit with the most severe member status. With `devices` > 1 the members of sharded kinds are
+    launched over that many ranks with `launch_args` (this command's options: `member_launch`),
+    each checked for it (GPUs of a CUDA member) before any member runs."""
     from specval import suite as suites
     from specval.preflight import check_writable_dir
     from specval.report.junit import check_target
@@ -54,6 +67,9 @@ def run_suite(
         spec = given.load()
         state = protocols.check_registered(spec, suite_file, exploratory)
         members = _suite_members(spec, suite_file, profile, exploratory)
+        for path, member, _ in members:
+            if devices > 1 and member.kind.name in SHARDED_KINDS:
+                check_sharded(path, member.kind, devices, None)
         check_writable_dir(Path(output), "--output")
         if junit:
             check_target(junit, "--junit")
@@ -63,7 +79,8 @@ def run_suite(
         directory = suites.new_directory(output, spec.name)
     except OSError as err:
         fail_with(EXIT_ENVIRONMENT, f"error: environment: {execution.describe_os_error(err)}; nothing ran")
-    results = _run_members(spec.name, members, directory, profile, output, exploratory, quiet, signer)
+    launch = None if devices <= 1 else (devices, launch_args or [])
+    results = _run_members(spec.name, members, directory, profile, output, exploratory, quiet, signer, launch)
     data = suites.record(directory, spec, suite_file, profile, state, results, started)
     click.echo(
         f"== suite {spec.name} ({'EXPLORATORY, ' if exploratory and state != protocols.FROZEN else ''}"
@@ -81,15 +98,23 @@ def run_suite(
     sys.exit(final)
 
 
-def _run_members(name, members, directory: Path, profile, output, exploratory, quiet, signer) -> list:
+def _run_members(name, members, directory: Path, profile, output, exploratory, quiet, signer, launch=None) -> list:
     """Run the members in order (each writes its own JUnit file into the suite's `directory`) and
-    return their `specval.suite.MemberResult`s; an interrupt stops after the member it hit."""
+    return their `specval.suite.MemberResult`s; an interrupt stops after the member it hit.
+    `launch`: (devices, the command's options) to run the members of sharded kinds over ranks."""
     from specval import suite as suites
 
     results = []
     for index, (path, member, protocol) in enumerate(members, start=1):
         click.echo(f"== suite {name}: member {index}/{len(members)}: {path}")
         announced: list[Path] = []
+        junit = directory / f"{protocol.name}.junit.xml"
+        if launch is not None and member.kind.name in SHARDED_KINDS:
+            code, bundle = _launch_member(launch, path, protocol.name, Path(output), junit)
+            results.append(suites.MemberResult(str(path), protocol.name, protocol.hash, code, bundle))
+            if code == execution.EXIT_INTERRUPTED:
+                break
+            continue
         try:
             run_here(
                 member,
@@ -99,7 +124,7 @@ def _run_members(name, members, directory: Path, profile, output, exploratory, q
                 None,
                 exploratory,
                 None,
-                directory / f"{protocol.name}.junit.xml",
+                junit,
                 quiet,
                 signer,
                 announced=announced,
@@ -113,6 +138,24 @@ def _run_members(name, members, directory: Path, profile, output, exploratory, q
         if code == execution.EXIT_INTERRUPTED:
             break
     return results
+
+
+def _launch_member(launch, path: Path, name: str, output: Path, junit: Path) -> tuple[int, Path | None]:
+    """`specval run PATH --devices N` with the suite's options (`member_launch`): rank 0's exit code
+    and the member's bundle, the one new folder named after it under `output` (None if none)."""
+    from specval.distribution import sharding
+
+    devices, options = launch
+    before = set(output.glob(f"{name}-*"))
+    code = sharding.launch(devices, member_launch(options, path, junit))
+    new = sorted(set(output.glob(f"{name}-*")) - before)
+    return code, new[-1] if len(new) == 1 else None
+
+
+def member_launch(options: list[str], member: Path, junit: Path) -> list[str]:
+    """The `run` arguments of one member launched over ranks: the member's file, the suite command's
+    options (`ranks.forwarded_args` without its file and --junit) and the member's own JUnit file."""
+    return ["run", str(member), *options, "--junit", str(junit)]
 
 
 def _write_junit(path: Path, report) -> None:
