@@ -51,12 +51,13 @@ def check_leader_paths(ctx: click.Context) -> None:
             param.type.check(value, param, ctx)
 
 
-def forwarded_args(ctx: click.Context) -> list[str]:
-    """The `run` arguments given on this command line, --devices left out: what every rank runs."""
+def forwarded_args(ctx: click.Context, leave_out: tuple[str, ...] = ("devices",)) -> list[str]:
+    """The `run` arguments given on this command line, the parameters named in `leave_out` left out
+    (by default --devices: what every rank runs)."""
     args = ["run"]
     for param in ctx.command.params:
         value = ctx.params[param.name]
-        if param.name == "devices" or not given(ctx, param.name):
+        if param.name in leave_out or not given(ctx, param.name):
             continue
         if isinstance(param, click.Argument):
             args.append(str(value))
@@ -67,19 +68,10 @@ def forwarded_args(ctx: click.Context) -> list[str]:
     return args
 
 
-def suite_options(ctx: click.Context, suite_file: Path) -> list[str]:
-    """`forwarded_args` of a suite's `run` less "run", the suite's file and --junit: the options each
-    member launched over ranks runs with (`specval.cli.suite.member_launch`)."""
-    args, options = forwarded_args(ctx)[1:], []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg == "--junit":
-            skip = True
-        elif arg != str(suite_file):
-            options.append(arg)
-    return options
+def suite_options(ctx: click.Context) -> list[str]:
+    """The options of a suite's `run` that each member launched over ranks runs with
+    (`specval.cli.suite.member_launch`): all given but the suite's file, --devices and --junit."""
+    return forwarded_args(ctx, leave_out=("protocol_file", "devices", "junit"))[1:]
 
 
 def run_sharded(shards, source: Path, lead: Callable[[], None]) -> None:

@@ -134,7 +134,7 @@ def _run(
     given = None if protocol_file is None else (read_file or read(protocol_file))  # the file is read once
     if kind_of(given).name == SUITE_KIND:
         check_suite_flags(ctx)
-        options = suite_options(ctx, protocol_file) if devices > 1 else None
+        options = suite_options(ctx) if devices > 1 else None
         run_suite(given, protocol_file, profile, output, exploratory, quiet, signer, junit, options, devices)
     if kind_of(given).name == PERFORMANCE_KIND:
         check_performance_flags(ctx)

@@ -148,13 +148,13 @@ def _launch_member(launch, path: Path, name: str, output: Path, junit: Path) -> 
     devices, options = launch
     before = set(output.glob(f"{name}-*"))
     code = sharding.launch(devices, member_launch(options, path, junit))
-    new = sorted(set(output.glob(f"{name}-*")) - before)
-    return code, new[-1] if len(new) == 1 else None
+    new = list(set(output.glob(f"{name}-*")) - before)
+    return code, new[0] if len(new) == 1 else None
 
 
 def member_launch(options: list[str], member: Path, junit: Path) -> list[str]:
     """The `run` arguments of one member launched over ranks: the member's file, the suite command's
-    options (`ranks.forwarded_args` without its file and --junit) and the member's own JUnit file."""
+    options (`ranks.suite_options`) and the member's own JUnit file."""
     return ["run", str(member), *options, "--junit", str(junit)]
 
 
